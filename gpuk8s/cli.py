@@ -1,0 +1,125 @@
+"""The `gpuk8s` command line (typer)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from enum import Enum
+from importlib import resources
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from gpuk8s import __version__, ui
+from gpuk8s.exitcodes import ExitCode
+from gpuk8s.inventory import Inventory, InventoryError, find_inventory, load
+from gpuk8s.logs import setup_logging
+
+app = typer.Typer(
+    name="gpuk8s",
+    help="Turn bare NVIDIA GPU servers into one working Kubernetes cluster.",
+    no_args_is_help=True,
+    add_completion=True,
+    pretty_exceptions_enable=False,
+)
+inventory_app = typer.Typer(help="Check or create an inventory file.", no_args_is_help=True)
+app.add_typer(inventory_app, name="inventory")
+
+
+class Output(str, Enum):
+    table = "table"
+    json = "json"
+
+
+InventoryOpt = typer.Option(
+    None, "-i", "--inventory", help="Inventory file (default: $GPUK8S_INVENTORY, then ./inventory.yaml)."
+)
+OutputOpt = typer.Option(Output.table, "--output", "-o", help="table for people, json for scripts.")
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"gpuk8s {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    ctx: typer.Context,
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Show debug detail on stderr."),
+    version: Optional[bool] = typer.Option(  # noqa: UP007 (typer needs Optional on 3.10)
+        None, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    ctx.obj = {"verbose": verbose}
+
+
+def load_inventory(path: Optional[Path], output: Output) -> Inventory:  # noqa: UP007
+    """Load or exit 2 with every problem listed; warnings are shown but do not stop."""
+    try:
+        inv = load(find_inventory(path))
+    except InventoryError as e:
+        if output == Output.json:
+            ui.emit_json({"valid": False, "problems": ui.problems_json(e.problems)})
+        else:
+            ui.print_problems(e.problems)
+        raise typer.Exit(ExitCode.USAGE) from None
+    if inv.warnings and output != Output.json:
+        ui.print_problems(inv.warnings)
+    return inv
+
+
+@inventory_app.command("validate")
+def inventory_validate(
+    inventory: Optional[Path] = InventoryOpt,  # noqa: UP007
+    output: Output = OutputOpt,
+) -> None:
+    """Validate the inventory without contacting any host; exit 2 if it has errors."""
+    inv = load_inventory(inventory, output)
+    if output == Output.json:
+        ui.emit_json({
+            "valid": True,
+            "problems": ui.problems_json(inv.warnings),
+            "hosts": [{"name": h.name, "address": h.address, "role": h.role, "gpus": h.gpus} for h in inv.hosts],
+        })
+        return
+    cps = len(inv.control_planes)
+    ui.console().print(
+        f"{inv.path}: valid: {len(inv.hosts)} host(s), {cps} control plane(s), {len(inv.workers)} worker(s)",
+        markup=False,
+    )
+
+
+@inventory_app.command("init")
+def inventory_init(
+    path: Path = typer.Argument(Path("inventory.yaml"), help="Where to write the starter inventory."),
+) -> None:
+    """Write a commented starter inventory; never overwrites an existing file."""
+    text = resources.files("gpuk8s").joinpath("data/inventory-starter.yaml").read_text()
+    try:
+        with open(path, "x") as f:
+            f.write(text)
+    except FileExistsError:
+        ui.console(stderr=True).print(f"{path} exists; not overwritten. Choose another path.", markup=False)
+        raise typer.Exit(ExitCode.USAGE) from None
+    ui.console().print(f"wrote {path}: edit the hosts, then run 'gpuk8s inventory validate -i {path}'",
+                       markup=False)
+
+
+def _register_commands() -> None:
+    # Imported here so that `gpuk8s --help` stays fast and each command lives in its own module.
+    from gpuk8s.commands import register
+
+    register(app, load_inventory)
+
+
+def main() -> None:
+    setup_logging(verbose="-v" in sys.argv or "--verbose" in sys.argv)
+    _register_commands()
+    try:
+        app()
+    except KeyboardInterrupt:
+        logging.getLogger("gpuk8s").warning("interrupted")
+        sys.stderr.write("interrupted\n")
+        sys.exit(ExitCode.INTERRUPTED)

@@ -1,0 +1,14 @@
+"""Commands that talk to hosts, registered on the typer app by the CLI."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import typer
+
+
+def register(app: typer.Typer, load_inventory: Callable[..., Any]) -> None:
+    from gpuk8s.commands import preflight
+
+    preflight.register(app, load_inventory)

@@ -1,0 +1,40 @@
+# gpuk8s fact probe: read-only, POSIX sh, one run per host. Every section is framed by
+# markers so the parser can split them; nothing here changes the host.
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin LC_ALL=C
+T=""; command -v timeout >/dev/null 2>&1 && T="timeout 20"
+sec() {
+  name=$1; shift
+  printf '@@gpuk8s-begin %s\n' "$name"
+  if command -v "$1" >/dev/null 2>&1; then $T "$@" 2>&1; rc=$?; else echo "$1: command not found"; rc=127; fi
+  printf '\n@@gpuk8s-end %s %s\n' "$name" "$rc"
+}
+file() { sec "$1" cat "$2"; }
+sec uid id -u
+sec hostname hostname
+file os-release /etc/os-release
+sec kernel uname -r
+sec arch uname -m
+sec nproc nproc
+file meminfo /proc/meminfo
+sec swap swapon --show --noheadings --raw
+sec lsmod lsmod
+sec sysctl sysctl net.ipv4.ip_forward net.bridge.bridge-nf-call-iptables net.bridge.bridge-nf-call-ip6tables
+sec nvidia-smi nvidia-smi --query-gpu=index,name,uuid,driver_version,memory.total,mig.mode.current --format=csv,noheader,nounits
+sec nvidia-smi-version nvidia-smi --version
+file nvidia-proc /proc/driver/nvidia/version
+sec containerd-version containerd --version
+sec containerd-active systemctl is-active containerd
+file containerd-config /etc/containerd/config.toml
+sec docker-version docker version --format '{{.Server.Version}}'
+sec docker-active systemctl is-active docker
+file docker-daemon /etc/docker/daemon.json
+sec nvidia-ctk nvidia-ctk --version
+sec kubeadm kubeadm version -o short
+sec kubelet kubelet --version
+sec firewalld systemctl is-active firewalld
+sec tools sh -c 'for t in conntrack socat ebtables ethtool iptables ip; do command -v "$t" >/dev/null 2>&1 && echo "$t"; done; true'
+sec listening ss -Htln
+sec links ip -o link show
+file product-uuid /sys/class/dmi/id/product_uuid
+sec kube-files sh -c 'ls /etc/kubernetes/admin.conf /etc/kubernetes/kubelet.conf 2>/dev/null; true'
+sec time date +%s.%N

@@ -1,0 +1,564 @@
+"""Load and validate an inventory file, reporting every problem with file:line:column.
+
+The YAML is composed into nodes (not constructed into Python objects) so that each
+value keeps its position in the file; validation walks those nodes and collects
+problems instead of stopping at the first one. Nothing here touches the network.
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+from yaml.constructor import SafeConstructor
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+
+from gpuk8s.inventory.model import (
+    Bastion,
+    Cluster,
+    Host,
+    Inventory,
+    PreflightSettings,
+    Problem,
+    SSHSettings,
+    Sudo,
+    Taint,
+)
+
+ENV_VAR = "GPUK8S_INVENTORY"
+DEFAULT_FILE = "inventory.yaml"
+
+_STR_TAG = "tag:yaml.org,2002:str"
+_NULL_TAG = "tag:yaml.org,2002:null"
+
+# RFC 1123 subdomain: what Kubernetes accepts as a node name.
+_NODE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_HOSTNAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?(\.[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?)*$")
+_USER = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_K8S_VERSION = re.compile(r"^v?(1)\.(\d{1,3})(?:\.(\d{1,3}))?$")
+_LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_TAINT = re.compile(r"^(?P<key>[^=:\s]+)(=(?P<value>[^:\s]*))?:(?P<effect>[A-Za-z]+)$")
+_TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+_CHECK_ID = re.compile(r"^[a-z0-9][a-z0-9.-]*$")
+
+_CLUSTER_KEYS = (
+    "name", "kubernetes_version", "pod_cidr", "service_cidr", "cni", "container_runtime",
+    "control_plane_endpoint",
+)
+_SSH_KEYS = (
+    "user", "port", "identity_file", "known_hosts", "connect_timeout", "command_timeout",
+    "host_key_policy", "bastion", "sudo",
+)
+_SUDO_KEYS = ("mode", "password_env", "prompt")
+_BASTION_KEYS = ("address", "user", "port", "identity_file")
+_HOST_KEYS = ("name", "address", "role", "ssh", "labels", "taints", "gpus")
+_PREFLIGHT_KEYS = ("min_bandwidth_gbit", "max_rtt_ms", "max_clock_skew_s", "network_test_seconds", "ignore")
+_TOP_KEYS = ("cluster", "ssh", "hosts", "preflight")
+_SECRET_KEYS = ("password", "sudo_password", "passphrase", "token")
+
+_MISSING = object()
+
+
+class InventoryError(Exception):
+    """The inventory cannot be used; `problems` holds every error (and warning) found."""
+
+    def __init__(self, problems: list[Problem]) -> None:
+        self.problems = problems
+        errors = [p for p in problems if p.severity == "error"]
+        super().__init__("\n".join(str(p) for p in errors) or "invalid inventory")
+
+
+def find_inventory(explicit: str | os.PathLike[str] | None) -> Path:
+    """The conventional search: -i, then $GPUK8S_INVENTORY, then ./inventory.yaml."""
+    if explicit:
+        return Path(explicit)
+    env = os.environ.get(ENV_VAR)
+    if env:
+        return Path(env)
+    return Path(DEFAULT_FILE)
+
+
+def load(path: str | os.PathLike[str]) -> Inventory:
+    p = Path(path)
+    try:
+        data = p.read_bytes()
+    except OSError as e:
+        reason = e.strerror or type(e).__name__
+        raise InventoryError(
+            [Problem(str(p), 0, 0, "", f"cannot read the inventory: {reason}",
+                     f"pass -i FILE, set ${ENV_VAR}, or run 'gpuk8s inventory init'")]
+        ) from None
+    return loads(data, str(p))
+
+
+def loads(text: str | bytes, filename: str = "<inventory>") -> Inventory:
+    """Parse and validate; raise InventoryError listing every problem, or return the inventory."""
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as e:
+            line = text[: e.start].count(b"\n") + 1
+            raise InventoryError(
+                [Problem(filename, line, 1, "", "the file is not valid UTF-8", "save the file as UTF-8")]
+            ) from None
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
+        what = " ".join(x for x in (e.context, e.problem) if x)
+        raise InventoryError(
+            [Problem(filename, line, col, "", f"YAML syntax error: {what}",
+                     "check indentation, colons and quotes around this position")]
+        ) from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "position", None)
+        raise InventoryError(
+            [Problem(filename, 1, 1, "", f"YAML error: {e}", "remove unprintable or control characters")]
+        ) from None
+    except RecursionError:
+        raise InventoryError(
+            [Problem(filename, 1, 1, "", "YAML nested too deeply", "an inventory needs only a few levels")]
+        ) from None
+    reader = _Reader(filename)
+    inventory = reader.inventory(node)
+    errors = [p for p in reader.problems if p.severity == "error"]
+    if errors or inventory is None:
+        raise InventoryError(reader.problems)
+    return replace(inventory, warnings=tuple(p for p in reader.problems if p.severity == "warning"))
+
+
+class _Reader:
+    def __init__(self, filename: str) -> None:
+        self.filename = filename
+        self.problems: list[Problem] = []
+
+    # -- reporting -------------------------------------------------------
+    def report(self, node: Node | None, key: str, message: str, fix: str, severity: str = "error") -> None:
+        line, col = (node.start_mark.line + 1, node.start_mark.column + 1) if node is not None else (1, 1)
+        self.problems.append(Problem(self.filename, line, col, key, message, fix, severity))  # type: ignore[arg-type]
+
+    # -- structure -------------------------------------------------------
+    def mapping(self, node: Node, key: str, allowed: tuple[str, ...]) -> dict[str, tuple[Node, Node]] | None:
+        if not isinstance(node, MappingNode):
+            self.report(node, key, f"expected a mapping of keys, got {_kind(node)}",
+                        f"write it as 'key: value' lines; valid keys: {', '.join(allowed)}")
+            return None
+        out: dict[str, tuple[Node, Node]] = {}
+        for knode, vnode in node.value:
+            if not (isinstance(knode, ScalarNode) and knode.tag == _STR_TAG):
+                self.report(knode, key, f"keys must be plain names, got {_kind(knode)}",
+                            f"valid keys: {', '.join(allowed)}")
+                continue
+            name = knode.value
+            path = f"{key}.{name}" if key else name
+            if name in out:
+                first = out[name][0].start_mark.line + 1
+                self.report(knode, path, f"duplicate key (first set on line {first})", "keep only one of them")
+                continue
+            if name not in allowed:
+                if name.lower() in _SECRET_KEYS:
+                    self.report(knode, path, "secrets must not be written in the inventory",
+                                "remove it; set sudo.password_env to the name of an environment variable "
+                                "holding the password (default GPUK8S_SUDO_PASSWORD), or sudo.prompt: true")
+                else:
+                    near = difflib.get_close_matches(name, allowed, n=1, cutoff=0.6)
+                    fix = f"did you mean '{near[0]}'?" if near else f"valid keys here: {', '.join(allowed)}"
+                    self.report(knode, path, f"unknown key '{name}'", fix)
+                continue
+            out[name] = (knode, vnode)
+        return out
+
+    def value(self, node: Node, key: str) -> Any:
+        if not isinstance(node, ScalarNode):
+            self.report(node, key, f"expected a single value, got {_kind(node)}", "write a single value")
+            return _MISSING
+        try:
+            return SafeConstructor().construct_object(node)
+        except Exception:  # a malformed timestamp, say: report it, never crash
+            self.report(node, key, f"cannot read the value {node.value!r}", "quote it to make it a string")
+            return _MISSING
+
+    def string(self, node: Node, key: str, pattern: re.Pattern[str] | None = None,
+               fix: str = "", what: str = "") -> str | None:
+        v = self.value(node, key)
+        if v is _MISSING:
+            return None
+        if not isinstance(v, str):
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                self.report(node, key, f"expected text, got the number {node.value}",
+                            f"quote it: \"{node.value}\"")
+            else:
+                self.report(node, key, f"expected text, got {_kind(node)}", fix or "write it as text")
+            return None
+        if "\x00" in v or "\n" in v or "\r" in v:
+            self.report(node, key, "contains a line break or NUL character", "write it on one line")
+            return None
+        if pattern is not None and not pattern.match(v):
+            self.report(node, key, f"{v!r} is not a valid {what or 'value'}", fix)
+            return None
+        return v
+
+    def integer(self, node: Node, key: str, lo: int, hi: int) -> int | None:
+        v = self.value(node, key)
+        if v is _MISSING:
+            return None
+        if isinstance(v, bool) or not isinstance(v, int):
+            self.report(node, key, f"expected a whole number, got {node.value!r}", f"write a number from {lo} to {hi}")
+            return None
+        if not lo <= v <= hi:
+            self.report(node, key, f"{v} is out of range", f"write a number from {lo} to {hi}")
+            return None
+        return v
+
+    def number(self, node: Node, key: str, lo: float, hi: float) -> float | None:
+        v = self.value(node, key)
+        if v is _MISSING:
+            return None
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v:
+            self.report(node, key, f"expected a number, got {node.value!r}", f"write a number from {lo} to {hi}")
+            return None
+        if not lo <= v <= hi:
+            self.report(node, key, f"{v} is out of range", f"write a number from {lo} to {hi}")
+            return None
+        return float(v)
+
+    def boolean(self, node: Node, key: str) -> bool | None:
+        v = self.value(node, key)
+        if v is _MISSING:
+            return None
+        if not isinstance(v, bool):
+            self.report(node, key, f"expected true or false, got {node.value!r}", "write true or false")
+            return None
+        return v
+
+    def choice(self, node: Node, key: str, options: tuple[str, ...]) -> str | None:
+        v = self.value(node, key)
+        if v is _MISSING:
+            return None
+        if not isinstance(v, str) or v not in options:
+            near = difflib.get_close_matches(str(v), options, n=1, cutoff=0.5)
+            fix = f"did you mean '{near[0]}'?" if near else f"write one of: {', '.join(options)}"
+            self.report(node, key, f"{node.value!r} is not one of {', '.join(options)}", fix)
+            return None
+        return v
+
+    def fields(self, node: Node, key: str, allowed: tuple[str, ...],
+               readers: Mapping[str, Callable[[Node, str], Any]]) -> dict[str, Any]:
+        """Read a mapping with one reader per key; keys that are null or invalid are left out."""
+        m = self.mapping(node, key, allowed)
+        out: dict[str, Any] = {}
+        for name, (_k, v) in (m or {}).items():
+            if isinstance(v, ScalarNode) and v.tag == _NULL_TAG:
+                continue
+            got = readers[name](v, f"{key}.{name}" if key else name)
+            if got is not None:
+                out[name] = got
+        return out
+
+    # -- sections --------------------------------------------------------
+    def inventory(self, node: Node | None) -> Inventory | None:
+        if node is None:
+            self.report(None, "", "the inventory is empty",
+                        "run 'gpuk8s inventory init' for a commented starter")
+            return None
+        top = self.mapping(node, "", _TOP_KEYS)
+        if top is None:
+            return None
+        cluster = self.cluster(top["cluster"][1]) if "cluster" in top else Cluster()
+        ssh = self.ssh(top["ssh"][1], "ssh", SSHSettings()) if "ssh" in top else SSHSettings()
+        preflight = self.preflight(top["preflight"][1]) if "preflight" in top else PreflightSettings()
+        if "hosts" not in top:
+            self.report(node, "hosts", "no hosts are listed",
+                        "add a 'hosts:' list with at least one host whose role is control-plane")
+            return None
+        hosts = self.hosts(top["hosts"][1], ssh)
+        return Inventory(Path(self.filename), cluster, ssh, tuple(hosts), preflight)
+
+    def cluster(self, node: Node) -> Cluster:
+        readers: dict[str, Callable[[Node, str], Any]] = {
+            "name": lambda n, k: self.string(n, k, _NODE_NAME, "lowercase letters, digits and '-'", "cluster name"),
+            "kubernetes_version": self.k8s_version,
+            "pod_cidr": self.cidr,
+            "service_cidr": self.cidr,
+            "cni": lambda n, k: self.choice(n, k, ("calico", "flannel")),
+            "container_runtime": lambda n, k: self.choice(n, k, ("containerd", "docker")),
+            "control_plane_endpoint": self.endpoint,
+        }
+        got = self.fields(node, "cluster", _CLUSTER_KEYS, readers)
+        cluster = Cluster(**got)
+        if "pod_cidr" in got and "service_cidr" in got:
+            pod = ipaddress.ip_network(cluster.pod_cidr)
+            svc = ipaddress.ip_network(cluster.service_cidr)
+            if pod.version == svc.version and pod.overlaps(svc):  # type: ignore[arg-type]
+                self.report(node, "cluster.service_cidr", f"{svc} overlaps the pod CIDR {pod}",
+                            "choose ranges that do not overlap, e.g. pod 10.244.0.0/16 and service 10.96.0.0/12")
+        return cluster
+
+    def k8s_version(self, node: Node, key: str) -> str | None:
+        v = self.value(node, key)
+        if isinstance(v, float):
+            self.report(node, key, f"{node.value} was read as a number, which loses digits (1.30 becomes 1.3)",
+                        f"quote it: \"{node.value}\"")
+            return None
+        s = self.string(node, key)
+        if s is None:
+            return None
+        m = _K8S_VERSION.match(s)
+        if not m:
+            self.report(node, key, f"{s!r} is not a Kubernetes version", "write the minor version, e.g. \"1.30\"")
+            return None
+        return f"1.{int(m.group(2))}" + (f".{int(m.group(3))}" if m.group(3) else "")
+
+    def cidr(self, node: Node, key: str) -> str | None:
+        s = self.string(node, key)
+        if s is None:
+            return None
+        try:
+            return str(ipaddress.ip_network(s, strict=True))
+        except ValueError as e:
+            self.report(node, key, f"{s!r} is not a network in CIDR form ({e})", "write e.g. 10.244.0.0/16")
+            return None
+
+    def endpoint(self, node: Node, key: str) -> str | None:
+        s = self.string(node, key)
+        if s is None:
+            return None
+        host, _, port = s.rpartition(":") if s.count(":") == 1 else (s, "", "")
+        if not _valid_address(host) or (port and not (port.isdigit() and 0 < int(port) < 65536)):
+            self.report(node, key, f"{s!r} is not an address with an optional port",
+                        "write e.g. k8s-api.example.com:6443 or 10.0.0.10")
+            return None
+        return s
+
+    def address(self, node: Node, key: str) -> str | None:
+        s = self.string(node, key)
+        if s is None:
+            return None
+        if not _valid_address(s):
+            self.report(node, key, f"{s!r} is neither an IP address nor a host name",
+                        "write an IPv4/IPv6 address or a DNS name")
+            return None
+        return s
+
+    def path(self, node: Node, key: str) -> str | None:
+        return self.string(node, key)
+
+    def port(self, node: Node, key: str) -> int | None:
+        return self.integer(node, key, 1, 65535)
+
+    def user(self, node: Node, key: str) -> str | None:
+        return self.string(node, key, _USER, "a POSIX user name, e.g. ubuntu", "user name")
+
+    def ssh(self, node: Node, key: str, base: SSHSettings) -> SSHSettings:
+        readers: dict[str, Callable[[Node, str], Any]] = {
+            "user": self.user,
+            "port": self.port,
+            "identity_file": self.path,
+            "known_hosts": self.path,
+            "connect_timeout": lambda n, k: self.number(n, k, 0.1, 3600),
+            "command_timeout": lambda n, k: self.number(n, k, 1, 86400),
+            "host_key_policy": lambda n, k: self.choice(n, k, ("strict", "accept-new")),
+            "bastion": self.bastion,
+            "sudo": lambda n, k: self.sudo(n, k, base.sudo),
+        }
+        return replace(base, **self.fields(node, key, _SSH_KEYS, readers))
+
+    def sudo(self, node: Node, key: str, base: Sudo) -> Sudo:
+        readers: dict[str, Callable[[Node, str], Any]] = {
+            "mode": lambda n, k: self.choice(n, k, ("nopasswd", "password")),
+            "password_env": lambda n, k: self.string(
+                n, k, _ENV_NAME, "the NAME of an environment variable, e.g. GPUK8S_SUDO_PASSWORD",
+                "environment variable name"),
+            "prompt": self.boolean,
+        }
+        return replace(base, **self.fields(node, key, _SUDO_KEYS, readers))
+
+    def bastion(self, node: Node, key: str) -> Bastion | None:
+        readers: dict[str, Callable[[Node, str], Any]] = {
+            "address": self.address, "user": self.user, "port": self.port, "identity_file": self.path,
+        }
+        got = self.fields(node, key, _BASTION_KEYS, readers)
+        missing = [k for k in ("address", "user") if k not in got]
+        if missing:
+            self.report(node, key, f"the bastion needs {' and '.join(missing)}",
+                        "write e.g. bastion: {address: jump.example.com, user: ops}")
+            return None
+        return Bastion(**got)
+
+    def preflight(self, node: Node) -> PreflightSettings:
+        readers: dict[str, Callable[[Node, str], Any]] = {
+            "min_bandwidth_gbit": lambda n, k: self.number(n, k, 0, 10000),
+            "max_rtt_ms": lambda n, k: self.number(n, k, 0, 100000),
+            "max_clock_skew_s": lambda n, k: self.number(n, k, 0, 86400),
+            "network_test_seconds": lambda n, k: self.number(n, k, 0, 60),
+            "ignore": self.check_ids,
+        }
+        return PreflightSettings(**self.fields(node, "preflight", _PREFLIGHT_KEYS, readers))
+
+    def check_ids(self, node: Node, key: str) -> tuple[str, ...] | None:
+        if not isinstance(node, SequenceNode):
+            self.report(node, key, f"expected a list of check ids, got {_kind(node)}", "write e.g. [gpu.count]")
+            return None
+        out = []
+        for i, item in enumerate(node.value):
+            s = self.string(item, f"{key}[{i}]", _CHECK_ID, "a check id as printed by preflight, e.g. net.bandwidth",
+                            "check id")
+            if s:
+                out.append(s)
+        return tuple(out)
+
+    def labels(self, node: Node, key: str) -> dict[str, str] | None:
+        if not isinstance(node, MappingNode):
+            self.report(node, key, f"expected a mapping of label: value, got {_kind(node)}",
+                        "write e.g. labels: {team: ml}")
+            return None
+        out: dict[str, str] = {}
+        for knode, vnode in node.value:
+            name = self.string(knode, key)
+            if name is None:
+                continue
+            path = f"{key}.{name}"
+            if not _valid_label_key(name):
+                self.report(knode, path, f"{name!r} is not a valid label key",
+                            "use [prefix/]name with letters, digits, '-', '_', '.' (name at most 63 characters)")
+                continue
+            v = self.value(vnode, path)
+            if v is _MISSING:
+                continue
+            text = "" if v is None else (str(v).lower() if isinstance(v, bool) else str(v))
+            if not (isinstance(v, (str, int, bool)) or v is None) or len(text) > 63 or not _LABEL_VALUE.match(text):
+                self.report(vnode, path, f"{vnode.value!r} is not a valid label value",
+                            "at most 63 letters, digits, '-', '_', '.', starting and ending alphanumeric")
+                continue
+            out[name] = text
+        return out
+
+    def taints(self, node: Node, key: str) -> tuple[Taint, ...] | None:
+        if not isinstance(node, SequenceNode):
+            self.report(node, key, f"expected a list of taints, got {_kind(node)}",
+                        "write e.g. taints: [\"nvidia.com/gpu=present:NoSchedule\"]")
+            return None
+        out = []
+        for i, item in enumerate(node.value):
+            s = self.string(item, f"{key}[{i}]")
+            if s is None:
+                continue
+            m = _TAINT.match(s)
+            if (not m or m.group("effect") not in _TAINT_EFFECTS or not _valid_label_key(m.group("key"))
+                    or not _LABEL_VALUE.match(m.group("value") or "")):
+                self.report(item, f"{key}[{i}]", f"{s!r} is not a taint",
+                            f"write key=value:Effect with Effect one of {', '.join(_TAINT_EFFECTS)}")
+                continue
+            out.append(Taint(m.group("key"), m.group("value") or "", m.group("effect")))
+        return tuple(out)
+
+    def hosts(self, node: Node, ssh: SSHSettings) -> list[Host]:
+        if not isinstance(node, SequenceNode):
+            self.report(node, "hosts", f"expected a list of hosts, got {_kind(node)}",
+                        "write each host as '- name: ...' under 'hosts:'")
+            return []
+        hosts: list[Host] = []
+        names: dict[str, int] = {}
+        addresses: dict[str, int] = {}
+        for i, hnode in enumerate(node.value):
+            key = f"hosts[{i}]"
+            m = self.mapping(hnode, key, _HOST_KEYS)
+            if m is None:
+                continue
+            readers: dict[str, Callable[[Node, str], Any]] = {
+                "name": lambda n, k: self.string(
+                    n, k, _NODE_NAME,
+                    "a Kubernetes node name: lowercase letters, digits, '-' and '.', "
+                    "starting and ending with a letter or digit (RFC 1123)", "node name"),
+                "address": self.address,
+                "role": lambda n, k: self.choice(n, k, ("control-plane", "worker")),
+                "ssh": lambda n, k: self.ssh(n, k, ssh),
+                "labels": self.labels,
+                "taints": self.taints,
+                "gpus": lambda n, k: self.integer(n, k, 0, 64),
+            }
+            got = self.fields(hnode, key, _HOST_KEYS, readers)
+            line = hnode.start_mark.line + 1
+            bad = False
+            for required in ("name", "address"):
+                if required not in got:
+                    bad = True
+                    if required not in m:
+                        self.report(hnode, f"{key}.{required}", f"the host has no {required}",
+                                    f"add '{required}: ...' to this host")
+            if bad:
+                continue
+            name = got["name"]
+            if len(name) > 63:
+                self.report(m["name"][1], f"{key}.name", "a node name is at most 63 characters here",
+                            "shorten the name")
+                continue
+            if name in names:
+                self.report(m["name"][1], f"{key}.name", f"duplicate host name '{name}' (also on line {names[name]})",
+                            "give every host its own name")
+            else:
+                names[name] = m["name"][1].start_mark.line + 1
+            addr = _normal_address(got["address"])
+            if addr in addresses:
+                self.report(m["address"][1], f"{key}.address",
+                            f"duplicate address '{got['address']}' (also on line {addresses[addr]})",
+                            "give every host its own address")
+            else:
+                addresses[addr] = m["address"][1].start_mark.line + 1
+            got.setdefault("role", "worker")
+            got.setdefault("ssh", ssh)
+            hosts.append(Host(line=line, **got))
+        if not node.value:
+            self.report(node, "hosts", "the host list is empty", "add at least one host with role: control-plane")
+        elif hosts and not any(h.is_control_plane for h in hosts):
+            self.report(node, "hosts", "no host has role: control-plane",
+                        "set 'role: control-plane' on the host that should run the Kubernetes API server")
+        cps = sum(1 for h in hosts if h.is_control_plane)
+        if cps >= 2 and cps % 2 == 0:
+            self.report(node, "hosts", f"{cps} stacked control planes: etcd needs a majority, so an even number "
+                        "tolerates no more failures than one fewer", "use 1, 3 or 5 control planes",
+                        severity="warning")
+        return hosts
+
+
+def _kind(node: Node | None) -> str:
+    if isinstance(node, MappingNode):
+        return "a mapping"
+    if isinstance(node, SequenceNode):
+        return "a list"
+    if isinstance(node, ScalarNode):
+        tag = node.tag.rsplit(":", 1)[-1]
+        return {"str": f"the text {node.value!r}", "null": "nothing (null)"}.get(tag, f"the {tag} {node.value!r}")
+    return "nothing"
+
+
+def _valid_address(s: str) -> bool:
+    try:
+        ipaddress.ip_address(s.strip("[]"))
+        return True
+    except ValueError:
+        return len(s) <= 253 and bool(_HOSTNAME.match(s)) and not s.replace(".", "").isdigit()
+
+
+def _normal_address(s: str) -> str:
+    try:
+        return str(ipaddress.ip_address(s.strip("[]")))
+    except ValueError:
+        return s.lower()
+
+
+def _valid_label_key(key: str) -> bool:
+    prefix, _, name = key.rpartition("/")
+    if prefix and (len(prefix) > 253 or not _NODE_NAME.match(prefix)):
+        return False
+    return 0 < len(name) <= 63 and bool(_LABEL_NAME.match(name))

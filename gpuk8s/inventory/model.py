@@ -1,0 +1,128 @@
+"""Typed inventory: what the loader produces and everything else reads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+Role = Literal["control-plane", "worker"]
+SudoMode = Literal["nopasswd", "password"]
+HostKeyPolicy = Literal["strict", "accept-new"]
+
+
+@dataclass(frozen=True)
+class Sudo:
+    mode: SudoMode = "nopasswd"
+    password_env: str = "GPUK8S_SUDO_PASSWORD"
+    prompt: bool = False
+
+
+@dataclass(frozen=True)
+class Bastion:
+    address: str
+    user: str
+    port: int = 22
+    identity_file: str | None = None
+
+
+@dataclass(frozen=True)
+class SSHSettings:
+    user: str = "root"
+    port: int = 22
+    identity_file: str | None = None
+    known_hosts: str = "~/.ssh/known_hosts"
+    connect_timeout: float = 10.0
+    command_timeout: float = 600.0
+    host_key_policy: HostKeyPolicy = "strict"
+    bastion: Bastion | None = None
+    sudo: Sudo = field(default_factory=Sudo)
+
+
+@dataclass(frozen=True)
+class Taint:
+    key: str
+    value: str
+    effect: str
+
+    def __str__(self) -> str:
+        return f"{self.key}={self.value}:{self.effect}" if self.value else f"{self.key}:{self.effect}"
+
+
+@dataclass(frozen=True)
+class Host:
+    name: str
+    address: str
+    role: Role
+    ssh: SSHSettings
+    labels: dict[str, str] = field(default_factory=dict)
+    taints: tuple[Taint, ...] = ()
+    gpus: int | None = None
+    line: int = 0
+
+    @property
+    def is_control_plane(self) -> bool:
+        return self.role == "control-plane"
+
+
+@dataclass(frozen=True)
+class Cluster:
+    name: str = "gpuk8s"
+    kubernetes_version: str = "1.30"
+    pod_cidr: str = "10.244.0.0/16"
+    service_cidr: str = "10.96.0.0/12"
+    cni: Literal["calico", "flannel"] = "calico"
+    container_runtime: Literal["containerd", "docker"] = "containerd"
+    control_plane_endpoint: str | None = None
+
+
+@dataclass(frozen=True)
+class PreflightSettings:
+    min_bandwidth_gbit: float = 10.0
+    max_rtt_ms: float = 1.0
+    max_clock_skew_s: float = 5.0
+    network_test_seconds: float = 2.0
+    ignore: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Inventory:
+    path: Path
+    cluster: Cluster
+    ssh: SSHSettings
+    hosts: tuple[Host, ...]
+    preflight: PreflightSettings = field(default_factory=PreflightSettings)
+    warnings: tuple[Problem, ...] = ()
+
+    @property
+    def control_planes(self) -> list[Host]:
+        return [h for h in self.hosts if h.is_control_plane]
+
+    @property
+    def workers(self) -> list[Host]:
+        return [h for h in self.hosts if not h.is_control_plane]
+
+    def host(self, name: str) -> Host:
+        for h in self.hosts:
+            if h.name == name:
+                return h
+        raise KeyError(name)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One inventory mistake, located in the file, with what to write instead."""
+
+    file: str
+    line: int
+    column: int
+    key: str
+    message: str
+    fix: str
+    severity: Literal["error", "warning"] = "error"
+
+    def __str__(self) -> str:
+        where = f"{self.file}:{self.line}:{self.column}"
+        key = f" {self.key}:" if self.key else ""
+        fix = f" (fix: {self.fix})" if self.fix else ""
+        return f"{where}: {self.severity}:{key} {self.message}{fix}"

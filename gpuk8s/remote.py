@@ -1,0 +1,332 @@
+"""SSH to hosts: one connection per host, verified host keys, bounded output, sudo without prompts.
+
+This module knows how to run commands, nothing about what they are for. Every failure
+becomes a RemoteError with a stable `kind` and a message that never contains a secret.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import logging
+import os
+import select
+import shlex
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+import paramiko
+from fabric import Config, Connection
+
+from gpuk8s.inventory.model import Host, SSHSettings
+from gpuk8s.logs import mask
+
+log = logging.getLogger("gpuk8s.remote")
+
+MAX_OUTPUT = 1 << 20  # bytes kept per stream; the rest is counted and dropped
+T = TypeVar("T")
+
+
+class RemoteError(Exception):
+    """A host could not be reached or a command could not be run. `kind` is stable for scripts."""
+
+    def __init__(self, kind: str, message: str, remedy: str = "") -> None:
+        super().__init__(mask(message))
+        self.kind = kind
+        self.message = mask(message)
+        self.remedy = remedy
+
+
+@dataclass
+class Result:
+    command: str  # as shown to people: secrets masked
+    exit_status: int
+    stdout: str
+    stderr: str
+    seconds: float
+    truncated: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_status == 0
+
+
+def fingerprint(key: paramiko.PKey) -> str:
+    digest = hashlib.sha256(key.asbytes()).digest()
+    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
+class KnownHosts(paramiko.MissingHostKeyPolicy):
+    """Verifies server keys against one known_hosts file, loaded once and shared by all connections."""
+
+    def __init__(self, path: str, accept_new: bool = False) -> None:
+        self.path = Path(os.path.expanduser(path))
+        self.accept_new = accept_new
+        self._lock = threading.Lock()
+        self.keys = paramiko.HostKeys()
+        if self.path.exists():
+            self.keys.load(str(self.path))
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        with self._lock:
+            known = self.keys.lookup(hostname)
+            if known and key.get_name() in known:
+                if known[key.get_name()] == key:
+                    return
+                raise RemoteError(
+                    "hostkey-changed",
+                    f"the host key of {hostname} has CHANGED: it now offers {key.get_name()} {fingerprint(key)}, "
+                    f"which differs from the key in {self.path}. This can mean a reinstalled host or an attack",
+                    f"if the host was reinstalled, verify the new fingerprint out of band, then run "
+                    f"ssh-keygen -f {shlex.quote(str(self.path))} -R {shlex.quote(hostname)} and connect again",
+                )
+            if self.accept_new and not known:
+                self.keys.add(hostname, key.get_name(), key)
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                with open(self.path, "a") as f:
+                    f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+                log.warning("trusted new host key for %s: %s %s (added to %s)",
+                            hostname, key.get_name(), fingerprint(key), self.path)
+                return
+            raise RemoteError(
+                "hostkey-unknown",
+                f"the host key of {hostname} ({key.get_name()} {fingerprint(key)}) is not in {self.path}",
+                f"verify the fingerprint, then add it: ssh-keyscan {_keyscan_args(hostname)} >> "
+                f"{shlex.quote(str(self.path))}; or set ssh.host_key_policy: accept-new to trust hosts seen "
+                "for the first time",
+            )
+
+
+def _keyscan_args(hostname: str) -> str:
+    if hostname.startswith("[") and "]:" in hostname:
+        host, port = hostname[1:].split("]:", 1)
+        return f"-p {port} {shlex.quote(host)}"
+    return shlex.quote(hostname)
+
+
+_known_hosts_cache: dict[tuple[str, bool], KnownHosts] = {}
+_cache_lock = threading.Lock()
+
+
+def known_hosts_for(settings: SSHSettings) -> KnownHosts:
+    key = (os.path.expanduser(settings.known_hosts), settings.host_key_policy == "accept-new")
+    with _cache_lock:
+        if key not in _known_hosts_cache:
+            _known_hosts_cache[key] = KnownHosts(*key)
+        return _known_hosts_cache[key]
+
+
+def _connect_kwargs(identity_file: str | None, timeout: float) -> dict[str, object]:
+    kw: dict[str, object] = {"banner_timeout": timeout, "auth_timeout": timeout, "channel_timeout": timeout}
+    if identity_file:
+        kw.update(key_filename=os.path.expanduser(identity_file), look_for_keys=False, allow_agent=False)
+    return kw
+
+
+class Session:
+    """One SSH connection to one host, used for every command of one gpuk8s run on that host."""
+
+    def __init__(self, host: Host, sudo_password: str | None = None) -> None:
+        self.host = host
+        self.settings = host.ssh
+        self.sudo_password = sudo_password
+        self._conn: Connection | None = None
+        self.round_trips = 0
+
+    @property
+    def is_root(self) -> bool:
+        return self.settings.user == "root"
+
+    def _connection(self) -> Connection:
+        s = self.settings
+        cfg = Config(lazy=True)
+        gateway = None
+        if s.bastion:
+            gateway = Connection(
+                s.bastion.address, user=s.bastion.user, port=s.bastion.port, config=cfg,
+                connect_timeout=s.connect_timeout,
+                connect_kwargs=_connect_kwargs(s.bastion.identity_file or s.identity_file, s.connect_timeout),
+            )
+            gateway.client.set_missing_host_key_policy(known_hosts_for(s))
+        conn = Connection(
+            self.host.address, user=s.user, port=s.port, config=cfg, gateway=gateway,
+            connect_timeout=s.connect_timeout,
+            connect_kwargs=_connect_kwargs(s.identity_file, s.connect_timeout),
+        )
+        conn.client.set_missing_host_key_policy(known_hosts_for(s))
+        return conn
+
+    def connect(self) -> None:
+        if self._conn is not None:
+            return
+        conn = self._connection()
+        s = self.settings
+        where = f"{self.host.address}:{s.port}"
+        try:
+            conn.open()
+        except RemoteError:
+            conn.close()
+            raise
+        except paramiko.AuthenticationException:
+            conn.close()
+            raise RemoteError(
+                "auth", f"authentication as {s.user} refused by {where}",
+                f"check that the key {s.identity_file or '(agent/default keys)'} is in ~{s.user}/.ssh/authorized_keys "
+                "on the host and that the user is right",
+            ) from None
+        except paramiko.BadHostKeyException as e:
+            conn.close()
+            raise RemoteError(
+                "hostkey-changed", f"the host key of {where} has CHANGED (now {fingerprint(e.key)})",
+                f"verify it, then remove the old key with ssh-keygen -R {shlex.quote(self.host.address)}",
+            ) from None
+        except (TimeoutError, socket.timeout):
+            conn.close()
+            raise RemoteError(
+                "timeout", f"no answer from {where} within {s.connect_timeout:g} s",
+                "check that the host is up and that no firewall drops SSH; raise ssh.connect_timeout for slow links",
+            ) from None
+        except paramiko.ssh_exception.NoValidConnectionsError as e:
+            conn.close()
+            refused = all(getattr(err, "errno", None) == 111 for err in e.errors.values())
+            if refused:
+                raise RemoteError("refused", f"connection refused by {where}",
+                                  "start sshd on the host (systemctl start ssh) or fix ssh.port") from None
+            raise RemoteError("unreachable", f"cannot connect to {where}: {e.strerror}",
+                              "check the address and the route to the host") from None
+        except ConnectionRefusedError:
+            conn.close()
+            raise RemoteError("refused", f"connection refused by {where}",
+                              "start sshd on the host (systemctl start ssh) or fix ssh.port") from None
+        except socket.gaierror as e:
+            conn.close()
+            raise RemoteError("dns", f"cannot resolve {self.host.address}: {e.strerror}",
+                              "fix the address in the inventory") from None
+        except (paramiko.SSHException, OSError, EOFError) as e:
+            conn.close()
+            raise RemoteError("ssh", f"SSH to {where} failed: {type(e).__name__}: {e}",
+                              "check that sshd answers on that port (ssh -v)") from None
+        self._conn = conn
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def sudo_wrap(self, command: str) -> tuple[str, bytes | None]:
+        """The command line that runs `command` as root, and the stdin it needs (the password, if any)."""
+        inner = f"sh -c {shlex.quote(command)}"
+        if self.is_root:
+            return inner, None
+        if self.settings.sudo.mode == "password":
+            if self.sudo_password is None:
+                raise RemoteError("sudo-password-missing", f"{self.host.name} needs a sudo password and none was given",
+                                  f"export {self.settings.sudo.password_env}=... or set ssh.sudo.prompt: true")
+            # -S reads the password from stdin, -p '' hides the prompt; on a wrong password
+            # sudo meets end-of-file and exits instead of waiting.
+            return f"sudo -S -p '' -- {inner}", (self.sudo_password + "\n").encode()
+        return f"sudo -n -- {inner}", None
+
+    def run(self, command: str, *, sudo: bool = False, timeout: float | None = None,
+            stdin: bytes | None = None, display: str | None = None) -> Result:
+        """Run one command; never raises on a non-zero exit (see Result.exit_status)."""
+        self.connect()
+        assert self._conn is not None
+        line, pw = self.sudo_wrap(command) if sudo else (command, None)
+        data = (pw or b"") + (stdin or b"")
+        shown = mask(display or command)
+        timeout = timeout or self.settings.command_timeout
+        start = time.monotonic()
+        transport = self._conn.client.get_transport()
+        if transport is None or not transport.is_active():
+            raise RemoteError("cut", f"the connection to {self.host.name} was lost", "check the host and re-run")
+        try:
+            chan = transport.open_session(timeout=self.settings.connect_timeout)
+            chan.exec_command(line)
+            if data:
+                chan.sendall(data)
+            chan.shutdown_write()
+            out, err, truncated = _drain(chan, start + timeout)
+        except socket.timeout:
+            raise RemoteError("command-timeout", f"'{shown}' on {self.host.name} did not finish within {timeout:g} s",
+                              "raise ssh.command_timeout if the step is legitimately slow") from None
+        except (paramiko.SSHException, OSError, EOFError) as e:
+            raise RemoteError("cut", f"the connection to {self.host.name} broke while running '{shown}': "
+                              f"{type(e).__name__}", "check the host and re-run; gpuk8s continues where it stopped"
+                              ) from None
+        self.round_trips += 1
+        status = chan.recv_exit_status() if chan.exit_status_ready() else -1
+        chan.close()
+        if status == -1:
+            raise RemoteError("cut", f"the connection to {self.host.name} closed before '{shown}' finished",
+                              "check the host and re-run")
+        res = Result(shown, status, mask(out.decode("utf-8", "replace")), mask(err.decode("utf-8", "replace")),
+                     time.monotonic() - start, truncated)
+        log.debug("%s: $ %s -> %d in %.2fs\n%s%s", self.host.name, shown, status, res.seconds,
+                  _indent(res.stdout), _indent(res.stderr))
+        return res
+
+
+def _drain(chan: paramiko.Channel, deadline: float) -> tuple[bytes, bytes, bool]:
+    out, err = bytearray(), bytearray()
+    truncated = False
+    fd = chan.fileno()
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            chan.close()
+            raise socket.timeout()
+        select.select([fd], [], [], min(left, 1.0))
+        while chan.recv_ready():
+            chunk = chan.recv(65536)
+            if len(out) < MAX_OUTPUT:
+                out += chunk[: MAX_OUTPUT - len(out)]
+            truncated |= len(out) >= MAX_OUTPUT
+        while chan.recv_stderr_ready():
+            chunk = chan.recv_stderr(65536)
+            if len(err) < MAX_OUTPUT:
+                err += chunk[: MAX_OUTPUT - len(err)]
+            truncated |= len(err) >= MAX_OUTPUT
+        if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+            if chan.eof_received or chan.closed:
+                return bytes(out), bytes(err), truncated
+        if chan.closed and not chan.recv_ready():
+            return bytes(out), bytes(err), truncated
+
+
+def _indent(text: str) -> str:
+    text = text[-4000:]
+    return "".join(f"    {ln}\n" for ln in text.splitlines())
+
+
+def for_each_host(hosts: Iterable[Host], fn: Callable[[Host], T], concurrency: int,
+                  on_done: Callable[[Host, T | None, BaseException | None], None] | None = None,
+                  ) -> dict[str, T | BaseException]:
+    """Run fn on every host, at most `concurrency` at a time; one host's failure never stops another."""
+    results: dict[str, T | BaseException] = {}
+    with ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="host") as pool:
+        futures = {pool.submit(fn, h): h for h in hosts}
+        for fut in as_completed(futures):
+            h = futures[fut]
+            try:
+                value = fut.result()
+                results[h.name] = value
+                if on_done:
+                    on_done(h, value, None)
+            except Exception as e:  # collected per host and reported together
+                results[h.name] = e
+                if on_done:
+                    on_done(h, None, e)
+    return results
