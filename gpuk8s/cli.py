@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import sys
-from enum import Enum
 from importlib import resources
 from pathlib import Path
 from typing import Optional
@@ -15,6 +14,7 @@ from gpuk8s import __version__, ui
 from gpuk8s.exitcodes import ExitCode
 from gpuk8s.inventory import Inventory, InventoryError, find_inventory, load
 from gpuk8s.logs import setup_logging
+from gpuk8s.options import InventoryOpt, Output, OutputOpt
 
 app = typer.Typer(
     name="gpuk8s",
@@ -25,17 +25,6 @@ app = typer.Typer(
 )
 inventory_app = typer.Typer(help="Check or create an inventory file.", no_args_is_help=True)
 app.add_typer(inventory_app, name="inventory")
-
-
-class Output(str, Enum):
-    table = "table"
-    json = "json"
-
-
-InventoryOpt = typer.Option(
-    None, "-i", "--inventory", help="Inventory file (default: $GPUK8S_INVENTORY, then ./inventory.yaml)."
-)
-OutputOpt = typer.Option(Output.table, "--output", "-o", help="table for people, json for scripts.")
 
 
 def _version(value: bool) -> None:

@@ -25,6 +25,7 @@ file nvidia-proc /proc/driver/nvidia/version
 sec containerd-version containerd --version
 sec containerd-active systemctl is-active containerd
 file containerd-config /etc/containerd/config.toml
+sec containerd-dropins sh -c 'cat /etc/containerd/conf.d/*.toml 2>/dev/null; true'
 sec docker-version docker version --format '{{.Server.Version}}'
 sec docker-active systemctl is-active docker
 file docker-daemon /etc/docker/daemon.json
@@ -36,5 +37,6 @@ sec tools sh -c 'for t in conntrack socat ebtables ethtool iptables ip; do comma
 sec listening ss -Htln
 sec links ip -o link show
 file product-uuid /sys/class/dmi/id/product_uuid
+file machine-id /etc/machine-id
 sec kube-files sh -c 'ls /etc/kubernetes/admin.conf /etc/kubernetes/kubelet.conf 2>/dev/null; true'
 sec time date +%s.%N

@@ -1,0 +1,67 @@
+"""`gpuk8s preflight`: readiness of every host and of the cluster, one probe run per host."""
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from gpuk8s import ui
+from gpuk8s.credentials import CredentialError, sudo_passwords
+from gpuk8s.exitcodes import ExitCode
+from gpuk8s.logs import log_path
+from gpuk8s.options import InventoryOpt, Output, OutputOpt
+from gpuk8s.preflight import report as render
+from gpuk8s.preflight.runner import HostReport, run_preflight
+from gpuk8s.preflight.result import CHECKS
+
+
+def register(app: typer.Typer, load_inventory: Callable[..., Any]) -> None:
+    @app.command()
+    def preflight(
+        inventory: Optional[Path] = InventoryOpt,  # noqa: UP007
+        output: Output = OutputOpt,
+        concurrency: int = typer.Option(16, "--concurrency", "-c", min=1, max=512,
+                                        help="Hosts contacted at once."),
+        ignore: list[str] = typer.Option([], "--ignore", help="Check id to downgrade from error to warning "
+                                         "(repeatable; 'all' for every check)."),
+        network: bool = typer.Option(True, "--network/--no-network", help="Measure RTT and bandwidth."),
+        network_seconds: Optional[float] = typer.Option(  # noqa: UP007
+            None, "--network-seconds", min=0, max=60, help="iperf3 duration per worker (0: RTT only)."),
+    ) -> None:
+        """Check that every host, and the cluster as a whole, is ready for install."""
+        inv = load_inventory(inventory, output)
+        ignored = set(ignore) | set(inv.preflight.ignore)
+        unknown = sorted(i for i in ignored if i != "all" and i not in CHECKS)
+        if unknown:
+            ui.console(stderr=True).print(f"unknown check id(s) for --ignore: {', '.join(unknown)}; "
+                                          f"known: {', '.join(CHECKS)}", markup=False)
+            raise typer.Exit(ExitCode.USAGE)
+        try:
+            passwords = sudo_passwords(inv)
+        except CredentialError as e:
+            ui.console(stderr=True).print(str(e), markup=False)
+            raise typer.Exit(ExitCode.USAGE) from None
+
+        live = output == Output.table and ui.is_terminal()
+        con = ui.console(stderr=True)
+        done = [0]
+
+        def progress(rep: HostReport) -> None:
+            done[0] += 1
+            if live:
+                fails = sum(1 for c in rep.checks if c.status == "fail")
+                mark = "[green]ready[/]" if not fails else f"[red]{fails} failed[/]"
+                con.print(f"[{done[0]}/{len(inv.hosts)}] {rep.host.name}: {mark} ({rep.seconds:.1f} s)")
+
+        if live:
+            con.print(f"checking {len(inv.hosts)} host(s), {concurrency} at a time ...")
+        rep = run_preflight(inv, concurrency=concurrency, ignore=ignored, sudo_passwords=passwords,
+                            network_seconds=network_seconds, measure_network=network, on_host=progress)
+        if output == Output.json:
+            ui.emit_json(rep.to_json())
+        else:
+            render.render(rep, inv.preflight.min_bandwidth_gbit, inv.preflight.max_rtt_ms)
+            if not rep.ok and log_path():
+                con.print(f"full detail in {log_path()}", markup=False)
+        raise typer.Exit(ExitCode.OK if rep.ok else ExitCode.FAILED)

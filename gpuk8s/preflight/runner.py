@@ -1,0 +1,169 @@
+"""Preflight orchestration: connect to every host (bounded), one probe run per host, checks, network."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+from gpuk8s.facts.model import HostFacts
+from gpuk8s.facts.parse import ParseError, parse_probe
+from gpuk8s.inventory.model import Host, Inventory
+from gpuk8s.preflight import network
+from gpuk8s.preflight.cluster_checks import check_cluster
+from gpuk8s.preflight.host_checks import check_host
+from gpuk8s.preflight.result import CheckResult, apply_ignores, failed, passed, skipped
+from gpuk8s.remote import RemoteError, Session, for_each_host
+
+log = logging.getLogger("gpuk8s.preflight")
+
+PROBE = resources.files("gpuk8s.facts").joinpath("probe.sh").read_text()
+
+
+@dataclass
+class HostReport:
+    host: Host
+    reachable: bool = False
+    facts: HostFacts | None = None
+    checks: list[CheckResult] = field(default_factory=list)
+    seconds: float = 0.0
+    local_time: float | None = None
+
+    @property
+    def failed(self) -> bool:
+        return any(c.status == "fail" for c in self.checks)
+
+
+@dataclass
+class Report:
+    hosts: list[HostReport]
+    cluster: list[CheckResult]
+    links: list[network.Link]
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return not any(h.failed for h in self.hosts) and not any(c.status == "fail" for c in self.cluster)
+
+    def to_json(self) -> dict[str, Any]:
+        all_checks = [c for h in self.hosts for c in h.checks] + self.cluster
+        counts = {s: sum(1 for c in all_checks if c.status == s) for s in ("pass", "warn", "fail", "skip")}
+        return {
+            "hosts": [
+                {
+                    "name": h.host.name,
+                    "address": h.host.address,
+                    "role": h.host.role,
+                    "reachable": h.reachable,
+                    "facts": h.facts.to_json() if h.facts else {},
+                    "checks": [c.to_json() for c in h.checks],
+                }
+                for h in self.hosts
+            ],
+            "cluster": {
+                "checks": [c.to_json() for c in self.cluster],
+                "links": [{"worker": link.worker, "rtt_ms": link.rtt_ms, "gbit_per_s": link.gbit,
+                           "note": link.note} for link in self.links],
+            },
+            "summary": {
+                "ok": self.ok,
+                "hosts": len(self.hosts),
+                "hosts_failed": sum(1 for h in self.hosts if h.failed),
+                "seconds": round(self.seconds, 2),
+                **counts,
+            },
+        }
+
+
+def gather(session: Session) -> tuple[HostFacts, list[CheckResult], float]:
+    """Connect, run the probe once as root (once more unprivileged if sudo fails); facts and sudo result."""
+    session.connect()
+    checks = [passed("ssh.reachable", f"{session.settings.user}@{session.host.address}:{session.settings.port}")]
+    res = session.run(PROBE, sudo=True, timeout=120, display="gpuk8s fact probe (read-only)")
+    now = time.time()
+    if "@@gpuk8s-begin" not in res.stdout:
+        checks.append(failed("ssh.sudo", _sudo_problem(res.stderr, session), _sudo_remedy(res.stderr, session)))
+        res = session.run(PROBE, timeout=120, display="gpuk8s fact probe (read-only, without sudo)")
+        now = time.time()
+    else:
+        checks.append(passed("ssh.sudo", "root" if session.is_root else f"sudo ({session.settings.sudo.mode})"))
+    try:
+        facts = parse_probe(res.stdout)
+    except ParseError as e:
+        raise RemoteError("probe", f"the fact probe printed nothing usable: {e}; stderr: {res.stderr[:300]}",
+                          "run it by hand with --verbose and see the log") from None
+    return facts, checks, now
+
+
+def _sudo_problem(stderr: str, s: Session) -> str:
+    text = stderr.strip().splitlines()
+    first = text[0] if text else "no output"
+    if "password is required" in stderr:
+        return f"sudo asks {s.settings.user} for a password (sudo.mode is nopasswd): {first}"
+    if "incorrect password" in stderr or "Sorry, try again" in stderr:
+        return f"sudo rejected the password given for {s.settings.user}"
+    if "not in the sudoers" in stderr or "not allowed" in stderr:
+        return f"{s.settings.user} may not use sudo: {first}"
+    return f"sudo failed: {first}"
+
+
+def _sudo_remedy(stderr: str, s: Session) -> str:
+    if "password is required" in stderr:
+        return (f"set ssh.sudo.mode: password and export {s.settings.sudo.password_env}, "
+                f"or allow NOPASSWD for {s.settings.user} in /etc/sudoers.d/")
+    if "incorrect password" in stderr or "Sorry, try again" in stderr:
+        return f"export the right password in {s.settings.sudo.password_env}"
+    return f"give {s.settings.user} sudo rights on the host, or connect as root"
+
+
+def run_preflight(inv: Inventory, *, concurrency: int, ignore: set[str], sudo_passwords: dict[str, str],
+                  network_seconds: float | None = None, measure_network: bool = True,
+                  on_host: Callable[[HostReport], None] | None = None) -> Report:
+    start = time.monotonic()
+    reports = {h.name: HostReport(h) for h in inv.hosts}
+    sessions: dict[str, Session] = {}
+
+    def one(host: Host) -> HostReport:
+        rep = reports[host.name]
+        t0 = time.monotonic()
+        s = Session(host, sudo_passwords.get(host.name))
+        try:
+            facts, checks, now = gather(s)
+            sessions[host.name] = s
+            rep.reachable = True
+            rep.facts = facts
+            rep.local_time = now
+            rep.checks = checks + check_host(host, facts, inv.cluster)
+        except RemoteError as e:
+            s.close()
+            rep.checks = [failed("ssh.reachable", f"{e.kind}: {e.message}", e.remedy)]
+        rep.seconds = time.monotonic() - t0
+        rep.checks = apply_ignores(rep.checks, ignore)
+        if on_host:
+            on_host(rep)
+        return rep
+
+    try:
+        for_each_host(inv.hosts, one, concurrency)
+        facts = {n: r.facts for n, r in reports.items() if r.facts is not None}
+        unreachable = [n for n, r in reports.items() if not r.reachable]
+        local_times = {n: r.local_time for n, r in reports.items() if r.local_time is not None}
+        cluster = check_cluster(facts, unreachable, local_times, inv.preflight.max_clock_skew_s)
+        links: list[network.Link] = []
+        cps = [h for h in inv.control_planes if h.name in sessions]
+        workers = {h.name: sessions[h.name] for h in inv.workers if h.name in sessions}
+        if measure_network and cps and workers:
+            secs = inv.preflight.network_test_seconds if network_seconds is None else network_seconds
+            links = network.measure(sessions[cps[0].name], workers, secs)
+            cluster += network.link_checks(links, inv.preflight.max_rtt_ms, inv.preflight.min_bandwidth_gbit)
+        elif measure_network and workers:
+            cluster.append(skipped("net.rtt", "no reachable control plane to measure from"))
+        cluster = apply_ignores(cluster, ignore)
+    finally:
+        for s in sessions.values():
+            s.close()
+    ordered = [reports[h.name] for h in inv.hosts]
+    return Report(ordered, cluster, links, time.monotonic() - start)
