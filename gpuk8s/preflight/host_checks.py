@@ -10,6 +10,7 @@ from gpuk8s.preflight.result import CheckResult, failed, passed, skipped
 from gpuk8s.versions import at_least, cuda_versions_supported, fmt, release
 
 DRIVER_FLOOR = (418, 87, 1)
+DRIVER_FLOOR_TEXT = "418.87.01"
 DOCKER_FLOOR = (19, 3, 5)
 CONTAINERD_FLOOR = (1, 4, 3)
 SUPPORTED_OS = {("ubuntu", "22.04"): "Ubuntu 22.04 LTS", ("alinux", "3"): "Alibaba Cloud Linux 3"}
@@ -78,9 +79,9 @@ def _gpu(host: Host, f: HostFacts) -> list[CheckResult]:
         out.append(failed("gpu.driver-version", f"cannot read the driver version from {g.driver!r}",
                           "check nvidia-smi on the host"))
     elif at_least(rel, DRIVER_FLOOR):
-        out.append(passed("gpu.driver-version", f"{g.driver} >= {fmt(DRIVER_FLOOR)}"))
+        out.append(passed("gpu.driver-version", f"{g.driver} >= {DRIVER_FLOOR_TEXT}"))
     else:
-        out.append(failed("gpu.driver-version", f"driver {g.driver} is older than {fmt(DRIVER_FLOOR)}",
+        out.append(failed("gpu.driver-version", f"driver {g.driver} is older than {DRIVER_FLOOR_TEXT}",
                           "upgrade the NVIDIA driver to R418.87.01 or newer (R535+ recommended) and reboot"))
     summary = _gpu_summary(f)
     if host.gpus is None:
