@@ -110,16 +110,24 @@ def _keyscan_args(hostname: str) -> str:
     return shlex.quote(hostname)
 
 
-_known_hosts_cache: dict[tuple[str, bool], KnownHosts] = {}
+_known_hosts_cache: dict[tuple[str, bool], tuple[float, KnownHosts]] = {}
 _cache_lock = threading.Lock()
 
 
 def known_hosts_for(settings: SSHSettings) -> KnownHosts:
-    key = (os.path.expanduser(settings.known_hosts), settings.host_key_policy == "accept-new")
+    """One parsed known_hosts per file for all connections; re-read only if the file changed on disk."""
+    path = os.path.expanduser(settings.known_hosts)
+    key = (path, settings.host_key_policy == "accept-new")
+    try:
+        mtime = os.stat(path).st_mtime_ns
+    except OSError:
+        mtime = -1
     with _cache_lock:
-        if key not in _known_hosts_cache:
-            _known_hosts_cache[key] = KnownHosts(*key)
-        return _known_hosts_cache[key]
+        cached = _known_hosts_cache.get(key)
+        if cached is None or (cached[0] != mtime and not cached[1].accept_new):
+            cached = (mtime, KnownHosts(*key))
+            _known_hosts_cache[key] = cached
+        return cached[1]
 
 
 def _connect_kwargs(identity_file: str | None, timeout: float) -> dict[str, object]:

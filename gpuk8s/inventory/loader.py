@@ -253,9 +253,11 @@ class _Reader:
         return v
 
     def fields(self, node: Node, key: str, allowed: tuple[str, ...],
-               readers: Mapping[str, Callable[[Node, str], Any]]) -> dict[str, Any]:
+               readers: Mapping[str, Callable[[Node, str], Any]],
+               m: dict[str, tuple[Node, Node]] | None = None) -> dict[str, Any]:
         """Read a mapping with one reader per key; keys that are null or invalid are left out."""
-        m = self.mapping(node, key, allowed)
+        if m is None:
+            m = self.mapping(node, key, allowed)
         out: dict[str, Any] = {}
         for name, (_k, v) in (m or {}).items():
             if isinstance(v, ScalarNode) and v.tag == _NULL_TAG:
@@ -487,7 +489,7 @@ class _Reader:
                 "taints": self.taints,
                 "gpus": lambda n, k: self.integer(n, k, 0, 64),
             }
-            got = self.fields(hnode, key, _HOST_KEYS, readers)
+            got = self.fields(hnode, key, _HOST_KEYS, readers, m)
             line = hnode.start_mark.line + 1
             bad = False
             for required in ("name", "address"):

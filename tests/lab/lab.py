@@ -286,7 +286,8 @@ class Lab:
         with ThreadPoolExecutor(max_workers=8) as pool:
             list(pool.map(lambda h: self._make_host(h, pub), self.hosts.values()))
         with ThreadPoolExecutor(max_workers=16) as pool:
-            list(pool.map(lambda h: h.wait_ready() if "sshd-stopped" not in h.spec.spec["faults"] else None,
+            unanswering = {"sshd-stopped", "drop-packets"}
+            list(pool.map(lambda h: None if unanswering & set(h.spec.spec["faults"]) else h.wait_ready(),
                           self.hosts.values()))
         self._write_known_hosts()
         self._write_inventory()

@@ -1,0 +1,55 @@
+"""Shared fixtures: the lab (real sshd in network namespaces) and a runner for the gpuk8s CLI."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def lab_unavailable() -> str | None:
+    if os.geteuid() != 0:
+        return "the lab needs root (network namespaces, mounts); run make test as root"
+    if subprocess.run(["ip", "netns", "list"], capture_output=True).returncode != 0:
+        return "the lab needs 'ip netns' (iproute2) and network namespaces"
+    if not Path("/usr/sbin/sshd").exists():
+        return "the lab needs openssh-server (make lab-deps)"
+    return None
+
+
+@pytest.fixture
+def run_cli(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """Run `python -m gpuk8s ARGS` as a user would; its log goes to a file under tmp_path."""
+
+    def run(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        e = {**os.environ, "GPUK8S_LOG_FILE": str(tmp_path / "gpuk8s.log"), "NO_COLOR": "1", **(env or {})}
+        return subprocess.run([sys.executable, "-m", "gpuk8s", *args], capture_output=True, text=True, env=e,
+                              timeout=timeout, cwd=tmp_path, stdin=subprocess.DEVNULL)
+
+    return run
+
+
+@pytest.fixture
+def lab_up(tmp_path: Path) -> Iterator[Callable[[str], object]]:
+    """Bring up a lab from fleet YAML text; torn down after the test."""
+    reason = lab_unavailable()
+    if reason:
+        pytest.skip(reason)
+    from tests.lab.lab import Lab
+
+    lab = Lab()
+
+    def up(fleet_yaml: str) -> Lab:
+        f = tmp_path / "fleet.yaml"
+        f.write_text(fleet_yaml)
+        lab.up(f)
+        return lab
+
+    yield up
+    lab.down()

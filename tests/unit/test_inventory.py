@@ -1,0 +1,155 @@
+"""The inventory loader: every error class, with its message, location and the CLI's exit status."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from gpuk8s.inventory import InventoryError, loads
+
+GOOD = """\
+cluster:
+  name: lab
+  kubernetes_version: "1.30"
+ssh:
+  user: ops
+hosts:
+  - name: cp-1
+    address: 10.0.0.10
+    role: control-plane
+  - name: gpu-1
+    address: 10.0.0.11
+    gpus: 8
+    labels: {team: ml}
+    taints: ["nvidia.com/gpu=present:NoSchedule"]
+    ssh: {user: admin, port: 2222}
+"""
+
+
+def problems(text: str) -> list:
+    with pytest.raises(InventoryError) as e:
+        loads(textwrap.dedent(text), "inv.yaml")
+    return e.value.problems
+
+
+def one_error(text: str):
+    errs = [p for p in problems(text) if p.severity == "error"]
+    assert len(errs) == 1, errs
+    return errs[0]
+
+
+def test_good_inventory_and_host_overrides_win():
+    inv = loads(GOOD, "inv.yaml")
+    assert [h.name for h in inv.hosts] == ["cp-1", "gpu-1"]
+    cp, gpu = inv.hosts
+    assert cp.ssh.user == "ops" and cp.ssh.port == 22
+    assert gpu.ssh.user == "admin" and gpu.ssh.port == 2222
+    assert gpu.gpus == 8 and gpu.labels == {"team": "ml"}
+    assert str(gpu.taints[0]) == "nvidia.com/gpu=present:NoSchedule"
+    assert inv.cluster.kubernetes_version == "1.30"
+    assert gpu.line == 10
+
+
+def test_yaml_syntax_error_is_located():
+    p = one_error("hosts:\n  - name: a\n    address: [1.2.3.4\n")
+    assert p.file == "inv.yaml" and p.line >= 3
+    assert "YAML syntax error" in p.message
+
+
+def test_unknown_key_suggests_the_nearest():
+    p = one_error(GOOD.replace("    role: control-plane", "    rol: control-plane\n    role: control-plane"))
+    assert (p.line, p.column) == (9, 5)
+    assert p.key == "hosts[0].rol"
+    assert "did you mean 'role'" in p.fix
+
+
+def test_wrong_type_names_what_to_write():
+    p = one_error(GOOD.replace("gpus: 8", "gpus: eight"))
+    assert p.key == "hosts[1].gpus" and "whole number" in p.message and p.line == 12
+
+
+def test_version_as_float_is_caught():
+    p = one_error(GOOD.replace('"1.30"', "1.30"))
+    assert p.key == "cluster.kubernetes_version" and 'quote it: "1.30"' in p.fix
+
+
+def test_duplicate_names_and_addresses():
+    text = GOOD + "  - name: gpu-1\n    address: 10.0.0.11\n"
+    ps = problems(text)
+    msgs = [p.message for p in ps]
+    assert any("duplicate host name 'gpu-1' (also on line 10)" in m for m in msgs)
+    assert any("duplicate address '10.0.0.11' (also on line 11)" in m for m in msgs)
+
+
+@pytest.mark.parametrize("addr", ["10.0.0.300", "host_name", "a b", "-bad.example"])
+def test_invalid_address(addr):
+    p = one_error(GOOD.replace("10.0.0.11", addr))
+    assert p.key == "hosts[1].address" and "neither an IP address nor a host name" in p.message
+
+
+@pytest.mark.parametrize("port", ["0", "70000", "ssh"])
+def test_invalid_port(port):
+    p = one_error(GOOD.replace("port: 2222", f"port: {port}"))
+    assert p.key == "hosts[1].ssh.port"
+
+
+@pytest.mark.parametrize("name", ["GPU-1", "gpu_1", "gpu-1-", "gpu;rm -rf /", "$(reboot)"])
+def test_node_names_must_be_rfc1123(name):
+    p = one_error(GOOD.replace("name: gpu-1", f"name: '{name}'"))
+    assert p.key == "hosts[1].name" and "RFC 1123" in p.fix
+
+
+def test_no_control_plane():
+    p = one_error(GOOD.replace("role: control-plane", "role: worker"))
+    assert "no host has role: control-plane" in p.message and p.key == "hosts"
+
+
+def test_even_control_planes_is_a_warning_only():
+    inv = loads(GOOD.replace("    gpus: 8", "    role: control-plane\n    gpus: 8"), "inv.yaml")
+    assert [w.severity for w in inv.warnings] == ["warning"]
+    assert "2 stacked control planes" in inv.warnings[0].message
+
+
+@pytest.mark.parametrize("where", ["ssh:\n  user: ops\n  password: hunter2\n", "ssh:\n  user: ops\n  sudo:\n    password: hunter2\n"])
+def test_clear_text_password_is_an_error_without_echoing_it(where):
+    text = GOOD.replace("ssh:\n  user: ops\n", where)
+    ps = problems(text)
+    p = next(p for p in ps if "secrets must not be written" in p.message)
+    assert "password_env" in p.fix
+    assert all("hunter2" not in str(q) for q in ps)
+
+
+def test_all_problems_at_once():
+    text = GOOD.replace("gpus: 8", "gpus: -1").replace("port: 2222", "port: 0").replace("name: lab", "name: LAB")
+    assert len([p for p in problems(text) if p.severity == "error"]) == 3
+
+
+def test_bad_taint_and_label():
+    ps = problems(GOOD.replace("present:NoSchedule", "present:Never").replace("team: ml", "'bad key!': ml"))
+    keys = {p.key for p in ps}
+    assert "hosts[1].taints[0]" in keys and "hosts[1].labels.bad key!" in keys
+
+
+def test_empty_and_non_mapping_documents():
+    assert "empty" in one_error("").message
+    assert "expected a mapping" in one_error("- a\n- b\n").message
+
+
+def test_not_utf8():
+    with pytest.raises(InventoryError) as e:
+        loads(b"hosts: \xff\xfe\n", "inv.yaml")
+    assert "UTF-8" in e.value.problems[0].message
+
+
+def test_overlapping_cidrs():
+    p = one_error(GOOD.replace('"1.30"', '"1.30"\n  pod_cidr: 10.0.0.0/8\n  service_cidr: 10.96.0.0/12'))
+    assert "overlaps" in p.message
+
+
+def test_shipped_examples_are_valid():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    for f in ("inventories/example.yaml", "gpuk8s/data/inventory-starter.yaml"):
+        loads((root / f).read_text(), f)
