@@ -131,6 +131,7 @@ def loads(text: str | bytes, filename: str = "<inventory>") -> Inventory:
         ) from None
     reader = _Reader(filename)
     inventory = reader.inventory(node)
+    reader.problems.sort(key=lambda p: (p.line, p.column))
     errors = [p for p in reader.problems if p.severity == "error"]
     if errors or inventory is None:
         raise InventoryError(reader.problems)

@@ -53,7 +53,7 @@ CUDA_FOR_DRIVER = ((580, "13.0"), (525, "12.0"), (450, "11.0"), (440, "10.2"), (
 def nvidia_smi(h: Host, args: list[str]) -> int:
     s = h.spec
     n = int(s["gpus"])
-    driver = s["driver"]
+    driver = str(s["driver"])
     if n == 0:
         err("No devices were found\n")
         return 6
