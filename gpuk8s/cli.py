@@ -6,7 +6,6 @@ import logging
 import sys
 from importlib import resources
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -37,14 +36,14 @@ def _version(value: bool) -> None:
 def root(
     ctx: typer.Context,
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show debug detail on stderr."),
-    version: Optional[bool] = typer.Option(  # noqa: UP007 (typer needs Optional on 3.10)
+    version: bool | None = typer.Option(  # noqa: UP007 (typer needs Optional on 3.10)
         None, "--version", callback=_version, is_eager=True, help="Print the version and exit."
     ),
 ) -> None:
     ctx.obj = {"verbose": verbose}
 
 
-def load_inventory(path: Optional[Path], output: Output) -> Inventory:  # noqa: UP007
+def load_inventory(path: Path | None, output: Output) -> Inventory:  # noqa: UP007
     """Load or exit 2 with every problem listed; warnings are shown but do not stop."""
     try:
         inv = load(find_inventory(path))
@@ -61,7 +60,7 @@ def load_inventory(path: Optional[Path], output: Output) -> Inventory:  # noqa: 
 
 @inventory_app.command("validate")
 def inventory_validate(
-    inventory: Optional[Path] = InventoryOpt,  # noqa: UP007
+    inventory: Path | None = InventoryOpt,  # noqa: UP007
     output: Output = OutputOpt,
 ) -> None:
     """Validate the inventory without contacting any host; exit 2 if it has errors."""

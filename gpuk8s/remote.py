@@ -194,7 +194,7 @@ class Session:
                 "hostkey-changed", f"the host key of {where} has CHANGED (now {fingerprint(e.key)})",
                 f"verify it, then remove the old key with ssh-keygen -R {shlex.quote(self.host.address)}",
             ) from None
-        except (TimeoutError, socket.timeout):
+        except TimeoutError:
             conn.close()
             raise RemoteError(
                 "timeout", f"no answer from {where} within {s.connect_timeout:g} s",
@@ -267,7 +267,7 @@ class Session:
                 chan.sendall(data)
             chan.shutdown_write()
             out, err, truncated = _drain(chan, start + timeout)
-        except socket.timeout:
+        except TimeoutError:
             raise RemoteError("command-timeout", f"'{shown}' on {self.host.name} did not finish within {timeout:g} s",
                               "raise ssh.command_timeout if the step is legitimately slow") from None
         except (paramiko.SSHException, OSError, EOFError) as e:
@@ -295,7 +295,7 @@ def _drain(chan: paramiko.Channel, deadline: float) -> tuple[bytes, bytes, bool]
         left = deadline - time.monotonic()
         if left <= 0:
             chan.close()
-            raise socket.timeout()
+            raise TimeoutError()
         select.select([fd], [], [], min(left, 1.0))
         while chan.recv_ready():
             chunk = chan.recv(65536)
@@ -307,9 +307,9 @@ def _drain(chan: paramiko.Channel, deadline: float) -> tuple[bytes, bytes, bool]
             if len(err) < MAX_OUTPUT:
                 err += chunk[: MAX_OUTPUT - len(err)]
             truncated |= len(err) >= MAX_OUTPUT
-        if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
-            if chan.eof_received or chan.closed:
-                return bytes(out), bytes(err), truncated
+        drained = not chan.recv_ready() and not chan.recv_stderr_ready()
+        if chan.exit_status_ready() and drained and (chan.eof_received or chan.closed):
+            return bytes(out), bytes(err), truncated
         if chan.closed and not chan.recv_ready():
             return bytes(out), bytes(err), truncated
 

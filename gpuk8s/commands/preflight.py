@@ -2,7 +2,7 @@
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
@@ -12,21 +12,21 @@ from gpuk8s.exitcodes import ExitCode
 from gpuk8s.logs import log_path
 from gpuk8s.options import InventoryOpt, Output, OutputOpt
 from gpuk8s.preflight import report as render
-from gpuk8s.preflight.runner import HostReport, run_preflight
 from gpuk8s.preflight.result import CHECKS
+from gpuk8s.preflight.runner import HostReport, run_preflight
 
 
 def register(app: typer.Typer, load_inventory: Callable[..., Any]) -> None:
     @app.command()
     def preflight(
-        inventory: Optional[Path] = InventoryOpt,  # noqa: UP007
+        inventory: Path | None = InventoryOpt,  # noqa: UP007
         output: Output = OutputOpt,
         concurrency: int = typer.Option(16, "--concurrency", "-c", min=1, max=512,
                                         help="Hosts contacted at once."),
         ignore: list[str] = typer.Option([], "--ignore", help="Check id to downgrade from error to warning "
                                          "(repeatable; 'all' for every check)."),
         network: bool = typer.Option(True, "--network/--no-network", help="Measure RTT and bandwidth."),
-        network_seconds: Optional[float] = typer.Option(  # noqa: UP007
+        network_seconds: float | None = typer.Option(  # noqa: UP007
             None, "--network-seconds", min=0, max=60, help="iperf3 duration per worker (0: RTT only)."),
     ) -> None:
         """Check that every host, and the cluster as a whole, is ready for install."""

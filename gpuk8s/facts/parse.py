@@ -55,7 +55,7 @@ def split_sections(text: str) -> dict[str, Section]:
             name, buf = m.group(1), []
             continue
         m = _END.match(line)
-        if m and name == m.group(1):
+        if m and name is not None and name == m.group(1):
             body = "\n".join(buf)
             out[name] = Section(body[:-1] if body.endswith("\n") else body.rstrip("\n"), int(m.group(2)))
             name = None
@@ -200,16 +200,18 @@ def parse_containerd_config(section: Section | None, dropins: Section | None = N
     top = tables.get("", {})
     disabled = top.get("disabled_plugins", [])
     imports = top.get("imports", [])
-    default_rt = None
-    systemd = None
+    default_rt: str | None = None
+    systemd: bool | None = None
     nvidia = False
     for name, kv in tables.items():
         if not ("cri" in name and "containerd" in name):
             continue
-        if name.endswith(".containerd") and isinstance(kv.get("default_runtime_name"), str):
-            default_rt = kv["default_runtime_name"]
-        if name.endswith(".runtimes.runc.options") and isinstance(kv.get("SystemdCgroup"), bool):
-            systemd = kv["SystemdCgroup"]
+        rt_name = kv.get("default_runtime_name")
+        if name.endswith(".containerd") and isinstance(rt_name, str):
+            default_rt = rt_name
+        cgroup = kv.get("SystemdCgroup")
+        if name.endswith(".runtimes.runc.options") and isinstance(cgroup, bool):
+            systemd = cgroup
         if ".runtimes.nvidia" in name:
             nvidia = True
     return ContainerdConfig(

@@ -103,10 +103,11 @@ def load(path: str | os.PathLike[str]) -> Inventory:
 def loads(text: str | bytes, filename: str = "<inventory>") -> Inventory:
     """Parse and validate; raise InventoryError listing every problem, or return the inventory."""
     if isinstance(text, bytes):
+        raw = text
         try:
-            text = text.decode("utf-8")
+            text = raw.decode("utf-8")
         except UnicodeDecodeError as e:
-            line = text[: e.start].count(b"\n") + 1
+            line = raw[: e.start].count(b"\n") + 1
             raise InventoryError(
                 [Problem(filename, line, 1, "", "the file is not valid UTF-8", "save the file as UTF-8")]
             ) from None
@@ -302,7 +303,7 @@ class _Reader:
         if "pod_cidr" in got and "service_cidr" in got:
             pod = ipaddress.ip_network(cluster.pod_cidr)
             svc = ipaddress.ip_network(cluster.service_cidr)
-            if pod.version == svc.version and pod.overlaps(svc):  # type: ignore[arg-type]
+            if pod.version == svc.version and pod.overlaps(svc):
                 self.report(node, "cluster.service_cidr", f"{svc} overlaps the pod CIDR {pod}",
                             "choose ranges that do not overlap, e.g. pod 10.244.0.0/16 and service 10.96.0.0/12")
         return cluster

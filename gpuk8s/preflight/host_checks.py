@@ -180,7 +180,8 @@ def _runtime(f: HostFacts, cluster: Cluster, gpu_host: bool) -> list[CheckResult
         default_rt = cfg.default_runtime
     else:
         if k8s >= (1, 24):
-            out.append(failed("runtime.kubernetes-compat", f"Kubernetes {cluster.kubernetes_version} has no dockershim: "
+            out.append(failed("runtime.kubernetes-compat",
+                              f"Kubernetes {cluster.kubernetes_version} has no dockershim: "
                               "Docker needs cri-dockerd (unix:///run/cri-dockerd.sock)",
                               "install cri-dockerd, or use containerd (cluster.container_runtime: containerd)"))
         else:

@@ -10,6 +10,7 @@ in the host's /usr/bin; a command made absent is an overlay whiteout.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -165,7 +166,7 @@ class LabHost:
         mounts += ["mount -t tmpfs -o mode=755 tmpfs /run", "mkdir -p /run/sshd /run/lock",
                    "mount -t tmpfs -o mode=1777 tmpfs /tmp", f"hostname {self.name}"]
         script = " && ".join(mounts) + f" && exec /usr/sbin/sshd -D -e -f {d}/sshd_config"
-        log = open(d / "sshd.log", "ab")
+        log = open(d / "sshd.log", "ab")  # noqa: SIM115 (handed to the sshd process)
         p = subprocess.Popen(["ip", "netns", "exec", self.netns, "unshare", "--mount", "--uts",
                               "--propagation", "private", "sh", "-c", script],
                              stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
@@ -183,10 +184,8 @@ class LabHost:
 
     @staticmethod
     def _reap(pid: int) -> None:
-        try:
+        with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            pass
 
     def wait_ready(self, timeout: float = 20.0) -> None:
         deadline = time.monotonic() + timeout
@@ -442,10 +441,8 @@ class Lab:
         for ns in names:
             pids = _run(["ip", "netns", "pids", ns], check=False).stdout.split()
             for pid in pids:
-                try:
+                with contextlib.suppress(OSError, ValueError):
                     os.kill(int(pid), signal.SIGKILL)
-                except (OSError, ValueError):
-                    pass
         for ns in names:
             for _ in range(50):
                 if not _run(["ip", "netns", "pids", ns], check=False).stdout.strip():

@@ -199,7 +199,8 @@ def _leftovers() -> list[str]:
     left += [ln.split(":")[1] for ln in links.splitlines() if "gk8s" in ln]
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     left += [ln for ln in ps.splitlines() if "gpuk8s-lab" in ln and "sshd" in ln]
-    mounts = open("/proc/self/mountinfo").read()
+    with open("/proc/self/mountinfo") as f:
+        mounts = f.read()
     left += [ln for ln in mounts.splitlines() if "gpuk8s-lab" in ln]
     return left
 

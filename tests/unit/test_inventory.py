@@ -111,7 +111,8 @@ def test_even_control_planes_is_a_warning_only():
     assert "2 stacked control planes" in inv.warnings[0].message
 
 
-@pytest.mark.parametrize("where", ["ssh:\n  user: ops\n  password: hunter2\n", "ssh:\n  user: ops\n  sudo:\n    password: hunter2\n"])
+@pytest.mark.parametrize("where", ["ssh:\n  user: ops\n  password: hunter2\n",
+                                   "ssh:\n  user: ops\n  sudo:\n    password: hunter2\n"])
 def test_clear_text_password_is_an_error_without_echoing_it(where):
     text = GOOD.replace("ssh:\n  user: ops\n", where)
     ps = problems(text)

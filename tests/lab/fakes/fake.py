@@ -22,7 +22,7 @@ LAB_ROOT = Path(__file__).resolve().parent.parent
 class Host:
     def __init__(self) -> None:
         self.spec = json.loads((STATE_DIR / "host.json").read_text())
-        self._lock = open(STATE_DIR / "state.json", "r+")
+        self._lock = open(STATE_DIR / "state.json", "r+")  # noqa: SIM115 (held, locked, until exit)
         fcntl.flock(self._lock, fcntl.LOCK_EX)
         self.state = json.loads(self._lock.read() or "{}")
 

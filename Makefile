@@ -1,0 +1,65 @@
+# gpuk8s developer tasks. `make test` is the test command CI runs (.ci/run).
+PY      ?= python3
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+FLEET   ?= tests/lab/fleets/demo.yaml
+LAB_DIR ?= /var/tmp/gpuk8s-lab
+LAB_PKGS := openssh-server openssh-client sudo iproute2 iperf3 iputils-ping containerd util-linux openssl procps
+
+.PHONY: install lab-deps test test-unit lint lab-up lab-down lab-status demo bench clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test,lint]'
+	touch $@
+
+# What the lab needs from the OS; installed only when missing, only as root on apt systems.
+lab-deps:
+	@missing=""; for c in /usr/sbin/sshd ssh sudo ip iperf3 ping containerd nsenter openssl; do \
+	  command -v $$c >/dev/null 2>&1 || missing="$$missing $$c"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "lab-deps: installing ($$missing missing)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(LAB_PKGS) >/dev/null; \
+	  else echo "lab-deps: missing$$missing; lab tests will be skipped (need root and: $(LAB_PKGS))"; fi; \
+	fi
+
+test: install lab-deps
+	$(BIN)/python -m pytest -q
+
+test-unit: install
+	$(BIN)/python -m pytest -q tests/unit
+
+lint: install
+	$(BIN)/ruff check gpuk8s tests
+	$(BIN)/mypy
+
+lab-up: install lab-deps
+	$(BIN)/python -m tests.lab up $(FLEET)
+
+lab-down: install
+	$(BIN)/python -m tests.lab down
+
+lab-status: install
+	$(BIN)/python -m tests.lab status
+
+demo: install lab-deps
+	@$(BIN)/python -m tests.lab up tests/lab/fleets/demo.yaml >/dev/null
+	@echo "==> lab up: 1 control plane, 3 GPU workers (Ubuntu 22.04, real sshd in network namespaces)"
+	@echo "==> $(BIN)/gpuk8s preflight -i $(LAB_DIR)/inventory.yaml"
+	@$(BIN)/gpuk8s preflight -i $(LAB_DIR)/inventory.yaml; rc=$$?; \
+	echo; echo "preflight exit status: $$rc (0: ready, warnings allowed; 1: something failed)"; \
+	echo "Look around:"; \
+	echo "  $(BIN)/gpuk8s preflight -i $(LAB_DIR)/inventory.yaml -o json | less"; \
+	echo "  ssh -i $(LAB_DIR)/id_ed25519 -o UserKnownHostsFile=$(LAB_DIR)/known_hosts gpuk8s@10.213.0.11"; \
+	echo "  make lab-status"; \
+	echo "Take the lab down: make lab-down"
+
+bench: install lab-deps
+	$(BIN)/python -m tests.bench
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
