@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import sys
 from importlib import resources
 from pathlib import Path
@@ -102,12 +104,23 @@ def _register_commands() -> None:
     register(app, load_inventory)
 
 
+class Interrupted(BaseException):
+    """Raised on SIGINT instead of KeyboardInterrupt, which click would turn into exit status 1."""
+
+
+def _on_sigint(signum: int, frame: object) -> None:
+    raise Interrupted()
+
+
 def main() -> None:
     setup_logging(verbose="-v" in sys.argv or "--verbose" in sys.argv)
     _register_commands()
+    signal.signal(signal.SIGINT, _on_sigint)
     try:
         app()
-    except KeyboardInterrupt:
-        logging.getLogger("gpuk8s").warning("interrupted")
+    except Interrupted:
+        logging.getLogger("gpuk8s").warning("interrupted by SIGINT")
         sys.stderr.write("interrupted\n")
-        sys.exit(ExitCode.INTERRUPTED)
+        sys.stderr.flush()
+        # worker threads may still wait on a slow host; they hold no lock we need, so leave now
+        os._exit(ExitCode.INTERRUPTED)

@@ -324,7 +324,8 @@ def for_each_host(hosts: Iterable[Host], fn: Callable[[Host], T], concurrency: i
                   ) -> dict[str, T | BaseException]:
     """Run fn on every host, at most `concurrency` at a time; one host's failure never stops another."""
     results: dict[str, T | BaseException] = {}
-    with ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="host") as pool:
+    pool = ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="host")
+    try:
         futures = {pool.submit(fn, h): h for h in hosts}
         for fut in as_completed(futures):
             h = futures[fut]
@@ -337,4 +338,9 @@ def for_each_host(hosts: Iterable[Host], fn: Callable[[Host], T], concurrency: i
                 results[h.name] = e
                 if on_done:
                     on_done(h, None, e)
+    except BaseException:
+        # interrupted: do not wait for hosts still connecting; queued hosts are never started
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
     return results

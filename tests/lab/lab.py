@@ -218,15 +218,19 @@ class LabHost:
                       "latency", "50ms"])
 
     def drop_packets(self, on: bool = True) -> None:
-        """Drop every packet the host sends (ARP included): a connect to it hangs, as behind a dropping firewall.
+        """Drop every packet the host sends: a connect to it hangs, as behind a firewall that drops.
 
-        A token bucket whose burst is smaller than any frame can never send one.
+        A token bucket whose burst is smaller than any frame can never send one. A permanent neighbour
+        entry on the bridge keeps ARP out of the way, as on a real network where ARP still works.
         """
         link = self.spec.spec["link"] or {}
         if on:
+            mac = _run(["ip", "-n", self.netns, "-o", "link", "show", "eth0"]).stdout.split("link/ether ")[1].split()[0]
+            _run(["ip", "neigh", "replace", self.address, "lladdr", mac, "dev", BRIDGE, "nud", "permanent"])
             _run(["ip", "netns", "exec", self.netns, "tc", "qdisc", "replace", "dev", "eth0", "root", "tbf",
                   "rate", "1kbit", "burst", "10", "limit", "1"])
         else:
+            _run(["ip", "neigh", "del", self.address, "dev", BRIDGE], check=False)
             self.shape(link.get("rate"), link.get("delay_ms"))
 
 

@@ -142,3 +142,45 @@ hosts:
     # piped: plain text, no box drawing, but the matrix is there
     r = run_cli("preflight", "-i", str(lab.inventory), "--network-seconds", "0")
     assert "control plane <-> slow" in r.stdout and "\u2502" not in r.stdout
+
+
+def test_sigint_exits_130_promptly(lab_up, tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    lab = lab_up("""
+hosts:
+  - name: cp-1
+    role: control-plane
+  - name: hang
+    faults: [drop-packets]
+""")
+    env = {**os.environ, "GPUK8S_LOG_FILE": str(tmp_path / "log")}
+    p = subprocess.Popen([sys.executable, "-m", "gpuk8s", "preflight", "-i", str(lab.inventory)], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(2.0)  # cp-1 answered; 'hang' is waiting on its 5 s connect timeout
+    t0 = time.monotonic()
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=20)
+    assert p.returncode == 130, err
+    assert time.monotonic() - t0 < 3
+    assert "interrupted" in err and "Traceback" not in err
+
+
+def test_unreachable_host_is_named_and_others_go_on(lab_up, run_cli):
+    lab = lab_up("""
+hosts:
+  - name: cp-1
+    role: control-plane
+  - name: hang
+    faults: [drop-packets]
+  - name: fine
+""")
+    r = run_cli("preflight", "-i", str(lab.inventory), "-o", "json", "--network-seconds", "0")
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    c = checks_by_host(json.loads(r.stdout))
+    assert "timeout" in c["hang"]["ssh.reachable"]["message"] and "within 5 s" in c["hang"]["ssh.reachable"]["message"]
+    assert c["fine"]["gpu.driver"]["status"] == "pass"

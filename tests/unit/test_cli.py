@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from gpuk8s import __version__
 
 
@@ -50,3 +52,31 @@ def test_init_writes_a_valid_starter_and_refuses_to_overwrite(run_cli, tmp_path)
     r = run_cli("inventory", "init")
     assert r.returncode == 2 and "not overwritten" in r.stderr
     assert (tmp_path / "inventory.yaml").read_text() == before
+
+
+BASE = "hosts:\n  - name: cp-1\n    address: 10.0.0.1\n    role: control-plane\n"
+
+
+@pytest.mark.parametrize("text,where", [
+    ("hosts: [\n", "inv.yaml:2:1: error:"),                                       # YAML syntax
+    (BASE + "  - name: w\n    adress: 10.0.0.2\n", "inv.yaml:6:5: error: hosts[1].adress"),  # unknown key
+    (BASE.replace("10.0.0.1", "10.0.0.1\n    gpus: many"), "inv.yaml:4:11: error: hosts[0].gpus"),  # type
+    (BASE + BASE.split("\n", 1)[1], "inv.yaml:5:11: error: hosts[1].name: duplicate"),  # duplicate
+    (BASE.replace("10.0.0.1", "10.0.0.999"), "inv.yaml:3:14: error: hosts[0].address"),  # address
+    (BASE + "ssh:\n  port: 99999\n", "inv.yaml:6:9: error: ssh.port"),            # port
+    (BASE.replace("cp-1", "CP_1"), "inv.yaml:2:11: error: hosts[0].name"),       # node name
+    (BASE.replace("control-plane", "worker"), "inv.yaml:2:3: error: hosts: no host has role"),  # no control plane
+    (BASE + "ssh:\n  password: x1y2z3\n", "inv.yaml:6:3: error: ssh.password"),  # clear-text password
+])
+def test_each_error_class_exits_2_with_its_location(run_cli, tmp_path, text, where):
+    (tmp_path / "inv.yaml").write_text(text)
+    r = run_cli("inventory", "validate", "-i", "inv.yaml")
+    assert r.returncode == 2
+    assert where in r.stderr, r.stderr
+    assert "x1y2z3" not in r.stderr
+
+
+def test_even_control_planes_warn_but_exit_0(run_cli, tmp_path):
+    (tmp_path / "inv.yaml").write_text(BASE + BASE.split("\n", 1)[1].replace("cp-1", "cp-2").replace(".1\n", ".2\n"))
+    r = run_cli("inventory", "validate", "-i", "inv.yaml")
+    assert r.returncode == 0 and "warning: hosts: 2 stacked control planes" in r.stderr

@@ -1,0 +1,96 @@
+"""Host and cluster checks as pure functions of typed facts (no SSH)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from gpuk8s.facts.model import GPU, ContainerdConfig, DockerDaemon, GPUInfo, HostFacts, OSInfo, Runtime
+from gpuk8s.inventory.model import Cluster, Host, SSHSettings
+from gpuk8s.preflight.cluster_checks import check_cluster
+from gpuk8s.preflight.host_checks import check_host
+from gpuk8s.preflight.result import apply_ignores
+
+
+def facts(**kw) -> HostFacts:
+    base = HostFacts(
+        uid=0, hostname="gpu-1", os=OSInfo("ubuntu", ("debian",), "22.04", "Ubuntu 22.04.4 LTS", "debian"),
+        kernel="5.15.0-105-generic", arch="x86_64", cpus=16, memory_mb=64000, swap=(),
+        modules=frozenset({"overlay", "br_netfilter"}),
+        sysctl={"net.ipv4.ip_forward": "1", "net.bridge.bridge-nf-call-iptables": "1",
+                "net.bridge.bridge-nf-call-ip6tables": "1"},
+        gpu=GPUInfo("ok", "535.104.05", (535, 104, 5), "12.2",
+                    tuple(GPU(i, "NVIDIA A100", f"GPU-{i}", 81920, "Disabled") for i in range(8))),
+        containerd=Runtime("containerd", "containerd 1.6.20", (1, 6, 20), True),
+        containerd_config=ContainerdConfig(True, (), "nvidia", True, True),
+        docker=None, docker_daemon=DockerDaemon(False), nvidia_ctk="NVIDIA Container Toolkit CLI version 1.17.0",
+        kubeadm=None, kubelet=None, firewalld_active=False, tools=frozenset({"conntrack", "socat", "ebtables",
+                                                                            "ethtool"}),
+        listening_ports=frozenset({22}), macs=("02:00:00:00:00:01",), product_uuid=None, machine_id="m1",
+        kube_files=(), time=1000.0)
+    return replace(base, **kw)
+
+
+HOST = Host("gpu-1", "10.0.0.11", "worker", SSHSettings(), gpus=8)
+CP = Host("cp-1", "10.0.0.10", "control-plane", SSHSettings())
+
+
+def by_id(results):
+    return {r.id: r for r in results}
+
+
+def test_ready_host_passes_everything():
+    r = check_host(HOST, facts(), Cluster())
+    assert [x.id for x in r if x.status != "pass"] == []
+
+
+def test_containerd_too_old_for_kubernetes_126():
+    r = by_id(check_host(HOST, facts(containerd=Runtime("containerd", "1.5.9", (1, 5, 9), True)),
+                         Cluster(kubernetes_version="1.30")))
+    compat = r["runtime.kubernetes-compat"]
+    assert compat.status == "fail" and "containerd >= 1.6" in compat.message
+    assert r["runtime.version"].status == "pass"  # 1.5.9 is above the 1.4.3 floor
+
+
+def test_docker_needs_cri_dockerd_from_124():
+    f = facts(docker=Runtime("docker", "20.10.24", (20, 10, 24), True), docker_daemon=DockerDaemon(True, "nvidia", True,
+                                                                                                  "systemd"))
+    r = by_id(check_host(HOST, f, Cluster(container_runtime="docker")))
+    assert r["runtime.kubernetes-compat"].status == "fail" and "cri-dockerd" in r["runtime.kubernetes-compat"].message
+    assert r["toolkit.default-runtime"].status == "pass"
+
+
+def test_docker_below_floor():
+    f = facts(docker=Runtime("docker", "19.03.4", (19, 3, 4), True))
+    assert by_id(check_host(HOST, f, Cluster(container_runtime="docker")))["runtime.version"].status == "fail"
+
+
+def test_busy_ports_on_control_plane_and_small_machine():
+    f = facts(listening_ports=frozenset({22, 6443, 2379}), cpus=1, memory_mb=1024, hostname="cp-1")
+    r = by_id(check_host(CP, f, Cluster()))
+    assert r["k8s.ports"].status == "fail" and "6443, 2379" in r["k8s.ports"].message
+    assert r["k8s.cpus"].status == "fail" and r["k8s.memory"].status == "fail"
+    assert r["gpu.driver"].status == "pass"  # GPUs present on a control plane are reported, not required
+
+
+def test_cuda12_warning_on_old_driver():
+    f = facts(gpu=replace(facts().gpu, driver="470.82.01", driver_release=(470, 82, 1), cuda_version=None))
+    r = by_id(check_host(HOST, f, Cluster()))
+    assert r["gpu.cuda"].status == "warn" and "525.60.13" in r["gpu.cuda"].remedy
+
+
+def test_ignore_downgrades_only_named_failures():
+    f = facts(cpus=1, hostname="cp-1")
+    out = by_id(apply_ignores(check_host(CP, f, Cluster()), {"k8s.cpus"}))
+    assert out["k8s.cpus"].status == "warn" and out["k8s.cpus"].ignored
+
+
+def test_cluster_names_the_odd_hosts():
+    fs = {f"h{i}": facts(hostname=f"h{i}", machine_id=f"m{i}", macs=(f"02:00:00:00:00:0{i}",)) for i in range(4)}
+    fs["h3"] = replace(fs["h3"], kernel="5.15.0-999-generic", os=replace(fs["h3"].os, pretty_name="Ubuntu 20.04"))
+    fs["h2"] = replace(fs["h2"], machine_id="m1", time=1100.0)
+    r = by_id(check_cluster(fs, [], {h: 1000.0 for h in fs}, 5.0))
+    assert r["cluster.os-consistent"].status == "fail" and "h3: Ubuntu 20.04" in r["cluster.os-consistent"].message
+    assert "h0" not in r["cluster.kernel-consistent"].message
+    assert r["cluster.unique-machine-id"].status == "fail" and "m1 on h1, h2" in r["cluster.unique-machine-id"].message
+    assert r["cluster.clock-skew"].status == "warn" and "h2" in r["cluster.clock-skew"].message
+    assert r["cluster.unique-macs"].status == "pass"
