@@ -43,12 +43,14 @@ def parse_iperf3(text: str) -> float | None:
 
 
 def _ping_all(cp: Session, workers: dict[str, Session]) -> dict[str, float | None]:
-    parts = []
-    for name, s in workers.items():
-        addr = shlex.quote(s.host.address)
-        tag = shlex.quote(name)
-        parts.append(f"( o=$(ping -n -q -c 5 -i 0.2 -W 1 {addr} 2>&1); printf '@@ping %s\\n%s\\n' {tag} \"$o\" ) &")
-    res = cp.run(" ".join(parts) + " wait", timeout=30, display="ping each worker (5 packets)")
+    """Ping every worker at once from the control plane; each result is printed only after all finish,
+    so that parallel outputs never interleave."""
+    names = list(workers)
+    pings = " ".join(f"(ping -n -q -c 5 -i 0.2 -W 1 {shlex.quote(workers[n].host.address)} >\"$d/{i}\" 2>&1) &"
+                     for i, n in enumerate(names))
+    show = " ".join(f"printf '@@ping %s\\n' {shlex.quote(n)}; cat \"$d/{i}\";" for i, n in enumerate(names))
+    res = cp.run(f'd=$(mktemp -d) || exit 1; {pings} wait; {show} rm -rf "$d"', timeout=30,
+                 display="ping each worker (5 packets)")
     out: dict[str, float | None] = {}
     for block in res.stdout.split("@@ping ")[1:]:
         name, _, body = block.partition("\n")

@@ -144,6 +144,15 @@ hosts:
     assert "control plane <-> slow" in r.stdout and "\u2502" not in r.stdout
 
 
+HANG_FLEET = """
+hosts:
+  - name: cp-1
+    role: control-plane
+  - name: hang
+    faults: [drop-packets]
+"""
+
+
 def test_sigint_exits_130_promptly(lab_up, tmp_path):
     import os
     import signal
@@ -151,13 +160,7 @@ def test_sigint_exits_130_promptly(lab_up, tmp_path):
     import sys
     import time
 
-    lab = lab_up("""
-hosts:
-  - name: cp-1
-    role: control-plane
-  - name: hang
-    faults: [drop-packets]
-""")
+    lab = lab_up(HANG_FLEET)
     env = {**os.environ, "GPUK8S_LOG_FILE": str(tmp_path / "log")}
     p = subprocess.Popen([sys.executable, "-m", "gpuk8s", "preflight", "-i", str(lab.inventory)], env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -171,14 +174,7 @@ hosts:
 
 
 def test_unreachable_host_is_named_and_others_go_on(lab_up, run_cli):
-    lab = lab_up("""
-hosts:
-  - name: cp-1
-    role: control-plane
-  - name: hang
-    faults: [drop-packets]
-  - name: fine
-""")
+    lab = lab_up(HANG_FLEET + "  - name: fine\n")
     r = run_cli("preflight", "-i", str(lab.inventory), "-o", "json", "--network-seconds", "0")
     assert r.returncode == 1 and "Traceback" not in r.stderr
     c = checks_by_host(json.loads(r.stdout))
