@@ -6,7 +6,7 @@ import getpass
 import os
 import sys
 
-from gpuk8s.inventory.model import Host, Inventory
+from gpuk8s.inventory.model import Inventory
 from gpuk8s.logs import register_secret
 
 
@@ -35,7 +35,3 @@ def sudo_passwords(inv: Inventory) -> dict[str, str]:
             by_env[env] = value
         out[host.name] = by_env[env]
     return out
-
-
-def password_for(passwords: dict[str, str], host: Host) -> str | None:
-    return passwords.get(host.name)

@@ -122,7 +122,6 @@ def loads(text: str | bytes, filename: str = "<inventory>") -> Inventory:
                      "check indentation, colons and quotes around this position")]
         ) from None
     except yaml.YAMLError as e:
-        mark = getattr(e, "position", None)
         raise InventoryError(
             [Problem(filename, 1, 1, "", f"YAML error: {e}", "remove unprintable or control characters")]
         ) from None
