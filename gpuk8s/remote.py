@@ -248,8 +248,12 @@ class Session:
         return f"sudo -n -- {inner}", None
 
     def run(self, command: str, *, sudo: bool = False, timeout: float | None = None,
-            stdin: bytes | None = None, display: str | None = None) -> Result:
-        """Run one command; never raises on a non-zero exit (see Result.exit_status)."""
+            stdin: bytes | None = None, display: str | None = None,
+            on_line: Callable[[str], None] | None = None) -> Result:
+        """Run one command; never raises on a non-zero exit (see Result.exit_status).
+
+        `on_line` sees each complete stdout line as it arrives (for live progress).
+        """
         self.connect()
         assert self._conn is not None
         line, pw = self.sudo_wrap(command) if sudo else (command, None)
@@ -266,7 +270,7 @@ class Session:
             if data:
                 chan.sendall(data)
             chan.shutdown_write()
-            out, err, truncated = _drain(chan, start + timeout)
+            out, err, truncated = _drain(chan, start + timeout, on_line)
         except TimeoutError:
             raise RemoteError("command-timeout", f"'{shown}' on {self.host.name} did not finish within {timeout:g} s",
                               "raise ssh.command_timeout if the step is legitimately slow") from None
@@ -287,9 +291,11 @@ class Session:
         return res
 
 
-def _drain(chan: paramiko.Channel, deadline: float) -> tuple[bytes, bytes, bool]:
+def _drain(chan: paramiko.Channel, deadline: float,
+           on_line: Callable[[str], None] | None = None) -> tuple[bytes, bytes, bool]:
     out, err = bytearray(), bytearray()
     truncated = False
+    pending = b""
     fd = chan.fileno()
     while True:
         left = deadline - time.monotonic()
@@ -299,6 +305,12 @@ def _drain(chan: paramiko.Channel, deadline: float) -> tuple[bytes, bytes, bool]
         select.select([fd], [], [], min(left, 1.0))
         while chan.recv_ready():
             chunk = chan.recv(65536)
+            if on_line is not None:
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                pending = pending[-65536:]  # a line that never ends must not grow without bound
+                for ln in lines:
+                    on_line(ln.decode("utf-8", "replace"))
             if len(out) < MAX_OUTPUT:
                 out += chunk[: MAX_OUTPUT - len(out)]
             truncated |= len(out) >= MAX_OUTPUT

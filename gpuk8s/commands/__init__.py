@@ -9,6 +9,7 @@ import typer
 
 
 def register(app: typer.Typer, load_inventory: Callable[..., Any]) -> None:
-    from gpuk8s.commands import preflight
+    from gpuk8s.commands import install, preflight
 
     preflight.register(app, load_inventory)
+    install.register(app, load_inventory)

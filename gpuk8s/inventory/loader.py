@@ -24,6 +24,7 @@ from gpuk8s.inventory.model import (
     Bastion,
     Cluster,
     Host,
+    InstallSettings,
     Inventory,
     PreflightSettings,
     Problem,
@@ -62,7 +63,11 @@ _SUDO_KEYS = ("mode", "password_env", "prompt")
 _BASTION_KEYS = ("address", "user", "port", "identity_file")
 _HOST_KEYS = ("name", "address", "role", "ssh", "labels", "taints", "gpus")
 _PREFLIGHT_KEYS = ("min_bandwidth_gbit", "max_rtt_ms", "max_clock_skew_s", "network_test_seconds", "ignore")
-_TOP_KEYS = ("cluster", "ssh", "hosts", "preflight")
+_INSTALL_KEYS = ("toolkit_version", "toolkit_repo", "kubernetes_repo", "package_lock_timeout")
+_TOP_KEYS = ("cluster", "ssh", "hosts", "preflight", "install")
+# Repository URLs reach a shell and files on every host: a strict subset of URL syntax, no shell metacharacters.
+_REPO_URL = re.compile(r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[A-Za-z0-9._~:/%+@=-]*)?$")
+_PKG_VERSION = re.compile(r"^[0-9][A-Za-z0-9.+~-]{0,63}$")
 _SECRET_KEYS = ("password", "sudo_password", "passphrase", "token")
 
 _MISSING = object()
@@ -280,12 +285,13 @@ class _Reader:
         cluster = self.cluster(top["cluster"][1]) if "cluster" in top else Cluster()
         ssh = self.ssh(top["ssh"][1], "ssh", SSHSettings()) if "ssh" in top else SSHSettings()
         preflight = self.preflight(top["preflight"][1]) if "preflight" in top else PreflightSettings()
+        install = self.install(top["install"][1]) if "install" in top else InstallSettings()
         if "hosts" not in top:
             self.report(node, "hosts", "no hosts are listed",
                         "add a 'hosts:' list with at least one host whose role is control-plane")
             return None
         hosts = self.hosts(top["hosts"][1], ssh)
-        return Inventory(Path(self.filename), cluster, ssh, tuple(hosts), preflight)
+        return Inventory(Path(self.filename), cluster, ssh, tuple(hosts), preflight, install)
 
     def cluster(self, node: Node) -> Cluster:
         readers: dict[str, Callable[[Node, str], Any]] = {
@@ -407,6 +413,22 @@ class _Reader:
             "ignore": self.check_ids,
         }
         return PreflightSettings(**self.fields(node, "preflight", _PREFLIGHT_KEYS, readers))
+
+    def install(self, node: Node) -> InstallSettings:
+        url_fix = "write an http(s) URL without spaces or quotes, e.g. https://mirror.example.com/libnvidia-container"
+        readers: dict[str, Callable[[Node, str], Any]] = {
+            "toolkit_version": lambda n, k: self.string(
+                n, k, _PKG_VERSION, "a package version as the repository spells it, e.g. \"1.17.8-1\"",
+                "package version"),
+            "toolkit_repo": lambda n, k: self.url(n, k, url_fix),
+            "kubernetes_repo": lambda n, k: self.url(n, k, "write e.g. https://pkgs.k8s.io/core:/stable:"),
+            "package_lock_timeout": lambda n, k: self.integer(n, k, 0, 3600),
+        }
+        return InstallSettings(**self.fields(node, "install", _INSTALL_KEYS, readers))
+
+    def url(self, node: Node, key: str, fix: str) -> str | None:
+        s = self.string(node, key, _REPO_URL, fix, "repository URL")
+        return s.rstrip("/") if s else None
 
     def check_ids(self, node: Node, key: str) -> tuple[str, ...] | None:
         if not isinstance(node, SequenceNode):

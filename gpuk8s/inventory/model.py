@@ -86,12 +86,23 @@ class PreflightSettings:
 
 
 @dataclass(frozen=True)
+class InstallSettings:
+    """Where packages come from and how long to wait for a host's package manager lock."""
+
+    toolkit_version: str = "1.17.8-1"
+    toolkit_repo: str = "https://nvidia.github.io/libnvidia-container"
+    kubernetes_repo: str = "https://pkgs.k8s.io/core:/stable:"
+    package_lock_timeout: int = 120
+
+
+@dataclass(frozen=True)
 class Inventory:
     path: Path
     cluster: Cluster
     ssh: SSHSettings
     hosts: tuple[Host, ...]
     preflight: PreflightSettings = field(default_factory=PreflightSettings)
+    install: InstallSettings = field(default_factory=InstallSettings)
     warnings: tuple[Problem, ...] = ()
 
     @property

@@ -121,10 +121,13 @@ def _sudo_remedy(stderr: str, s: Session) -> str:
 
 def run_preflight(inv: Inventory, *, concurrency: int, ignore: set[str], sudo_passwords: dict[str, str],
                   network_seconds: float | None = None, measure_network: bool = True,
-                  on_host: Callable[[HostReport], None] | None = None) -> Report:
+                  on_host: Callable[[HostReport], None] | None = None,
+                  keep_sessions: dict[str, Session] | None = None) -> Report:
+    """Preflight of every host. With `keep_sessions`, the open connections are handed over there
+    (the caller closes them) so that install goes on over the same connection."""
     start = time.monotonic()
     reports = {h.name: HostReport(h) for h in inv.hosts}
-    sessions: dict[str, Session] = {}
+    sessions: dict[str, Session] = {} if keep_sessions is None else keep_sessions
 
     def one(host: Host) -> HostReport:
         rep = reports[host.name]
@@ -163,7 +166,8 @@ def run_preflight(inv: Inventory, *, concurrency: int, ignore: set[str], sudo_pa
             cluster.append(skipped("net.rtt", "no reachable control plane to measure from"))
         cluster = apply_ignores(cluster, ignore)
     finally:
-        for s in sessions.values():
-            s.close()
+        if keep_sessions is None:
+            for s in sessions.values():
+                s.close()
     ordered = [reports[h.name] for h in inv.hosts]
     return Report(ordered, cluster, links, time.monotonic() - start)

@@ -61,7 +61,7 @@ DEFAULTS: dict[str, Any] = {
     "sudo_password": None,
     "link": {"rate": "10gbit", "delay_ms": 0.02},
     "overrides": {},  # command -> {stdout, stderr, exit}
-    "faults": [],  # sshd-stopped, drop-packets, unknown-hostkey, auth-refused
+    "faults": [],  # sshd-stopped, drop-packets, unknown-hostkey, changed-hostkey, auth-refused, repo-unreachable
 }
 
 

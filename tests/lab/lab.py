@@ -36,7 +36,7 @@ FAKES_SRC = Path(__file__).parent / "fakes"
 LAB_USER, LAB_UID = "gpuk8s", 2742
 OVERLAYS = ("etc", "usr", "var/lib", "root", "home")
 FAKED = ("nvidia-smi", "lsmod", "modprobe", "sysctl", "swapon", "swapoff", "systemctl", "uname", "nproc",
-         "apt-get", "dpkg", "dpkg-query", "apt-mark", "dnf", "yum", "rpm")
+         "apt-get", "dpkg", "dpkg-query", "apt-mark", "dnf", "yum", "rpm", "curl", "gpg")
 ALWAYS_ABSENT = ("usr/local/bin/docker", "usr/bin/docker", "usr/bin/kubectl", "usr/bin/kubeadm", "usr/bin/kubelet",
                  "usr/bin/nvidia-ctk")
 STUB_TOOLS = ("conntrack", "socat", "ebtables", "ethtool")  # present (as stubs) only when the fleet lists them
@@ -127,6 +127,19 @@ class LabHost:
         if not log.exists():
             return []
         return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+
+    def hold_dpkg_lock(self) -> subprocess.Popen[bytes]:
+        """Hold dpkg's frontend lock from a process inside the host, as unattended-upgrades would."""
+        pid = self.sshd_pid()
+        if pid is None:
+            raise LabError(f"{self.name}: sshd is not running")
+        code = ("import fcntl, os, sys, time; f = open('/var/lib/dpkg/lock-frontend', 'a'); "
+                "fcntl.lockf(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(3600)")
+        p = subprocess.Popen(["nsenter", "-t", str(pid), "-n", "-m", "-u", "python3", "-c", code],
+                             stdout=subprocess.PIPE, start_new_session=True)
+        assert p.stdout is not None
+        p.stdout.readline()
+        return p
 
     def set_override(self, command: str, stdout: str = "", stderr: str = "", exit: int = 0) -> None:
         st = self.state()
@@ -316,6 +329,9 @@ class Lab:
             "swap": ["/swap.img"] if spec["swap"] else [],
             "services": {spec["runtime"]: "active" if spec["runtime_active"] else "inactive"},
             "packages": {}, "overrides": dict(spec["overrides"] or {}),
+            "enabled": [spec["runtime"]] if spec["runtime_active"] else [],
+            # 'repo-unreachable': NVIDIA's and Kubernetes' package repositories cannot be resolved
+            "unreachable_hosts": ["nvidia.github.io", "pkgs.k8s.io"] if "repo-unreachable" in spec["faults"] else [],
         }
         h.write("/var/lib/gpuk8s-lab/host.json", json.dumps({"name": h.name, "address": h.address, **spec,
                                                                "kernel": h.spec.kernel}, indent=1))

@@ -9,10 +9,15 @@ status can be replaced verbatim through the state's "overrides".
 from __future__ import annotations
 
 import fcntl
+import fnmatch
 import json
 import os
 import re
+import struct
+import subprocess
 import sys
+import time
+import tomllib
 from pathlib import Path
 
 STATE_DIR = Path("/var/lib/gpuk8s-lab")
@@ -169,18 +174,36 @@ def systemctl(h: Host, args: list[str]) -> int:
         return 0
     verb, units = words[0], [u.removesuffix(".service") for u in words[1:]]
     svc = h.state.setdefault("services", {})
-    if verb == "is-active":
+    enabled = h.state.setdefault("enabled", [])
+    quiet = "-q" in args or "--quiet" in args
+    if verb in ("is-active", "is-enabled"):
         rc = 0
         for u in units:
-            st = svc.get(u, "inactive")
-            out(st + "\n")
-            rc = rc or (0 if st == "active" else 3)
+            st = svc.get(u, "inactive") if verb == "is-active" else ("enabled" if u in enabled else "disabled")
+            if not quiet:
+                out(st + "\n")
+            rc = rc or (0 if st in ("active", "enabled") else (3 if verb == "is-active" else 1))
         return rc
-    if verb in ("start", "restart", "reload") or (verb == "enable" and "--now" in args):
+    if verb in ("start", "restart", "reload", "enable") :
         for u in units:
-            if u == "containerd" and not _installed(h, "containerd"):
+            if u in ("containerd", "docker", "kubelet") and not _installed(h, u):
                 err(f"Failed to {verb} {u}.service: Unit {u}.service not found.\n")
                 return 5
+        if verb == "enable":
+            enabled.extend(u for u in units if u not in enabled)
+            if "--now" not in args:
+                h.save()
+                return 0
+        for u in units:
+            problem = _config_problem(u)
+            if problem:
+                svc[u] = "failed"
+                h.save()
+                err(f"Job for {u}.service failed because the control process exited with error code.\n"
+                    f"See \"systemctl status {u}.service\" and \"journalctl -xeu {u}.service\" for details.\n")
+                h.state.setdefault("journal", {})[u] = problem
+                h.save()
+                return 1
             svc[u] = "active"
     elif verb == "stop":
         for u in units:
@@ -189,8 +212,23 @@ def systemctl(h: Host, args: list[str]) -> int:
     return 0
 
 
+def _config_problem(unit: str) -> str:
+    """What the real daemon would refuse at start: containerd's config, checked by the real binary."""
+    real = LAB_ROOT / "real" / "containerd"
+    if unit == "containerd" and real.exists() and Path("/etc/containerd/config.toml").exists():
+        p = subprocess.run([str(real), "config", "dump"], capture_output=True, text=True)
+        return p.stderr.strip() if p.returncode else ""
+    if unit == "docker" and Path("/etc/docker/daemon.json").exists():
+        try:
+            json.loads(Path("/etc/docker/daemon.json").read_text())
+        except ValueError as e:
+            return f"unable to configure the Docker daemon with file /etc/docker/daemon.json: {e}"
+    return ""
+
+
 def _installed(h: Host, name: str) -> bool:
     return h.spec["runtime"] == name or name in h.state.get("packages", {}) or name == "containerd"
+
 
 
 def uname(h: Host, args: list[str]) -> int:
@@ -226,7 +264,8 @@ def docker(h: Host, args: list[str]) -> int:
             cfg = json.loads(Path("/etc/docker/daemon.json").read_text())
         except (OSError, ValueError):
             cfg = {}
-        out(f"Server Version: {v}\nDefault Runtime: {cfg.get('default-runtime', 'runc')}\n")
+        driver = "systemd" if "native.cgroupdriver=systemd" in cfg.get("exec-opts", []) else "cgroupfs"
+        out(f"Server Version: {v}\nCgroup Driver: {driver}\nDefault Runtime: {cfg.get('default-runtime', 'runc')}\n")
         return 0
     return 0
 
@@ -246,34 +285,359 @@ def containerd(h: Host, args: list[str]) -> int:
     return 1
 
 
-# -- packages ------------------------------------------------------------------
-def _install(h: Host, pkgs: list[str]) -> None:
-    for p in pkgs:
-        name = re.split(r"[=<>]", p, maxsplit=1)[0]
-        h.state.setdefault("packages", {})[name] = p
-    h.save()
+# -- package repositories and packages ------------------------------------------
+# Packages each repository serves, by URL fragment: what the real repositories hold, in small.
+TOOLKIT_PKGS = ("nvidia-container-toolkit", "nvidia-container-toolkit-base", "libnvidia-container-tools",
+                "libnvidia-container1")
+TOOLKIT_VERSIONS = ("1.17.7-1", "1.17.8-1", "1.18.0-1")
+K8S_PKGS = ("kubelet", "kubeadm", "kubectl", "cri-tools", "kubernetes-cni")
+BINARIES = {"nvidia-container-toolkit-base": "nvidia-ctk", "kubeadm": "kubeadm", "kubelet": "kubelet",
+            "kubectl": "kubectl"}
+
+
+def _url_host(url: str) -> str:
+    return re.sub(r"^[a-z]+://", "", url).split("/", 1)[0].split(":", 1)[0]
+
+
+def _unreachable(h: Host, url: str) -> bool:
+    return _url_host(url) in h.state.get("unreachable_hosts", [])
+
+
+def _serves(url: str) -> dict[str, list[str]]:
+    """Package name -> versions (oldest first) that a repository URL serves."""
+    if "libnvidia-container" in url:
+        return {p: list(TOOLKIT_VERSIONS) for p in TOOLKIT_PKGS}
+    m = re.search(r"/v1\.(\d+)/(deb|rpm)", url)
+    if m:
+        minor = int(m.group(1))
+        deb = m.group(2) == "deb"
+        return {p: [f"1.{minor}.{z}-1.1" if deb else f"1.{minor}.{z}-150500.1.1" for z in range(6)] for p in K8S_PKGS}
+    return {}
+
+
+def _apt_sources() -> list[tuple[str, str]]:
+    """(url, signed-by keyring) of every deb line in sources.list.d."""
+    out = []
+    d = Path("/etc/apt/sources.list.d")
+    for f in sorted(d.glob("*.list")) if d.is_dir() else []:
+        for line in f.read_text().splitlines():
+            m = re.match(r"^deb\s+(?:\[([^]]*)\]\s+)?(\S+)", line.strip())
+            if m:
+                key = re.search(r"signed-by=(\S+)", m.group(1) or "")
+                out.append((m.group(2), key.group(1) if key else ""))
+    return out
+
+
+def _yum_repos() -> list[tuple[str, str]]:
+    out = []
+    d = Path("/etc/yum.repos.d")
+    for f in sorted(d.glob("*.repo")) if d.is_dir() else []:
+        name = ""
+        for line in f.read_text().splitlines():
+            line = line.strip()
+            if line.startswith("[") and line.endswith("]"):
+                name = line[1:-1]
+            elif line.startswith("baseurl="):
+                out.append((name, line.split("=", 1)[1]))
+    return out
+
+
+def _dpkg_lock(h: Host, args: list[str]) -> object | None:
+    """Take dpkg's frontend lock as apt does (fcntl), waiting up to DPkg::Lock::Timeout; None if held."""
+    timeout = 0.0
+    for i, a in enumerate(args):
+        if a == "-o" and i + 1 < len(args) and args[i + 1].startswith("DPkg::Lock::Timeout="):
+            timeout = float(args[i + 1].split("=", 1)[1])
+    path = "/var/lib/dpkg/lock-frontend"
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    f = open(path, "a")  # noqa: SIM115 (held until the process exits, as apt holds it)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return f
+        except OSError:
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.2)
+    pid = "unknown"
+    try:
+        st = fcntl.fcntl(f, fcntl.F_GETLK, struct.pack("hhqqi4x", fcntl.F_WRLCK, 0, 0, 0, 0))
+        pid = str(struct.unpack("hhqqi4x", st)[4])
+    except OSError:
+        pass
+    err(f"E: Could not get lock {path}. It is held by process {pid} (apt-get)\n"
+        f"E: Unable to acquire the dpkg frontend lock ({path}), is another process using it?\n")
+    return None
+
+
+def _install_binaries(pkg: str) -> None:
+    binary = BINARIES.get(pkg)
+    if binary:
+        fake = Path(__file__).resolve()
+        for d in ("/usr/bin", "/usr/sbin"):
+            p = Path(d) / binary
+            if p.is_char_device():
+                p.unlink()
+            p.write_text(f"#!/bin/sh\nexec /usr/bin/python3 {fake} {binary} \"$@\"\n")
+            p.chmod(0o755)
 
 
 def apt_get(h: Host, args: list[str]) -> int:
-    words = [a for a in args if not a.startswith("-")]
-    if words[:1] == ["install"]:
-        _install(h, words[1:])
+    words = [a for i, a in enumerate(args) if not a.startswith("-") and not (i and args[i - 1] == "-o")]
+    verb = words[0] if words else ""
+    if verb not in ("update", "install"):
+        return 0
+    lock = _dpkg_lock(h, args)
+    if lock is None:
+        return 100
+    if verb == "update":
+        index: dict[str, dict[str, list[str]]] = {}
+        for n, (url, key) in enumerate(_apt_sources(), 1):
+            if _unreachable(h, url):
+                out(f"Err:{n} {url} InRelease\n  Could not resolve '{_url_host(url)}'\n")
+                err(f"W: Failed to fetch {url}/InRelease  Could not resolve '{_url_host(url)}'\n")
+                continue
+            if key and not Path(key).is_file():
+                err(f"W: GPG error: {url} InRelease: The following signatures couldn't be verified because the "
+                    f"public key is not available: NO_PUBKEY 0123456789ABCDEF\n")
+                continue
+            out(f"Get:{n} {url} InRelease [1,484 B]\n")
+            index[url] = _serves(url)
+        if any(_unreachable(h, u) for u, _ in _apt_sources()):
+            err("W: Some index files failed to download. They have been ignored, or old ones used instead.\n")
+        h.state["apt_index"] = index
+        h.save()
+        out("Reading package lists... Done\n")
+        return 0
+    available: dict[str, list[str]] = {}
+    for served in h.state.get("apt_index", {}).values():
+        for p, vs in served.items():
+            available.setdefault(p, []).extend(vs)
+    chosen = {}
+    for spec in words[1:]:
+        name, _, want = spec.partition("=")
+        if name not in available:
+            err(f"E: Unable to locate package {name}\n")
+            return 100
+        ok = [v for v in available[name] if not want or fnmatch.fnmatchcase(v, want)]
+        if not ok:
+            err(f"E: Version '{want}' for '{name}' was not found\n")
+            return 100
+        chosen[name] = ok[-1]
+    held = [p for p in chosen if p in h.state.get("holds", []) and h.state["packages"].get(p) != chosen[p]]
+    if held and "--allow-change-held-packages" not in args:
+        err(f"E: Held packages were changed and -y was used without --allow-change-held-packages.\n")
+        return 100
+    for name, v in chosen.items():
+        out(f"Setting up {name} ({v}) ...\n")
+        h.state.setdefault("packages", {})[name] = v
+        _install_binaries(name)
+    h.save()
     return 0
 
 
 def dnf(h: Host, args: list[str]) -> int:
-    return apt_get(h, args)
+    words = [a for a in args if not a.startswith("-")]
+    if words[:1] != ["install"]:
+        return 0
+    available: dict[str, list[str]] = {}
+    for name, url in _yum_repos():
+        if _unreachable(h, url):
+            err(f"Errors during downloading metadata for repository '{name}':\n"
+                f"  - Curl error (6): Couldn't resolve host name for {url}repodata/repomd.xml\n"
+                f"Error: Failed to download metadata for repo '{name}': Cannot download repomd.xml\n")
+            return 1
+        for p, vs in _serves(url).items():
+            available.setdefault(p, []).extend(vs)
+    chosen = {}
+    for spec in words[1:]:
+        name = next((p for p in sorted(available, key=len, reverse=True) if spec == p or spec.startswith(p + "-")),
+                    None)
+        if name is None:
+            err(f"No match for argument: {spec}\nError: Unable to find a match: {spec}\n")
+            return 1
+        want = spec[len(name) + 1:]
+        ok = [v for v in available[name] if not want or v == want or v.startswith(want + "-")
+              or v.startswith(want + ".")]
+        if not ok:
+            err(f"No match for argument: {spec}\nError: Unable to find a match: {spec}\n")
+            return 1
+        chosen[name] = ok[-1]
+    for name, v in chosen.items():
+        h.state.setdefault("packages", {})[name] = v
+        _install_binaries(name)
+    h.save()
+    out("Complete!\n")
+    return 0
 
 
 def dpkg_query(h: Host, args: list[str]) -> int:
+    fmt = next((a.split("=", 1)[1] for a in args if a.startswith(("--showformat=", "-f="))), None)
+    if "-f" in args:
+        fmt = args[args.index("-f") + 1]
+    names = [a for i, a in enumerate(args) if not a.startswith("-") and not (i and args[i - 1] == "-f")]
     rc = 0
-    for p in [a for a in args if not a.startswith("-")]:
-        if p in h.state.get("packages", {}):
-            out(f"{p}\t{h.state['packages'][p]}\n")
-        else:
+    for p in names:
+        v = h.state.get("packages", {}).get(p)
+        if v is None:
             err(f"dpkg-query: no packages found matching {p}\n")
             rc = 1
+        elif fmt is not None:
+            out(fmt.replace("${Version}", v).replace("${Package}", p).replace("\\n", "\n"))
+        else:
+            out(f"{p}\t{v}\n")
     return rc
+
+
+def rpm(h: Host, args: list[str]) -> int:
+    fmt = args[args.index("--qf") + 1] if "--qf" in args else "%{NAME}-%{VERSION}-%{RELEASE}.x86_64\n"
+    names = [a for i, a in enumerate(args) if not a.startswith("-") and not (i and args[i - 1] == "--qf")]
+    rc = 0
+    for p in names:
+        v = h.state.get("packages", {}).get(p)
+        if v is None:
+            out(f"package {p} is not installed\n")
+            rc = 1
+            continue
+        ver, _, rel = v.partition("-")
+        out(fmt.replace("%{NAME}", p).replace("%{VERSION}", ver).replace("%{RELEASE}", rel).replace("\\n", "\n"))
+    return rc
+
+
+def apt_mark(h: Host, args: list[str]) -> int:
+    words = [a for a in args if not a.startswith("-")]
+    holds = h.state.setdefault("holds", [])
+    if words[:1] == ["hold"]:
+        for p in words[1:]:
+            if p not in holds:
+                holds.append(p)
+            out(f"{p} set on hold.\n")
+        h.save()
+    elif words[:1] == ["showhold"]:
+        for p in sorted(holds):
+            if len(words) == 1 or p in words[1:]:
+                out(p + "\n")
+    return 0
+
+
+def curl(h: Host, args: list[str]) -> int:
+    url = next((a for a in args if re.match(r"^https?://", a)), "")
+    dest = args[args.index("-o") + 1] if "-o" in args else None
+    if _unreachable(h, url):
+        err(f"curl: (6) Could not resolve host: {_url_host(url)}\n")
+        return 6
+    body = f"-----BEGIN PGP PUBLIC KEY BLOCK-----\n\nlab signing key served at {url}\n-----END PGP PUBLIC KEY BLOCK-----\n"
+    if dest:
+        Path(dest).write_text(body)
+    else:
+        out(body)
+    return 0
+
+
+def gpg(h: Host, args: list[str]) -> int:
+    if "--dearmor" not in args:
+        return 0
+    data = sys.stdin.buffer.read()
+    if not data.startswith(b"-----BEGIN PGP"):
+        err("gpg: no valid OpenPGP data found.\n")
+        return 2
+    sys.stdout.buffer.write(b"\x99\x01lab-keyring\x00" + data)
+    return 0
+
+
+# -- the NVIDIA container toolkit CLI -------------------------------------------------
+def _toml_key(k: str) -> str:
+    return k if re.match(r"^[A-Za-z0-9_-]+$", k) else json.dumps(k)
+
+
+def _toml_value(v: object) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return str(v)
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{_toml_key(k)} = {_toml_value(x)}" for k, x in v.items()) + "}"
+    return json.dumps(v)
+
+
+def toml_dump(d: dict, prefix: tuple[str, ...] = ()) -> str:
+    """A TOML writer for containerd's config (tables, scalars, arrays), as nvidia-ctk rewrites the file."""
+    lines = []
+    scalars = {k: v for k, v in d.items() if not isinstance(v, dict)}
+    tables = {k: v for k, v in d.items() if isinstance(v, dict)}
+    if prefix:
+        lines.append("")
+        lines.append("[" + ".".join(_toml_key(k) for k in prefix) + "]")
+    for k, v in scalars.items():
+        lines.append(f"{'  ' * len(prefix)}{_toml_key(k)} = {_toml_value(v)}")
+    text = "\n".join(lines) + ("\n" if lines else "")
+    for k, v in tables.items():
+        text += toml_dump(v, (*prefix, k))
+    return text
+
+
+def nvidia_ctk(h: Host, args: list[str]) -> int:
+    if args[:1] == ["--version"]:
+        v = h.state.get("packages", {}).get("nvidia-container-toolkit-base", "1.17.8-1").split("-")[0]
+        out(f"NVIDIA Container Toolkit CLI version {v}\ncommit: f202b80a9b9d0db00d9b1d73c0128c8962c55f4d\n")
+        return 0
+    if args[:2] != ["runtime", "configure"]:
+        err("nvidia-ctk: only 'runtime configure' and --version exist in the lab\n")
+        return 1
+    opts = dict(a[2:].split("=", 1) for a in args[2:] if a.startswith("--") and "=" in a)
+    default = "--set-as-default" in args
+    rt = opts.get("runtime", "docker")
+    if rt == "containerd":
+        path = Path(opts.get("config", "/etc/containerd/config.toml"))
+        cfg = tomllib.loads(path.read_text()) if path.exists() else {}
+        version = cfg.get("version", 1)
+        plugin = {2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime"}.get(version, "cri")
+        c = cfg.setdefault("plugins", {}).setdefault(plugin, {}).setdefault("containerd", {})
+        runc = c.get("runtimes", {}).get("runc", {})
+        nv = {"runtime_type": "io.containerd.runc.v2", "privileged_without_host_devices": False,
+              "options": {**runc.get("options", {}), "BinaryName": "/usr/bin/nvidia-container-runtime"}}
+        c.setdefault("runtimes", {})["nvidia"] = nv
+        if default:
+            c["default_runtime_name"] = "nvidia"
+        path.write_text(toml_dump(cfg))
+        err(f"INFO[0000] Wrote updated config to {path}\n")
+        return 0
+    path = Path(opts.get("config", "/etc/docker/daemon.json"))
+    d = json.loads(path.read_text()) if path.exists() and path.read_text().strip() else {}
+    d.setdefault("runtimes", {})["nvidia"] = {"path": "nvidia-container-runtime", "args": []}
+    if default:
+        d["default-runtime"] = "nvidia"
+    path.write_text(json.dumps(d, indent=4) + "\n")
+    return 0
+
+
+# -- Kubernetes binaries (their cluster behaviour is faked elsewhere) ------------------
+def _k8s_version(h: Host, pkg: str) -> str:
+    return "v" + h.state.get("packages", {}).get(pkg, "1.30.0-1.1").split("-")[0]
+
+
+def kubelet(h: Host, args: list[str]) -> int:
+    out(f"Kubernetes {_k8s_version(h, 'kubelet')}\n")
+    return 0
+
+
+def kubeadm(h: Host, args: list[str]) -> int:
+    if args[:1] == ["version"]:
+        out(_k8s_version(h, "kubeadm") + "\n")
+        return 0
+    err("kubeadm: this subcommand is not simulated in the lab\n")
+    return 1
+
+
+def kubectl(h: Host, args: list[str]) -> int:
+    if args[:1] == ["version"]:
+        out(f"Client Version: {_k8s_version(h, 'kubectl')}\n")
+        return 0
+    err("kubectl: this subcommand is not simulated in the lab\n")
+    return 1
 
 
 def noop(h: Host, args: list[str]) -> int:
@@ -284,7 +648,8 @@ COMMANDS = {
     "nvidia-smi": nvidia_smi, "lsmod": lsmod, "modprobe": modprobe, "sysctl": sysctl, "swapon": swapon,
     "swapoff": swapoff, "systemctl": systemctl, "uname": uname, "nproc": nproc, "docker": docker,
     "containerd": containerd, "apt-get": apt_get, "dnf": dnf, "yum": dnf, "dpkg-query": dpkg_query,
-    "dpkg": noop, "apt-mark": noop, "rpm": dpkg_query,
+    "dpkg": noop, "apt-mark": apt_mark, "rpm": rpm, "curl": curl, "gpg": gpg, "nvidia-ctk": nvidia_ctk,
+    "kubelet": kubelet, "kubeadm": kubeadm, "kubectl": kubectl,
     "conntrack": noop, "socat": noop, "ebtables": noop, "ethtool": noop,
 }
 

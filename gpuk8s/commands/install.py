@@ -1,0 +1,149 @@
+"""`gpuk8s install`: preflight, then every node prepared from the playbooks (live progress, final table)."""
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.live import Live
+from rich.table import Table
+
+from gpuk8s import ui
+from gpuk8s.credentials import CredentialError, sudo_passwords
+from gpuk8s.exitcodes import ExitCode
+from gpuk8s.install.prepare import Event, PrepareReport, playbooks_for, prepare
+from gpuk8s.logs import log_path
+from gpuk8s.options import InventoryOpt, Output, OutputOpt
+from gpuk8s.playbook.script import lines_that_matter
+from gpuk8s.preflight.result import CHECKS
+
+_STYLE = {"done": "green", "failed": "red", "blocked": "red", "unreachable": "red", "busy": "yellow"}
+
+
+class _LiveView:
+    """Per-host progress on a terminal: hosts in flight with their current step, and the tally."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.current: dict[str, str] = {}
+        self.finished: dict[str, str] = {}
+        self.lock = threading.Lock()
+        self.live = Live(self.render(), console=ui.console(stderr=True), refresh_per_second=8, transient=True)
+
+    def render(self) -> Table:
+        t = Table(box=None, show_header=False)
+        t.add_column("host")
+        t.add_column("progress")
+        for name, text in list(self.current.items())[:20]:
+            t.add_row(name, text)
+        n_failed = sum(1 for s in self.finished.values() if s != "done")
+        t.add_row("", f"[bold]{len(self.finished)}/{self.total} hosts finished, {n_failed} not done[/]")
+        return t
+
+    def event(self, e: Event) -> None:
+        with self.lock:
+            if e.kind == "preflight":
+                if e.status == "ok":
+                    self.current[e.host] = "preflight passed"
+                else:
+                    self.finished[e.host] = e.status
+                    self.live.console.print(f"[red]{e.host}: blocked by preflight[/]")
+            elif e.kind == "step":
+                self.current[e.host] = f"step {e.index}/{e.total} {e.step}: {e.status}"
+            else:
+                self.current.pop(e.host, None)
+                self.finished[e.host] = e.status
+                style = _STYLE.get(e.status, "")
+                self.live.console.print(f"[{style}]{e.host}: {e.status}[/]")
+            self.live.update(self.render())
+
+
+def _render(rep: PrepareReport) -> None:
+    rows, styles = [], []
+    for h in rep.hosts:
+        if rep.dry_run:
+            steps = f"{h.count('would-change')} would change, {h.count('unchanged')} done"
+        else:
+            steps = f"{h.count('changed')} changed, {h.count('unchanged')} unchanged"
+        rows.append([h.host.name, h.status, steps if h.steps else "-", h.message or h.lock_note or "",
+                     f"{h.seconds:.1f}"])
+        styles.append(_STYLE.get(h.status, ""))
+    title = "install (dry run: nothing was changed)" if rep.dry_run else "install: prepare nodes"
+    ui.table(title, ["host", "result", "steps", "detail", "seconds"], rows, styles)
+    con = ui.console(stderr=True)
+    for h in rep.hosts:
+        if h.status != "done":
+            fs = h.failed_step
+            con.print(f"{h.host.name}: {h.status}: {h.message}", markup=False)
+            if fs is not None:
+                for ln in lines_that_matter(fs.outcome.output, 12):
+                    con.print(f"    {ln}", markup=False)
+            if h.remedy:
+                con.print(f"    fix: {h.remedy}", markup=False)
+
+
+def _render_dry_run(rep: PrepareReport) -> None:
+    out = ui.console()
+    for h in rep.hosts:
+        todo = [s for s in h.steps if s.outcome.status == "would-change"]
+        if h.status != "done":
+            continue
+        out.print(f"== {h.host.name} ({h.host.address}): {len(todo)} of {len(h.steps)} steps would run, as root",
+                  markup=False)
+        for s in todo:
+            out.print(f"--- {s.step.playbook}/{s.step.name}: {s.step.title}", markup=False)
+            if s.step.file_path:
+                out.print(f"# write {s.step.file_path} atomically with this content:", markup=False)
+                for ln in s.step.file_content.splitlines():
+                    out.print(f"#   {ln}", markup=False)
+            out.print(s.step.run, markup=False)
+
+
+def register(app: typer.Typer, load_inventory: Callable[..., Any]) -> None:
+    @app.command()
+    def install(
+        inventory: Path | None = InventoryOpt,  # noqa: UP007
+        output: Output = OutputOpt,
+        concurrency: int = typer.Option(16, "--concurrency", "-c", min=1, max=512, help="Hosts worked on at once."),
+        ignore: list[str] = typer.Option([], "--ignore", help="Preflight check id that must not block a host "
+                                         "(repeatable; 'all' for every check)."),
+        dry_run: bool = typer.Option(False, "--dry-run", help="Run only the read-only checks and print, per host, "
+                                     "the exact commands that would run. Changes nothing."),
+        network: bool = typer.Option(False, "--network/--no-network",
+                                     help="Also measure RTT and bandwidth during preflight."),
+    ) -> None:
+        """Prepare every host (toolkit, container runtime, Kubernetes prerequisites) after a preflight."""
+        inv = load_inventory(inventory, output)
+        ignored = set(ignore) | set(inv.preflight.ignore)
+        unknown = sorted(i for i in ignored if i != "all" and i not in CHECKS)
+        if unknown:
+            ui.console(stderr=True).print(f"unknown check id(s) for --ignore: {', '.join(unknown)}", markup=False)
+            raise typer.Exit(ExitCode.USAGE)
+        try:
+            passwords = sudo_passwords(inv)
+        except CredentialError as e:
+            ui.console(stderr=True).print(str(e), markup=False)
+            raise typer.Exit(ExitCode.USAGE) from None
+        live = output == Output.table and ui.is_terminal()
+        view = _LiveView(len(inv.hosts)) if live else None
+        if view:
+            con = ui.console(stderr=True)
+            con.print(f"==> preflight, then playbooks {', '.join(playbooks_for(inv))} on {len(inv.hosts)} host(s), "
+                      f"{concurrency} at a time{' (dry run)' if dry_run else ''}", markup=False)
+            view.live.start()
+        try:
+            rep = prepare(inv, concurrency=concurrency, ignore=ignored, sudo_passwords=passwords, dry_run=dry_run,
+                          measure_network=network, on_event=view.event if view else None)
+        finally:
+            if view:
+                view.live.stop()
+        if output == Output.json:
+            ui.emit_json(rep.to_json())
+        else:
+            if dry_run:
+                _render_dry_run(rep)
+            _render(rep)
+            if not rep.ok and log_path():
+                ui.console(stderr=True).print(f"full detail in {log_path()}", markup=False)
+        raise typer.Exit(ExitCode.OK if rep.ok else ExitCode.FAILED)

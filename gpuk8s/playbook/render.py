@@ -1,0 +1,119 @@
+"""Render playbooks for one host: jinja2 over each step, with every value that reaches a shell quoted.
+
+In `check` and `run`, every `{{ expression }}` is passed through shlex.quote (the environment's
+finalize), so an inventory value can never become shell syntax. File contents are not shell and are
+rendered without quoting; `when` is a jinja2 expression evaluated here, never on the host.
+"""
+
+from __future__ import annotations
+
+import base64
+import shlex
+from dataclasses import dataclass
+from typing import Any
+
+import jinja2
+
+from gpuk8s.facts.model import HostFacts
+from gpuk8s.inventory.model import Host, Inventory
+from gpuk8s.playbook.model import Playbook, PlaybookError, Step
+
+_DEB_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}
+
+
+def _quote(value: Any) -> str:
+    return shlex.quote(str(value))
+
+
+_shell = jinja2.Environment(undefined=jinja2.StrictUndefined, finalize=_quote, autoescape=False,
+                            keep_trailing_newline=True)
+_text = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=True)
+
+
+@dataclass(frozen=True)
+class RenderedStep:
+    playbook: str
+    name: str
+    title: str
+    check: str
+    run: str
+    changes: tuple[str, ...]
+    restarts: str = ""
+    file_path: str = ""  # for file steps: what is written (the content travels base64-encoded)
+    file_content: str = ""
+
+
+def context(inv: Inventory, host: Host, facts: HostFacts) -> dict[str, Any]:
+    """What a playbook may refer to. Keep it small: every name here is part of the playbook format."""
+    c = inv.cluster
+    minor = ".".join(c.kubernetes_version.split(".")[:2])
+    patch = c.kubernetes_version if c.kubernetes_version.count(".") == 2 else ""
+    cd = facts.containerd
+    containerd_major = cd.release[0] if cd and cd.release else 1
+    return {
+        "host": {"name": host.name, "address": host.address, "role": host.role},
+        "os": {"family": facts.os.family, "id": facts.os.id, "version_id": facts.os.version_id},
+        "arch": facts.arch,
+        "deb_arch": _DEB_ARCH.get(facts.arch, facts.arch),
+        "gpu": bool(facts.gpu.gpus) or bool(host.gpus),
+        "runtime": c.container_runtime,
+        # containerd 2.x reads config version 3, where the CRI runtime plugin has another name
+        "cri_plugin": "io.containerd.cri.v1.runtime" if containerd_major >= 2 else "io.containerd.grpc.v1.cri",
+        "kubernetes": {"minor": minor, "version": c.kubernetes_version, "patch": patch,
+                       # what an installed package's version starts with: 1.30.2-1.1 (deb), 1.30.2 (rpm)
+                       "deb_prefix": f"{patch}-" if patch else f"{minor}.",
+                       "rpm_prefix": patch or f"{minor}."},
+        "install": {
+            "toolkit_version": inv.install.toolkit_version,
+            "toolkit_repo": inv.install.toolkit_repo,
+            "kubernetes_repo": inv.install.kubernetes_repo,
+            "lock_timeout": inv.install.package_lock_timeout,
+        },
+    }
+
+
+def _render(env: jinja2.Environment, template: str, ctx: dict[str, Any], where: str) -> str:
+    try:
+        return env.from_string(template).render(ctx)
+    except jinja2.TemplateError as e:
+        raise PlaybookError(f"{where}: {type(e).__name__}: {e}") from None
+
+
+def applies(step: Step, ctx: dict[str, Any], where: str) -> bool:
+    if not step.when.strip():
+        return True
+    try:
+        return bool(_shell.compile_expression(step.when, undefined_to_none=False)(**ctx))
+    except jinja2.TemplateError as e:
+        raise PlaybookError(f"{where}: when: {type(e).__name__}: {e}") from None
+
+
+def render_playbook(pb: Playbook, ctx: dict[str, Any]) -> list[RenderedStep]:
+    """The steps of `pb` that apply to this host, ready to put into the remote script."""
+    out = []
+    for step in pb.steps:
+        where = f"playbooks/{pb.name}.yaml: {step.name}"
+        if not applies(step, ctx, where):
+            continue
+        if step.file is not None:
+            path = _render(_text, step.file.path, ctx, where)
+            if not path.startswith("/") or any(ch in path for ch in "\n'\"$`\\ "):
+                raise PlaybookError(f"{where}: file path {path!r} must be absolute and plain")
+            content = _render(_text, step.file.content, ctx, where)
+            b64 = base64.b64encode(content.encode()).decode()
+            qpath, mode = shlex.quote(path), shlex.quote(step.file.mode)
+            out.append(RenderedStep(
+                pb.name, step.name, _render(_text, step.title, ctx, where),
+                check=f"printf '%s' {b64} | base64 -d | cmp -s - {qpath} && gk_mode_is {qpath} {mode}",
+                run=f"gk_put {qpath} {mode} {b64}",
+                changes=(path,), restarts=step.restarts, file_path=path, file_content=content,
+            ))
+            continue
+        out.append(RenderedStep(
+            pb.name, step.name, _render(_text, step.title, ctx, where),
+            check=_render(_shell, step.check, ctx, where).strip(),
+            run=_render(_shell, step.run, ctx, where).strip(),
+            changes=tuple(_render(_text, c, ctx, where) for c in step.changes),
+            restarts=step.restarts,
+        ))
+    return out

@@ -1,0 +1,137 @@
+"""The remote side of a playbook run: one POSIX sh script per host, and the parser for what it prints.
+
+The script takes the host's lock, then for each step runs its check; only when the check fails does
+it run the step's commands (set -e), and then the check again, which must now pass. It prints one
+`@@gpuk8s-step` line per step as it goes (the client shows them live) and frames each step's output.
+The first failed step ends the script; a re-run skips every step whose check passes.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass, field
+
+from gpuk8s.playbook.render import RenderedStep
+
+STATE_DIR = "/var/lib/gpuk8s"  # lock, backups of changed files, pending-restart markers
+
+PRELUDE = r"""
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin LC_ALL=C DEBIAN_FRONTEND=noninteractive
+umask 022
+GK_DIR=__STATE_DIR__
+gk_backup() { # keep the original of a file the first time gpuk8s changes it (or note that there was none)
+  b="$GK_DIR/backup$1"
+  [ -e "$b" ] || [ -e "$b.absent" ] && return 0
+  mkdir -p "$(dirname "$b")" || return 1
+  if [ -e "$1" ]; then cp -p "$1" "$b.tmp" && mv -f "$b.tmp" "$b"; else : > "$b.absent"; fi
+}
+gk_put() { # PATH MODE BASE64: write atomically (temp file in the same directory, then rename)
+  d=$(dirname "$1"); mkdir -p "$d" || return 1
+  t=$(mktemp "$d/.gpuk8s.XXXXXX") || return 1
+  if printf '%s' "$3" | base64 -d > "$t" && chmod "$2" "$t" && gk_backup "$1" && mv -f "$t" "$1"; then return 0; fi
+  rm -f "$t"; return 1
+}
+gk_filter() { # PATH COMMAND ARGS...: replace the file by COMMAND ARGS PATH's output, atomically, same mode
+  p=$1; shift
+  t=$(mktemp "$(dirname "$p")/.gpuk8s.XXXXXX") || return 1
+  if "$@" "$p" > "$t" && chmod --reference="$p" "$t" && gk_backup "$p" && mv -f "$t" "$p"; then return 0; fi
+  rm -f "$t"; return 1
+}
+gk_edit() { p=$1; shift; gk_filter "$p" sed "$@"; }
+gk_mode_is() { [ "$(stat -c %a "$1" 2>/dev/null)" = "${2#0}" ]; }
+gk_restart_pending() { [ -e "$GK_DIR/restart-$1" ]; }
+gk_out() { echo "@@gpuk8s-out $1"; tail -c 65536 "$2"; echo; echo "@@gpuk8s-out-end $1"; }
+gk_step() { # N RESTARTS
+  if ( "gk_check_$1" ) >/dev/null 2>&1 </dev/null; then echo "@@gpuk8s-step $1 unchanged 0"; return 0; fi
+  if [ "$GK_DRY" = 1 ]; then echo "@@gpuk8s-step $1 would-change 0"; return 0; fi
+  o=$(mktemp) || { echo "@@gpuk8s-step $1 failed 1"; exit 1; }
+  ( set -e; "gk_run_$1" ) > "$o" 2>&1 </dev/null
+  rc=$?
+  gk_out "$1" "$o"; rm -f "$o"
+  if [ "$rc" != 0 ]; then echo "@@gpuk8s-step $1 failed $rc"; exit 1; fi
+  if ! ( "gk_check_$1" ) >/dev/null 2>&1 </dev/null; then echo "@@gpuk8s-step $1 not-converged 0"; exit 1; fi
+  if [ -n "$2" ]; then mkdir -p "$GK_DIR" && touch "$GK_DIR/restart-$2"; fi
+  echo "@@gpuk8s-step $1 changed 0"
+}
+if [ "$GK_DRY" != 1 ]; then
+  mkdir -p "$GK_DIR" || { echo "@@gpuk8s-fatal cannot create $GK_DIR"; exit 1; }
+  exec 9>>"$GK_DIR/lock"
+  if ! flock -n 9; then echo "@@gpuk8s-lock busy $(cat "$GK_DIR/lock.owner" 2>/dev/null)"; exit 75; fi
+  if [ -s "$GK_DIR/lock.owner" ]; then echo "@@gpuk8s-lock stale $(cat "$GK_DIR/lock.owner")"; fi
+  printf '%s, pid %s, since %s\n' "$GK_OWNER" "$$" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" > "$GK_DIR/lock.owner"
+  trap 'rm -f "$GK_DIR/lock.owner"' EXIT
+  trap 'exit 130' HUP INT TERM PIPE
+fi
+""".replace("__STATE_DIR__", STATE_DIR)
+
+
+def build_script(steps: list[RenderedStep], *, owner: str, dry_run: bool) -> str:
+    """The whole remote script for one host. Step bodies are already rendered with quoted values."""
+    parts = [f"GK_DRY={1 if dry_run else 0}", f"GK_OWNER={shlex.quote(owner)}", PRELUDE]
+    for i, s in enumerate(steps):
+        parts.append(f"gk_check_{i}() {{\n{s.check}\n}}\ngk_run_{i}() {{\n{s.run}\n}}")
+    for i, s in enumerate(steps):
+        parts.append(f"gk_step {i} {shlex.quote(s.restarts)}")
+    parts.append('echo "@@gpuk8s-done"')
+    return "\n".join(parts) + "\n"
+
+
+STEP_LINE = re.compile(r"^@@gpuk8s-step (\d+) (unchanged|changed|failed|not-converged|would-change) (\d+)$")
+
+
+@dataclass
+class StepOutcome:
+    index: int
+    status: str  # unchanged | changed | would-change | failed | not-converged | not-run
+    exit_status: int = 0
+    output: str = ""
+
+
+@dataclass
+class ScriptOutcome:
+    steps: dict[int, StepOutcome] = field(default_factory=dict)
+    lock: str = ""  # '', 'busy OWNER' or 'stale OWNER'
+    fatal: str = ""
+    finished: bool = False
+
+
+def parse_output(text: str) -> ScriptOutcome:
+    """What the remote script reported, from its stdout. Pure: any text gives a ScriptOutcome."""
+    res = ScriptOutcome()
+    outputs: dict[int, list[str]] = {}
+    current: int | None = None
+    for line in text.splitlines():
+        if current is not None:
+            if line == f"@@gpuk8s-out-end {current}":
+                current = None
+            else:
+                outputs[current].append(line)
+            continue
+        if line.startswith("@@gpuk8s-out ") and line[13:].isdigit():
+            current = int(line[13:])
+            outputs[current] = []
+        elif m := STEP_LINE.match(line):
+            n = int(m.group(1))
+            res.steps[n] = StepOutcome(n, m.group(2), int(m.group(3)))
+        elif line.startswith("@@gpuk8s-lock "):
+            res.lock = line[len("@@gpuk8s-lock "):]
+        elif line.startswith("@@gpuk8s-fatal "):
+            res.fatal = line[len("@@gpuk8s-fatal "):]
+        elif line == "@@gpuk8s-done":
+            res.finished = True
+    for n, lines in outputs.items():
+        if n in res.steps:
+            res.steps[n].output = "\n".join(lines).strip("\n")
+    return res
+
+
+_MATTERS = re.compile(r"^(E:|Err:|W: Failed|Error|error|ERROR|fatal|FATAL|Failed|failed|Could not|cannot|"
+                      r"No space|.*: No such file|.*Permission denied)")
+
+
+def lines_that_matter(output: str, limit: int = 6) -> list[str]:
+    """The lines of a failed step's output a person should see first: errors, else the last lines."""
+    lines = [ln.rstrip() for ln in output.splitlines() if ln.strip()]
+    picked = [ln for ln in lines if _MATTERS.match(ln.strip())]
+    return (picked or lines)[-limit:]
