@@ -126,7 +126,8 @@ def parse_output(text: str) -> ScriptOutcome:
     return res
 
 
-_MATTERS = re.compile(r"^(E:|Err:|W: Failed|Error|error|ERROR|fatal|FATAL|Failed|failed|Could not|cannot|"
+_MATTERS = re.compile(r"^(E:|Err:|W: Failed|curl: |gpg: |Job for |Error|error|ERROR|fatal|FATAL|Failed|failed|"
+                      r"Could not|cannot|"
                       r"No space|.*: No such file|.*Permission denied)")
 
 

@@ -390,7 +390,8 @@ class Lab:
                 h.write(f"{d}/{name}", f"#!/bin/sh\nexec /usr/bin/python3 {fake} {name} \"$@\"\n", 0o755)
         # merged /usr: /bin and /sbin are links into /usr, so one whiteout hides a command everywhere
         for rel in ALWAYS_ABSENT:
-            if rel.rsplit("/", 1)[-1] not in names:
+            # /usr/local/bin comes first in PATH: a machine's own docker client there must never answer
+            if rel.rsplit("/", 1)[-1] not in names or rel.startswith("usr/local/"):
                 _whiteout(h.upper("/" + rel))
         for tool in STUB_TOOLS:
             if tool not in spec["tools"]:

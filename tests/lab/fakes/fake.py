@@ -17,8 +17,9 @@ import struct
 import subprocess
 import sys
 import time
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 STATE_DIR = Path("/var/lib/gpuk8s-lab")
 LAB_ROOT = Path(__file__).resolve().parent.parent
@@ -427,7 +428,7 @@ def apt_get(h: Host, args: list[str]) -> int:
         chosen[name] = ok[-1]
     held = [p for p in chosen if p in h.state.get("holds", []) and h.state["packages"].get(p) != chosen[p]]
     if held and "--allow-change-held-packages" not in args:
-        err(f"E: Held packages were changed and -y was used without --allow-change-held-packages.\n")
+        err("E: Held packages were changed and -y was used without --allow-change-held-packages.\n")
         return 100
     for name, v in chosen.items():
         out(f"Setting up {name} ({v}) ...\n")
@@ -527,7 +528,8 @@ def curl(h: Host, args: list[str]) -> int:
     if _unreachable(h, url):
         err(f"curl: (6) Could not resolve host: {_url_host(url)}\n")
         return 6
-    body = f"-----BEGIN PGP PUBLIC KEY BLOCK-----\n\nlab signing key served at {url}\n-----END PGP PUBLIC KEY BLOCK-----\n"
+    body = (f"-----BEGIN PGP PUBLIC KEY BLOCK-----\n\nlab signing key served at {url}\n"
+            "-----END PGP PUBLIC KEY BLOCK-----\n")
     if dest:
         Path(dest).write_text(body)
     else:
