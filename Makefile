@@ -52,8 +52,13 @@ demo: install lab-deps
 	@echo "==> $(BIN)/gpuk8s preflight -i $(LAB_DIR)/inventory.yaml"
 	@$(BIN)/gpuk8s preflight -i $(LAB_DIR)/inventory.yaml; rc=$$?; \
 	echo; echo "preflight exit status: $$rc (0: ready, warnings allowed; 1: something failed)"; \
+	echo "==> $(BIN)/gpuk8s install -i $(LAB_DIR)/inventory.yaml"; \
+	$(BIN)/gpuk8s install -i $(LAB_DIR)/inventory.yaml; rc=$$?; \
+	echo; echo "install exit status: $$rc; run it again: every step is unchanged"; \
 	echo "Look around:"; \
 	echo "  $(BIN)/gpuk8s preflight -i $(LAB_DIR)/inventory.yaml -o json | less"; \
+	echo "  $(BIN)/gpuk8s install -i $(LAB_DIR)/inventory.yaml --dry-run"; \
+	echo "  cat $(LAB_DIR)/hosts/gpu-1/upper/etc/containerd/config.toml   # what install wrote on gpu-1"; \
 	echo "  ssh -i $(LAB_DIR)/id_ed25519 -o UserKnownHostsFile=$(LAB_DIR)/known_hosts gpuk8s@10.213.0.11"; \
 	echo "  make lab-status"; \
 	echo "Take the lab down: make lab-down"
