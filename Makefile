@@ -4,7 +4,8 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 FLEET   ?= tests/lab/fleets/demo.yaml
 LAB_DIR ?= /var/tmp/gpuk8s-lab
-LAB_PKGS := openssh-server openssh-client sudo iproute2 iperf3 iputils-ping containerd util-linux openssl procps
+LAB_PKGS := openssh-server openssh-client sudo iproute2 iperf3 iputils-ping containerd util-linux openssl procps \
+            python3-yaml
 
 .PHONY: install lab-deps test test-unit lint lab-up lab-down lab-status demo bench clean
 
@@ -20,6 +21,7 @@ $(VENV)/.installed: pyproject.toml
 lab-deps:
 	@missing=""; for c in /usr/sbin/sshd ssh sudo ip iperf3 ping containerd nsenter openssl; do \
 	  command -v $$c >/dev/null 2>&1 || missing="$$missing $$c"; done; \
+	/usr/bin/python3 -c 'import yaml' 2>/dev/null || missing="$$missing python3-yaml"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    echo "lab-deps: installing ($$missing missing)"; \

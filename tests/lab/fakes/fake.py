@@ -627,19 +627,15 @@ def kubelet(h: Host, args: list[str]) -> int:
 
 
 def kubeadm(h: Host, args: list[str]) -> int:
-    if args[:1] == ["version"]:
-        out(_k8s_version(h, "kubeadm") + "\n")
-        return 0
-    err("kubeadm: this subcommand is not simulated in the lab\n")
-    return 1
+    import kube  # the simulated cluster, next to this file
+
+    return kube.kubeadm(h, args)
 
 
 def kubectl(h: Host, args: list[str]) -> int:
-    if args[:1] == ["version"]:
-        out(f"Client Version: {_k8s_version(h, 'kubectl')}\n")
-        return 0
-    err("kubectl: this subcommand is not simulated in the lab\n")
-    return 1
+    import kube
+
+    return kube.kubectl(h, args)
 
 
 def noop(h: Host, args: list[str]) -> int:
@@ -658,6 +654,10 @@ COMMANDS = {
 
 def main() -> int:
     name, args = sys.argv[1], sys.argv[2:]
+    if name == "kube-apiserver":  # started by the fake kubeadm init; not a command of the host
+        import kube
+
+        return kube.apiserver(args[0])
     record([name, *args])
     h = Host()
     ov = h.state.get("overrides", {}).get(name)
