@@ -1,4 +1,5 @@
-"""make bench: time gpuk8s preflight (facts only, then with the network test) on lab fleets of 32 and 128 hosts.
+"""make bench: time gpuk8s preflight (facts only, then with the network test) and gpuk8s install (first run,
+then the no-op re-run) on lab fleets of 32 and 128 hosts.
 
 Prints wall time per run and the median; also the floor: one plain OpenSSH login + `true` per host,
 run with the same concurrency. Speed is shown here, never asserted by a test.
@@ -51,6 +52,10 @@ def main() -> None:
             print(f"{n:4d} hosts: lab up {up:5.1f} s | preflight facts+checks median {statistics.median(runs):5.1f} s "
                   f"(runs {', '.join(f'{r:.1f}' for r in runs)}) | with RTT matrix {net:5.1f} s | "
                   f"floor (ssh login + true, 16 at a time) {floor:5.1f} s", flush=True)
+            first = gpuk8s("install", "-i", inv, "-o", "json")
+            again = gpuk8s("install", "-i", inv, "-o", "json")
+            print(f"{n:4d} hosts: install (prepare nodes) first run {first:5.1f} s | re-run, nothing to change "
+                  f"{again:5.1f} s", flush=True)
     finally:
         lab.down()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import time
@@ -270,3 +271,26 @@ def test_host_lock_busy_and_stale(lab_up, run_cli):
     assert r.returncode == 0 and h["status"] == "done"
     assert "took over a stale lock left by gpuk8s on elsewhere (pid 1)" in h["lock"]
     assert not w.upper("/var/lib/gpuk8s/lock.owner").exists() or w.read("/var/lib/gpuk8s/lock.owner") is None
+
+
+def test_full_disk_while_writing_a_file_leaves_the_old_one_and_a_rerun_completes(lab_up, run_cli):
+    lab = lab_up("hosts:\n  - name: cp-1\n    role: control-plane\n  - name: full\n  - name: fine\n")
+    full = lab.host("full")
+    old = "# the host's own setting\nnet.ipv4.ip_forward = 1\n"
+    # a 16 KiB tmpfs over /etc/sysctl.d in the host's view, holding the old file, then filled up
+    full.exec("mount -t tmpfs -o size=16k tmpfs /etc/sysctl.d && "
+              f"printf '%s' {shlex.quote(old)} > /etc/sysctl.d/99-gpuk8s-kubernetes.conf && "
+              "dd if=/dev/zero of=/etc/sysctl.d/filler bs=1k count=64 2>/dev/null; true")
+    r, rep = install(run_cli, lab)
+    assert r.returncode == 1
+    h = by_host(rep)["full"]
+    assert h["status"] == "failed" and "sysctl-at-boot" in h["message"]
+    assert "No space left on device" in h["message"]
+    assert by_host(rep)["fine"]["status"] == "done"
+    assert full.exec("cat /etc/sysctl.d/99-gpuk8s-kubernetes.conf").stdout == old
+    assert full.exec("ls -A /etc/sysctl.d").stdout.split() == ["99-gpuk8s-kubernetes.conf", "filler"]
+    full.exec("rm /etc/sysctl.d/filler")
+    r, rep = install(run_cli, lab)
+    assert r.returncode == 0, json.dumps(rep, indent=1)
+    assert "net.ipv4.ip_forward = 1" in full.exec("cat /etc/sysctl.d/99-gpuk8s-kubernetes.conf").stdout
+    assert full.exec("cat /var/lib/gpuk8s/backup/etc/sysctl.d/99-gpuk8s-kubernetes.conf").stdout == old
