@@ -206,7 +206,7 @@ class Session:
             if refused:
                 raise RemoteError("refused", f"connection refused by {where}",
                                   "start sshd on the host (systemctl start ssh) or fix ssh.port") from None
-            reasons = "; ".join(sorted({os.strerror(err.errno) if getattr(err, "errno", None) else str(err)
+            reasons = "; ".join(sorted({os.strerror(no) if (no := getattr(err, "errno", None)) else str(err)
                                         for err in e.errors.values()}))
             raise RemoteError("unreachable", f"cannot connect to {where}: {reasons or e.strerror}",
                               "check the address and the route to the host") from None
