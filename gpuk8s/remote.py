@@ -251,10 +251,11 @@ class Session:
 
     def run(self, command: str, *, sudo: bool = False, timeout: float | None = None,
             stdin: bytes | None = None, display: str | None = None,
-            on_line: Callable[[str], None] | None = None) -> Result:
+            on_line: Callable[[str], None] | None = None, quiet: bool = False) -> Result:
         """Run one command; never raises on a non-zero exit (see Result.exit_status).
 
-        `on_line` sees each complete stdout line as it arrives (for live progress).
+        `on_line` sees each complete stdout line as it arrives (for live progress). `quiet` keeps the
+        output out of the log (a kubeconfig carries a client key).
         """
         self.connect()
         assert self._conn is not None
@@ -289,7 +290,7 @@ class Session:
         res = Result(shown, status, mask(out.decode("utf-8", "replace")), mask(err.decode("utf-8", "replace")),
                      time.monotonic() - start, truncated)
         log.debug("%s: $ %s -> %d in %.2fs\n%s%s", self.host.name, shown, status, res.seconds,
-                  _indent(res.stdout), _indent(res.stderr))
+                  "    (output not logged)\n" if quiet else _indent(res.stdout), _indent(res.stderr))
         return res
 
 

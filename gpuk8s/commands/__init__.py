@@ -9,7 +9,8 @@ import typer
 
 
 def register(app: typer.Typer, load_inventory: Callable[..., Any]) -> None:
-    from gpuk8s.commands import install, preflight
+    from gpuk8s.commands import cluster, install, preflight
 
     preflight.register(app, load_inventory)
     install.register(app, load_inventory)
+    cluster.register(app, load_inventory)

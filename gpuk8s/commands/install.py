@@ -13,11 +13,13 @@ from gpuk8s import ui
 from gpuk8s.credentials import CredentialError, sudo_passwords
 from gpuk8s.exitcodes import ExitCode
 from gpuk8s.install.prepare import Event, PrepareReport, playbooks_for, prepare
+from gpuk8s.kube.run import ClusterReport, install_cluster
 from gpuk8s.logs import log_path
 from gpuk8s.options import InventoryOpt, Output, OutputOpt
 from gpuk8s.playbook.script import lines_that_matter
 from gpuk8s.preflight.result import CHECKS
 
+_PHASE_STYLE = {"changed": "green", "unchanged": "green", "passed": "green", "failed": "red", "skipped": "yellow"}
 _STYLE = {"done": "green", "failed": "red", "blocked": "red", "unreachable": "red", "busy": "yellow"}
 
 
@@ -100,6 +102,51 @@ def _render_dry_run(rep: PrepareReport) -> None:
             out.print(s.step.run, markup=False)
 
 
+def phase_printer(output: Output) -> Callable[[str], None]:
+    con = ui.console(stderr=True)
+
+    def say(line: str) -> None:
+        if output == Output.table:
+            con.print(line, markup=False)
+
+    return say
+
+
+def render_cluster(rep: ClusterReport, title: str) -> None:
+    if rep.prepare is not None:
+        _render(rep.prepare)
+    rows = [[p.name, p.status, p.message] for p in rep.phases]
+    ui.table(title, ["phase", "result", "detail"], rows, [_PHASE_STYLE.get(p.status, "") for p in rep.phases])
+    if rep.nodes:
+        ui.table("nodes", ["node", "ready", "GPUs expected", "GPUs schedulable", "result"],
+                 [[n.node, "yes" if n.ready else "no", str(n.expected_gpus), str(n.allocatable_gpus),
+                   "ok" if n.ok else n.cause] for n in rep.nodes],
+                 ["green" if n.ok else "red" for n in rep.nodes])
+    con = ui.console(stderr=True)
+    for p in rep.phases:
+        if p.status == "failed" and p.remedy:
+            con.print(f"{p.name}: {p.message}\n    fix: {p.remedy}", markup=False)
+    if rep.kubeconfig:
+        con.print(f"admin kubeconfig: {rep.kubeconfig} (mode 0600): kubectl --kubeconfig {rep.kubeconfig} get nodes",
+                  markup=False)
+    if rep.ok and not rep.changed and rep.prepare is not None:
+        con.print("nothing to change: the cluster is as the inventory describes", markup=False)
+    if not rep.ok and log_path():
+        con.print(f"full detail in {log_path()}", markup=False)
+
+
+def _full_install(inv: Any, output: Output, concurrency: int, ignored: set[str], passwords: dict[str, str],
+                  kubeconfig_out: Path | None, test_pods: bool) -> None:
+    dest = kubeconfig_out or Path.cwd() / f"{inv.cluster.name}.kubeconfig"
+    rep = install_cluster(inv, concurrency=concurrency, ignore=ignored, sudo_passwords=passwords,
+                          kubeconfig_out=dest, emit=phase_printer(output), test_pods=test_pods)
+    if output == Output.json:
+        ui.emit_json(rep.to_json())
+    else:
+        render_cluster(rep, "install: cluster phases")
+    raise typer.Exit(ExitCode.OK if rep.ok else ExitCode.FAILED)
+
+
 def register(app: typer.Typer, load_inventory: Callable[..., Any]) -> None:
     @app.command()
     def install(
@@ -112,8 +159,15 @@ def register(app: typer.Typer, load_inventory: Callable[..., Any]) -> None:
                                      "the exact commands that would run. Changes nothing."),
         network: bool = typer.Option(False, "--network/--no-network",
                                      help="Also measure RTT and bandwidth during preflight."),
+        prepare_only: bool = typer.Option(False, "--prepare-only", help="Stop after preparing the nodes."),
+        kubeconfig_out: Path | None = typer.Option(  # noqa: UP007
+            None, "--kubeconfig-out", help="Where to write the admin kubeconfig (mode 0600; default "
+            "./CLUSTER.kubeconfig)."),
+        test_pods: bool = typer.Option(True, "--test-pods/--no-test-pods",
+                                       help="Run one GPU test pod per GPU node during verification."),
     ) -> None:
-        """Prepare every host (toolkit, container runtime, Kubernetes prerequisites) after a preflight."""
+        """Preflight, prepare every host (toolkit, runtime, Kubernetes packages), then kubeadm init, CNI, join,
+        the NVIDIA device plugin, and verification that every GPU is schedulable."""
         inv = load_inventory(inventory, output)
         ignored = set(ignore) | set(inv.preflight.ignore)
         unknown = sorted(i for i in ignored if i != "all" and i not in CHECKS)
@@ -132,6 +186,10 @@ def register(app: typer.Typer, load_inventory: Callable[..., Any]) -> None:
             con.print(f"==> preflight, then playbooks {', '.join(playbooks_for(inv))} on {len(inv.hosts)} host(s), "
                       f"{concurrency} at a time{' (dry run)' if dry_run else ''}", markup=False)
             view.live.start()
+        if not (dry_run or prepare_only):
+            if view:
+                view.live.stop()
+            _full_install(inv, output, concurrency, ignored, passwords, kubeconfig_out, test_pods)
         try:
             rep = prepare(inv, concurrency=concurrency, ignore=ignored, sudo_passwords=passwords, dry_run=dry_run,
                           measure_network=network, on_event=view.event if view else None)

@@ -63,7 +63,10 @@ _SUDO_KEYS = ("mode", "password_env", "prompt")
 _BASTION_KEYS = ("address", "user", "port", "identity_file")
 _HOST_KEYS = ("name", "address", "role", "ssh", "labels", "taints", "gpus")
 _PREFLIGHT_KEYS = ("min_bandwidth_gbit", "max_rtt_ms", "max_clock_skew_s", "network_test_seconds", "ignore")
-_INSTALL_KEYS = ("toolkit_version", "toolkit_repo", "kubernetes_repo", "package_lock_timeout")
+_INSTALL_KEYS = ("toolkit_version", "toolkit_repo", "kubernetes_repo", "package_lock_timeout",
+                 "device_plugin_version", "calico_manifest", "flannel_manifest", "verify_image")
+_IMAGE_TAG = re.compile(r"^v?[0-9][A-Za-z0-9._-]{0,63}$")
+_IMAGE = re.compile(r"^[a-z0-9][a-z0-9._/-]*(:[0-9]+)?(/[a-z0-9._-]+)*(:[A-Za-z0-9._-]{1,128})?$")
 _TOP_KEYS = ("cluster", "ssh", "hosts", "preflight", "install")
 # Repository URLs reach a shell and files on every host: a strict subset of URL syntax, no shell metacharacters.
 _REPO_URL = re.compile(r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[A-Za-z0-9._~:/%+@=-]*)?$")
@@ -423,6 +426,11 @@ class _Reader:
             "toolkit_repo": lambda n, k: self.url(n, k, url_fix),
             "kubernetes_repo": lambda n, k: self.url(n, k, "write e.g. https://pkgs.k8s.io/core:/stable:"),
             "package_lock_timeout": lambda n, k: self.integer(n, k, 0, 3600),
+            "device_plugin_version": lambda n, k: self.string(n, k, _IMAGE_TAG, "an image tag, e.g. v0.17.1", "tag"),
+            "calico_manifest": lambda n, k: self.url(n, k, "an http(s) URL of calico.yaml, or of your mirror"),
+            "flannel_manifest": lambda n, k: self.url(n, k, "an http(s) URL of kube-flannel.yml, or of your mirror"),
+            "verify_image": lambda n, k: self.string(n, k, _IMAGE, "an image reference, e.g. "
+                                                     "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04", "image"),
         }
         return InstallSettings(**self.fields(node, "install", _INSTALL_KEYS, readers))
 

@@ -93,6 +93,10 @@ class InstallSettings:
     toolkit_repo: str = "https://nvidia.github.io/libnvidia-container"
     kubernetes_repo: str = "https://pkgs.k8s.io/core:/stable:"
     package_lock_timeout: int = 120
+    device_plugin_version: str = "v0.17.1"
+    calico_manifest: str = "https://raw.githubusercontent.com/projectcalico/calico/v3.28.0/manifests/calico.yaml"
+    flannel_manifest: str = "https://github.com/flannel-io/flannel/releases/download/v0.25.5/kube-flannel.yml"
+    verify_image: str = ""  # empty: chosen from each node's driver
 
 
 @dataclass(frozen=True)

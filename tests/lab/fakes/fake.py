@@ -530,11 +530,56 @@ def curl(h: Host, args: list[str]) -> int:
         return 6
     body = (f"-----BEGIN PGP PUBLIC KEY BLOCK-----\n\nlab signing key served at {url}\n"
             "-----END PGP PUBLIC KEY BLOCK-----\n")
+    if url.endswith((".yaml", ".yml")):
+        body = CNI_MANIFESTS["flannel" if "flannel" in url else "calico"]
     if dest:
         Path(dest).write_text(body)
     else:
         out(body)
     return 0
+
+
+# What the CNI projects publish, in small: the objects that matter to gpuk8s and to the lab's cluster.
+CNI_MANIFESTS = {
+    "calico": """apiVersion: apps/v1
+kind: DaemonSet
+metadata: {name: calico-node, namespace: kube-system}
+spec:
+  selector: {matchLabels: {k8s-app: calico-node}}
+  template:
+    metadata: {labels: {k8s-app: calico-node}}
+    spec:
+      containers:
+        - name: calico-node
+          image: docker.io/calico/node:v3.28.0
+          env:
+            # - name: CALICO_IPV4POOL_CIDR
+            #   value: "192.168.0.0/16"
+            - {name: FELIX_IPV6SUPPORT, value: "false"}
+""",
+    "flannel": """apiVersion: v1
+kind: ConfigMap
+metadata: {name: kube-flannel-cfg, namespace: kube-flannel}
+data:
+  net-conf.json: |
+    {
+      "Network": "10.244.0.0/16",
+      "Backend": {
+        "Type": "vxlan"
+      }
+    }
+---
+apiVersion: apps/v1
+kind: DaemonSet
+metadata: {name: kube-flannel-ds, namespace: kube-flannel}
+spec:
+  selector: {matchLabels: {app: flannel}}
+  template:
+    metadata: {labels: {app: flannel}}
+    spec:
+      containers: [{name: kube-flannel, image: "docker.io/flannel/flannel:v0.25.5"}]
+""",
+}
 
 
 def gpg(h: Host, args: list[str]) -> int:

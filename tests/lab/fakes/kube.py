@@ -150,6 +150,14 @@ def kubeadm(h: Any, args: list[str]) -> int:
     if verb == "version":
         out("v" + h.state.get("packages", {}).get("kubeadm", "1.30.0-1.1").split("-")[0] + "\n")
         return 0
+    if verb == "init" and args[1:3] == ["phase", "upload-certs"]:
+        key = _load_config(_flag(args, "--config")).get("InitConfiguration", {}).get("certificateKey") \
+            or _flag(args, "--certificate-key") or secrets.token_hex(32)
+        with cluster_state() as s:
+            s["certificate_key"] = key
+        out("[upload-certs] Storing the certificates in Secret \"kubeadm-certs\" in the \"kube-system\" Namespace\n"
+            f"[upload-certs] Using certificate key:\n{key}\n")
+        return 0
     if verb == "init":
         return _init(h, args[1:])
     if verb == "join":
@@ -158,7 +166,10 @@ def kubeadm(h: Any, args: list[str]) -> int:
         if not Path("/etc/kubernetes/admin.conf").exists():
             err("failed to load admin kubeconfig: open /etc/kubernetes/admin.conf: no such file or directory\n")
             return 1
-        token = new_token()
+        cfg = _load_config(_flag(args, "--config")).get("InitConfiguration", {})
+        given = [a for a in args[2:] if re.match(r"^[a-z0-9]{6}\.[a-z0-9]{16}$", a)]
+        token = next((t.get("token") for t in cfg.get("bootstrapTokens", []) if t.get("token")), None) \
+            or (given[0] if given else new_token())
         with cluster_state() as s:
             s.setdefault("tokens", []).append(token)
             endpoint, ca = s["endpoint"], s["ca_hash"]
@@ -196,7 +207,7 @@ def _init(h: Any, args: list[str]) -> int:
         endpoint += f":{PORT}"
     token = next((t.get("token") for t in init.get("bootstrapTokens", []) if t.get("token")), None) or new_token()
     ca_hash = "sha256:" + hashlib.sha256(secrets.token_bytes(32)).hexdigest()
-    cert_key = secrets.token_hex(32) if "--upload-certs" in args else None
+    cert_key = (init.get("certificateKey") or secrets.token_hex(32)) if "--upload-certs" in args else None
     version = cc.get("kubernetesVersion", "v1.30.0")
     for d in ("/etc/kubernetes/pki", "/etc/kubernetes/manifests"):
         Path(d).mkdir(parents=True, exist_ok=True)
@@ -439,8 +450,27 @@ def _pods(s: dict[str, Any]) -> list[dict[str, Any]]:
                          "spec": {"nodeName": name}, "status": {"phase": phase}})
     for o in s.get("objects", {}).values():
         if o.get("kind") == "Pod":
-            pods.append(o)
+            pods.append({**o, "status": _pod_status(s, o)})
     return pods
+
+
+def _pod_status(s: dict[str, Any], pod: dict[str, Any]) -> dict[str, Any]:
+    """A GPU test pod runs to completion only on a Ready node with enough allocatable nvidia.com/gpu."""
+    spec = pod.get("spec", {})
+    node = spec.get("nodeName") or spec.get("nodeSelector", {}).get("kubernetes.io/hostname")
+    want = sum(int(c.get("resources", {}).get("limits", {}).get("nvidia.com/gpu", 0))
+               for c in spec.get("containers", []))
+    if node not in s.get("nodes", {}):
+        return {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False",
+                "reason": "Unschedulable", "message": "0/%d nodes are available: 1 node(s) didn't match Pod's "
+                "node affinity/selector." % len(s.get("nodes", {}))}]}
+    n = node_json(s, node)
+    have = int(n["status"]["allocatable"].get("nvidia.com/gpu", 0))
+    if n["status"]["conditions"][0]["status"] != "True" or have < want:
+        why = "Insufficient nvidia.com/gpu" if have < want else "node(s) had untolerated taint"
+        return {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False",
+                "reason": "Unschedulable", "message": f"0/{len(s['nodes'])} nodes are available: 1 {why}."}]}
+    return {"phase": "Succeeded", "hostIP": node}
 
 
 def _key(o: dict[str, Any]) -> str:
@@ -501,6 +531,23 @@ def kubectl(h: Any, args: list[str]) -> int:
                     if not m.group(4):
                         node["taints"].append({"key": m.group(1), "value": m.group(2) or "", "effect": m.group(3)})
         out(f"node/{words[2]} {'labeled' if verb == 'label' else 'tainted'}\n")
+        return 0
+    if verb == "logs" and len(words) >= 2:
+        s = read_state()
+        pod = next((p for p in _pods(s) if p["metadata"]["name"] == words[1]), None)
+        if pod is None or pod["status"].get("phase") != "Succeeded":
+            err(f"Error from server (BadRequest): container in pod \"{words[1]}\" is waiting to start\n")
+            return 1
+        host = s["nodes"][pod["status"]["hostIP"]]["host"]
+        for i in range(_gpus_on(host)):
+            out(f"GPU {i}: NVIDIA (UUID: GPU-{host}-{i:04d}-lab)\n")
+        return 0
+    if verb == "delete" and len(words) >= 3:
+        ns = _flag(args, "-n") or "default"
+        with cluster_state() as s:
+            kind = {"pod": "Pod", "pods": "Pod"}.get(words[1], words[1])
+            s.get("objects", {}).pop(f"{kind}/{ns}/{words[2]}", None)
+        out(f"{words[1]} \"{words[2]}\" deleted\n")
         return 0
     if verb == "get" and len(words) >= 2:
         s = read_state()

@@ -1,0 +1,102 @@
+"""`gpuk8s join`, `gpuk8s verify` and `gpuk8s render`: growing, checking and showing the cluster."""
+
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from gpuk8s import ui
+from gpuk8s.commands.install import phase_printer, render_cluster
+from gpuk8s.credentials import CredentialError, sudo_passwords
+from gpuk8s.exitcodes import ExitCode
+from gpuk8s.kube import render
+from gpuk8s.kube.cluster import PhaseError
+from gpuk8s.kube.run import install_cluster, not_joined, verify_cluster
+from gpuk8s.options import InventoryOpt, Output, OutputOpt
+from gpuk8s.remote import RemoteError
+
+
+def _passwords(inv: Any) -> dict[str, str]:
+    try:
+        return sudo_passwords(inv)
+    except CredentialError as e:
+        ui.console(stderr=True).print(str(e), markup=False)
+        raise typer.Exit(ExitCode.USAGE) from None
+
+
+def register(app: typer.Typer, load_inventory: Any) -> None:
+    @app.command()
+    def join(
+        hosts: list[str] = typer.Argument(None, help="Hosts of the inventory to join (default: every host not "
+                                          "yet in the cluster)."),
+        inventory: Path | None = InventoryOpt,  # noqa: UP007
+        output: Output = OutputOpt,
+        concurrency: int = typer.Option(16, "--concurrency", "-c", min=1, max=512),
+        ignore: list[str] = typer.Option([], "--ignore", help="Preflight check id that must not block a host."),
+        test_pods: bool = typer.Option(True, "--test-pods/--no-test-pods"),
+    ) -> None:
+        """Prepare and join hosts to the running cluster, with a fresh token minted on a control plane."""
+        inv = load_inventory(inventory, output)
+        passwords = _passwords(inv)
+        con = ui.console(stderr=True)
+        unknown = [n for n in hosts or [] if n not in {h.name for h in inv.hosts}]
+        if unknown:
+            con.print(f"not in the inventory: {', '.join(unknown)}", markup=False)
+            raise typer.Exit(ExitCode.USAGE)
+        try:
+            missing = not_joined(inv, passwords)
+        except (PhaseError, RemoteError) as e:
+            con.print(f"cannot ask the cluster which hosts it has: {e.message}; {e.remedy}", markup=False)
+            raise typer.Exit(ExitCode.FAILED) from None
+        wanted = [h for h in inv.hosts if h.name in set(hosts)] if hosts else list(missing)
+        for h in wanted:
+            if h not in missing:
+                con.print(f"{h.name}: already in the cluster, skipped", markup=False)
+        targets = [h for h in wanted if h in missing and h.name != inv.control_planes[0].name]
+        if not targets:
+            con.print("nothing to join: every named host is already in the cluster", markup=False)
+            if output == Output.json:
+                ui.emit_json({"ok": True, "changed": False, "joined": []})
+            raise typer.Exit(ExitCode.OK)
+        rep = install_cluster(inv, concurrency=concurrency, ignore=set(ignore) | set(inv.preflight.ignore),
+                              sudo_passwords=passwords, kubeconfig_out=Path("/dev/null"),
+                              emit=phase_printer(output), test_pods=test_pods, only_join=targets)
+        if output == Output.json:
+            ui.emit_json(rep.to_json())
+        else:
+            render_cluster(rep, "join")
+        raise typer.Exit(ExitCode.OK if rep.ok else ExitCode.FAILED)
+
+    @app.command()
+    def verify(
+        inventory: Path | None = InventoryOpt,  # noqa: UP007
+        output: Output = OutputOpt,
+        concurrency: int = typer.Option(16, "--concurrency", "-c", min=1, max=512),
+        test_pods: bool = typer.Option(True, "--test-pods/--no-test-pods"),
+    ) -> None:
+        """Check that every node is Ready and every GPU the hosts have is schedulable (install's last phase)."""
+        inv = load_inventory(inventory, output)
+        rep = verify_cluster(inv, concurrency=concurrency, sudo_passwords=_passwords(inv), test_pods=test_pods,
+                             emit=phase_printer(output))
+        if output == Output.json:
+            ui.emit_json(rep.to_json())
+        else:
+            render_cluster(rep, "verify")
+        raise typer.Exit(ExitCode.OK if rep.ok else ExitCode.FAILED)
+
+    @app.command(name="render")
+    def render_cmd(
+        inventory: Path | None = InventoryOpt,  # noqa: UP007
+        output_dir: Path | None = typer.Option(None, "--output-dir", help="Write one file per manifest there."),  # noqa: UP007
+    ) -> None:
+        """Print the kubeadm configurations and manifests gpuk8s would use (secrets as placeholders)."""
+        inv = load_inventory(inventory, Output.table)
+        docs = render.manifests(inv)
+        if output_dir is not None:
+            output_dir.mkdir(parents=True, exist_ok=True)
+            for name, text in docs.items():
+                (output_dir / name).write_text(text)
+            ui.console(stderr=True).print(f"wrote {len(docs)} file(s) to {output_dir}", markup=False)
+            return
+        for name, text in docs.items():
+            print(f"---\n# {name}\n{text.rstrip()}")

@@ -1,0 +1,1 @@
+"""Kubernetes on the prepared nodes: kubeadm configurations, manifests, phases run over SSH."""

@@ -1,0 +1,386 @@
+"""Install part 2 as phases over the control plane's SSH session: init, kubeconfig, CNI, join, GPU nodes, verify.
+
+Each phase checks what is already there first, so a re-run on a running cluster changes nothing and a
+stopped run can be re-run to completion. The Kubernetes API is reached with kubectl on the first control
+plane (admin.conf), so the user needs no local kubectl. Tokens and certificate keys are minted here,
+registered as secrets (masked everywhere) and handed to kubeadm in 0600 files sent over stdin.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shlex
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpuk8s.facts.model import HostFacts
+from gpuk8s.inventory.model import Host, Inventory
+from gpuk8s.kube import render
+from gpuk8s.logs import register_secret
+from gpuk8s.remote import RemoteError, Result, Session, for_each_host
+
+log = logging.getLogger("gpuk8s.kube")
+
+ADMIN = "/etc/kubernetes/admin.conf"
+KUBECTL = f"kubectl --kubeconfig {ADMIN}"
+CNI_DAEMONSETS = {"calico": "calico-node", "flannel": "kube-flannel-ds"}
+
+
+class PhaseError(Exception):
+    def __init__(self, message: str, remedy: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.remedy = remedy
+
+
+@dataclass
+class PhaseResult:
+    name: str
+    title: str
+    status: str = "pending"  # changed | unchanged | failed | skipped
+    message: str = ""
+    remedy: str = ""
+    hosts: dict[str, str] = field(default_factory=dict)  # per host: what happened
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "title": self.title, "status": self.status, "message": self.message,
+                "remedy": self.remedy, "hosts": self.hosts}
+
+
+@dataclass
+class NodeCheck:
+    node: str
+    ok: bool
+    ready: bool
+    expected_gpus: int
+    allocatable_gpus: int
+    cause: str = ""
+    pod: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return self.__dict__.copy()
+
+
+def gpu_count(host: Host, facts: HostFacts | None) -> int:
+    if facts is not None and facts.gpu.gpus:
+        return len(facts.gpu.gpus)
+    return host.gpus or 0
+
+
+def _tail(res: Result, n: int = 8) -> str:
+    lines = [ln for ln in (res.stderr + "\n" + res.stdout).splitlines() if ln.strip()]
+    errors = [ln for ln in lines if re.search(r"error|ERROR|fatal|refused|Unable|unable|failed", ln)]
+    return " | ".join((errors or lines)[-n:])
+
+
+class ClusterOps:
+    def __init__(self, inv: Inventory, sessions: dict[str, Session], facts: dict[str, HostFacts],
+                 concurrency: int = 16, emit: Callable[[str], None] | None = None) -> None:
+        self.inv = inv
+        self.sessions = sessions
+        self.facts = facts
+        self.concurrency = concurrency
+        self.emit = emit or (lambda line: None)
+        self.cp = inv.control_planes[0]
+
+    # -- helpers --------------------------------------------------------------
+    @property
+    def cps(self) -> Session:
+        s = self.sessions.get(self.cp.name)
+        if s is None:
+            raise PhaseError(f"the first control plane {self.cp.name} is not reachable",
+                             "bring it back (see the preflight report), then re-run")
+        return s
+
+    def kubectl(self, args: str, stdin: str | None = None, check: bool = True) -> Result:
+        res = self.cps.run(f"{KUBECTL} {args}", sudo=True, stdin=stdin.encode() if stdin else None)
+        if check and not res.ok:
+            raise PhaseError(f"kubectl {args.split()[0]} on {self.cp.name} failed: {_tail(res)}",
+                             "check the control plane (kubectl get nodes there) and re-run")
+        return res
+
+    def get_json(self, args: str) -> dict[str, Any]:
+        res = self.kubectl(f"get {args} -o json")
+        try:
+            data: dict[str, Any] = json.loads(res.stdout)
+        except ValueError:
+            raise PhaseError(f"kubectl get {args} printed no JSON", "see the log file") from None
+        return data
+
+    @staticmethod
+    def put_secret_file(s: Session, path: str, content: str) -> None:
+        """Write a 0600 file on the host from stdin: its content never appears on a command line."""
+        q = shlex.quote(path)
+        res = s.run(f"umask 077; mkdir -p {shlex.quote(os.path.dirname(path))} && cat > {q}.tmp && mv -f {q}.tmp {q}",
+                    sudo=True, stdin=content.encode())
+        if not res.ok:
+            raise RemoteError("write", f"cannot write {path} on {s.host.name}: {_tail(res)}", "check the disk")
+
+    def initialized(self) -> bool:
+        return self.cps.run(f"test -s {ADMIN}", sudo=True).ok
+
+    def node_names(self) -> set[str]:
+        return {n["metadata"]["name"] for n in self.get_json("nodes").get("items", [])}
+
+    # -- phases -----------------------------------------------------------------
+    def init(self) -> PhaseResult:
+        r = PhaseResult("init", f"kubeadm init on {self.cp.name}")
+        if self.initialized():
+            r.status, r.message = "unchanged", f"{self.cp.name} already runs a control plane ({ADMIN} exists)"
+            return r
+        s = self.cps
+        ver = s.run("kubeadm version -o short", sudo=True)
+        version = ver.stdout.strip() if ver.ok and ver.stdout.strip().startswith("v") else render.full_version(self.inv)
+        token = render.new_token()
+        key = render.new_certificate_key() if len(self.inv.control_planes) > 1 else None
+        register_secret(token)
+        register_secret(key)
+        cfg = "/etc/kubernetes/gpuk8s-kubeadm.yaml"
+        self.put_secret_file(s, cfg, render.kubeadm_init_config(self.inv, self.cp, version, token, key))
+        res = s.run(f"kubeadm init --config {cfg}" + (" --upload-certs" if key else ""), sudo=True, timeout=900)
+        # keep the configuration for reference, without the token and the certificate key
+        self.put_secret_file(s, cfg, render.kubeadm_init_config(self.inv, self.cp, version, None, None))
+        if not res.ok:
+            raise PhaseError(f"kubeadm init on {self.cp.name} failed (exit status {res.exit_status}): {_tail(res)}",
+                             f"fix the cause on {self.cp.name}; if kubeadm left a partial control plane, run "
+                             "'kubeadm reset -f' there; then re-run gpuk8s install")
+        r.status = "changed"
+        r.message = f"control plane {version} on {self.cp.name}, API at {render.endpoint(self.inv)}"
+        return r
+
+    def fetch_kubeconfig(self, dest: Path) -> PhaseResult:
+        r = PhaseResult("kubeconfig", f"admin kubeconfig to {dest}")
+        res = self.cps.run(f"cat {ADMIN}", sudo=True, quiet=True)
+        if not res.ok or "apiVersion" not in res.stdout:
+            raise PhaseError(f"cannot read {ADMIN} on {self.cp.name}", "check that kubeadm init finished")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(res.stdout)
+        os.chmod(dest, 0o600)
+        r.status, r.message = "changed", f"written with mode 0600: {dest}"
+        return r
+
+    def cni(self) -> PhaseResult:
+        c = self.inv.cluster
+        name = CNI_DAEMONSETS[c.cni]
+        r = PhaseResult("cni", f"{c.cni} with pod CIDR {c.pod_cidr}")
+        existing = {d["metadata"]["name"] for d in self.get_json("daemonsets -A").get("items", [])}
+        if name in existing:
+            r.status, r.message = "unchanged", f"{name} DaemonSet exists"
+            return r
+        url = self.inv.install.calico_manifest if c.cni == "calico" else self.inv.install.flannel_manifest
+        # Calico reads the pod CIDR from kubeadm's configuration; Flannel's manifest carries its own, replaced here.
+        fix = (f" && sed -i 's#\"Network\": \"10.244.0.0/16\"#\"Network\": \"{c.pod_cidr}\"#' \"$f\""
+               if c.cni == "flannel" else "")
+        script = (f"f=$(mktemp) && curl -fsSL --retry 2 -o \"$f\" {shlex.quote(url)}{fix} && "
+                  f"{KUBECTL} apply -f \"$f\"; rc=$?; rm -f \"$f\"; exit $rc")
+        res = self.cps.run(script, sudo=True, timeout=300)
+        if not res.ok:
+            raise PhaseError(f"applying {c.cni} from {url} failed: {_tail(res)}",
+                             "check that the control plane reaches that URL (or set install.*_manifest to a mirror)")
+        r.status, r.message = "changed", f"applied {url}"
+        return r
+
+    def join(self, only: list[Host] | None = None) -> PhaseResult:
+        r = PhaseResult("join", "join the other control planes and the workers")
+        present = self.node_names()
+        todo = [h for h in (only if only is not None else self.inv.hosts) if h.name != self.cp.name]
+        for h in todo:
+            if h.name in present:
+                r.hosts[h.name] = "already in the cluster"
+        todo = [h for h in todo if h.name not in present]
+        missing = [h.name for h in todo if h.name not in self.sessions]
+        for name in missing:
+            r.hosts[name] = "failed: not reachable"
+        todo = [h for h in todo if h.name in self.sessions]
+        if not todo:
+            r.status = "failed" if missing else "unchanged"
+            r.message = "every host is already in the cluster" if not missing else f"unreachable: {', '.join(missing)}"
+            return r
+        s = self.cps
+        token = render.new_token()
+        register_secret(token)
+        tcfg = "/etc/kubernetes/gpuk8s-token.yaml"
+        self.put_secret_file(s, tcfg, render.token_config(self.inv, token))
+        res = s.run(f"kubeadm token create --config {tcfg} --print-join-command; rc=$?; rm -f {tcfg}; exit $rc",
+                    sudo=True)
+        m = re.search(r"kubeadm join (\S+) .*--discovery-token-ca-cert-hash (sha256:[0-9a-f]{64})", res.stdout)
+        if not res.ok or not m:
+            raise PhaseError(f"kubeadm token create on {self.cp.name} failed: {_tail(res)}",
+                             "check the control plane, then re-run")
+        api, ca_hash = m.group(1), m.group(2)
+        key = None
+        if any(h.is_control_plane for h in todo):
+            key = render.new_certificate_key()
+            register_secret(key)
+            kcfg = "/etc/kubernetes/gpuk8s-certs.yaml"
+            self.put_secret_file(s, kcfg, render.upload_certs_config(self.inv, key))
+            up = s.run(f"kubeadm init phase upload-certs --upload-certs --config {kcfg}; rc=$?; rm -f {kcfg}; "
+                       "exit $rc", sudo=True)
+            if not up.ok:
+                raise PhaseError(f"uploading control-plane certificates failed: {_tail(up)}", "re-run")
+
+        def one(h: Host) -> str:
+            hs = self.sessions[h.name]
+            jcfg = "/etc/kubernetes/gpuk8s-join.yaml"
+            if hs.run("test -e /etc/kubernetes/kubelet.conf", sudo=True).ok:
+                raise PhaseError(f"{h.name} has /etc/kubernetes/kubelet.conf but is not a node of this cluster "
+                                 "(joined elsewhere, or a half-finished join)",
+                                 f"run 'kubeadm reset -f' on {h.name} if it belongs to no other cluster, then re-run")
+            self.put_secret_file(hs, jcfg, render.join_config(self.inv, h, api, token, ca_hash, key))
+            res = hs.run(f"kubeadm join --config {jcfg}; rc=$?; rm -f {jcfg}; exit $rc", sudo=True, timeout=900)
+            if not res.ok:
+                raise PhaseError(f"kubeadm join on {h.name} failed (exit status {res.exit_status}): {_tail(res)}",
+                                 f"fix the cause on {h.name} (can it reach {api}?), then re-run")
+            self.emit(f"{h.name}: joined")
+            return "joined"
+
+        results = for_each_host(todo, one, self.concurrency)
+        problems = []
+        for name, v in results.items():
+            if isinstance(v, BaseException):
+                msg = v.message if isinstance(v, (PhaseError, RemoteError)) else f"{type(v).__name__}: {v}"
+                r.hosts[name] = f"failed: {msg}"
+                problems.append(v)
+            else:
+                r.hosts[name] = v
+        if problems or missing:
+            r.status = "failed"
+            r.message = "; ".join(f"{n}: {t}" for n, t in r.hosts.items() if t.startswith("failed"))
+            first = problems[0] if problems else None
+            r.remedy = first.remedy if isinstance(first, (PhaseError, RemoteError)) else "re-run"
+        else:
+            r.status, r.message = "changed", f"joined {len(todo)} host(s)"
+        return r
+
+    def gpu_nodes(self) -> PhaseResult:
+        r = PhaseResult("gpu", "NVIDIA device plugin, GPU labels and taints")
+        changed = []
+        manifest = render.device_plugin(self.inv)
+        want_hash = re.search(r'gpuk8s.io/manifest-hash: "(\w+)"', manifest)
+        current = self.kubectl("get ds -n kube-system nvidia-device-plugin-daemonset -o json", check=False)
+        have = ""
+        if current.ok:
+            have = json.loads(current.stdout).get("metadata", {}).get("annotations", {}).get(
+                "gpuk8s.io/manifest-hash", "")
+        if not want_hash or have != want_hash.group(1):
+            self.kubectl("apply -f -", stdin=manifest)
+            changed.append(f"device plugin {self.inv.install.device_plugin_version}")
+        nodes = {n["metadata"]["name"]: n for n in self.get_json("nodes").get("items", [])}
+        for h in self.inv.hosts:
+            node = nodes.get(h.name)
+            if node is None:
+                continue
+            want = dict(h.labels)
+            if gpu_count(h, self.facts.get(h.name)):
+                want[render.GPU_PRESENT] = "true"
+            labels = node["metadata"].get("labels", {})
+            diff = {k: v for k, v in want.items() if labels.get(k) != v}
+            if diff:
+                args = " ".join(shlex.quote(f"{k}={v}") for k, v in sorted(diff.items()))
+                self.kubectl(f"label node {shlex.quote(h.name)} {args} --overwrite")
+                r.hosts[h.name] = "labelled " + ", ".join(sorted(diff))
+                changed.append(f"labels on {h.name}")
+            taints = {(t["key"], t.get("value", ""), t["effect"]) for t in node.get("spec", {}).get("taints", [])}
+            new = [t for t in h.taints if (t.key, t.value, t.effect) not in taints]
+            if new:
+                self.kubectl(f"taint node {shlex.quote(h.name)} " + " ".join(shlex.quote(str(t)) for t in new)
+                             + " --overwrite")
+                r.hosts[h.name] = (r.hosts.get(h.name, "") + " tainted " + ", ".join(map(str, new))).strip()
+                changed.append(f"taints on {h.name}")
+        r.status = "changed" if changed else "unchanged"
+        r.message = "; ".join(changed) if changed else "device plugin, labels and taints as wanted"
+        return r
+
+    def verify(self, test_pods: bool = True, timeout: float = 300) -> tuple[PhaseResult, list[NodeCheck]]:
+        r = PhaseResult("verify", "every node Ready, every GPU schedulable")
+        nodes = {n["metadata"]["name"]: n for n in self.get_json("nodes").get("items", [])}
+        pods = self.get_json("pods -A").get("items", [])
+        plugin = self.kubectl("get ds -n kube-system nvidia-device-plugin-daemonset -o json", check=False).ok
+        checks = []
+        for h in self.inv.hosts:
+            f = self.facts.get(h.name)
+            want = gpu_count(h, f)
+            node = nodes.get(h.name)
+            if node is None:
+                checks.append(NodeCheck(h.name, False, False, want, 0, "not a node of the cluster (not joined)"))
+                continue
+            cond: dict[str, Any] = next((c for c in node["status"].get("conditions", []) if c["type"] == "Ready"), {})
+            ready = cond.get("status") == "True"
+            alloc = int(node["status"].get("allocatable", {}).get("nvidia.com/gpu", 0) or 0)
+            cause = "" if ready else f"NotReady: {cond.get('message', 'no Ready condition')}"
+            if want and alloc != want and not cause:
+                cause = self._gpu_cause(h, f, pods, plugin, want, alloc)
+            checks.append(NodeCheck(h.name, not cause, ready, want, alloc, cause))
+        if test_pods:
+            self._test_pods([c for c in checks if c.ok and c.expected_gpus], timeout)
+        bad = [c for c in checks if not c.ok]
+        gpus = sum(c.allocatable_gpus for c in checks)
+        r.status = "failed" if bad else "passed"
+        r.message = (f"{len(checks) - len(bad)}/{len(checks)} nodes ok, {gpus} GPU(s) schedulable"
+                     + (": " + "; ".join(f"{c.node}: {c.cause}" for c in bad) if bad else ""))
+        if bad:
+            r.remedy = "fix the named cause on each node, then run gpuk8s verify (or gpuk8s install) again"
+        return r, checks
+
+    def _gpu_cause(self, h: Host, f: HostFacts | None, pods: list[dict[str, Any]], plugin: bool,
+                   want: int, alloc: int) -> str:
+        head = f"{alloc} of {want} GPU(s) schedulable: "
+        if f is not None and f.gpu.state != "ok":
+            return head + f"the driver is missing or failing on the host ({f.gpu.error or f.gpu.state})"
+        if not plugin:
+            return head + "the NVIDIA device plugin is not deployed (gpuk8s install deploys it)"
+        mine = [p for p in pods if p.get("spec", {}).get("nodeName") == h.name
+                and p["metadata"]["name"].startswith("nvidia-device-plugin")]
+        if not mine or mine[0].get("status", {}).get("phase") != "Running":
+            return head + "the device plugin pod is not running on this node (label nvidia.com/gpu.present, taints)"
+        if f is not None:
+            default = (f.containerd_config.default_runtime if self.inv.cluster.container_runtime == "containerd"
+                       else f.docker_daemon.default_runtime)
+            if default != "nvidia":
+                return head + (f"the container runtime's default is {default or 'runc'}, not nvidia: the plugin "
+                               "cannot load NVML (re-run gpuk8s install to configure it)")
+        return head + "the device plugin registered fewer GPUs than nvidia-smi lists (see its pod's log)"
+
+    def _test_pods(self, checks: list[NodeCheck], timeout: float) -> None:
+        for c in checks:
+            f = self.facts.get(c.node)
+            image = render.verify_image(self.inv, f.gpu.driver_release if f else None)
+            name = f"gpuk8s-verify-{c.node}"[:63]
+            c.pod = name
+            self.kubectl(f"delete pod {name} -n default --ignore-not-found", check=False)
+            self.kubectl("apply -f -", stdin=render.test_pod(name, c.node, image))
+        deadline = time.monotonic() + timeout
+        waiting = {c.pod: c for c in checks}
+        last: dict[str, str] = {}
+        while waiting:
+            for name, c in list(waiting.items()):
+                p = json.loads(self.kubectl(f"get pod {name} -n default -o json").stdout or "{}")
+                status = p.get("status", {})
+                phase = status.get("phase")
+                unschedulable = next((x.get("message", "") for x in status.get("conditions", [])
+                                      if x.get("reason") == "Unschedulable"), "")
+                last[name] = unschedulable or str(phase)
+                if phase == "Failed":
+                    c.ok, c.cause = False, f"the test pod {name} failed: see kubectl logs {name}"
+                elif unschedulable:
+                    c.ok, c.cause = False, f"the test pod {name} cannot be scheduled: {unschedulable}"
+                elif phase != "Succeeded":
+                    continue
+                del waiting[name]
+            if not waiting:
+                break
+            if time.monotonic() > deadline:
+                for name, c in waiting.items():
+                    c.ok, c.cause = False, f"the test pod {name} did not finish within {timeout:g} s ({last[name]})"
+                break
+            time.sleep(2)
+        for c in checks:
+            self.kubectl(f"delete pod {c.pod} -n default --ignore-not-found", check=False)

@@ -1,0 +1,158 @@
+"""Pure renderers: kubeadm configurations and the manifests gpuk8s applies. No SSH, no side effects.
+
+kubeadm configurations are built as data and dumped with yaml.safe_dump, so no inventory value can
+change their structure. Secrets (token, certificate key) are passed in and never logged by callers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from importlib import resources
+from typing import Any
+
+import jinja2
+import yaml
+
+from gpuk8s.inventory.model import Host, Inventory
+from gpuk8s.versions import Release
+
+CRI_SOCKETS = {"containerd": "unix:///var/run/containerd/containerd.sock",
+               "docker": "unix:///var/run/cri-dockerd.sock"}
+GPU_PRESENT = "nvidia.com/gpu.present"
+
+
+def new_token() -> str:
+    """A bootstrap token, [a-z0-9]{6}.[a-z0-9]{16}, minted here so it is known (and masked) before use."""
+    alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
+    return ".".join("".join(secrets.choice(alphabet) for _ in range(n)) for n in (6, 16))
+
+
+def new_certificate_key() -> str:
+    return secrets.token_hex(32)
+
+
+def api_version(inv: Inventory) -> str:
+    minor = int(inv.cluster.kubernetes_version.split(".")[1])
+    return "kubeadm.k8s.io/v1beta4" if minor >= 31 else "kubeadm.k8s.io/v1beta3"
+
+
+def endpoint(inv: Inventory) -> str:
+    ep = inv.cluster.control_plane_endpoint or inv.control_planes[0].address
+    return ep if ":" in ep and not ep.count(":") > 1 else f"{ep}:6443"
+
+
+def kubeadm_init_config(inv: Inventory, cp: Host, version: str, token: str | None,
+                        certificate_key: str | None) -> str:
+    """InitConfiguration + ClusterConfiguration + KubeletConfiguration for the first control plane."""
+    c = inv.cluster
+    init: dict[str, Any] = {
+        "apiVersion": api_version(inv), "kind": "InitConfiguration",
+        "localAPIEndpoint": {"advertiseAddress": cp.address, "bindPort": 6443},
+        "nodeRegistration": {"name": cp.name, "criSocket": CRI_SOCKETS[c.container_runtime]},
+    }
+    if token:
+        init["bootstrapTokens"] = [{"token": token, "ttl": "2h0m0s", "usages": ["signing", "authentication"],
+                                    "groups": ["system:bootstrappers:kubeadm:default-node-token"]}]
+    if certificate_key:
+        init["certificateKey"] = certificate_key
+    cluster: dict[str, Any] = {
+        "apiVersion": api_version(inv), "kind": "ClusterConfiguration", "clusterName": c.name,
+        "kubernetesVersion": version,
+        "networking": {"podSubnet": c.pod_cidr, "serviceSubnet": c.service_cidr},
+    }
+    if c.control_plane_endpoint or len(inv.control_planes) > 1:
+        cluster["controlPlaneEndpoint"] = endpoint(inv)
+    kubelet = {"apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
+               "cgroupDriver": "systemd"}
+    return yaml.safe_dump_all([init, cluster, kubelet], sort_keys=False)
+
+
+def token_config(inv: Inventory, token: str) -> str:
+    """For `kubeadm token create --config`: the token travels in a file, never on a command line."""
+    return yaml.safe_dump({"apiVersion": api_version(inv), "kind": "InitConfiguration",
+                           "bootstrapTokens": [{"token": token, "ttl": "1h0m0s"}]}, sort_keys=False)
+
+
+def upload_certs_config(inv: Inventory, certificate_key: str) -> str:
+    return yaml.safe_dump({"apiVersion": api_version(inv), "kind": "InitConfiguration",
+                           "certificateKey": certificate_key}, sort_keys=False)
+
+
+def join_config(inv: Inventory, host: Host, api_endpoint: str, token: str, ca_hash: str,
+                certificate_key: str | None = None) -> str:
+    doc: dict[str, Any] = {
+        "apiVersion": api_version(inv), "kind": "JoinConfiguration",
+        "discovery": {"bootstrapToken": {"apiServerEndpoint": api_endpoint, "token": token,
+                                         "caCertHashes": [ca_hash]}},
+        "nodeRegistration": {"name": host.name, "criSocket": CRI_SOCKETS[inv.cluster.container_runtime]},
+    }
+    if host.is_control_plane:
+        doc["controlPlane"] = {"localAPIEndpoint": {"advertiseAddress": host.address, "bindPort": 6443},
+                               "certificateKey": certificate_key}
+    return yaml.safe_dump(doc, sort_keys=False)
+
+
+def device_plugin(inv: Inventory, runtime_class: bool = False) -> str:
+    template = resources.files("gpuk8s").joinpath("data/nvidia-device-plugin.yaml.j2").read_text()
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False)
+    params = {"version": inv.install.device_plugin_version, "runtime_class": runtime_class}
+    digest = hashlib.sha256(repr(sorted(params.items())).encode()).hexdigest()[:16]
+    return env.from_string(template).render(**params, manifest_hash=digest)
+
+
+def runtime_class() -> str:
+    return yaml.safe_dump({"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
+                           "metadata": {"name": "nvidia"}, "handler": "nvidia"}, sort_keys=False)
+
+
+# The newest CUDA base image each driver branch can run (NVIDIA's minimum driver per CUDA major).
+_CUDA_IMAGES = (
+    (580, "nvcr.io/nvidia/cuda:13.0.0-base-ubuntu22.04"),
+    (525, "nvcr.io/nvidia/cuda:12.2.2-base-ubuntu22.04"),
+    (450, "nvcr.io/nvidia/cuda:11.8.0-base-ubuntu22.04"),
+    (418, "nvcr.io/nvidia/cuda:10.1-base-ubuntu18.04"),
+)
+
+
+def verify_image(inv: Inventory, driver: Release | None) -> str:
+    if inv.install.verify_image:
+        return inv.install.verify_image
+    major = driver[0] if driver else 0
+    # 450.36.06 shipped CUDA 11.0 but 11.x needs 450.80.02
+    if major == 450 and driver is not None and tuple(driver) < (450, 80, 2):
+        return _CUDA_IMAGES[-1][1]
+    return next((img for floor, img in _CUDA_IMAGES if major >= floor), _CUDA_IMAGES[-1][1])
+
+
+def test_pod(name: str, node: str, image: str) -> str:
+    return yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default", "labels": {"app.kubernetes.io/managed-by": "gpuk8s"}},
+        "spec": {
+            "nodeName": node, "restartPolicy": "Never",
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+            "containers": [{"name": "nvidia-smi", "image": image, "command": ["nvidia-smi", "-L"],
+                            "resources": {"limits": {"nvidia.com/gpu": 1}}}],
+        },
+    }, sort_keys=False)
+
+
+def full_version(inv: Inventory) -> str:
+    v = inv.cluster.kubernetes_version
+    return f"v{v}" if v.count(".") == 2 else f"v{v}.0"
+
+
+def manifests(inv: Inventory) -> dict[str, str]:
+    """Everything `gpuk8s render` shows: name -> YAML. Secrets appear as placeholders, never as values."""
+    out = {
+        "kubeadm-init.yaml": kubeadm_init_config(inv, inv.control_planes[0], full_version(inv), None, None),
+        "nvidia-device-plugin.yaml": device_plugin(inv),
+        "runtimeclass-nvidia.yaml": runtime_class(),
+    }
+    worker = next((h for h in inv.hosts if not h.is_control_plane), None)
+    if worker is not None:
+        out["kubeadm-join-worker.yaml"] = join_config(inv, worker, endpoint(inv), "<minted at join time>",
+                                                      "sha256:<hash of the cluster CA>")
+        out["verify-pod.yaml"] = test_pod(f"gpuk8s-verify-{worker.name}", worker.name, verify_image(inv, None))
+    return out
