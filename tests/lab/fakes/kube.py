@@ -462,8 +462,8 @@ def _pod_status(s: dict[str, Any], pod: dict[str, Any]) -> dict[str, Any]:
                for c in spec.get("containers", []))
     if node not in s.get("nodes", {}):
         return {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False",
-                "reason": "Unschedulable", "message": "0/%d nodes are available: 1 node(s) didn't match Pod's "
-                "node affinity/selector." % len(s.get("nodes", {}))}]}
+                "reason": "Unschedulable", "message": f"0/{len(s.get('nodes', {}))} nodes are available: 1 node(s) "
+                "didn't match Pod's node affinity/selector."}]}
     n = node_json(s, node)
     have = int(n["status"]["allocatable"].get("nvidia.com/gpu", 0))
     if n["status"]["conditions"][0]["status"] != "True" or have < want:

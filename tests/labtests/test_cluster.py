@@ -1,0 +1,153 @@
+"""gpuk8s install (all phases), join and verify on the lab's simulated cluster; secrets never leak."""
+
+from __future__ import annotations
+
+import json
+import re
+import stat
+
+import yaml
+
+FLEET = """
+hosts:
+  - name: cp-1
+    role: control-plane
+  - name: gpu-1
+    gpus: 4
+    sudo: password
+    sudo_password: Cl-sudo-pw-93
+  - name: gpu-2
+    gpus: 2
+  - name: late
+    gpus: 8
+"""
+ENV = {"GPUK8S_LAB_SUDO_PASSWORD": "Cl-sudo-pw-93"}
+
+
+def inventory_without(lab, name: str) -> str:
+    """Write a copy of the lab inventory without one host (to join it later); returns its path."""
+    inv = yaml.safe_load(lab.inventory.read_text())
+    inv["hosts"] = [h for h in inv["hosts"] if h["name"] != name]
+    for h in inv["hosts"]:
+        if h["name"] == "gpu-1":
+            h["labels"] = {"team": "vision"}
+            h["taints"] = ["nvidia.com/gpu=present:NoSchedule"]
+    path = lab.root / f"inventory-without-{name}.yaml"
+    path.write_text(yaml.safe_dump(inv, sort_keys=False))
+    return str(path)
+
+
+def nodes(lab) -> dict[str, dict]:
+    out = lab.host("cp-1").exec("kubectl --kubeconfig /etc/kubernetes/admin.conf get nodes -o json").stdout
+    return {n["metadata"]["name"]: n for n in json.loads(out)["items"]}
+
+
+def secrets_of(lab) -> list[str]:
+    st = json.loads((lab.root / "cluster" / "state.json").read_text())
+    return [*st["tokens"], *([st["certificate_key"]] if st.get("certificate_key") else []), ENV[
+        "GPUK8S_LAB_SUDO_PASSWORD"]]
+
+
+def assert_no_secret(lab, texts: list[str]) -> None:
+    found = secrets_of(lab)
+    assert len(found) >= 3
+    for s in found:
+        for t in texts:
+            assert s not in t
+        for h in lab.hosts.values():
+            assert all(s not in " ".join(argv) for argv in h.commands()), h.name
+            for f in ("gpuk8s-kubeadm.yaml", "gpuk8s-join.yaml", "gpuk8s-token.yaml"):
+                assert s not in (h.read(f"/etc/kubernetes/{f}") or "")
+
+
+def test_full_install_then_no_op_then_join(lab_up, run_cli, tmp_path):
+    lab = lab_up(FLEET)
+    inv = inventory_without(lab, "late")
+    kc = tmp_path / "admin.kubeconfig"
+    r = run_cli("install", "-i", inv, "-o", "json", "--kubeconfig-out", str(kc), env=ENV)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rep = json.loads(r.stdout)
+    assert rep["ok"] and rep["changed"]
+    assert [p["name"] for p in rep["phases"]] == ["init", "kubeconfig", "cni", "join", "gpu", "verify"]
+    checks = {n["node"]: n for n in rep["nodes"]}
+    assert checks["gpu-1"]["allocatable_gpus"] == 4 and checks["gpu-2"]["allocatable_gpus"] == 2
+    assert all(n["ok"] and n["ready"] for n in checks.values())
+    assert checks["gpu-1"]["pod"] == "gpuk8s-verify-gpu-1"
+    assert stat.S_IMODE(kc.stat().st_mode) == 0o600 and "kind: Config" in kc.read_text()
+    n = nodes(lab)
+    assert n["gpu-1"]["metadata"]["labels"]["team"] == "vision"
+    assert n["gpu-1"]["metadata"]["labels"]["nvidia.com/gpu.present"] == "true"
+    assert {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"} in n["gpu-1"]["spec"]["taints"]
+    assert "nvidia.com/gpu.present" not in n["cp-1"]["metadata"]["labels"]
+    # kubeadm got its configuration from files, never from a command line
+    kubeadm_calls = [a for a in lab.host("gpu-2").commands() if a[0] == "kubeadm" and "join" in a]
+    assert kubeadm_calls == [["kubeadm", "join", "--config", "/etc/kubernetes/gpuk8s-join.yaml"]]
+    assert lab.host("gpu-2").read("/etc/kubernetes/gpuk8s-join.yaml") is None  # removed after use
+
+    r2 = run_cli("install", "-i", inv, "-o", "json", "--kubeconfig-out", str(kc), env=ENV)
+    rep2 = json.loads(r2.stdout)
+    assert r2.returncode == 0 and rep2["ok"] and not rep2["changed"], r2.stdout
+    assert {p["name"]: p["status"] for p in rep2["phases"]} == {
+        "init": "unchanged", "kubeconfig": "changed", "cni": "unchanged", "join": "unchanged",
+        "gpu": "unchanged", "verify": "passed"}
+    r3 = run_cli("install", "-i", inv, env=ENV)
+    assert "nothing to change" in r3.stderr
+
+    # the full inventory names 'late': join finds it missing and joins only it
+    r4 = run_cli("join", "-i", str(lab.inventory), "-o", "json", env=ENV)
+    assert r4.returncode == 0, r4.stdout + r4.stderr
+    rep4 = json.loads(r4.stdout)
+    join = next(p for p in rep4["phases"] if p["name"] == "join")
+    assert join["hosts"] == {"late": "joined"}
+    assert {n["node"]: n["allocatable_gpus"] for n in rep4["nodes"]}["late"] == 8
+    r5 = run_cli("join", "-i", str(lab.inventory), "gpu-2", env=ENV)
+    assert r5.returncode == 0 and "gpu-2: already in the cluster, skipped" in r5.stderr
+    r6 = run_cli("join", "-i", str(lab.inventory), "nope", env=ENV)
+    assert r6.returncode == 2 and "not in the inventory: nope" in r6.stderr
+
+    log = (tmp_path / "gpuk8s.log").read_text()
+    assert_no_secret(lab, [r.stdout, r.stderr, r2.stdout, r2.stderr, r4.stdout, r4.stderr, log])
+
+
+def test_verify_names_a_node_whose_runtime_is_not_nvidia(lab_up, run_cli, tmp_path):
+    lab = lab_up("hosts:\n  - name: cp-1\n    role: control-plane\n  - name: gpu-1\n    gpus: 2\n"
+                 "  - name: gpu-2\n    gpus: 2\n")
+    r = run_cli("install", "-i", str(lab.inventory), "-o", "json", "--kubeconfig-out", str(tmp_path / "k"))
+    assert r.returncode == 0, r.stdout
+    w = lab.host("gpu-2")
+    w.write("/etc/containerd/config.toml", w.read("/etc/containerd/config.toml").replace(
+        'default_runtime_name = "nvidia"', 'default_runtime_name = "runc"'))
+    r = run_cli("verify", "-i", str(lab.inventory), "-o", "json")
+    assert r.returncode == 1
+    checks = {n["node"]: n for n in json.loads(r.stdout)["nodes"]}
+    assert checks["gpu-1"]["ok"] and checks["gpu-1"]["allocatable_gpus"] == 2
+    bad = checks["gpu-2"]
+    assert not bad["ok"] and bad["allocatable_gpus"] == 0 and bad["expected_gpus"] == 2
+    assert "0 of 2 GPU(s) schedulable" in bad["cause"] and "default is runc, not nvidia" in bad["cause"]
+    r = run_cli("verify", "-i", str(lab.inventory))
+    assert r.returncode == 1 and "gpu-2" in r.stdout and "not nvidia" in r.stdout
+    # install repairs it: the playbook step sees the change and re-applies nvidia-ctk, then verify passes
+    r = run_cli("install", "-i", str(lab.inventory), "-o", "json", "--kubeconfig-out", str(tmp_path / "k"))
+    assert r.returncode == 0, r.stdout
+
+
+def test_failing_kubeadm_init_is_reported_and_a_rerun_completes(lab_up, run_cli, tmp_path):
+    lab = lab_up("hosts:\n  - name: cp-1\n    role: control-plane\n  - name: gpu-1\n    gpus: 1\n")
+    cp = lab.host("cp-1")
+    message = ("[init] Using Kubernetes version: v1.30.5\nerror execution phase wait-control-plane: "
+               "couldn't initialize a Kubernetes cluster\n")
+    cp.set_override("kubeadm", stderr=message, exit=1)
+    # the override also answers 'kubeadm version'; the phase falls back to the inventory's version
+    r = run_cli("install", "-i", str(lab.inventory), "-o", "json", "--kubeconfig-out", str(tmp_path / "k"))
+    assert r.returncode == 1
+    rep = json.loads(r.stdout)
+    init = rep["phases"][0]
+    assert init["name"] == "init" and init["status"] == "failed"
+    assert "exit status 1" in init["message"] and "couldn't initialize a Kubernetes cluster" in init["message"]
+    assert "kubeadm reset -f" in init["remedy"]
+    assert [p["name"] for p in rep["phases"]] == ["init"]
+    cp.clear_override("kubeadm")
+    r = run_cli("install", "-i", str(lab.inventory), "-o", "json", "--kubeconfig-out", str(tmp_path / "k"))
+    assert r.returncode == 0, r.stdout
+    assert json.loads(r.stdout)["phases"][0]["status"] == "changed"
+    assert re.search(r'"allocatable_gpus": 1', r.stdout)
