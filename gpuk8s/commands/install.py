@@ -201,6 +201,8 @@ def register(app: typer.Typer, load_inventory: Callable[..., Any]) -> None:
         else:
             if dry_run:
                 _render_dry_run(rep)
+                ui.console(stderr=True).print("dry run: the cluster phases (kubeadm, CNI, join, device plugin) are "
+                                              "not simulated; 'gpuk8s render' shows what they apply", markup=False)
             _render(rep)
             if not rep.ok and log_path():
                 ui.console(stderr=True).print(f"full detail in {log_path()}", markup=False)

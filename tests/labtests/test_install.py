@@ -1,4 +1,4 @@
-"""gpuk8s install, part 1 (node preparation) end to end on the lab: content, idempotence, faults, dry run."""
+"""gpuk8s install --prepare-only (node preparation) end to end on the lab: content, idempotence, faults, dry run."""
 
 from __future__ import annotations
 
@@ -46,7 +46,8 @@ def changing_calls(calls: list[list[str]]) -> list[list[str]]:
 
 
 def install(run_cli, lab, *args: str, env: dict[str, str] | None = None):
-    r = run_cli("install", "-i", str(lab.inventory), "-o", "json", *args, env={**SUDO_ENV, **(env or {})})
+    r = run_cli("install", "-i", str(lab.inventory), "-o", "json", "--prepare-only", *args,
+                env={**SUDO_ENV, **(env or {})})
     assert r.stdout, r.stderr
     return r, json.loads(r.stdout)
 
@@ -232,7 +233,7 @@ def snapshot(lab) -> dict[str, bytes]:
 def test_dry_run_prints_the_commands_and_changes_nothing(lab_up, run_cli):
     lab = lab_up("hosts:\n  - name: cp-1\n    role: control-plane\n  - name: gpu-1\n    os: alinux-3\n")
     before = snapshot(lab)
-    r = run_cli("install", "-i", str(lab.inventory), "--dry-run")
+    r = run_cli("install", "-i", str(lab.inventory), "--dry-run")  # a dry run stops after preparation
     assert r.returncode == 0, r.stderr
     assert snapshot(lab) == before
     assert changing_calls([a for h in lab.hosts.values() for a in h.commands()]) == []

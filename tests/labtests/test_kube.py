@@ -21,7 +21,7 @@ hosts:
 @pytest.fixture
 def prepared(lab_up, run_cli):
     lab = lab_up(FLEET)
-    r = run_cli("install", "-i", str(lab.inventory))
+    r = run_cli("install", "-i", str(lab.inventory), "--prepare-only")
     assert r.returncode == 0, r.stdout + r.stderr
     return lab
 
