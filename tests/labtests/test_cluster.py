@@ -151,3 +151,20 @@ def test_failing_kubeadm_init_is_reported_and_a_rerun_completes(lab_up, run_cli,
     assert r.returncode == 0, r.stdout
     assert json.loads(r.stdout)["phases"][0]["status"] == "changed"
     assert re.search(r'"allocatable_gpus": 1', r.stdout)
+
+
+def test_a_second_control_plane_joins_with_a_certificate_key(lab_up, run_cli, tmp_path):
+    lab = lab_up("hosts:\n  - name: cp-1\n    role: control-plane\n  - name: cp-2\n    role: control-plane\n"
+                 "  - name: gpu-1\n    gpus: 1\n")
+    r = run_cli("install", "-i", str(lab.inventory), "-o", "json", "--kubeconfig-out", str(tmp_path / "k"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    n = nodes(lab)
+    assert set(n) == {"cp-1", "cp-2", "gpu-1"}
+    assert lab.host("cp-2").read("/etc/kubernetes/admin.conf") is not None  # a control plane's own kubeconfig
+    st = json.loads((lab.root / "cluster" / "state.json").read_text())
+    assert st["nodes"]["cp-2"]["role"] == "control-plane" and st["certificate_key"]
+    assert st["endpoint"] == f"{lab.host('cp-1').address}:6443"  # controlPlaneEndpoint with several CPs
+    calls = [a for a in lab.host("cp-1").commands() if a[0] == "kubeadm"]
+    assert ["kubeadm", "init", "--config", "/etc/kubernetes/gpuk8s-kubeadm.yaml", "--upload-certs"] in calls
+    assert st["certificate_key"] not in r.stdout + r.stderr + (tmp_path / "gpuk8s.log").read_text()
+    assert all(st["certificate_key"] not in " ".join(a) for h in lab.hosts.values() for a in h.commands())
