@@ -136,10 +136,17 @@ def render_cluster(rep: ClusterReport, title: str) -> None:
 
 
 def _full_install(inv: Any, output: Output, concurrency: int, ignored: set[str], passwords: dict[str, str],
-                  kubeconfig_out: Path | None, test_pods: bool) -> None:
+                  kubeconfig_out: Path | None, test_pods: bool, view: "_LiveView | None") -> None:
     dest = kubeconfig_out or Path.cwd() / f"{inv.cluster.name}.kubeconfig"
-    rep = install_cluster(inv, concurrency=concurrency, ignore=ignored, sudo_passwords=passwords,
-                          kubeconfig_out=dest, emit=phase_printer(output), test_pods=test_pods)
+    # on a terminal, phase lines go through the live view's console so they do not tear its display
+    say = (lambda line: view.live.console.print(line, markup=False)) if view else phase_printer(output)
+    try:
+        rep = install_cluster(inv, concurrency=concurrency, ignore=ignored, sudo_passwords=passwords,
+                              kubeconfig_out=dest, emit=say, test_pods=test_pods,
+                              on_event=view.event if view else None)
+    finally:
+        if view:
+            view.live.stop()
     if output == Output.json:
         ui.emit_json(rep.to_json())
     else:
@@ -187,9 +194,7 @@ def register(app: typer.Typer, load_inventory: Callable[..., Any]) -> None:
                       f"{concurrency} at a time{' (dry run)' if dry_run else ''}", markup=False)
             view.live.start()
         if not (dry_run or prepare_only):
-            if view:
-                view.live.stop()
-            _full_install(inv, output, concurrency, ignored, passwords, kubeconfig_out, test_pods)
+            _full_install(inv, output, concurrency, ignored, passwords, kubeconfig_out, test_pods, view)
         try:
             rep = prepare(inv, concurrency=concurrency, ignore=ignored, sudo_passwords=passwords, dry_run=dry_run,
                           measure_network=network, on_event=view.event if view else None)

@@ -350,20 +350,25 @@ class ClusterOps:
         return head + "the device plugin registered fewer GPUs than nvidia-smi lists (see its pod's log)"
 
     def _test_pods(self, checks: list[NodeCheck], timeout: float) -> None:
+        """One pod per GPU node, all applied at once and polled together: a few kubectl calls in all."""
+        if not checks:
+            return
+        docs = []
         for c in checks:
             f = self.facts.get(c.node)
+            c.pod = f"gpuk8s-verify-{c.node}"[:63]
             image = render.verify_image(self.inv, f.gpu.driver_release if f else None)
-            name = f"gpuk8s-verify-{c.node}"[:63]
-            c.pod = name
-            self.kubectl(f"delete pod {name} -n default --ignore-not-found", check=False)
-            self.kubectl("apply -f -", stdin=render.test_pod(name, c.node, image))
+            docs.append(render.test_pod(c.pod, c.node, image))
+        names = " ".join(shlex.quote(c.pod) for c in checks)
+        self.kubectl(f"delete pod {names} -n default --ignore-not-found", check=False)
+        self.kubectl("apply -f -", stdin="---\n".join(docs))
         deadline = time.monotonic() + timeout
         waiting = {c.pod: c for c in checks}
         last: dict[str, str] = {}
         while waiting:
+            pods = {p["metadata"]["name"]: p for p in self.get_json("pods -n default").get("items", [])}
             for name, c in list(waiting.items()):
-                p = json.loads(self.kubectl(f"get pod {name} -n default -o json").stdout or "{}")
-                status = p.get("status", {})
+                status = pods.get(name, {}).get("status", {})
                 phase = status.get("phase")
                 unschedulable = next((x.get("message", "") for x in status.get("conditions", [])
                                       if x.get("reason") == "Unschedulable"), "")
@@ -382,5 +387,4 @@ class ClusterOps:
                     c.ok, c.cause = False, f"the test pod {name} did not finish within {timeout:g} s ({last[name]})"
                 break
             time.sleep(2)
-        for c in checks:
-            self.kubectl(f"delete pod {c.pod} -n default --ignore-not-found", check=False)
+        self.kubectl(f"delete pod {names} -n default --ignore-not-found", check=False)

@@ -546,8 +546,9 @@ def kubectl(h: Any, args: list[str]) -> int:
         ns = _flag(args, "-n") or "default"
         with cluster_state() as s:
             kind = {"pod": "Pod", "pods": "Pod"}.get(words[1], words[1])
-            s.get("objects", {}).pop(f"{kind}/{ns}/{words[2]}", None)
-        out(f"{words[1]} \"{words[2]}\" deleted\n")
+            for name in words[2:]:
+                if s.get("objects", {}).pop(f"{kind}/{ns}/{name}", None) is not None:
+                    out(f"{words[1]} \"{name}\" deleted\n")
         return 0
     if verb == "get" and len(words) >= 2:
         s = read_state()
