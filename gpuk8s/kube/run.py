@@ -85,7 +85,10 @@ def install_cluster(inv: Inventory, *, concurrency: int, ignore: set[str], sudo_
                                              "fix it (see above) and re-run"))
             return report
         ready = {n: s for n, s in sessions.items() if n in done}
-        facts = refresh_facts(ready, concurrency)
+        # the preflight's facts still hold where the playbooks changed nothing; else read them again
+        changed = {h.host.name for h in prep.hosts if h.count("changed")}
+        facts = {r.host.name: r.facts for r in prep.preflight if r.facts is not None and r.host.name not in changed}
+        facts.update(refresh_facts({n: s for n, s in ready.items() if n in changed}, concurrency))
         ops = ClusterOps(inv, ready, facts, concurrency, say)
         steps: list[tuple[str, str, Callable[[], PhaseResult]]] = []
         if only_join is None:
