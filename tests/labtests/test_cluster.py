@@ -168,3 +168,16 @@ def test_a_second_control_plane_joins_with_a_certificate_key(lab_up, run_cli, tm
     assert ["kubeadm", "init", "--config", "/etc/kubernetes/gpuk8s-kubeadm.yaml", "--upload-certs"] in calls
     assert st["certificate_key"] not in r.stdout + r.stderr + (tmp_path / "gpuk8s.log").read_text()
     assert all(st["certificate_key"] not in " ".join(a) for h in lab.hosts.values() for a in h.commands())
+
+
+def test_flannel_gets_the_clusters_pod_cidr(lab_up, run_cli, tmp_path):
+    lab = lab_up("cluster: {cni: flannel, pod_cidr: 10.32.0.0/16}\nhosts:\n  - name: cp-1\n    role: control-plane\n"
+                 "  - name: gpu-1\n    gpus: 1\n")
+    r = run_cli("install", "-i", str(lab.inventory), "-o", "json", "--kubeconfig-out", str(tmp_path / "k"),
+                "--no-test-pods")
+    assert r.returncode == 0, r.stdout + r.stderr
+    st = json.loads((lab.root / "cluster" / "state.json").read_text())
+    cfg = st["objects"]["ConfigMap/kube-flannel/kube-flannel-cfg"]["data"]["net-conf.json"]
+    assert json.loads(cfg)["Network"] == "10.32.0.0/16" == st["pod_subnet"]
+    assert "DaemonSet/kube-flannel/kube-flannel-ds" in st["objects"]
+    assert "DaemonSet/kube-system/calico-node" not in st["objects"]
