@@ -6,22 +6,14 @@ from typing import Any
 import typer
 
 from gpuk8s import ui
+from gpuk8s.commands.common import finish, ignored_checks, passwords
 from gpuk8s.commands.install import phase_printer, render_cluster
-from gpuk8s.credentials import CredentialError, sudo_passwords
 from gpuk8s.exitcodes import ExitCode
 from gpuk8s.kube import render
 from gpuk8s.kube.cluster import PhaseError
 from gpuk8s.kube.run import install_cluster, not_joined, verify_cluster
 from gpuk8s.options import InventoryOpt, Output, OutputOpt
 from gpuk8s.remote import RemoteError
-
-
-def _passwords(inv: Any) -> dict[str, str]:
-    try:
-        return sudo_passwords(inv)
-    except CredentialError as e:
-        ui.console(stderr=True).print(str(e), markup=False)
-        raise typer.Exit(ExitCode.USAGE) from None
 
 
 def register(app: typer.Typer, load_inventory: Any) -> None:
@@ -37,14 +29,14 @@ def register(app: typer.Typer, load_inventory: Any) -> None:
     ) -> None:
         """Prepare and join hosts to the running cluster, with a fresh token minted on a control plane."""
         inv = load_inventory(inventory, output)
-        passwords = _passwords(inv)
+        sudo = passwords(inv)
         con = ui.console(stderr=True)
         unknown = [n for n in hosts or [] if n not in {h.name for h in inv.hosts}]
         if unknown:
             con.print(f"not in the inventory: {', '.join(unknown)}", markup=False)
             raise typer.Exit(ExitCode.USAGE)
         try:
-            missing = not_joined(inv, passwords)
+            missing = not_joined(inv, sudo)
         except (PhaseError, RemoteError) as e:
             con.print(f"cannot ask the cluster which hosts it has: {e.message}; {e.remedy}", markup=False)
             raise typer.Exit(ExitCode.FAILED) from None
@@ -58,14 +50,10 @@ def register(app: typer.Typer, load_inventory: Any) -> None:
             if output == Output.json:
                 ui.emit_json({"ok": True, "changed": False, "joined": []})
             raise typer.Exit(ExitCode.OK)
-        rep = install_cluster(inv, concurrency=concurrency, ignore=set(ignore) | set(inv.preflight.ignore),
-                              sudo_passwords=passwords, kubeconfig_out=Path("/dev/null"),
+        rep = install_cluster(inv, concurrency=concurrency, ignore=ignored_checks(inv, ignore),
+                              sudo_passwords=sudo, kubeconfig_out=Path("/dev/null"),
                               emit=phase_printer(output), test_pods=test_pods, only_join=targets)
-        if output == Output.json:
-            ui.emit_json(rep.to_json())
-        else:
-            render_cluster(rep, "join")
-        raise typer.Exit(ExitCode.OK if rep.ok else ExitCode.FAILED)
+        finish(rep, output, lambda: render_cluster(rep, "join"))
 
     @app.command()
     def verify(
@@ -76,13 +64,9 @@ def register(app: typer.Typer, load_inventory: Any) -> None:
     ) -> None:
         """Check that every node is Ready and every GPU the hosts have is schedulable (install's last phase)."""
         inv = load_inventory(inventory, output)
-        rep = verify_cluster(inv, concurrency=concurrency, sudo_passwords=_passwords(inv), test_pods=test_pods,
+        rep = verify_cluster(inv, concurrency=concurrency, sudo_passwords=passwords(inv), test_pods=test_pods,
                              emit=phase_printer(output))
-        if output == Output.json:
-            ui.emit_json(rep.to_json())
-        else:
-            render_cluster(rep, "verify")
-        raise typer.Exit(ExitCode.OK if rep.ok else ExitCode.FAILED)
+        finish(rep, output, lambda: render_cluster(rep, "verify"))
 
     @app.command(name="render")
     def render_cmd(

@@ -10,14 +10,12 @@ from rich.live import Live
 from rich.table import Table
 
 from gpuk8s import ui
-from gpuk8s.credentials import CredentialError, sudo_passwords
-from gpuk8s.exitcodes import ExitCode
+from gpuk8s.commands.common import finish, ignored_checks, passwords
 from gpuk8s.install.prepare import Event, PrepareReport, playbooks_for, prepare
 from gpuk8s.kube.run import ClusterReport, install_cluster
 from gpuk8s.logs import log_path
 from gpuk8s.options import InventoryOpt, Output, OutputOpt
 from gpuk8s.playbook.script import lines_that_matter
-from gpuk8s.preflight.result import CHECKS
 
 _PHASE_STYLE = {"changed": "green", "unchanged": "green", "passed": "green", "failed": "red", "skipped": "yellow"}
 _STYLE = {"done": "green", "failed": "red", "blocked": "red", "unreachable": "red", "busy": "yellow"}
@@ -135,23 +133,19 @@ def render_cluster(rep: ClusterReport, title: str) -> None:
         con.print(f"full detail in {log_path()}", markup=False)
 
 
-def _full_install(inv: Any, output: Output, concurrency: int, ignored: set[str], passwords: dict[str, str],
+def _full_install(inv: Any, output: Output, concurrency: int, ignored: set[str], sudo: dict[str, str],
                   kubeconfig_out: Path | None, test_pods: bool, view: "_LiveView | None") -> None:
     dest = kubeconfig_out or Path.cwd() / f"{inv.cluster.name}.kubeconfig"
     # on a terminal, phase lines go through the live view's console so they do not tear its display
     say = (lambda line: view.live.console.print(line, markup=False)) if view else phase_printer(output)
     try:
-        rep = install_cluster(inv, concurrency=concurrency, ignore=ignored, sudo_passwords=passwords,
+        rep = install_cluster(inv, concurrency=concurrency, ignore=ignored, sudo_passwords=sudo,
                               kubeconfig_out=dest, emit=say, test_pods=test_pods,
                               on_event=view.event if view else None)
     finally:
         if view:
             view.live.stop()
-    if output == Output.json:
-        ui.emit_json(rep.to_json())
-    else:
-        render_cluster(rep, "install: cluster phases")
-    raise typer.Exit(ExitCode.OK if rep.ok else ExitCode.FAILED)
+    finish(rep, output, lambda: render_cluster(rep, "install: cluster phases"))
 
 
 def register(app: typer.Typer, load_inventory: Callable[..., Any]) -> None:
@@ -176,16 +170,8 @@ def register(app: typer.Typer, load_inventory: Callable[..., Any]) -> None:
         """Preflight, prepare every host (toolkit, runtime, Kubernetes packages), then kubeadm init, CNI, join,
         the NVIDIA device plugin, and verification that every GPU is schedulable."""
         inv = load_inventory(inventory, output)
-        ignored = set(ignore) | set(inv.preflight.ignore)
-        unknown = sorted(i for i in ignored if i != "all" and i not in CHECKS)
-        if unknown:
-            ui.console(stderr=True).print(f"unknown check id(s) for --ignore: {', '.join(unknown)}", markup=False)
-            raise typer.Exit(ExitCode.USAGE)
-        try:
-            passwords = sudo_passwords(inv)
-        except CredentialError as e:
-            ui.console(stderr=True).print(str(e), markup=False)
-            raise typer.Exit(ExitCode.USAGE) from None
+        ignored = ignored_checks(inv, ignore)
+        sudo = passwords(inv)
         live = output == Output.table and ui.is_terminal()
         view = _LiveView(len(inv.hosts)) if live else None
         if view:
@@ -194,16 +180,14 @@ def register(app: typer.Typer, load_inventory: Callable[..., Any]) -> None:
                       f"{concurrency} at a time{' (dry run)' if dry_run else ''}", markup=False)
             view.live.start()
         if not (dry_run or prepare_only):
-            _full_install(inv, output, concurrency, ignored, passwords, kubeconfig_out, test_pods, view)
+            _full_install(inv, output, concurrency, ignored, sudo, kubeconfig_out, test_pods, view)
         try:
-            rep = prepare(inv, concurrency=concurrency, ignore=ignored, sudo_passwords=passwords, dry_run=dry_run,
+            rep = prepare(inv, concurrency=concurrency, ignore=ignored, sudo_passwords=sudo, dry_run=dry_run,
                           measure_network=network, on_event=view.event if view else None)
         finally:
             if view:
                 view.live.stop()
-        if output == Output.json:
-            ui.emit_json(rep.to_json())
-        else:
+        def tables() -> None:
             if dry_run:
                 _render_dry_run(rep)
                 ui.console(stderr=True).print("dry run: the cluster phases (kubeadm, CNI, join, device plugin) are "
@@ -211,4 +195,5 @@ def register(app: typer.Typer, load_inventory: Callable[..., Any]) -> None:
             _render(rep)
             if not rep.ok and log_path():
                 ui.console(stderr=True).print(f"full detail in {log_path()}", markup=False)
-        raise typer.Exit(ExitCode.OK if rep.ok else ExitCode.FAILED)
+
+        finish(rep, output, tables)

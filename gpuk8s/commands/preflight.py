@@ -7,12 +7,10 @@ from typing import Any
 import typer
 
 from gpuk8s import ui
-from gpuk8s.credentials import CredentialError, sudo_passwords
-from gpuk8s.exitcodes import ExitCode
+from gpuk8s.commands.common import finish, ignored_checks, passwords
 from gpuk8s.logs import log_path
 from gpuk8s.options import InventoryOpt, Output, OutputOpt
 from gpuk8s.preflight import report as render
-from gpuk8s.preflight.result import CHECKS
 from gpuk8s.preflight.runner import HostReport, run_preflight
 
 
@@ -31,17 +29,8 @@ def register(app: typer.Typer, load_inventory: Callable[..., Any]) -> None:
     ) -> None:
         """Check that every host, and the cluster as a whole, is ready for install."""
         inv = load_inventory(inventory, output)
-        ignored = set(ignore) | set(inv.preflight.ignore)
-        unknown = sorted(i for i in ignored if i != "all" and i not in CHECKS)
-        if unknown:
-            ui.console(stderr=True).print(f"unknown check id(s) for --ignore: {', '.join(unknown)}; "
-                                          f"known: {', '.join(CHECKS)}", markup=False)
-            raise typer.Exit(ExitCode.USAGE)
-        try:
-            passwords = sudo_passwords(inv)
-        except CredentialError as e:
-            ui.console(stderr=True).print(str(e), markup=False)
-            raise typer.Exit(ExitCode.USAGE) from None
+        ignored = ignored_checks(inv, ignore)
+        sudo = passwords(inv)
 
         live = output == Output.table and ui.is_terminal()
         con = ui.console(stderr=True)
@@ -56,12 +45,11 @@ def register(app: typer.Typer, load_inventory: Callable[..., Any]) -> None:
 
         if live:
             con.print(f"checking {len(inv.hosts)} host(s), {concurrency} at a time ...")
-        rep = run_preflight(inv, concurrency=concurrency, ignore=ignored, sudo_passwords=passwords,
+        rep = run_preflight(inv, concurrency=concurrency, ignore=ignored, sudo_passwords=sudo,
                             network_seconds=network_seconds, measure_network=network, on_host=progress)
-        if output == Output.json:
-            ui.emit_json(rep.to_json())
-        else:
+        def tables() -> None:
             render.render(rep, inv.preflight.min_bandwidth_gbit, inv.preflight.max_rtt_ms)
             if not rep.ok and log_path():
                 con.print(f"full detail in {log_path()}", markup=False)
-        raise typer.Exit(ExitCode.OK if rep.ok else ExitCode.FAILED)
+
+        finish(rep, output, tables)

@@ -1,0 +1,42 @@
+"""What the host-contacting commands share: --ignore validation, sudo passwords, and finishing with a report."""
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import typer
+
+from gpuk8s import ui
+from gpuk8s.credentials import CredentialError, sudo_passwords
+from gpuk8s.exitcodes import ExitCode
+from gpuk8s.inventory.model import Inventory
+from gpuk8s.options import Output
+from gpuk8s.preflight.result import CHECKS
+
+
+def ignored_checks(inv: Inventory, ignore: Iterable[str]) -> set[str]:
+    """--ignore plus the inventory's preflight.ignore; an unknown id is a usage error (exit 2)."""
+    ignored = set(ignore) | set(inv.preflight.ignore)
+    unknown = sorted(i for i in ignored if i != "all" and i not in CHECKS)
+    if unknown:
+        ui.console(stderr=True).print(f"unknown check id(s) for --ignore: {', '.join(unknown)}; "
+                                      f"known: {', '.join(CHECKS)}", markup=False)
+        raise typer.Exit(ExitCode.USAGE)
+    return ignored
+
+
+def passwords(inv: Inventory) -> dict[str, str]:
+    """The sudo passwords the inventory asks for (environment or prompt); a missing one is exit 2."""
+    try:
+        return sudo_passwords(inv)
+    except CredentialError as e:
+        ui.console(stderr=True).print(str(e), markup=False)
+        raise typer.Exit(ExitCode.USAGE) from None
+
+
+def finish(rep: Any, output: Output, render: Callable[[], None]) -> None:
+    """JSON or the rendered tables, then exit 0 when the report is ok, else 1."""
+    if output == Output.json:
+        ui.emit_json(rep.to_json())
+    else:
+        render()
+    raise typer.Exit(ExitCode.OK if rep.ok else ExitCode.FAILED)
