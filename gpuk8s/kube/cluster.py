@@ -23,6 +23,7 @@ from gpuk8s.facts.model import HostFacts
 from gpuk8s.inventory.model import Host, Inventory
 from gpuk8s.kube import render
 from gpuk8s.logs import register_secret
+from gpuk8s.playbook.script import lines_that_matter
 from gpuk8s.remote import RemoteError, Result, Session, for_each_host
 
 log = logging.getLogger("gpuk8s.kube")
@@ -74,9 +75,7 @@ def gpu_count(host: Host, facts: HostFacts | None) -> int:
 
 
 def _tail(res: Result, n: int = 8) -> str:
-    lines = [ln for ln in (res.stderr + "\n" + res.stdout).splitlines() if ln.strip()]
-    errors = [ln for ln in lines if re.search(r"error|ERROR|fatal|refused|Unable|unable|failed", ln)]
-    return " | ".join((errors or lines)[-n:])
+    return " | ".join(lines_that_matter(res.stderr + "\n" + res.stdout, n))
 
 
 class ClusterOps:

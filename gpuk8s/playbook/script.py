@@ -127,8 +127,8 @@ def parse_output(text: str) -> ScriptOutcome:
 
 
 _MATTERS = re.compile(r"^(E:|Err:|W: Failed|curl: |gpg: |Job for |Error|error|ERROR|fatal|FATAL|Failed|failed|"
-                      r"Could not|cannot|"
-                      r"No space|.*: No such file|.*Permission denied)")
+                      r"Could not|cannot|Unable|unable|\s*\[ERROR |"
+                      r"No space|.*: No such file|.*Permission denied|.*refused)")
 
 
 def lines_that_matter(output: str, limit: int = 6) -> list[str]:
