@@ -61,6 +61,9 @@ demo: install lab-deps
 	echo "  $(BIN)/gpuk8s preflight -i $(LAB_DIR)/inventory.yaml -o json | less"; \
 	echo "  $(BIN)/gpuk8s install -i $(LAB_DIR)/inventory.yaml --dry-run"; \
 	echo "  cat $(LAB_DIR)/hosts/gpu-1/upper/etc/containerd/config.toml   # what install wrote on gpu-1"; \
+	echo "  ssh -i $(LAB_DIR)/id_ed25519 -o UserKnownHostsFile=$(LAB_DIR)/known_hosts gpuk8s@10.213.0.10 \\"; \
+	echo "      sudo kubectl --kubeconfig /etc/kubernetes/admin.conf get nodes   # the lab's simulated cluster"; \
+	echo "  (the lab's API server is simulated: a local kubectl cannot use $(LAB_DIR)/admin.kubeconfig)"; \
 	echo "  ssh -i $(LAB_DIR)/id_ed25519 -o UserKnownHostsFile=$(LAB_DIR)/known_hosts gpuk8s@10.213.0.11"; \
 	echo "  make lab-status"; \
 	echo "Take the lab down: make lab-down"
