@@ -8,7 +8,6 @@ registered as secrets (masked everywhere) and handed to kubeadm in 0600 files se
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -21,7 +20,8 @@ from typing import Any
 
 from gpuk8s.facts.model import HostFacts
 from gpuk8s.inventory.model import Host, Inventory
-from gpuk8s.kube import render
+from gpuk8s.kube import render, state
+from gpuk8s.kube.state import NodeCheck, StateError
 from gpuk8s.logs import register_secret
 from gpuk8s.playbook.script import lines_that_matter
 from gpuk8s.remote import RemoteError, Result, Session, for_each_host
@@ -52,20 +52,6 @@ class PhaseResult:
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "title": self.title, "status": self.status, "message": self.message,
                 "remedy": self.remedy, "hosts": self.hosts}
-
-
-@dataclass
-class NodeCheck:
-    node: str
-    ok: bool
-    ready: bool
-    expected_gpus: int
-    allocatable_gpus: int
-    cause: str = ""
-    pod: str = ""
-
-    def to_json(self) -> dict[str, Any]:
-        return self.__dict__.copy()
 
 
 def gpu_count(host: Host, facts: HostFacts | None) -> int:
@@ -107,10 +93,24 @@ class ClusterOps:
     def get_json(self, args: str) -> dict[str, Any]:
         res = self.kubectl(f"get {args} -o json")
         try:
-            data: dict[str, Any] = json.loads(res.stdout)
-        except ValueError:
-            raise PhaseError(f"kubectl get {args} printed no JSON", "see the log file") from None
-        return data
+            return state.load(res.stdout)
+        except StateError as e:
+            raise PhaseError(f"kubectl get {args}: {e}", "see the log file") from None
+
+    def get_items(self, args: str) -> list[dict[str, Any]]:
+        try:
+            return state.items(self.kubectl(f"get {args} -o json").stdout)
+        except StateError as e:
+            raise PhaseError(f"kubectl get {args}: {e}", "see the log file") from None
+
+    def device_plugin_ds(self) -> state.DaemonSetState | None:
+        res = self.kubectl(f"get ds -n kube-system {state.DEVICE_PLUGIN} -o json", check=False)
+        if not res.ok:
+            return None
+        try:
+            return state.daemonset_state(state.load(res.stdout))
+        except StateError:
+            return None
 
     @staticmethod
     def put_secret_file(s: Session, path: str, content: str) -> None:
@@ -125,7 +125,7 @@ class ClusterOps:
         return self.cps.run(f"test -s {ADMIN}", sudo=True).ok
 
     def node_names(self) -> set[str]:
-        return {n["metadata"]["name"] for n in self.get_json("nodes").get("items", [])}
+        return set(state.by_name(self.get_items("nodes")))
 
     # -- phases -----------------------------------------------------------------
     def init(self) -> PhaseResult:
@@ -170,7 +170,7 @@ class ClusterOps:
         c = self.inv.cluster
         name = CNI_DAEMONSETS[c.cni]
         r = PhaseResult("cni", f"{c.cni} with pod CIDR {c.pod_cidr}")
-        existing = {d["metadata"]["name"] for d in self.get_json("daemonsets -A").get("items", [])}
+        existing = set(state.by_name(self.get_items("daemonsets -A")))
         if name in existing:
             r.status, r.message = "unchanged", f"{name} DaemonSet exists"
             return r
@@ -264,35 +264,27 @@ class ClusterOps:
         changed = []
         manifest = render.device_plugin(self.inv)
         want_hash = re.search(r'gpuk8s.io/manifest-hash: "(\w+)"', manifest)
-        current = self.kubectl("get ds -n kube-system nvidia-device-plugin-daemonset -o json", check=False)
-        have = ""
-        if current.ok:
-            have = json.loads(current.stdout).get("metadata", {}).get("annotations", {}).get(
-                "gpuk8s.io/manifest-hash", "")
+        current = self.device_plugin_ds()
+        have = current.annotations.get("gpuk8s.io/manifest-hash", "") if current else ""
         if not want_hash or have != want_hash.group(1):
             self.kubectl("apply -f -", stdin=manifest)
             changed.append(f"device plugin {self.inv.install.device_plugin_version}")
-        nodes = {n["metadata"]["name"]: n for n in self.get_json("nodes").get("items", [])}
+        nodes = state.by_name(self.get_items("nodes"))
         for h in self.inv.hosts:
-            node = nodes.get(h.name)
-            if node is None:
+            if h.name not in nodes:
                 continue
-            want = dict(h.labels)
-            if gpu_count(h, self.facts.get(h.name)):
-                want[render.GPU_PRESENT] = "true"
-            labels = node["metadata"].get("labels", {})
-            diff = {k: v for k, v in want.items() if labels.get(k) != v}
+            try:
+                node = state.node_state(nodes[h.name])
+            except StateError as e:
+                raise PhaseError(f"the node object of {h.name} is unreadable: {e}", "see the log file") from None
+            diff, new = node_changes(h, node, gpu_count(h, self.facts.get(h.name)))
             if diff:
-                args = " ".join(shlex.quote(f"{k}={v}") for k, v in sorted(diff.items()))
-                self.kubectl(f"label node {shlex.quote(h.name)} {args} --overwrite")
+                self.kubectl(f"label node {shlex.quote(h.name)} {label_args(diff)} --overwrite")
                 r.hosts[h.name] = "labelled " + ", ".join(sorted(diff))
                 changed.append(f"labels on {h.name}")
-            taints = {(t["key"], t.get("value", ""), t["effect"]) for t in node.get("spec", {}).get("taints", [])}
-            new = [t for t in h.taints if (t.key, t.value, t.effect) not in taints]
             if new:
-                self.kubectl(f"taint node {shlex.quote(h.name)} " + " ".join(shlex.quote(str(t)) for t in new)
-                             + " --overwrite")
-                r.hosts[h.name] = (r.hosts.get(h.name, "") + " tainted " + ", ".join(map(str, new))).strip()
+                self.kubectl(f"taint node {shlex.quote(h.name)} {taint_args(new)} --overwrite")
+                r.hosts[h.name] = (r.hosts.get(h.name, "") + " tainted " + ", ".join(new)).strip()
                 changed.append(f"taints on {h.name}")
         r.status = "changed" if changed else "unchanged"
         r.message = "; ".join(changed) if changed else "device plugin, labels and taints as wanted"
@@ -300,53 +292,28 @@ class ClusterOps:
 
     def verify(self, test_pods: bool = True, timeout: float = 300) -> tuple[PhaseResult, list[NodeCheck]]:
         r = PhaseResult("verify", "every node Ready, every GPU schedulable")
-        nodes = {n["metadata"]["name"]: n for n in self.get_json("nodes").get("items", [])}
-        pods = self.get_json("pods -A").get("items", [])
-        plugin = self.kubectl("get ds -n kube-system nvidia-device-plugin-daemonset -o json", check=False).ok
+        nodes = state.by_name(self.get_items("nodes"))
+        pods = pod_states(self.get_items("pods -A"))
+        plugin = self.device_plugin_ds()
         checks = []
         for h in self.inv.hosts:
             f = self.facts.get(h.name)
-            want = gpu_count(h, f)
-            node = nodes.get(h.name)
-            if node is None:
-                checks.append(NodeCheck(h.name, False, False, want, 0, "not a node of the cluster (not joined)"))
-                continue
-            cond: dict[str, Any] = next((c for c in node["status"].get("conditions", []) if c["type"] == "Ready"), {})
-            ready = cond.get("status") == "True"
-            alloc = int(node["status"].get("allocatable", {}).get("nvidia.com/gpu", 0) or 0)
-            cause = "" if ready else f"NotReady: {cond.get('message', 'no Ready condition')}"
-            if want and alloc != want and not cause:
-                cause = self._gpu_cause(h, f, pods, plugin, want, alloc)
-            checks.append(NodeCheck(h.name, not cause, ready, want, alloc, cause))
+            runtime_default = None
+            if f is not None:
+                runtime_default = (f.containerd_config.default_runtime
+                                   if self.inv.cluster.container_runtime == "containerd"
+                                   else f.docker_daemon.default_runtime) or ""
+            problem = (f.gpu.error or f.gpu.state) if f is not None and f.gpu.state != "ok" else ""
+            checks.append(state.check_node(h.name, gpu_count(h, f), nodes.get(h.name), pods, plugin,
+                                           driver_problem=problem, runtime_default=runtime_default))
         if test_pods:
             self._test_pods([c for c in checks if c.ok and c.expected_gpus], timeout)
         bad = [c for c in checks if not c.ok]
-        gpus = sum(c.allocatable_gpus for c in checks)
         r.status = "failed" if bad else "passed"
-        r.message = (f"{len(checks) - len(bad)}/{len(checks)} nodes ok, {gpus} GPU(s) schedulable"
-                     + (": " + "; ".join(f"{c.node}: {c.cause}" for c in bad) if bad else ""))
+        r.message = state.summary(checks)
         if bad:
             r.remedy = "fix the named cause on each node, then run gpuk8s verify (or gpuk8s install) again"
         return r, checks
-
-    def _gpu_cause(self, h: Host, f: HostFacts | None, pods: list[dict[str, Any]], plugin: bool,
-                   want: int, alloc: int) -> str:
-        head = f"{alloc} of {want} GPU(s) schedulable: "
-        if f is not None and f.gpu.state != "ok":
-            return head + f"the driver is missing or failing on the host ({f.gpu.error or f.gpu.state})"
-        if not plugin:
-            return head + "the NVIDIA device plugin is not deployed (gpuk8s install deploys it)"
-        mine = [p for p in pods if p.get("spec", {}).get("nodeName") == h.name
-                and p["metadata"]["name"].startswith("nvidia-device-plugin")]
-        if not mine or mine[0].get("status", {}).get("phase") != "Running":
-            return head + "the device plugin pod is not running on this node (label nvidia.com/gpu.present, taints)"
-        if f is not None:
-            default = (f.containerd_config.default_runtime if self.inv.cluster.container_runtime == "containerd"
-                       else f.docker_daemon.default_runtime)
-            if default != "nvidia":
-                return head + (f"the container runtime's default is {default or 'runc'}, not nvidia: the plugin "
-                               "cannot load NVML (re-run gpuk8s install to configure it)")
-        return head + "the device plugin registered fewer GPUs than nvidia-smi lists (see its pod's log)"
 
     def _test_pods(self, checks: list[NodeCheck], timeout: float) -> None:
         """One pod per GPU node, all applied at once and polled together: a few kubectl calls in all."""
@@ -365,13 +332,12 @@ class ClusterOps:
         waiting = {c.pod: c for c in checks}
         last: dict[str, str] = {}
         while waiting:
-            pods = {p["metadata"]["name"]: p for p in self.get_json("pods -n default").get("items", [])}
+            pods = {p.name: p for p in pod_states(self.get_items("pods -n default"))}
             for name, c in list(waiting.items()):
-                status = pods.get(name, {}).get("status", {})
-                phase = status.get("phase")
-                unschedulable = next((x.get("message", "") for x in status.get("conditions", [])
-                                      if x.get("reason") == "Unschedulable"), "")
-                last[name] = unschedulable or str(phase)
+                p = pods.get(name)
+                phase = p.phase if p else ""
+                unschedulable = p.unschedulable if p else ""
+                last[name] = unschedulable or phase or "not created"
                 if phase == "Failed":
                     c.ok, c.cause = False, f"the test pod {name} failed: see kubectl logs {name}"
                 elif unschedulable:
@@ -387,3 +353,30 @@ class ClusterOps:
                 break
             time.sleep(2)
         self.kubectl(f"delete pod {names} -n default --ignore-not-found", check=False)
+
+
+def pod_states(pods: list[dict[str, Any]]) -> list[state.PodState]:
+    out = []
+    for p in pods:
+        try:
+            out.append(state.pod_state(p))
+        except StateError:
+            continue
+    return out
+
+
+def node_changes(h: Host, node: state.NodeState, gpus: int) -> tuple[dict[str, str], list[str]]:
+    """The labels to set and the taints to add so that the node matches the inventory."""
+    want = dict(h.labels)
+    if gpus:
+        want[render.GPU_PRESENT] = "true"
+    taints = state.missing_taints([(t.key, t.value, t.effect) for t in h.taints], node)
+    return state.label_changes(want, node), [str(t) for t in h.taints if (t.key, t.value, t.effect) in taints]
+
+
+def label_args(labels: dict[str, str]) -> str:
+    return " ".join(shlex.quote(f"{k}={v}") for k, v in sorted(labels.items()))
+
+
+def taint_args(taints: list[str]) -> str:
+    return " ".join(shlex.quote(t) for t in taints)

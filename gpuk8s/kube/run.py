@@ -11,7 +11,8 @@ from typing import Any
 from gpuk8s.facts.model import HostFacts
 from gpuk8s.install.prepare import Event, PrepareReport, prepare
 from gpuk8s.inventory.model import Host, Inventory
-from gpuk8s.kube.cluster import ClusterOps, NodeCheck, PhaseError, PhaseResult
+from gpuk8s.kube.cluster import ClusterOps, PhaseError, PhaseResult
+from gpuk8s.kube.state import NodeCheck
 from gpuk8s.preflight.runner import gather
 from gpuk8s.remote import RemoteError, Session, for_each_host
 

@@ -1,0 +1,136 @@
+"""The cluster-state parsers and node verdicts (gpuk8s.kube.state): examples, then properties over any JSON."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpuk8s.kube import state as s
+
+
+def node(name: str = "gpu-1", ready: str = "True", gpus: Any = "4", labels: dict | None = None,
+         taints: list | None = None) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "labels": labels or {"kubernetes.io/hostname": name}},
+        "spec": {"taints": taints or []},
+        "status": {
+            "allocatable": {"cpu": "16", "memory": "65536Mi", **({"nvidia.com/gpu": gpus} if gpus is not None else {})},
+            "conditions": [{"type": "MemoryPressure", "status": "False"},
+                           {"type": "Ready", "status": ready, "message": "kubelet is posting ready status"
+                            if ready == "True" else "container runtime network not ready: cni plugin not initialized"}],
+        },
+    }
+
+
+def pod(name: str, node_name: str, phase: str = "Running", waiting: str | None = None,
+        restarts: int = 0) -> s.PodState:
+    cs: dict[str, Any] = {"name": "c", "restartCount": restarts,
+                          "state": {"waiting": {"reason": waiting}} if waiting else {"running": {}}}
+    return s.pod_state({"metadata": {"name": name}, "spec": {"nodeName": node_name},
+                        "status": {"phase": phase, "containerStatuses": [cs]}})
+
+
+PLUGIN = s.daemonset_state({"metadata": {"name": s.DEVICE_PLUGIN, "annotations": {"gpuk8s.io/manifest-hash": "ab"}},
+                            "status": {"desiredNumberScheduled": 2, "currentNumberScheduled": 2, "numberReady": 1}})
+
+
+def test_items_and_node_state() -> None:
+    text = json.dumps({"kind": "List", "items": [node(), node("cp-1", gpus=None, taints=[
+        {"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}]), "junk"]})
+    nodes = s.by_name(s.items(text))
+    assert set(nodes) == {"gpu-1", "cp-1"}
+    g = s.node_state(nodes["gpu-1"])
+    assert (g.ready, g.allocatable_gpus, g.labels["kubernetes.io/hostname"]) == (True, 4, "gpu-1")
+    cp = s.node_state(nodes["cp-1"])
+    assert cp.allocatable_gpus == 0
+    assert cp.taints == {("node-role.kubernetes.io/control-plane", "", "NoSchedule")}
+    assert PLUGIN.annotations["gpuk8s.io/manifest-hash"] == "ab" and (PLUGIN.desired, PLUGIN.ready) == (2, 1)
+
+
+@pytest.mark.parametrize("text", ["", "not json", "[1, 2]", '{"items": 3}', "null"])
+def test_unreadable_output_is_a_state_error(text: str) -> None:
+    with pytest.raises(s.StateError):
+        s.items(text)
+
+
+def test_check_node_all_good() -> None:
+    c = s.check_node("gpu-1", 4, node(), [pod("nvidia-device-plugin-daemonset-x", "gpu-1")], PLUGIN,
+                     runtime_default="nvidia")
+    assert c.ok and c.allocatable_gpus == 4 and c.cause == ""
+
+
+@pytest.mark.parametrize(("kwargs", "expected"), [
+    ({"node": None}, "not a node of the cluster"),
+    ({"node": node(ready="False")}, "NotReady: container runtime network not ready"),
+    ({"node": {"metadata": {}}}, "node object is unreadable"),
+    ({"driver_problem": "NVML: Driver/library version mismatch"}, "driver is missing or failing"),
+    ({"plugin": None}, "device plugin is not deployed"),
+    ({"pods": []}, "no device plugin pod on this node: it needs the label nvidia.com/gpu.present=true"),
+    ({"pods": [pod("nvidia-device-plugin-daemonset-x", "gpu-1", waiting="CrashLoopBackOff", restarts=7)]},
+     "is CrashLoopBackOff (7 restart(s))"),
+    ({"pods": [pod("nvidia-device-plugin-daemonset-x", "gpu-1", phase="Pending")]}, "is Pending, not Running"),
+    ({"runtime_default": ""}, "default is runc, not nvidia"),
+    ({}, "registered no GPU: it cannot load NVML"),
+    ({"node": node(gpus="2")}, "2 of 4 GPU(s) schedulable: the device plugin registered fewer GPUs"),
+])
+def test_check_node_causes(kwargs: dict[str, Any], expected: str) -> None:
+    args: dict[str, Any] = {"node": node(gpus="0"), "pods": [pod("nvidia-device-plugin-daemonset-x", "gpu-1")],
+                            "plugin": PLUGIN, "driver_problem": "", "runtime_default": None}
+    args.update(kwargs)
+    c = s.check_node("gpu-1", 4, args["node"], args["pods"], args["plugin"], driver_problem=args["driver_problem"],
+                     runtime_default=args["runtime_default"])
+    assert not c.ok
+    assert expected in c.cause
+    if "schedulable" in c.cause:
+        assert c.cause.startswith(f"{c.allocatable_gpus} of 4 GPU(s) schedulable: ")
+
+
+def test_summary_counts() -> None:
+    checks = [s.NodeCheck("a", True, True, 4, 4), s.NodeCheck("b", False, True, 4, 0, "0 of 4 GPU(s) schedulable: x")]
+    assert s.summary(checks) == "1/2 nodes ok, 4 GPU(s) schedulable: b: 0 of 4 GPU(s) schedulable: x"
+
+
+def test_label_and_taint_changes() -> None:
+    n = s.node_state(node(labels={"a": "1", "b": "2"}, taints=[{"key": "k", "value": "v", "effect": "NoSchedule"}]))
+    assert s.label_changes({"a": "1", "b": "3", "c": "4"}, n) == {"b": "3", "c": "4"}
+    assert s.missing_taints([("k", "v", "NoSchedule"), ("k", "v", "NoExecute")], n) == [("k", "v", "NoExecute")]
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(
+        st.sampled_from(["metadata", "name", "status", "spec", "items", "conditions", "type", "Ready", "True",
+                         "allocatable", "nvidia.com/gpu", "labels", "taints", "key", "value", "effect", "phase",
+                         "nodeName", "containerStatuses", "state", "waiting", "reason", "restartCount",
+                         "annotations", "desiredNumberScheduled", "message"]) | st.text(max_size=8),
+        children, max_size=6),
+    max_leaves=40)
+
+
+@settings(max_examples=400)
+@given(json_values)
+def test_any_json_gives_a_value_or_state_error(value: Any) -> None:
+    for fn in (s.node_state, s.pod_state, s.daemonset_state):
+        with contextlib.suppress(s.StateError):
+            fn(value)
+    try:
+        objs = s.items(json.dumps(value))
+    except s.StateError:
+        objs = []
+    for o in objs:
+        s.by_name([o])
+    c = s.check_node("n", 2, value, [], None)
+    assert isinstance(c.cause, str) and c.ok == (c.cause == "")
+
+
+@settings(max_examples=300)
+@given(st.text(max_size=300))
+def test_any_text_gives_items_or_state_error(text: str) -> None:
+    with contextlib.suppress(s.StateError):
+        s.items(text)
