@@ -117,7 +117,12 @@ def main() -> None:
     _register_commands()
     signal.signal(signal.SIGINT, _on_sigint)
     try:
-        app()
+        try:
+            app()
+        finally:
+            # the work is over (or being abandoned): a SIGINT during interpreter shutdown must not turn a
+            # finished run's exit status into death by signal
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
     except Interrupted:
         logging.getLogger("gpuk8s").warning("interrupted by SIGINT")
         sys.stderr.write("interrupted\n")

@@ -1,11 +1,16 @@
 # gpuk8s fact probe: read-only, POSIX sh, one run per host. Every section is framed by
 # markers so the parser can split them; nothing here changes the host.
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin LC_ALL=C
+exec 4>&1
 T=""; command -v timeout >/dev/null 2>&1 && T="timeout 20"
 sec() {
   name=$1; shift
   printf '@@gpuk8s-begin %s\n' "$name"
-  if command -v "$1" >/dev/null 2>&1; then $T "$@" 2>&1; rc=$?; else echo "$1: command not found"; rc=127; fi
+  # At most 256 KiB of a section reach the client, so one runaway command cannot crowd out the others.
+  # Its exit status comes back on fd 3; a command cut off by head ends with SIGPIPE (141).
+  if command -v "$1" >/dev/null 2>&1; then
+    rc=$( { { $T "$@" 2>&1 3>&- 4>&-; echo $? >&3; } | head -c 262144 >&4; } 3>&1 ); rc=${rc:-1}
+  else echo "$1: command not found"; rc=127; fi
   printf '\n@@gpuk8s-end %s %s\n' "$name" "$rc"
 }
 file() { sec "$1" cat "$2"; }

@@ -63,6 +63,7 @@ class HostRun:
     remedy: str = ""
     lock_note: str = ""
     seconds: float = 0.0
+    progress: tuple[int, int, str] = (0, 0, "")  # steps reported so far, of how many, the next step's name
 
     def count(self, status: str) -> int:
         return sum(1 for s in self.steps if s.outcome.status == status)
@@ -174,6 +175,10 @@ def prepare(inv: Inventory, *, concurrency: int, ignore: set[str], sudo_password
                 run.status = "failed"
                 if isinstance(res, RemoteError):
                     run.message, run.remedy = f"{res.kind}: {res.message}", res.remedy
+                    done, total, nxt = run.progress
+                    if total:
+                        run.message += (f" ({done} of {total} steps had finished; it was at step {nxt})"
+                                        if done < total else f" (all {total} steps had finished)")
                 else:
                     log.exception("%s: unexpected error", name, exc_info=res)
                     run.message = f"{type(res).__name__}: {res}"
@@ -190,11 +195,14 @@ def _run_script(session: Session, run: HostRun, steps: list[RenderedStep], dry_r
     name = session.host.name
     total = len(steps)
 
+    run.progress = (0, total, steps[0].name if steps else "")
+
     def on_line(line: str) -> None:
         if line.startswith("@@gpuk8s-step "):
             parts = line.split()
             if len(parts) == 4 and parts[1].isdigit() and int(parts[1]) < total:
                 i = int(parts[1])
+                run.progress = (i + 1, total, steps[i + 1].name if i + 1 < total else "")
                 emit(Event(name, "step", i + 1, total, steps[i].name, parts[2]))
 
     script = build_script(steps, owner=owner(), dry_run=dry_run)

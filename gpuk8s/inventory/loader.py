@@ -399,11 +399,15 @@ class _Reader:
         readers: dict[str, Callable[[Node, str], Any]] = {
             "address": self.address, "user": self.user, "port": self.port, "identity_file": self.path,
         }
-        got = self.fields(node, key, _BASTION_KEYS, readers)
-        missing = [k for k in ("address", "user") if k not in got]
+        m = self.mapping(node, key, _BASTION_KEYS)
+        got = self.fields(node, key, _BASTION_KEYS, readers, m)
+        if m is None:
+            return None
+        missing = [k for k in ("address", "user") if k not in m]  # present but invalid: reported by its reader
         if missing:
             self.report(node, key, f"the bastion needs {' and '.join(missing)}",
                         "write e.g. bastion: {address: jump.example.com, user: ops}")
+        if missing or any(k not in got for k in ("address", "user")):
             return None
         return Bastion(**got)
 

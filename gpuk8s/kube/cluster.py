@@ -142,7 +142,8 @@ class ClusterOps:
         register_secret(key)
         cfg = "/etc/kubernetes/gpuk8s-kubeadm.yaml"
         self.put_secret_file(s, cfg, render.kubeadm_init_config(self.inv, self.cp, version, token, key))
-        res = s.run(f"kubeadm init --config {cfg}" + (" --upload-certs" if key else ""), sudo=True, timeout=900)
+        res = s.run(to_the_end(f"kubeadm init --config {cfg}" + (" --upload-certs" if key else ""), "kubeadm-init"),
+                    sudo=True, timeout=900)
         # keep the configuration for reference, without the token and the certificate key
         self.put_secret_file(s, cfg, render.kubeadm_init_config(self.inv, self.cp, version, None, None))
         if not res.ok:
@@ -221,8 +222,8 @@ class ClusterOps:
             register_secret(key)
             kcfg = "/etc/kubernetes/gpuk8s-certs.yaml"
             self.put_secret_file(s, kcfg, render.upload_certs_config(self.inv, key))
-            up = s.run(f"kubeadm init phase upload-certs --upload-certs --config {kcfg}; rc=$?; rm -f {kcfg}; "
-                       "exit $rc", sudo=True)
+            up = s.run(to_the_end(f"kubeadm init phase upload-certs --upload-certs --config {kcfg}", "upload-certs",
+                                  then=f"rm -f {kcfg}"), sudo=True)
             if not up.ok:
                 raise PhaseError(f"uploading control-plane certificates failed: {_tail(up)}", "re-run")
 
@@ -234,7 +235,12 @@ class ClusterOps:
                                  "(joined elsewhere, or a half-finished join)",
                                  f"run 'kubeadm reset -f' on {h.name} if it belongs to no other cluster, then re-run")
             self.put_secret_file(hs, jcfg, render.join_config(self.inv, h, api, token, ca_hash, key))
-            res = hs.run(f"kubeadm join --config {jcfg}; rc=$?; rm -f {jcfg}; exit $rc", sudo=True, timeout=900)
+            res = hs.run(to_the_end(f"kubeadm join --config {jcfg}", "kubeadm-join", then=f"rm -f {jcfg}"),
+                         sudo=True, timeout=900)
+            if not res.ok and "dial tcp" in res.stderr + res.stdout:
+                raise PhaseError(f"{h.name} cannot reach the API server at {api}: {_tail(res)}",
+                                 f"let {h.name} reach TCP {api} (firewall, route, security group), then run "
+                                 "gpuk8s join again")
             if not res.ok:
                 raise PhaseError(f"kubeadm join on {h.name} failed (exit status {res.exit_status}): {_tail(res)}",
                                  f"fix the cause on {h.name} (can it reach {api}?), then re-run")
@@ -353,6 +359,17 @@ class ClusterOps:
                 break
             time.sleep(2)
         self.kubectl(f"delete pod {names} -n default --ignore-not-found", check=False)
+
+
+def to_the_end(command: str, name: str, then: str = "") -> str:
+    """`command` made to finish even if gpuk8s goes away: its output goes to a 0600 file, printed afterwards.
+
+    A kubeadm writing to a broken SSH channel would die of SIGPIPE half-way (a half-initialised control
+    plane needs `kubeadm reset`); writing to a file, it completes and the re-run finds it done.
+    """
+    out = f"/var/lib/gpuk8s/{name}.out"
+    return (f"umask 077; mkdir -p /var/lib/gpuk8s; {command} > {out} 2>&1 </dev/null; rc=$?; "
+            f"{then + '; ' if then else ''}cat {out}; rm -f {out}; exit $rc")
 
 
 def pod_states(pods: list[dict[str, Any]]) -> list[state.PodState]:

@@ -141,10 +141,19 @@ class LabHost:
         p.stdout.readline()
         return p
 
-    def set_override(self, command: str, stdout: str = "", stderr: str = "", exit: int = 0) -> None:
+    def set_override(self, command: str, stdout: str = "", stderr: str = "", exit: int = 0, repeat: int = 1,
+                     sleep: float = 0) -> None:
+        """Replace a faked command: `stdout` written `repeat` times (a flood), after `sleep` seconds."""
         st = self.state()
-        st.setdefault("overrides", {})[command] = {"stdout": stdout, "stderr": stderr, "exit": exit}
+        st.setdefault("overrides", {})[command] = {"stdout": stdout, "stderr": stderr, "exit": exit,
+                                                   "repeat": repeat, "sleep": sleep}
         self.update_state(overrides=st["overrides"])
+
+    def set_delay(self, command: str, seconds: float) -> None:
+        """Make a faked command wait `seconds` before it does its work (0: no delay)."""
+        delays = self.state().get("delays", {})
+        delays[command] = seconds
+        self.update_state(delays={k: v for k, v in delays.items() if v})
 
     def clear_override(self, command: str) -> None:
         st = self.state()
@@ -245,6 +254,35 @@ class LabHost:
         else:
             _run(["ip", "neigh", "del", self.address, "dev", BRIDGE], check=False)
             self.shape(link.get("rate"), link.get("delay_ms"))
+
+
+    def cut_connections(self) -> int:
+        """Kill the host's per-connection sshd processes (not the listener): every SSH session to it breaks
+        at once, as when a link or a middlebox drops the connection. Commands those sessions started go on
+        running without a reader. Returns how many processes were killed."""
+        listener = self.sshd_pid()
+        pids = _run(["ip", "netns", "pids", self.netns]).stdout.split()
+        killed = 0
+        for pid in map(int, pids):
+            try:
+                comm = Path(f"/proc/{pid}/comm").read_text().strip()
+            except OSError:
+                continue
+            if pid != listener and comm in ("sshd", "sshd-session"):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                    killed += 1
+        return killed
+
+    def block(self, address: str, on: bool = True) -> None:
+        """Make `address` unreachable from this host (a route of type unreachable), or reachable again."""
+        verb = "replace" if on else "del"
+        _run(["ip", "-n", self.netns, "route", verb, "unreachable", f"{address}/32"], check=on)
+
+    def lock_free(self) -> bool:
+        """Whether gpuk8s's host lock (/var/lib/gpuk8s/lock) can be taken now."""
+        lock = "/var/lib/gpuk8s/lock"
+        return self.exec(f"[ ! -e {lock} ] || flock -n {lock} true", check=False).returncode == 0
 
 
 class Lab:

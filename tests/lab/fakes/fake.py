@@ -32,6 +32,9 @@ class Host:
         fcntl.flock(self._lock, fcntl.LOCK_EX)
         self.state = json.loads(self._lock.read() or "{}")
 
+    def release(self) -> None:
+        self._lock.close()
+
     def save(self) -> None:
         self._lock.seek(0)
         self._lock.truncate()
@@ -706,8 +709,17 @@ def main() -> int:
     record([name, *args])
     h = Host()
     ov = h.state.get("overrides", {}).get(name)
+    delay = float(h.state.get("delays", {}).get(name, 0))
+    if ov is not None or delay:
+        h.release()  # a slow or huge command must not hold the state lock that other fakes need
+    if delay:
+        time.sleep(delay)
+        h = Host()
     if ov is not None:
-        out(ov.get("stdout", ""))
+        time.sleep(float(ov.get("sleep", 0)))
+        text = ov.get("stdout", "")
+        for _ in range(int(ov.get("repeat", 1))):  # a huge output, written as it is made
+            out(text)
         err(ov.get("stderr", ""))
         return int(ov.get("exit", 0))
     return COMMANDS[name](h, args)

@@ -18,6 +18,7 @@ What is simulated, and how it decides (so that tests prove gpuk8s's work, not th
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -317,7 +318,9 @@ def _join(h: Any, args: list[str]) -> int:
             c.settimeout(10)
             reply = json.loads(c.makefile().readline() or "{}")
     except (OSError, ValueError) as e:
-        reason = "connect: connection refused" if isinstance(e, ConnectionRefusedError) else "i/o timeout"
+        reason = ("connect: connection refused" if isinstance(e, ConnectionRefusedError)
+                  else "connect: no route to host" if getattr(e, "errno", None) == errno.EHOSTUNREACH
+                  else "i/o timeout")
         err(f"[preflight] Running pre-flight checks\nerror execution phase preflight: couldn't validate the identity "
             f"of the API Server: Get \"{url}\": dial tcp {endpoint}: {reason}\n")
         return 1
