@@ -53,3 +53,10 @@ def lab_up(tmp_path: Path) -> Iterator[Callable[[str], object]]:
 
     yield up
     lab.down()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Everything under tests/labtests runs on the lab: mark it so that `-m 'not lab'` skips it."""
+    for item in items:
+        if "labtests" in item.path.parts:
+            item.add_marker(pytest.mark.lab)

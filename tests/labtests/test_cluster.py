@@ -6,6 +6,7 @@ import json
 import re
 import stat
 
+import pytest
 import yaml
 
 FLEET = """
@@ -131,6 +132,7 @@ def test_verify_names_a_node_whose_runtime_is_not_nvidia(lab_up, run_cli, tmp_pa
     assert r.returncode == 0, r.stdout
 
 
+@pytest.mark.faults
 def test_failing_kubeadm_init_is_reported_and_a_rerun_completes(lab_up, run_cli, tmp_path):
     lab = lab_up("hosts:\n  - name: cp-1\n    role: control-plane\n  - name: gpu-1\n    gpus: 1\n")
     cp = lab.host("cp-1")

@@ -205,6 +205,10 @@ def test_join_of_a_worker_that_cannot_reach_the_api_server(lab_up, run_cli, tmp_
     assert "walled" not in nodes(lab) and nodes(lab)["open"]
     assert walled.read("/etc/kubernetes/gpuk8s-join.yaml") is None  # the join file (a token) is gone
     assert walled.read("/var/lib/gpuk8s/kubeadm-join.out") is None
+    tokens = json.loads((lab.root / "cluster" / "state.json").read_text())["tokens"]
+    assert len(tokens) >= 2  # install's and this join's
+    emitted = r.stdout + r.stderr + (tmp_path / "gpuk8s.log").read_text()
+    assert not [t for t in tokens if t in emitted]  # also not in the failure's own text
 
     walled.block(cp_addr, on=False)
     r = run_cli("join", "-i", str(lab.inventory), "-o", "json", env=ENV)

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import time
 
+import pytest
 import tomllib
 import yaml
 
@@ -167,6 +168,7 @@ def set_install(lab, **settings) -> None:
     lab.inventory.write_text(yaml.safe_dump(inv, sort_keys=False))
 
 
+@pytest.mark.faults
 def test_dpkg_lock_and_unreachable_repository_fail_that_host_only_and_a_rerun_completes(lab_up, run_cli):
     lab = lab_up("""
 hosts:
@@ -251,6 +253,7 @@ def test_dry_run_prints_the_commands_and_changes_nothing(lab_up, run_cli):
     assert snapshot(lab) == before
 
 
+@pytest.mark.faults
 def test_host_lock_busy_and_stale(lab_up, run_cli):
     lab = lab_up("hosts:\n  - name: cp-1\n    role: control-plane\n  - name: w-1\n")
     w = lab.host("w-1")
@@ -275,6 +278,7 @@ def test_host_lock_busy_and_stale(lab_up, run_cli):
     assert not w.upper("/var/lib/gpuk8s/lock.owner").exists() or w.read("/var/lib/gpuk8s/lock.owner") is None
 
 
+@pytest.mark.faults
 def test_full_disk_while_writing_a_file_leaves_the_old_one_and_a_rerun_completes(lab_up, run_cli):
     lab = lab_up("hosts:\n  - name: cp-1\n    role: control-plane\n  - name: full\n  - name: fine\n")
     full = lab.host("full")

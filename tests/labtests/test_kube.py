@@ -115,6 +115,7 @@ def test_kubeadm_init_join_and_gpu_capacity(prepared):
     assert nodes(lab)["gpu-1"]["metadata"]["labels"]["nvidia.com/gpu.present"] == "true"
 
 
+@pytest.mark.faults
 def test_join_fails_when_the_api_server_port_is_unreachable(prepared):
     lab = prepared
     cp, w1 = lab.host("cp-1"), lab.host("gpu-1")

@@ -143,6 +143,7 @@ hosts:
 """
 
 
+@pytest.mark.faults
 def test_faults_give_the_client_side_errors(lab_up):
     lab = lab_up(FAULTS)
     expected = {"down-1": "refused", "drop-1": "timeout", "unknown-1": "hostkey-unknown",
@@ -167,6 +168,7 @@ def session_error(lab, name: str) -> RemoteError:
     raise AssertionError("connected")
 
 
+@pytest.mark.faults
 def test_sudo_password_right_and_wrong(lab_up):
     lab = lab_up(FAULTS)
     from dataclasses import replace
