@@ -340,16 +340,11 @@ class ClusterOps:
         while waiting:
             pods = {p.name: p for p in pod_states(self.get_items("pods -n default"))}
             for name, c in list(waiting.items()):
-                p = pods.get(name)
-                phase = p.phase if p else ""
-                unschedulable = p.unschedulable if p else ""
-                last[name] = unschedulable or phase or "not created"
-                if phase == "Failed":
-                    c.ok, c.cause = False, f"the test pod {name} failed: see kubectl logs {name}"
-                elif unschedulable:
-                    c.ok, c.cause = False, f"the test pod {name} cannot be scheduled: {unschedulable}"
-                elif phase != "Succeeded":
+                last[name] = state.pod_progress(pods.get(name))
+                verdict = state.test_pod_verdict(pods.get(name))
+                if verdict is None:
                     continue
+                c.ok, c.cause = verdict
                 del waiting[name]
             if not waiting:
                 break

@@ -130,8 +130,12 @@ def test_pod(name: str, node: str, image: str) -> str:
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": "default", "labels": {"app.kubernetes.io/managed-by": "gpuk8s"}},
         "spec": {
-            "nodeName": node, "restartPolicy": "Never",
-            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+            # through the scheduler (not nodeName), so that a node without free GPUs gives its message;
+            # every taint tolerated: the pod tests the GPUs of this node, not its taints
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]}}},
+            "restartPolicy": "Never",
+            "tolerations": [{"operator": "Exists"}],
             "containers": [{"name": "nvidia-smi", "image": image, "command": ["nvidia-smi", "-L"],
                             "resources": {"limits": {"nvidia.com/gpu": 1}}}],
         },

@@ -125,6 +125,8 @@ class PodState:
     waiting: str  # a container's waiting reason (CrashLoopBackOff, ImagePullBackOff, ...), else ''
     restarts: int
     unschedulable: str  # the scheduler's message when it cannot place the pod
+    reason: str = ""  # status.reason: e.g. OutOfnvidia.com/gpu when the kubelet rejected the pod
+    message: str = ""
 
 
 def pod_state(pod: Any) -> PodState:
@@ -140,8 +142,9 @@ def pod_state(pod: Any) -> PodState:
             waiting = str(w.get("reason", "") or "Waiting")
     unsched = next((str(c.get("message", "") or "Unschedulable") for c in _list(status.get("conditions"))
                     if isinstance(c, dict) and c.get("reason") == "Unschedulable"), "")
-    return PodState(name_of(pod), str(_sub(pod, "spec").get("nodeName", "") or ""), str(status.get("phase", "") or ""),
-                    waiting, restarts, unsched)
+    text = {k: str(status.get(k, "") or "") for k in ("phase", "reason", "message")}
+    return PodState(name_of(pod), str(_sub(pod, "spec").get("nodeName", "") or ""), text["phase"], waiting, restarts,
+                    unsched, text["reason"], text["message"])
 
 
 @dataclass
@@ -226,6 +229,29 @@ def gpu_cause(name: str, want: int, alloc: int, pods: list[PodState], plugin: Da
                        f"kube-system logs {mine.name}")
     return head + ("the device plugin registered fewer GPUs than the host has "
                    f"(see kubectl -n kube-system logs {mine.name})")
+
+
+def test_pod_verdict(pod: PodState | None) -> tuple[bool, str] | None:
+    """A GPU test pod's outcome: (True, '') when it succeeded, (False, cause) when it cannot, None while pending."""
+    if pod is None:
+        return None
+    if pod.phase == "Succeeded":
+        return True, ""
+    if pod.phase == "Failed":
+        if pod.reason.startswith("OutOf"):
+            return False, f"the kubelet rejected the test pod {pod.name} ({pod.reason}): {pod.message}"
+        return False, (f"the test pod {pod.name} failed{f' ({pod.reason})' if pod.reason else ''}: "
+                       f"see kubectl logs {pod.name}")
+    if pod.unschedulable:
+        return False, f"the test pod {pod.name} cannot be scheduled: {pod.unschedulable}"
+    return None
+
+
+def pod_progress(pod: PodState | None) -> str:
+    """Where a pod stands, in a few words, for a timeout message."""
+    if pod is None:
+        return "not created"
+    return pod.waiting or pod.phase or "no status"
 
 
 def summary(checks: list[NodeCheck]) -> str:

@@ -134,3 +134,26 @@ def test_any_json_gives_a_value_or_state_error(value: Any) -> None:
 def test_any_text_gives_items_or_state_error(text: str) -> None:
     with contextlib.suppress(s.StateError):
         s.items(text)
+
+
+def raw_pod(phase: str, **status: Any) -> s.PodState:
+    return s.pod_state({"metadata": {"name": "gpuk8s-verify-gpu-1"}, "status": {"phase": phase, **status}})
+
+
+@pytest.mark.parametrize(("p", "verdict"), [
+    (None, None),
+    (raw_pod("Pending"), None),
+    (raw_pod("Running"), None),
+    (raw_pod("Succeeded"), (True, "")),
+    (raw_pod("Failed", reason="OutOfnvidia.com/gpu", message="Pod was rejected: Node didn't have enough resource: "
+             "nvidia.com/gpu, requested: 1, used: 0, capacity: 0"),
+     (False, "the kubelet rejected the test pod gpuk8s-verify-gpu-1 (OutOfnvidia.com/gpu): Pod was rejected: Node "
+             "didn't have enough resource: nvidia.com/gpu, requested: 1, used: 0, capacity: 0")),
+    (raw_pod("Failed"), (False, "the test pod gpuk8s-verify-gpu-1 failed: see kubectl logs gpuk8s-verify-gpu-1")),
+    (raw_pod("Pending", conditions=[{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                                     "message": "0/3 nodes are available: 1 Insufficient nvidia.com/gpu."}]),
+     (False, "the test pod gpuk8s-verify-gpu-1 cannot be scheduled: 0/3 nodes are available: 1 Insufficient "
+             "nvidia.com/gpu.")),
+])
+def test_test_pod_verdict(p: s.PodState | None, verdict: tuple[bool, str] | None) -> None:
+    assert s.test_pod_verdict(p) == verdict

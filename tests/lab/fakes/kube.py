@@ -460,7 +460,12 @@ def _pods(s: dict[str, Any]) -> list[dict[str, Any]]:
 def _pod_status(s: dict[str, Any], pod: dict[str, Any]) -> dict[str, Any]:
     """A GPU test pod runs to completion only on a Ready node with enough allocatable nvidia.com/gpu."""
     spec = pod.get("spec", {})
-    node = spec.get("nodeName") or spec.get("nodeSelector", {}).get("kubernetes.io/hostname")
+    terms = (spec.get("affinity", {}).get("nodeAffinity", {}).get("requiredDuringSchedulingIgnoredDuringExecution", {})
+             .get("nodeSelectorTerms", []))
+    by_field = [v for t in terms for f in t.get("matchFields", []) if f.get("key") == "metadata.name"
+                for v in f.get("values", [])]
+    node = (spec.get("nodeName") or spec.get("nodeSelector", {}).get("kubernetes.io/hostname")
+            or next(iter(by_field), None))
     want = sum(int(c.get("resources", {}).get("limits", {}).get("nvidia.com/gpu", 0))
                for c in spec.get("containers", []))
     if node not in s.get("nodes", {}):
@@ -469,6 +474,9 @@ def _pod_status(s: dict[str, Any], pod: dict[str, Any]) -> dict[str, Any]:
                 "didn't match Pod's node affinity/selector."}]}
     n = node_json(s, node)
     have = int(n["status"]["allocatable"].get("nvidia.com/gpu", 0))
+    if spec.get("nodeName") and have < want:  # bound without the scheduler: the kubelet's admission rejects it
+        return {"phase": "Failed", "reason": "OutOfnvidia.com/gpu", "message": "Pod was rejected: Node didn't have "
+                f"enough resource: nvidia.com/gpu, requested: {want}, used: 0, capacity: {have}"}
     if n["status"]["conditions"][0]["status"] != "True" or have < want:
         why = "Insufficient nvidia.com/gpu" if have < want else "node(s) had untolerated taint"
         return {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False",
