@@ -7,7 +7,7 @@ LAB_DIR ?= /var/tmp/gpuk8s-lab
 LAB_PKGS := openssh-server openssh-client sudo iproute2 iperf3 iputils-ping containerd util-linux openssl procps \
             python3-yaml
 
-.PHONY: install lab-deps test test-unit lint lab-up lab-down lab-status demo bench clean
+.PHONY: install lab-deps test test-unit test-kind lint lab-up lab-down lab-status demo bench clean
 
 install: $(VENV)/.installed
 
@@ -34,6 +34,11 @@ test: install lab-deps
 
 test-unit: install
 	$(BIN)/python -m pytest -q tests/unit
+
+# Needs Docker, kind and kubectl: uses the kind cluster $(GPUK8S_KIND_CLUSTER) if it exists, else makes one.
+GPUK8S_KIND_CLUSTER ?= gpuk8s-test
+test-kind: install
+	GPUK8S_KIND_CLUSTER=$(GPUK8S_KIND_CLUSTER) $(BIN)/python -m pytest -q -rs -m kind tests/kind
 
 lint: install
 	$(BIN)/ruff check gpuk8s tests

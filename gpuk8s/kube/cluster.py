@@ -285,11 +285,11 @@ class ClusterOps:
                 raise PhaseError(f"the node object of {h.name} is unreadable: {e}", "see the log file") from None
             diff, new = node_changes(h, node, gpu_count(h, self.facts.get(h.name)))
             if diff:
-                self.kubectl(f"label node {shlex.quote(h.name)} {label_args(diff)} --overwrite")
+                self.kubectl(f"label node {shlex.quote(h.name)} {render.label_args(diff)} --overwrite")
                 r.hosts[h.name] = "labelled " + ", ".join(sorted(diff))
                 changed.append(f"labels on {h.name}")
             if new:
-                self.kubectl(f"taint node {shlex.quote(h.name)} {taint_args(new)} --overwrite")
+                self.kubectl(f"taint node {shlex.quote(h.name)} {render.taint_args(new)} --overwrite")
                 r.hosts[h.name] = (r.hosts.get(h.name, "") + " tainted " + ", ".join(new)).strip()
                 changed.append(f"taints on {h.name}")
         r.status = "changed" if changed else "unchanged"
@@ -379,16 +379,6 @@ def pod_states(pods: list[dict[str, Any]]) -> list[state.PodState]:
 
 def node_changes(h: Host, node: state.NodeState, gpus: int) -> tuple[dict[str, str], list[str]]:
     """The labels to set and the taints to add so that the node matches the inventory."""
-    want = dict(h.labels)
-    if gpus:
-        want[render.GPU_PRESENT] = "true"
     taints = state.missing_taints([(t.key, t.value, t.effect) for t in h.taints], node)
-    return state.label_changes(want, node), [str(t) for t in h.taints if (t.key, t.value, t.effect) in taints]
-
-
-def label_args(labels: dict[str, str]) -> str:
-    return " ".join(shlex.quote(f"{k}={v}") for k, v in sorted(labels.items()))
-
-
-def taint_args(taints: list[str]) -> str:
-    return " ".join(shlex.quote(t) for t in taints)
+    return (state.label_changes(render.wanted_labels(h, gpus), node),
+            [str(t) for t in h.taints if (t.key, t.value, t.effect) in taints])

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+import shlex
 from importlib import resources
 from typing import Any
 
@@ -142,6 +143,35 @@ def test_pod(name: str, node: str, image: str) -> str:
     }, sort_keys=False)
 
 
+def wanted_labels(host: Host, gpus: int) -> dict[str, str]:
+    """The node labels gpuk8s keeps on a host's node: the inventory's, plus the GPU label on GPU nodes."""
+    want = dict(host.labels)
+    if gpus:
+        want[GPU_PRESENT] = "true"
+    return want
+
+
+def label_args(labels: dict[str, str]) -> str:
+    return " ".join(shlex.quote(f"{k}={v}") for k, v in sorted(labels.items()))
+
+
+def taint_args(taints: list[str]) -> str:
+    return " ".join(shlex.quote(t) for t in taints)
+
+
+def node_commands(inv: Inventory, kubectl: str = "kubectl") -> str:
+    """The kubectl commands that give every node its labels and taints (what the gpu phase runs, minus what is set)."""
+    lines = ["#!/bin/sh", "# labels and taints of the inventory's nodes, as gpuk8s install sets them", "set -e"]
+    for h in inv.hosts:
+        labels = wanted_labels(h, h.gpus or 0)
+        if labels:
+            lines.append(f"{kubectl} label node {shlex.quote(h.name)} {label_args(labels)} --overwrite")
+        if h.taints:
+            lines.append(f"{kubectl} taint node {shlex.quote(h.name)} {taint_args([str(t) for t in h.taints])} "
+                         "--overwrite")
+    return "\n".join(lines) + "\n"
+
+
 def full_version(inv: Inventory) -> str:
     v = inv.cluster.kubernetes_version
     return f"v{v}" if v.count(".") == 2 else f"v{v}.0"
@@ -153,6 +183,7 @@ def manifests(inv: Inventory) -> dict[str, str]:
         "kubeadm-init.yaml": kubeadm_init_config(inv, inv.control_planes[0], full_version(inv), None, None),
         "nvidia-device-plugin.yaml": device_plugin(inv),
         "runtimeclass-nvidia.yaml": runtime_class(),
+        "node-labels-taints.sh": node_commands(inv),
     }
     worker = next((h for h in inv.hosts if not h.is_control_plane), None)
     if worker is not None:

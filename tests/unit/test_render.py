@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import subprocess
 from dataclasses import replace
 
 import kubernetes_validate
@@ -27,7 +28,9 @@ def test_every_rendered_manifest_is_valid_for_the_target_version(version):
     inv = replace(INV, cluster=replace(INV.cluster, kubernetes_version=version))
     docs = render.manifests(inv)
     checked = 0
-    for text in docs.values():
+    for name, text in docs.items():
+        if not name.endswith(".yaml"):
+            continue
         for d in yaml.safe_load_all(text):
             if d["apiVersion"].startswith(("kubeadm.k8s.io", "kubelet.config.k8s.io")):
                 continue  # not API objects: checked field by field below
@@ -95,5 +98,24 @@ def test_render_shows_no_secret(run_cli, tmp_path):
     assert "<minted at join time>" in r.stdout and not re.search(r"[a-z0-9]{6}\.[a-z0-9]{16}", r.stdout)
     r = run_cli("render", "-i", str(inv), "--output-dir", str(tmp_path / "out"))
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
-        "kubeadm-init.yaml", "kubeadm-join-worker.yaml", "nvidia-device-plugin.yaml", "runtimeclass-nvidia.yaml",
-        "verify-pod.yaml"]
+        "kubeadm-init.yaml", "kubeadm-join-worker.yaml", "node-labels-taints.sh", "nvidia-device-plugin.yaml",
+        "runtimeclass-nvidia.yaml", "verify-pod.yaml"]
+
+
+def test_node_commands_quote_and_match_what_install_sets(tmp_path):
+    inv = loads("""
+hosts:
+  - {name: cp-1, address: 10.0.0.10, role: control-plane}
+  - name: gpu-1
+    address: 10.0.0.21
+    gpus: 8
+    labels: {example.com/team: vision}
+    taints: ["nvidia.com/gpu=present:NoSchedule", "dedicated:NoExecute"]
+""")
+    text = render.node_commands(inv)
+    assert text.splitlines()[3:] == [
+        "kubectl label node gpu-1 example.com/team=vision nvidia.com/gpu.present=true --overwrite",
+        "kubectl taint node gpu-1 nvidia.com/gpu=present:NoSchedule dedicated:NoExecute --overwrite"]
+    script = tmp_path / "n.sh"
+    script.write_text(text)
+    assert subprocess.run(["sh", "-n", str(script)]).returncode == 0
