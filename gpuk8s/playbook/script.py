@@ -39,6 +39,19 @@ gk_filter() { # PATH COMMAND ARGS...: replace the file by COMMAND ARGS PATH's ou
   rm -f "$t"; return 1
 }
 gk_edit() { p=$1; shift; gk_filter "$p" sed "$@"; }
+gk_wait_dnf() { # SECONDS: dnf 4 waits without end for another dnf ("Waiting for process with pid N"): bound it
+  n=0
+  while :; do
+    p=$(for f in /var/lib/dnf/rpmdb_lock.pid /var/cache/dnf/*_lock.pid; do
+      q=$(cat "$f" 2>/dev/null) && [ -n "$q" ] && kill -0 "$q" 2>/dev/null && { echo "$q"; break; }; done; true)
+    [ -z "$p" ] && return 0
+    if [ "$n" -ge "$1" ]; then
+      echo "Error: the rpm database is locked by process $p ($(cat /proc/"$p"/comm 2>/dev/null)) for more than $1 s" >&2
+      return 1
+    fi
+    sleep 1; n=$((n + 1))
+  done
+}
 gk_mode_is() { [ "$(stat -c %a "$1" 2>/dev/null)" = "${2#0}" ]; }
 gk_restart_pending() { [ -e "$GK_DIR/restart-$1" ]; }
 gk_out() { echo "@@gpuk8s-out $1"; tail -c 65536 "$2"; echo; echo "@@gpuk8s-out-end $1"; }

@@ -141,6 +141,20 @@ class LabHost:
         p.stdout.readline()
         return p
 
+    def hold_rpm_lock(self) -> subprocess.Popen[bytes]:
+        """A process in the host that holds dnf's lock (its pid in /var/lib/dnf/rpmdb_lock.pid), as a dnf would."""
+        pid = self.sshd_pid()
+        if pid is None:
+            raise LabError(f"{self.name}: sshd is not running")
+        code = ("import os, time; os.makedirs('/var/lib/dnf', exist_ok=True); "
+                "open('/var/lib/dnf/rpmdb_lock.pid', 'w').write(str(os.getpid())); print('held', flush=True); "
+                "time.sleep(3600)")
+        p = subprocess.Popen(["nsenter", "-t", str(pid), "-n", "-m", "-u", "python3", "-c", code],
+                             stdout=subprocess.PIPE, start_new_session=True)
+        assert p.stdout is not None
+        p.stdout.readline()
+        return p
+
     def set_override(self, command: str, stdout: str = "", stderr: str = "", exit: int = 0, repeat: int = 1,
                      sleep: float = 0) -> None:
         """Replace a faked command: `stdout` written `repeat` times (a flood), after `sleep` seconds."""

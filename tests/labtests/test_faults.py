@@ -107,6 +107,40 @@ def test_connection_cut_in_the_middle_of_a_step(lab_up, run_cli, tmp_path):
     assert_same_as(lab, "gpu-2", "gpu-1")
 
 
+# -- the rpm database locked by another dnf (dnf 4 would wait for it without end) ----------------------------
+def test_rpm_lock_held_fails_that_host_within_the_lock_timeout(lab_up, run_cli, tmp_path):
+    lab = lab_up("hosts:\n  - name: cp-1\n    role: control-plane\n    os: alinux-3\n"
+                 "  - name: locked\n    os: alinux-3\n  - name: fine\n    os: alinux-3\n")
+    inv = yaml.safe_load(lab.inventory.read_text())
+    inv["install"] = {"package_lock_timeout": 2}
+    lab.inventory.write_text(yaml.safe_dump(inv, sort_keys=False))
+    holder = lab.host("locked").hold_rpm_lock()
+    try:
+        t0 = time.monotonic()
+        r = run_cli("install", "-i", str(lab.inventory), "-o", "json", "--prepare-only")
+        took = time.monotonic() - t0
+    finally:
+        holder.kill()
+        holder.wait()
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr
+    hosts = by_host(json.loads(r.stdout))
+    assert hosts["fine"]["status"] == "done" and hosts["cp-1"]["status"] == "done", r.stdout
+    h = hosts["locked"]
+    assert h["status"] == "failed" and "step kubernetes-packages-dnf failed" in h["message"]
+    assert f"the rpm database is locked by process {holder.pid} (python3) for more than 2 s" in h["message"]
+    assert took < 60
+    assert not [a for a in lab.host("locked").commands() if a[:2] == ["dnf", "install"]]  # dnf never started
+    # the holder is gone; its pid file stays behind, stale, as after a killed dnf: the re-run goes on
+    assert lab.host("locked").read("/var/lib/dnf/rpmdb_lock.pid") == str(holder.pid)
+    r = run_cli("install", "-i", str(lab.inventory), "-o", "json", "--prepare-only")
+    assert r.returncode == 0, r.stdout + r.stderr
+    a, b = lab.host("locked"), lab.host("fine")
+    assert a.state()["packages"] == b.state()["packages"]
+    assert a.read("/etc/containerd/config.toml") == b.read("/etc/containerd/config.toml")
+    assert leftovers(a) == []
+
+
 # -- a wrong sudo password during install ---------------------------------------------------------------
 def test_wrong_sudo_password_fails_that_host_fast_and_the_right_one_completes(lab_up, run_cli, tmp_path):
     lab = lab_up(FLEET)

@@ -37,6 +37,17 @@ def test_real_h200_probe_output():
     assert f.modules is None  # lsmod missing on that host: unknown, not "no modules"
 
 
+def test_real_h200_probe_output_with_capped_sections():
+    """Captured on another H200 host after the probe began capping each section (head -c, status on fd 3)."""
+    text = (FIX / "h200" / "probe-capped.txt").read_text()
+    f = parse_probe(text)
+    assert f.gpu.state == "ok" and f.gpu.driver == "580.159.04"
+    assert [g.uuid for g in f.gpu.gpus] == ["GPU-c8bab6b3-248f-e7bc-3bc0-10e93eab48f1"]
+    # exit statuses still come through: 127 for a missing command, 1 for a missing file
+    assert "@@gpuk8s-end containerd-version 127" in text and "@@gpuk8s-end docker-daemon 1" in text
+    assert f.containerd is None and f.modules is None
+
+
 def test_real_nvidia_smi_version_gives_cuda():
     extra = (FIX / "h200" / "extra.txt").read_text()
     version = extra.split("===")[-1].replace("rc=0", "")

@@ -441,10 +441,27 @@ def apt_get(h: Host, args: list[str]) -> int:
     return 0
 
 
+def _dnf_lock_holder() -> int | None:
+    try:
+        pid = int(Path("/var/lib/dnf/rpmdb_lock.pid").read_text().strip())
+        os.kill(pid, 0)
+        return pid
+    except (OSError, ValueError):
+        return None  # no lock file, or a stale one: dnf takes the lock over
+
+
 def dnf(h: Host, args: list[str]) -> int:
     words = [a for a in args if not a.startswith("-")]
     if words[:1] != ["install"]:
         return 0
+    holder = _dnf_lock_holder()
+    if holder is not None:  # dnf 4 waits for the other dnf as long as it runs
+        h.release()
+        out(f"Waiting for process with pid {holder} to finish.\n")
+        sys.stdout.flush()
+        while _dnf_lock_holder() is not None:
+            time.sleep(0.2)
+        h = Host()
     available: dict[str, list[str]] = {}
     for name, url in _yum_repos():
         if _unreachable(h, url):
