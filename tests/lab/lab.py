@@ -128,32 +128,27 @@ class LabHost:
             return []
         return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
 
-    def hold_dpkg_lock(self) -> subprocess.Popen[bytes]:
-        """Hold dpkg's frontend lock from a process inside the host, as unattended-upgrades would."""
+    def _hold(self, code: str) -> subprocess.Popen[bytes]:
+        """Run python `code` in the host's namespaces until killed; returns once it printed its first line."""
         pid = self.sshd_pid()
         if pid is None:
             raise LabError(f"{self.name}: sshd is not running")
-        code = ("import fcntl, os, sys, time; f = open('/var/lib/dpkg/lock-frontend', 'a'); "
-                "fcntl.lockf(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(3600)")
         p = subprocess.Popen(["nsenter", "-t", str(pid), "-n", "-m", "-u", "python3", "-c", code],
                              stdout=subprocess.PIPE, start_new_session=True)
         assert p.stdout is not None
         p.stdout.readline()
         return p
 
+    def hold_dpkg_lock(self) -> subprocess.Popen[bytes]:
+        """Hold dpkg's frontend lock from a process inside the host, as unattended-upgrades would."""
+        return self._hold("import fcntl, os, sys, time; f = open('/var/lib/dpkg/lock-frontend', 'a'); "
+                          "fcntl.lockf(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(3600)")
+
     def hold_rpm_lock(self) -> subprocess.Popen[bytes]:
         """A process in the host that holds dnf's lock (its pid in /var/lib/dnf/rpmdb_lock.pid), as a dnf would."""
-        pid = self.sshd_pid()
-        if pid is None:
-            raise LabError(f"{self.name}: sshd is not running")
-        code = ("import os, time; os.makedirs('/var/lib/dnf', exist_ok=True); "
-                "open('/var/lib/dnf/rpmdb_lock.pid', 'w').write(str(os.getpid())); print('held', flush=True); "
-                "time.sleep(3600)")
-        p = subprocess.Popen(["nsenter", "-t", str(pid), "-n", "-m", "-u", "python3", "-c", code],
-                             stdout=subprocess.PIPE, start_new_session=True)
-        assert p.stdout is not None
-        p.stdout.readline()
-        return p
+        return self._hold("import os, time; os.makedirs('/var/lib/dnf', exist_ok=True); "
+                          "open('/var/lib/dnf/rpmdb_lock.pid', 'w').write(str(os.getpid())); "
+                          "print('held', flush=True); time.sleep(3600)")
 
     def set_override(self, command: str, stdout: str = "", stderr: str = "", exit: int = 0, repeat: int = 1,
                      sleep: float = 0) -> None:
@@ -516,6 +511,12 @@ class Lab:
             for pid in pids:
                 with contextlib.suppress(OSError, ValueError):
                     os.kill(int(pid), signal.SIGKILL)
+        # sshd listeners of this lab whose namespace is already gone (a run killed half-way) go too
+        marker = f"{self.root}/hosts/".encode()
+        for proc in Path("/proc").glob("[0-9]*"):
+            with contextlib.suppress(OSError, ValueError):
+                if marker in (proc / "cmdline").read_bytes():
+                    os.kill(int(proc.name), signal.SIGKILL)
         for ns in names:
             for _ in range(50):
                 if not _run(["ip", "netns", "pids", ns], check=False).stdout.strip():

@@ -26,17 +26,24 @@ import yaml
 pytestmark = pytest.mark.faults
 
 SUDO_PW = "Ft-sudo-pw-41"
-FLEET = f"""
+
+
+def fleet(sudo_password: str) -> str:
+    """cp-1, gpu-1 (sudo with a password) and gpu-2: the fleet of most tests here."""
+    return f"""
 hosts:
   - name: cp-1
     role: control-plane
   - name: gpu-1
     gpus: 2
     sudo: password
-    sudo_password: {SUDO_PW}
+    sudo_password: {json.dumps(sudo_password)}
   - name: gpu-2
     gpus: 2
 """
+
+
+FLEET = fleet(SUDO_PW)
 ENV = {"GPUK8S_LAB_SUDO_PASSWORD": SUDO_PW}
 
 
@@ -320,15 +327,7 @@ def test_hostile_paths_and_password_run_nothing_on_any_host(lab_up, run_cli, tmp
     os.remove(CANARY)
 
     pw = f"pw-{HOSTILE}"
-    lab = lab_up(f"""
-hosts:
-  - name: cp-1
-    role: control-plane
-  - name: gpu-1
-    gpus: 2
-    sudo: password
-    sudo_password: {json.dumps(pw)}
-""")
+    lab = lab_up(fleet(pw))
     inv = yaml.safe_load(lab.inventory.read_text())
     # local paths are the only inventory values validation lets through with metacharacters
     d = tmp_path / f"keys {HOSTILE_NAME}"
