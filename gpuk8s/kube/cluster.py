@@ -363,7 +363,8 @@ def to_the_end(command: str, name: str, then: str = "") -> str:
     plane needs `kubeadm reset`); writing to a file, it completes and the re-run finds it done.
     """
     out = f"/var/lib/gpuk8s/{name}.out"
-    return (f"umask 077; mkdir -p /var/lib/gpuk8s; {command} > {out} 2>&1 </dev/null; rc=$?; "
+    # the file is made 0600 first (its umask stays out of kubeadm's way); kubeadm init prints the join token
+    return (f"mkdir -p /var/lib/gpuk8s && (umask 077; : > {out}) && {command} > {out} 2>&1 </dev/null; rc=$?; "
             f"{then + '; ' if then else ''}cat {out}; rm -f {out}; exit $rc")
 
 
