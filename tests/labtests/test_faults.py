@@ -352,3 +352,38 @@ def test_hostile_paths_and_password_run_nothing_on_any_host(lab_up, run_cli, tmp
     assert nodes(lab)["gpu-1"]["metadata"]["labels"]["example.com/team"] == "a-b_c.d"
     assert pw not in (tmp_path / "gpuk8s.log").read_text()
 
+
+
+# -- host keys: unknown refused unless trust on first use is asked for; changed always refused -------------
+def test_unknown_host_key_needs_accept_new_and_a_changed_one_is_always_refused(lab_up, run_cli, tmp_path):
+    lab = lab_up("hosts:\n  - name: cp-1\n    role: control-plane\n  - name: new-1\n    faults: [unknown-hostkey]\n"
+                 "  - name: moved-1\n    faults: [changed-hostkey]\n")
+    before = lab.known_hosts.read_text()
+    r = run_cli("preflight", "-i", str(lab.inventory), "-o", "json", "--network-seconds", "0")
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    c = {h["name"]: {x["id"]: x for x in h["checks"]} for h in json.loads(r.stdout)["hosts"]}
+    new, moved = c["new-1"]["ssh.reachable"], c["moved-1"]["ssh.reachable"]
+    assert new["status"] == "fail" and "is not in" in new["message"] and "SHA256:" in new["message"]
+    assert "ssh-keyscan" in new["remedy"] and "accept-new" in new["remedy"]
+    assert moved["status"] == "fail" and "CHANGED" in moved["message"] and "SHA256:" in moved["message"]
+    assert "ssh-keygen" in moved["remedy"]
+    assert all(x["status"] != "fail" for x in c["cp-1"].values())
+    assert lab.known_hosts.read_text() == before  # nothing was trusted silently
+
+    inv = yaml.safe_load(lab.inventory.read_text())
+    inv["ssh"]["host_key_policy"] = "accept-new"
+    lab.inventory.write_text(yaml.safe_dump(inv, sort_keys=False))
+    r = run_cli("preflight", "-i", str(lab.inventory), "-o", "json", "--network-seconds", "0")
+    c = {h["name"]: {x["id"]: x for x in h["checks"]} for h in json.loads(r.stdout)["hosts"]}
+    assert c["new-1"]["ssh.reachable"]["status"] == "pass"
+    assert c["moved-1"]["ssh.reachable"]["status"] == "fail"  # accept-new never replaces a known key
+    new_addr = lab.host("new-1").address
+    added = [ln for ln in lab.known_hosts.read_text().splitlines() if ln not in before.splitlines()]
+    assert len(added) == 1 and added[0].startswith(f"{new_addr} ssh-")
+    assert "trusted new host key for " + new_addr in (tmp_path / "gpuk8s.log").read_text()
+    # once recorded, the key is verified like any other: the next run needs no opt-in
+    inv["ssh"]["host_key_policy"] = "strict"
+    lab.inventory.write_text(yaml.safe_dump(inv, sort_keys=False))
+    r = run_cli("preflight", "-i", str(lab.inventory), "-o", "json", "--network-seconds", "0")
+    c = {h["name"]: {x["id"]: x for x in h["checks"]} for h in json.loads(r.stdout)["hosts"]}
+    assert c["new-1"]["ssh.reachable"]["status"] == "pass"
