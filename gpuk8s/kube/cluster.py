@@ -90,13 +90,6 @@ class ClusterOps:
                              "check the control plane (kubectl get nodes there) and re-run")
         return res
 
-    def get_json(self, args: str) -> dict[str, Any]:
-        res = self.kubectl(f"get {args} -o json")
-        try:
-            return state.load(res.stdout)
-        except StateError as e:
-            raise PhaseError(f"kubectl get {args}: {e}", "see the log file") from None
-
     def get_items(self, args: str) -> list[dict[str, Any]]:
         try:
             return state.items(self.kubectl(f"get {args} -o json").stdout)
@@ -299,7 +292,7 @@ class ClusterOps:
     def verify(self, test_pods: bool = True, timeout: float = 300) -> tuple[PhaseResult, list[NodeCheck]]:
         r = PhaseResult("verify", "every node Ready, every GPU schedulable")
         nodes = state.by_name(self.get_items("nodes"))
-        pods = pod_states(self.get_items("pods -A"))
+        pods = state.pod_states(self.get_items("pods -A"))
         plugin = self.device_plugin_ds()
         checks = []
         for h in self.inv.hosts:
@@ -338,7 +331,7 @@ class ClusterOps:
         waiting = {c.pod: c for c in checks}
         last: dict[str, str] = {}
         while waiting:
-            pods = {p.name: p for p in pod_states(self.get_items("pods -n default"))}
+            pods = {p.name: p for p in state.pod_states(self.get_items("pods -n default"))}
             for name, c in list(waiting.items()):
                 last[name] = state.pod_progress(pods.get(name))
                 verdict = state.test_pod_verdict(pods.get(name))
@@ -366,16 +359,6 @@ def to_the_end(command: str, name: str, then: str = "") -> str:
     # the file is made 0600 first (its umask stays out of kubeadm's way); kubeadm init prints the join token
     return (f"mkdir -p /var/lib/gpuk8s && (umask 077; : > {out}) && {command} > {out} 2>&1 </dev/null; rc=$?; "
             f"{then + '; ' if then else ''}cat {out}; rm -f {out}; exit $rc")
-
-
-def pod_states(pods: list[dict[str, Any]]) -> list[state.PodState]:
-    out = []
-    for p in pods:
-        try:
-            out.append(state.pod_state(p))
-        except StateError:
-            continue
-    return out
 
 
 def node_changes(h: Host, node: state.NodeState, gpus: int) -> tuple[dict[str, str], list[str]]:

@@ -159,15 +159,15 @@ def taint_args(taints: list[str]) -> str:
     return " ".join(shlex.quote(t) for t in taints)
 
 
-def node_commands(inv: Inventory, kubectl: str = "kubectl") -> str:
-    """The kubectl commands that give every node its labels and taints (what the gpu phase runs, minus what is set)."""
+def node_commands(inv: Inventory) -> str:
+    """The kubectl commands that give every node the labels and taints the gpu phase keeps on it."""
     lines = ["#!/bin/sh", "# labels and taints of the inventory's nodes, as gpuk8s install sets them", "set -e"]
     for h in inv.hosts:
         labels = wanted_labels(h, h.gpus or 0)
         if labels:
-            lines.append(f"{kubectl} label node {shlex.quote(h.name)} {label_args(labels)} --overwrite")
+            lines.append(f"kubectl label node {shlex.quote(h.name)} {label_args(labels)} --overwrite")
         if h.taints:
-            lines.append(f"{kubectl} taint node {shlex.quote(h.name)} {taint_args([str(t) for t in h.taints])} "
+            lines.append(f"kubectl taint node {shlex.quote(h.name)} {taint_args([str(t) for t in h.taints])} "
                          "--overwrite")
     return "\n".join(lines) + "\n"
 

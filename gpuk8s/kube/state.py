@@ -147,6 +147,17 @@ def pod_state(pod: Any) -> PodState:
                     unsched, text["reason"], text["message"])
 
 
+def pod_states(pods: list[dict[str, Any]]) -> list[PodState]:
+    """The readable pods of a list; a pod without a name is left out."""
+    out = []
+    for p in pods:
+        try:
+            out.append(pod_state(p))
+        except StateError:
+            continue
+    return out
+
+
 @dataclass
 class DaemonSetState:
     name: str

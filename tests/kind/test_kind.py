@@ -68,8 +68,7 @@ def api_objects(out: Path) -> list[tuple[str, dict[str, Any]]]:
 
 
 def plugin_pods(kind) -> list[state.PodState]:
-    return [state.pod_state(p) for p in state.items(kind.kubectl("get", "pods", "-n", "kube-system", "-o",
-                                                                 "json").stdout)]
+    return state.pod_states(state.items(kind.kubectl("get", "pods", "-n", "kube-system", "-o", "json").stdout))
 
 
 def test_every_rendered_object_is_accepted_by_the_api_server(kind, rendered):

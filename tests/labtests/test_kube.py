@@ -7,6 +7,8 @@ import re
 
 import pytest
 
+from tests.lab.fakes.fake import CNI_MANIFESTS  # the stand-in the lab serves for Calico's manifest
+
 FLEET = """
 hosts:
   - name: cp-1
@@ -48,16 +50,6 @@ spec:
     spec:
       containers: [{name: nvidia-device-plugin-ctr, image: "nvcr.io/nvidia/k8s-device-plugin:v0.17.1"}]
 """
-CNI = """
-apiVersion: apps/v1
-kind: DaemonSet
-metadata: {name: calico-node, namespace: kube-system}
-spec:
-  selector: {matchLabels: {k8s-app: calico-node}}
-  template:
-    metadata: {labels: {k8s-app: calico-node}}
-    spec: {containers: [{name: calico-node, image: "docker.io/calico/node:v3.28.0"}]}
-"""
 
 
 def test_kubeadm_init_join_and_gpu_capacity(prepared):
@@ -95,7 +87,7 @@ def test_kubeadm_init_join_and_gpu_capacity(prepared):
     assert all(x["status"]["conditions"][0]["status"] == "False" for x in n.values())  # no CNI yet
     assert "nvidia.com/gpu" not in n["gpu-1"]["status"]["allocatable"]
 
-    for manifest in (CNI, DEVICE_PLUGIN):
+    for manifest in (CNI_MANIFESTS["calico"], DEVICE_PLUGIN):
         cp.write("/root/m.yaml", manifest)
         assert cp.exec("kubectl apply -f /root/m.yaml").returncode == 0
     n = nodes(lab)
