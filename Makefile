@@ -60,7 +60,7 @@ demo: install lab-deps
 	@$(BIN)/gpuk8s preflight -i $(LAB_DIR)/inventory.yaml; rc=$$?; \
 	echo; echo "preflight exit status: $$rc (0: ready, warnings allowed; 1: something failed)"; \
 	echo "==> $(BIN)/gpuk8s install -i $(LAB_DIR)/inventory.yaml"; \
-	$(BIN)/gpuk8s install -i $(LAB_DIR)/inventory.yaml --kubeconfig-out $(LAB_DIR)/admin.kubeconfig; rc=$$?; \
+	$(BIN)/gpuk8s install -i $(LAB_DIR)/inventory.yaml --kubeconfig-out $(LAB_DIR)/admin.kubeconfig --force; rc=$$?; \
 	echo; echo "install exit status: $$rc; run it again: every step is unchanged"; \
 	echo "Look around:"; \
 	echo "  $(BIN)/gpuk8s preflight -i $(LAB_DIR)/inventory.yaml -o json | less"; \

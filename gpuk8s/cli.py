@@ -75,10 +75,8 @@ def inventory_validate(
         })
         return
     cps = len(inv.control_planes)
-    ui.console().print(
-        f"{inv.path}: valid: {len(inv.hosts)} host(s), {cps} control plane(s), {len(inv.workers)} worker(s)",
-        markup=False,
-    )
+    ui.say(ui.console(), f"{inv.path}: valid: {len(inv.hosts)} host(s), {cps} control plane(s), "
+                         f"{len(inv.workers)} worker(s)")
 
 
 @inventory_app.command("init")
@@ -91,10 +89,9 @@ def inventory_init(
         with open(path, "x") as f:
             f.write(text)
     except FileExistsError:
-        ui.console(stderr=True).print(f"{path} exists; not overwritten. Choose another path.", markup=False)
+        ui.say(ui.console(stderr=True), f"{path} exists; not overwritten. Choose another path.")
         raise typer.Exit(ExitCode.USAGE) from None
-    ui.console().print(f"wrote {path}: edit the hosts, then run 'gpuk8s inventory validate -i {path}'",
-                       markup=False)
+    ui.say(ui.console(), f"wrote {path}: edit the hosts, then run 'gpuk8s inventory validate -i {path}'")
 
 
 def _register_commands() -> None:

@@ -26,6 +26,7 @@ from fabric import Config, Connection
 
 from gpuk8s.inventory.model import Host, SSHSettings
 from gpuk8s.logs import mask
+from gpuk8s.text import clean
 
 log = logging.getLogger("gpuk8s.remote")
 
@@ -37,14 +38,19 @@ class RemoteError(Exception):
     """A host could not be reached or a command could not be run. `kind` is stable for scripts."""
 
     def __init__(self, kind: str, message: str, remedy: str = "") -> None:
-        super().__init__(mask(message))
+        # the message may quote a host (an SSH banner, a command's output): data, never terminal control
+        message = mask(clean(message))
+        super().__init__(message)
         self.kind = kind
-        self.message = mask(message)
-        self.remedy = remedy
+        self.message = message
+        self.remedy = mask(clean(remedy))
 
 
 @dataclass
 class Result:
+    """What a command returned. stdout/stderr are the host's text without control characters but
+    otherwise unchanged (secrets are masked where text is shown or logged, never in the data)."""
+
     command: str  # as shown to people: secrets masked
     exit_status: int
     stdout: str
@@ -235,19 +241,24 @@ class Session:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def sudo_wrap(self, command: str) -> tuple[str, bytes | None]:
-        """The command line that runs `command` as root, and the stdin it needs (the password, if any)."""
-        inner = f"sh -c {shlex.quote(command)}"
+    def sudo_wrap(self, command: str) -> tuple[str, SudoGate | None]:
+        """The command line that runs `command` as root, and the gate that answers sudo's prompt, if any.
+
+        With a password, sudo gets a one-time prompt marker (`-S -p`) and the command announces itself on
+        stderr before it runs: the password is sent only when sudo asks for it, and the command's stdin only
+        once the command runs. When sudo does not ask (NOPASSWD, a cached timestamp, !authenticate) the
+        password is never sent, so it can never end up in the command's stdin.
+        """
         if self.is_root:
-            return inner, None
+            return f"sh -c {shlex.quote(command)}", None
         if self.settings.sudo.mode == "password":
             if self.sudo_password is None:
                 raise RemoteError("sudo-password-missing", f"{self.host.name} needs a sudo password and none was given",
                                   f"export {self.settings.sudo.password_env}=... or set ssh.sudo.prompt: true")
-            # -S reads the password from stdin, -p '' hides the prompt; on a wrong password
-            # sudo meets end-of-file and exits instead of waiting.
-            return f"sudo -S -p '' -- {inner}", (self.sudo_password + "\n").encode()
-        return f"sudo -n -- {inner}", None
+            gate = SudoGate(self.sudo_password)
+            inner = f"printf '%s\\n' {gate.ready} >&2; {command}"
+            return f"sudo -S -p {gate.prompt} -- sh -c {shlex.quote(inner)}", gate
+        return f"sudo -n -- sh -c {shlex.quote(command)}", None
 
     def run(self, command: str, *, sudo: bool = False, timeout: float | None = None,
             stdin: bytes | None = None, display: str | None = None,
@@ -259,8 +270,7 @@ class Session:
         """
         self.connect()
         assert self._conn is not None
-        line, pw = self.sudo_wrap(command) if sudo else (command, None)
-        data = (pw or b"") + (stdin or b"")
+        line, gate = self.sudo_wrap(command) if sudo else (command, None)
         shown = mask(display or command)
         timeout = timeout or self.settings.command_timeout
         start = time.monotonic()
@@ -270,10 +280,13 @@ class Session:
         try:
             chan = transport.open_session(timeout=self.settings.connect_timeout)
             chan.exec_command(line)
-            if data:
-                chan.sendall(data)
-            chan.shutdown_write()
-            out, err, truncated = _drain(chan, start + timeout, on_line)
+            if gate is not None:
+                gate.payload = stdin or b""
+            else:
+                if stdin:
+                    chan.sendall(stdin)
+                chan.shutdown_write()
+            out, err, truncated = _drain(chan, start + timeout, on_line, gate)
         except TimeoutError:
             raise RemoteError("command-timeout", f"'{shown}' on {self.host.name} did not finish within {timeout:g} s",
                               "raise ssh.command_timeout if the step is legitimately slow") from None
@@ -287,15 +300,118 @@ class Session:
         if status == -1:
             raise RemoteError("cut", f"the connection to {self.host.name} closed before '{shown}' finished",
                               "check the host and re-run")
-        res = Result(shown, status, mask(out.decode("utf-8", "replace")), mask(err.decode("utf-8", "replace")),
+        res = Result(shown, status, clean(out.decode("utf-8", "replace")), clean(err.decode("utf-8", "replace")),
                      time.monotonic() - start, truncated)
         log.debug("%s: $ %s -> %d in %.2fs\n%s%s", self.host.name, shown, status, res.seconds,
                   "    (output not logged)\n" if quiet else _indent(res.stdout), _indent(res.stderr))
         return res
 
 
+    def hold(self, command: str, *, display: str, timeout: float = 30) -> tuple[Held | None, str]:
+        """Start `command` as root and keep it running, its stdin open, until Held.release().
+
+        The command prints one line when it holds what it came for (then waits on stdin: when gpuk8s
+        releases it, exits or loses the connection, stdin ends and so does the hold) or exits at once.
+        Returns the holder and that first line, or None and the output when the command ended.
+        """
+        self.connect()
+        assert self._conn is not None
+        line, gate = self.sudo_wrap(command)
+        if gate is not None:
+            gate.keep_stdin = True
+        transport = self._conn.client.get_transport()
+        if transport is None or not transport.is_active():
+            raise RemoteError("cut", f"the connection to {self.host.name} was lost", "check the host and re-run")
+        shown = mask(display)
+        try:
+            chan = transport.open_session(timeout=self.settings.connect_timeout)
+            chan.exec_command(line)
+            out, err = bytearray(), bytearray()
+            deadline = time.monotonic() + timeout
+            while b"\n" not in out:
+                if time.monotonic() > deadline:
+                    chan.close()
+                    raise RemoteError("command-timeout", f"'{shown}' on {self.host.name} did not answer within "
+                                      f"{timeout:g} s", "check the host and re-run")
+                select.select([chan.fileno()], [], [], 0.5)
+                while chan.recv_ready() and len(out) < 65536:
+                    out += chan.recv(4096)
+                while chan.recv_stderr_ready() and len(err) < 65536:
+                    err += chan.recv_stderr(4096)
+                if gate is not None and not gate.open:
+                    gate.feed(chan, err)
+                if chan.exit_status_ready() and not chan.recv_ready():
+                    chan.close()
+                    return None, clean((out + err).decode("utf-8", "replace"))
+        except (paramiko.SSHException, OSError, EOFError) as e:
+            raise RemoteError("cut", f"the connection to {self.host.name} broke while running '{shown}': "
+                              f"{type(e).__name__}", "check the host and re-run") from None
+        self.round_trips += 1
+        first = clean(out.decode("utf-8", "replace").split("\n", 1)[0])
+        log.debug("%s: holding '%s': %s", self.host.name, shown, first)
+        return Held(chan), first
+
+
+class Held:
+    """A command kept running on a host (see Session.hold); release() ends it by closing its stdin."""
+
+    def __init__(self, chan: paramiko.Channel) -> None:
+        self.chan = chan
+
+    def release(self, wait: float = 5.0) -> None:
+        try:
+            self.chan.shutdown_write()
+            deadline = time.monotonic() + wait
+            while not self.chan.exit_status_ready() and time.monotonic() < deadline:
+                time.sleep(0.02)
+        except (paramiko.SSHException, OSError, EOFError):
+            pass
+        finally:
+            self.chan.close()
+
+
+class SudoGate:
+    """Answers sudo's prompt once, then lets the command's stdin through once the command has started.
+
+    Both markers are random per command, so no earlier output can forge them; they are removed from
+    the stderr the caller sees.
+    """
+
+    def __init__(self, password: str, keep_stdin: bool = False) -> None:
+        tag = os.urandom(8).hex()
+        self.keep_stdin = keep_stdin
+        self.prompt = f"@@gpuk8s-sudo-prompt-{tag}@@"
+        self.ready = f"@@gpuk8s-sudo-ready-{tag}@@"
+        self.password = password
+        self.payload = b""
+        self.answered = False
+        self.open = False
+
+    def feed(self, chan: paramiko.Channel, err: bytearray) -> None:
+        """Look at the stderr seen so far; answer the prompt or open the gate. Markers are cut out of `err`."""
+        if self.open:
+            return
+        prompt, ready = self.prompt.encode(), self.ready.encode() + b"\n"
+        if prompt in err:
+            del err[err.index(prompt):err.index(prompt) + len(prompt)]
+            if self.answered:
+                # asked again: the password was wrong; end-of-file makes sudo give up instead of waiting
+                chan.shutdown_write()
+                self.open = True
+                return
+            chan.sendall(self.password.encode() + b"\n")
+            self.answered = True
+        if ready in err:
+            del err[err.index(ready):err.index(ready) + len(ready)]
+            self.open = True
+            if self.payload:
+                chan.sendall(self.payload)
+            if not self.keep_stdin:
+                chan.shutdown_write()
+
+
 def _drain(chan: paramiko.Channel, deadline: float,
-           on_line: Callable[[str], None] | None = None) -> tuple[bytes, bytes, bool]:
+           on_line: Callable[[str], None] | None = None, gate: SudoGate | None = None) -> tuple[bytes, bytes, bool]:
     out, err = bytearray(), bytearray()
     truncated = False
     pending = b""
@@ -322,6 +438,8 @@ def _drain(chan: paramiko.Channel, deadline: float,
             if len(err) < MAX_OUTPUT:
                 err += chunk[: MAX_OUTPUT - len(err)]
             truncated |= len(err) >= MAX_OUTPUT
+        if gate is not None and not gate.open:
+            gate.feed(chan, err)
         drained = not chan.recv_ready() and not chan.recv_stderr_ready()
         if chan.exit_status_ready() and drained and (chan.eof_received or chan.closed):
             return bytes(out), bytes(err), truncated

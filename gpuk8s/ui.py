@@ -1,4 +1,9 @@
-"""Terminal output: rich tables on a terminal, plain lines when piped, JSON on request."""
+"""Terminal output: rich tables on a terminal, plain lines when piped, JSON on request.
+
+Text from hosts (and anything else shown) goes through `safe`: control characters removed, secrets
+masked, and rendered as a rich `Text`, never parsed as markup, so a GPU name like `[/bold]` or an
+escape sequence from a host is shown literally and can neither crash rich nor drive the terminal.
+"""
 
 from __future__ import annotations
 
@@ -10,8 +15,11 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from gpuk8s.inventory.model import Problem
+from gpuk8s.logs import mask
+from gpuk8s.text import clean, one_line
 
 
 def is_terminal() -> bool:
@@ -19,42 +27,63 @@ def is_terminal() -> bool:
 
 
 def console(stderr: bool = False) -> Console:
-    # rich honours NO_COLOR itself; off a terminal we never emit styling or box drawing.
-    return Console(stderr=stderr, highlight=False, soft_wrap=not is_terminal())
+    # rich honours NO_COLOR itself; off a terminal we never emit styling or box drawing. Markup and emoji
+    # codes are off: a string printed by mistake is shown as it is, never interpreted.
+    return Console(stderr=stderr, highlight=False, markup=False, emoji=False, soft_wrap=not is_terminal())
+
+
+def safe(text: object, style: str = "", single_line: bool = False) -> Text:
+    """`text` ready to show: control characters removed, secrets masked, as a `Text` (never markup)."""
+    s = str(text)
+    return Text(mask(one_line(s) if single_line else clean(s)), style=style)
+
+
+def say(con: Console, text: object, style: str | None = None) -> None:
+    """Print one message that may hold host text (see `safe`)."""
+    con.print(safe(text, style or ""))
+
+
+def _safe_json(data: Any) -> Any:
+    if isinstance(data, str):
+        return mask(clean(data))
+    if isinstance(data, dict):
+        return {_safe_json(k): _safe_json(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [_safe_json(v) for v in data]
+    return data
 
 
 def emit_json(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=2, sort_keys=False) + "\n")
+    sys.stdout.write(json.dumps(_safe_json(data), indent=2, sort_keys=False) + "\n")
     sys.stdout.flush()
 
 
-def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]], styles: Sequence[str] = ()) -> None:
-    """A rich table on a terminal; tab-separated lines with a header otherwise."""
+def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[object]], styles: Sequence[str] = ()) -> None:
+    """A rich table on a terminal; tab-separated lines with a header otherwise. Cells are shown as text."""
     if is_terminal():
-        t = Table(title=title, title_justify="left")
+        t = Table(title=safe(title, single_line=True), title_justify="left")
         for c in columns:
-            t.add_column(c)
+            t.add_column(safe(c, single_line=True))
         for i, r in enumerate(rows):
-            t.add_row(*r, style=styles[i] if i < len(styles) else None)
+            t.add_row(*(safe(c) for c in r), style=styles[i] if i < len(styles) else None)
         console().print(t)
     else:
         out = sys.stdout
-        out.write(f"# {title}\n")
-        out.write("\t".join(columns) + "\n")
+        out.write(f"# {mask(one_line(title))}\n")
+        out.write("\t".join(mask(one_line(c)) for c in columns) + "\n")
         for r in rows:
-            out.write("\t".join(str(c).replace("\n", " ") for c in r) + "\n")
+            out.write("\t".join(mask(one_line(str(c))) for c in r) + "\n")
         out.flush()
 
 
 def print_problems(problems: Sequence[Problem]) -> None:
     err = console(stderr=True)
     for p in problems:
-        style = "red" if p.severity == "error" else "yellow"
-        err.print(str(p), style=style, markup=False)
+        say(err, p, "red" if p.severity == "error" else "yellow")
     n_err = sum(1 for p in problems if p.severity == "error")
     n_warn = len(problems) - n_err
     if n_err:
-        err.print(f"{n_err} error(s), {n_warn} warning(s): nothing was done.", markup=False)
+        say(err, f"{n_err} error(s), {n_warn} warning(s): nothing was done.")
 
 
 def problems_json(problems: Sequence[Problem]) -> list[dict[str, Any]]:

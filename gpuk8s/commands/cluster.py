@@ -33,20 +33,20 @@ def register(app: typer.Typer, load_inventory: Any) -> None:
         con = ui.console(stderr=True)
         unknown = [n for n in hosts or [] if n not in {h.name for h in inv.hosts}]
         if unknown:
-            con.print(f"not in the inventory: {', '.join(unknown)}", markup=False)
+            ui.say(con, f"not in the inventory: {', '.join(unknown)}")
             raise typer.Exit(ExitCode.USAGE)
         try:
             missing = not_joined(inv, sudo)
         except (PhaseError, RemoteError) as e:
-            con.print(f"cannot ask the cluster which hosts it has: {e.message}; {e.remedy}", markup=False)
+            ui.say(con, f"cannot ask the cluster which hosts it has: {e.message}; {e.remedy}")
             raise typer.Exit(ExitCode.FAILED) from None
         wanted = [h for h in inv.hosts if h.name in set(hosts)] if hosts else list(missing)
         for h in wanted:
             if h not in missing:
-                con.print(f"{h.name}: already in the cluster, skipped", markup=False)
+                ui.say(con, f"{h.name}: already in the cluster, skipped")
         targets = [h for h in wanted if h in missing and h.name != inv.control_planes[0].name]
         if not targets:
-            con.print("nothing to join: every named host is already in the cluster", markup=False)
+            ui.say(con, "nothing to join: every named host is already in the cluster")
             if output == Output.json:
                 ui.emit_json({"ok": True, "changed": False, "joined": []})
             raise typer.Exit(ExitCode.OK)
@@ -80,7 +80,7 @@ def register(app: typer.Typer, load_inventory: Any) -> None:
             output_dir.mkdir(parents=True, exist_ok=True)
             for name, text in docs.items():
                 (output_dir / name).write_text(text)
-            ui.console(stderr=True).print(f"wrote {len(docs)} file(s) to {output_dir}", markup=False)
+            ui.say(ui.console(stderr=True), f"wrote {len(docs)} file(s) to {output_dir}")
             return
         for name, text in docs.items():
             print(f"---\n# {name}\n{text.rstrip()}")

@@ -18,8 +18,8 @@ def ignored_checks(inv: Inventory, ignore: Iterable[str]) -> set[str]:
     ignored = set(ignore) | set(inv.preflight.ignore)
     unknown = sorted(i for i in ignored if i != "all" and i not in CHECKS)
     if unknown:
-        ui.console(stderr=True).print(f"unknown check id(s) for --ignore: {', '.join(unknown)}; "
-                                      f"known: {', '.join(CHECKS)}", markup=False)
+        ui.say(ui.console(stderr=True), f"unknown check id(s) for --ignore: {', '.join(unknown)}; "
+                                        f"known: {', '.join(CHECKS)}")
         raise typer.Exit(ExitCode.USAGE)
     return ignored
 
@@ -29,7 +29,7 @@ def passwords(inv: Inventory) -> dict[str, str]:
     try:
         return sudo_passwords(inv)
     except CredentialError as e:
-        ui.console(stderr=True).print(str(e), markup=False)
+        ui.say(ui.console(stderr=True), e)
         raise typer.Exit(ExitCode.USAGE) from None
 
 

@@ -8,6 +8,7 @@ from typing import Any
 import typer
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
 from gpuk8s import ui
 from gpuk8s.commands.common import finish, ignored_checks, passwords
@@ -22,7 +23,10 @@ _STYLE = {"done": "green", "failed": "red", "blocked": "red", "unreachable": "re
 
 
 class _LiveView:
-    """Per-host progress on a terminal: hosts in flight with their current step, and the tally."""
+    """Per-host progress on a terminal: hosts in flight with their current step, and the tally.
+
+    Step names and statuses come from hosts: cells are `ui.safe` text, never markup.
+    """
 
     def __init__(self, total: int) -> None:
         self.total = total
@@ -36,9 +40,10 @@ class _LiveView:
         t.add_column("host")
         t.add_column("progress")
         for name, text in list(self.current.items())[:20]:
-            t.add_row(name, text)
+            t.add_row(ui.safe(name, single_line=True), ui.safe(text, single_line=True))
         n_failed = sum(1 for s in self.finished.values() if s != "done")
-        t.add_row("", f"[bold]{len(self.finished)}/{self.total} hosts finished, {n_failed} not done[/]")
+        t.add_row(Text(""), Text(f"{len(self.finished)}/{self.total} hosts finished, {n_failed} not done",
+                                 style="bold"))
         return t
 
     def event(self, e: Event) -> None:
@@ -48,14 +53,13 @@ class _LiveView:
                     self.current[e.host] = "preflight passed"
                 else:
                     self.finished[e.host] = e.status
-                    self.live.console.print(f"[red]{e.host}: blocked by preflight[/]")
+                    ui.say(self.live.console, f"{e.host}: blocked by preflight", "red")
             elif e.kind == "step":
                 self.current[e.host] = f"step {e.index}/{e.total} {e.step}: {e.status}"
             else:
                 self.current.pop(e.host, None)
                 self.finished[e.host] = e.status
-                style = _STYLE.get(e.status, "")
-                self.live.console.print(f"[{style}]{e.host}: {e.status}[/]")
+                ui.say(self.live.console, f"{e.host}: {e.status}", _STYLE.get(e.status))
             self.live.update(self.render())
 
 
@@ -75,12 +79,12 @@ def _render(rep: PrepareReport) -> None:
     for h in rep.hosts:
         if h.status != "done":
             fs = h.failed_step
-            con.print(f"{h.host.name}: {h.status}: {h.message}", markup=False)
+            ui.say(con, f"{h.host.name}: {h.status}: {h.message}")
             if fs is not None:
                 for ln in lines_that_matter(fs.outcome.output, 12):
-                    con.print(f"    {ln}", markup=False)
+                    ui.say(con, f"    {ln}")
             if h.remedy:
-                con.print(f"    fix: {h.remedy}", markup=False)
+                ui.say(con, f"    fix: {h.remedy}")
 
 
 def _render_dry_run(rep: PrepareReport) -> None:
@@ -89,15 +93,14 @@ def _render_dry_run(rep: PrepareReport) -> None:
         todo = [s for s in h.steps if s.outcome.status == "would-change"]
         if h.status != "done":
             continue
-        out.print(f"== {h.host.name} ({h.host.address}): {len(todo)} of {len(h.steps)} steps would run, as root",
-                  markup=False)
+        ui.say(out, f"== {h.host.name} ({h.host.address}): {len(todo)} of {len(h.steps)} steps would run, as root")
         for s in todo:
-            out.print(f"--- {s.step.playbook}/{s.step.name}: {s.step.title}", markup=False)
+            ui.say(out, f"--- {s.step.playbook}/{s.step.name}: {s.step.title}")
             if s.step.file_path:
-                out.print(f"# write {s.step.file_path} atomically with this content:", markup=False)
+                ui.say(out, f"# write {s.step.file_path} atomically with this content:")
                 for ln in s.step.file_content.splitlines():
-                    out.print(f"#   {ln}", markup=False)
-            out.print(s.step.run, markup=False)
+                    ui.say(out, f"#   {ln}")
+            ui.say(out, s.step.run)
 
 
 def phase_printer(output: Output) -> Callable[[str], None]:
@@ -105,7 +108,7 @@ def phase_printer(output: Output) -> Callable[[str], None]:
 
     def say(line: str) -> None:
         if output == Output.table:
-            con.print(line, markup=False)
+            ui.say(con, line)
 
     return say
 
@@ -123,24 +126,26 @@ def render_cluster(rep: ClusterReport, title: str) -> None:
     con = ui.console(stderr=True)
     for p in rep.phases:
         if p.status == "failed" and p.remedy:
-            con.print(f"{p.name}: {p.message}\n    fix: {p.remedy}", markup=False)
+            ui.say(con, f"{p.name}: {p.message}\n    fix: {p.remedy}")
     if rep.kubeconfig:
-        con.print(f"admin kubeconfig: {rep.kubeconfig} (mode 0600): kubectl --kubeconfig {rep.kubeconfig} get nodes",
-                  markup=False)
+        ui.say(con, f"admin kubeconfig: {rep.kubeconfig} (mode 0600): kubectl --kubeconfig {rep.kubeconfig} get nodes")
     if rep.ok and not rep.changed and rep.prepare is not None:
-        con.print("nothing to change: the cluster is as the inventory describes", markup=False)
+        ui.say(con, "nothing to change: the cluster is as the inventory describes")
     if not rep.ok and log_path():
-        con.print(f"full detail in {log_path()}", markup=False)
+        ui.say(con, f"full detail in {log_path()}")
 
 
 def _full_install(inv: Any, output: Output, concurrency: int, ignored: set[str], sudo: dict[str, str],
-                  kubeconfig_out: Path | None, test_pods: bool, view: "_LiveView | None") -> None:
-    dest = kubeconfig_out or Path.cwd() / f"{inv.cluster.name}.kubeconfig"
+                  kubeconfig_out: Path | None, test_pods: bool, view: "_LiveView | None",
+                  force: bool = False, merge: bool = False) -> None:
+    dest = kubeconfig_out or (Path.home() / ".kube" / "config" if merge else
+                              Path.cwd() / f"{inv.cluster.name}.kubeconfig")
     # on a terminal, phase lines go through the live view's console so they do not tear its display
-    say = (lambda line: view.live.console.print(line, markup=False)) if view else phase_printer(output)
+    say = (lambda line: ui.say(view.live.console, line)) if view else phase_printer(output)
     try:
         rep = install_cluster(inv, concurrency=concurrency, ignore=ignored, sudo_passwords=sudo,
-                              kubeconfig_out=dest, emit=say, test_pods=test_pods,
+                              kubeconfig_out=dest, kubeconfig_force=force, kubeconfig_merge=merge,
+                              emit=say, test_pods=test_pods,
                               on_event=view.event if view else None)
     finally:
         if view:
@@ -163,7 +168,11 @@ def register(app: typer.Typer, load_inventory: Callable[..., Any]) -> None:
         prepare_only: bool = typer.Option(False, "--prepare-only", help="Stop after preparing the nodes."),
         kubeconfig_out: Path | None = typer.Option(  # noqa: UP007
             None, "--kubeconfig-out", help="Where to write the admin kubeconfig (mode 0600; default "
-            "./CLUSTER.kubeconfig)."),
+            "./CLUSTER.kubeconfig; with --kubeconfig-merge ~/.kube/config)."),
+        force: bool = typer.Option(False, "--force", help="Replace an existing kubeconfig file that holds "
+                                   "something else (never a symbolic link)."),
+        kubeconfig_merge: bool = typer.Option(False, "--kubeconfig-merge", help="Add the cluster to an existing "
+                                              "kubeconfig as context ADMIN@CLUSTER, keeping every other entry."),
         test_pods: bool = typer.Option(True, "--test-pods/--no-test-pods",
                                        help="Run one GPU test pod per GPU node during verification."),
     ) -> None:
@@ -176,11 +185,12 @@ def register(app: typer.Typer, load_inventory: Callable[..., Any]) -> None:
         view = _LiveView(len(inv.hosts)) if live else None
         if view:
             con = ui.console(stderr=True)
-            con.print(f"==> preflight, then playbooks {', '.join(playbooks_for(inv))} on {len(inv.hosts)} host(s), "
-                      f"{concurrency} at a time{' (dry run)' if dry_run else ''}", markup=False)
+            ui.say(con, f"==> preflight, then playbooks {', '.join(playbooks_for(inv))} on {len(inv.hosts)} host(s), "
+                   f"{concurrency} at a time{' (dry run)' if dry_run else ''}")
             view.live.start()
         if not (dry_run or prepare_only):
-            _full_install(inv, output, concurrency, ignored, sudo, kubeconfig_out, test_pods, view)
+            _full_install(inv, output, concurrency, ignored, sudo, kubeconfig_out, test_pods, view,
+                          force=force, merge=kubeconfig_merge)
         try:
             rep = prepare(inv, concurrency=concurrency, ignore=ignored, sudo_passwords=sudo, dry_run=dry_run,
                           measure_network=network, on_event=view.event if view else None)
@@ -190,10 +200,10 @@ def register(app: typer.Typer, load_inventory: Callable[..., Any]) -> None:
         def tables() -> None:
             if dry_run:
                 _render_dry_run(rep)
-                ui.console(stderr=True).print("dry run: the cluster phases (kubeadm, CNI, join, device plugin) are "
-                                              "not simulated; 'gpuk8s render' shows what they apply", markup=False)
+                ui.say(ui.console(stderr=True), "dry run: the cluster phases (kubeadm, CNI, join, device plugin) are "
+                       "not simulated; 'gpuk8s render' shows what they apply")
             _render(rep)
             if not rep.ok and log_path():
-                ui.console(stderr=True).print(f"full detail in {log_path()}", markup=False)
+                ui.say(ui.console(stderr=True), f"full detail in {log_path()}")
 
         finish(rep, output, tables)

@@ -5,6 +5,7 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from rich.text import Text
 
 from gpuk8s import ui
 from gpuk8s.commands.common import finish, ignored_checks, passwords
@@ -40,16 +41,17 @@ def register(app: typer.Typer, load_inventory: Callable[..., Any]) -> None:
             done[0] += 1
             if live:
                 fails = sum(1 for c in rep.checks if c.status == "fail")
-                mark = "[green]ready[/]" if not fails else f"[red]{fails} failed[/]"
-                con.print(f"[{done[0]}/{len(inv.hosts)}] {rep.host.name}: {mark} ({rep.seconds:.1f} s)")
+                mark = ui.safe("ready", "green") if not fails else ui.safe(f"{fails} failed", "red")
+                con.print(Text.assemble(ui.safe(f"[{done[0]}/{len(inv.hosts)}] {rep.host.name}: "), mark,
+                                        f" ({rep.seconds:.1f} s)"))
 
         if live:
-            con.print(f"checking {len(inv.hosts)} host(s), {concurrency} at a time ...")
+            ui.say(con, f"checking {len(inv.hosts)} host(s), {concurrency} at a time ...")
         rep = run_preflight(inv, concurrency=concurrency, ignore=ignored, sudo_passwords=sudo,
                             network_seconds=network_seconds, measure_network=network, on_host=progress)
         def tables() -> None:
             render.render(rep, inv.preflight.min_bandwidth_gbit, inv.preflight.max_rtt_ms)
             if not rep.ok and log_path():
-                con.print(f"full detail in {log_path()}", markup=False)
+                ui.say(con, f"full detail in {log_path()}")
 
         finish(rep, output, tables)

@@ -64,13 +64,22 @@ _BASTION_KEYS = ("address", "user", "port", "identity_file")
 _HOST_KEYS = ("name", "address", "role", "ssh", "labels", "taints", "gpus")
 _PREFLIGHT_KEYS = ("min_bandwidth_gbit", "max_rtt_ms", "max_clock_skew_s", "network_test_seconds", "ignore")
 _INSTALL_KEYS = ("toolkit_version", "toolkit_repo", "kubernetes_repo", "package_lock_timeout",
-                 "device_plugin_version", "calico_manifest", "flannel_manifest", "verify_image")
+                 "device_plugin_version", "calico_manifest", "flannel_manifest", "calico_manifest_sha256",
+                 "flannel_manifest_sha256", "verify_image")
+# A repository written as a mapping: a mirror without TLS is allowed only with the signing key pinned.
+_REPO_KEYS = ("url", "insecure_http", "key_fingerprint")
+_REPOS = ("toolkit_repo", "kubernetes_repo")
+_MANIFESTS = ("calico_manifest", "flannel_manifest")
 _IMAGE_TAG = re.compile(r"^v?[0-9][A-Za-z0-9._-]{0,63}$")
 _IMAGE = re.compile(r"^[a-z0-9][a-z0-9._/-]*(:[0-9]+)?(/[a-z0-9._-]+)*(:[A-Za-z0-9._-]{1,128})?$")
 _TOP_KEYS = ("cluster", "ssh", "hosts", "preflight", "install")
 # Repository URLs reach a shell and files on every host: a strict subset of URL syntax, no shell metacharacters.
 _REPO_URL = re.compile(r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[A-Za-z0-9._~:/%+@=-]*)?$")
 _PKG_VERSION = re.compile(r"^[0-9][A-Za-z0-9.+~-]{0,63}$")
+_FINGERPRINT = re.compile(r"^[0-9A-F]{40}$")  # an OpenPGP v4 fingerprint, spaces and 0x removed
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+# An inventory is a few kilobytes; this much is read at most (`-i /dev/zero` must not eat the memory).
+MAX_BYTES = 4 << 20
 _SECRET_KEYS = ("password", "sudo_password", "passphrase", "token")
 
 _MISSING = object()
@@ -98,7 +107,9 @@ def find_inventory(explicit: str | os.PathLike[str] | None) -> Path:
 def load(path: str | os.PathLike[str]) -> Inventory:
     p = Path(path)
     try:
-        data = p.read_bytes()
+        # at most MAX_BYTES + 1 bytes: a device, a FIFO or a huge file is read only that far
+        with open(p, "rb") as f:
+            data = f.read(MAX_BYTES + 1)
     except OSError as e:
         reason = e.strerror or type(e).__name__
         raise InventoryError(
@@ -110,6 +121,8 @@ def load(path: str | os.PathLike[str]) -> Inventory:
 
 def loads(text: str | bytes, filename: str = "<inventory>") -> Inventory:
     """Parse and validate; raise InventoryError listing every problem, or return the inventory."""
+    if len(text) > MAX_BYTES:
+        raise InventoryError([_too_large(filename)])
     if isinstance(text, bytes):
         raw = text
         try:
@@ -144,6 +157,12 @@ def loads(text: str | bytes, filename: str = "<inventory>") -> Inventory:
     if errors or inventory is None:
         raise InventoryError(reader.problems)
     return replace(inventory, warnings=tuple(p for p in reader.problems if p.severity == "warning"))
+
+
+def _too_large(filename: str) -> Problem:
+    return Problem(filename, 1, 1, "", f"the inventory is larger than {MAX_BYTES >> 20} MiB",
+                   "an inventory is a few kilobytes: check that -i (or $GPUK8S_INVENTORY) names the inventory "
+                   "file, not a device, a log or an archive")
 
 
 class _Reader:
@@ -422,25 +441,122 @@ class _Reader:
         return PreflightSettings(**self.fields(node, "preflight", _PREFLIGHT_KEYS, readers))
 
     def install(self, node: Node) -> InstallSettings:
-        url_fix = "write an http(s) URL without spaces or quotes, e.g. https://mirror.example.com/libnvidia-container"
+        url_fix = "write an https URL without spaces or quotes, e.g. https://mirror.example.com/libnvidia-container"
         readers: dict[str, Callable[[Node, str], Any]] = {
             "toolkit_version": lambda n, k: self.string(
                 n, k, _PKG_VERSION, "a package version as the repository spells it, e.g. \"1.17.8-1\"",
                 "package version"),
-            "toolkit_repo": lambda n, k: self.url(n, k, url_fix),
-            "kubernetes_repo": lambda n, k: self.url(n, k, "write e.g. https://pkgs.k8s.io/core:/stable:"),
+            "toolkit_repo": lambda n, k: self.repo(n, k, url_fix),
+            "kubernetes_repo": lambda n, k: self.repo(n, k, "write e.g. https://pkgs.k8s.io/core:/stable:"),
             "package_lock_timeout": lambda n, k: self.integer(n, k, 0, 3600),
             "device_plugin_version": lambda n, k: self.string(n, k, _IMAGE_TAG, "an image tag, e.g. v0.17.1", "tag"),
-            "calico_manifest": lambda n, k: self.url(n, k, "an http(s) URL of calico.yaml, or of your mirror"),
-            "flannel_manifest": lambda n, k: self.url(n, k, "an http(s) URL of kube-flannel.yml, or of your mirror"),
+            "calico_manifest": lambda n, k: self.url(n, k, "an https URL of calico.yaml, or of your mirror"),
+            "flannel_manifest": lambda n, k: self.url(n, k, "an https URL of kube-flannel.yml, or of your mirror"),
+            "calico_manifest_sha256": self.sha256,
+            "flannel_manifest_sha256": self.sha256,
             "verify_image": lambda n, k: self.string(n, k, _IMAGE, "an image reference, e.g. "
                                                      "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04", "image"),
         }
-        return InstallSettings(**self.fields(node, "install", _INSTALL_KEYS, readers))
+        m = self.mapping(node, "install", _INSTALL_KEYS)
+        got = self.fields(node, "install", _INSTALL_KEYS, readers, m)
+        for name in _REPOS:
+            if name in got:
+                got[name], got[f"{name}_insecure_http"], got[f"{name}_key_fingerprint"] = got[name]
+        # A manifest is applied as cluster-admin: over plain http only when its sha256 is pinned.
+        for name in _MANIFESTS:
+            url = got.get(name)
+            if m and url and not url.startswith("https://") and f"{name}_sha256" not in m:
+                self.report(m[name][1], f"install.{name}",
+                            f"{url!r} is plain http: this manifest is applied as cluster-admin, and anyone on "
+                            "the network path could change it",
+                            f"use https://...; a mirror without TLS needs install.{name}_sha256: the sha256 "
+                            "of the file (64 hex digits, from sha256sum)")
+                del got[name]
+        return InstallSettings(**got)
 
     def url(self, node: Node, key: str, fix: str) -> str | None:
-        s = self.string(node, key, _REPO_URL, fix, "repository URL")
+        """The syntax of a URL (http or https); whether plain http is allowed is the caller's decision."""
+        s = self.string(node, key, _REPO_URL, fix, "URL")
         return s.rstrip("/") if s else None
+
+    def repo(self, node: Node, key: str, fix: str) -> tuple[str, bool, str | None] | None:
+        """A package repository: an https URL, or {url, insecure_http, key_fingerprint}.
+
+        Its signing key is fetched from the same place (the URL + /gpgkey, /Release.key, gpgkey=), so plain
+        http is allowed only with insecure_http: true and the key's fingerprint pinned.
+        """
+        http_fix = (f"use https://...; a mirror without TLS needs `insecure_http: true` on that source together "
+                    f"with `key_fingerprint:` of the signing key, e.g. {key.rsplit('.', 1)[-1]}: "
+                    "{url: http://mirror.example.com/..., insecure_http: true, key_fingerprint: <40 hex digits>}")
+        if isinstance(node, ScalarNode):
+            url = self.url(node, key, fix)
+            if url is None:
+                return None
+            if not url.startswith("https://"):
+                self.report(node, key, f"{url!r} is plain http: its packages and signing key could be replaced "
+                            "by anyone on the network path", http_fix)
+                return None
+            return url, False, None
+        if not isinstance(node, MappingNode):
+            self.report(node, key, f"expected a URL or a mapping {{url, insecure_http, key_fingerprint}}, "
+                        f"got {_kind(node)}", fix)
+            return None
+        readers: dict[str, Callable[[Node, str], Any]] = {
+            "url": lambda n, k: self.url(n, k, fix),
+            "insecure_http": self.boolean,
+            "key_fingerprint": self.fingerprint,
+        }
+        m = self.mapping(node, key, _REPO_KEYS)
+        got = self.fields(node, key, _REPO_KEYS, readers, m)
+        if m is None:
+            return None
+        if "url" not in m or _is_null(m["url"][1]):
+            self.report(node, f"{key}.url", "the repository has no url", f"add 'url: ...' ({fix})")
+        url, insecure, fp = got.get("url"), got.get("insecure_http", False), got.get("key_fingerprint")
+        if url is None or any(k not in got and not _is_null(v) for k, (_, v) in m.items()):
+            return None  # missing or invalid: reported above
+        if not url.startswith("https://"):
+            if not insecure:
+                self.report(m["url"][1], f"{key}.url", f"{url!r} is plain http: its packages and signing key "
+                            "could be replaced by anyone on the network path", http_fix)
+                return None
+            if fp is None:
+                self.report(m["insecure_http"][1], f"{key}.insecure_http",
+                            "insecure_http needs key_fingerprint: the signing key fetched over plain http is "
+                            "trusted only if its fingerprint is the one written here",
+                            "add key_fingerprint: the 40 hex digits of the signing key's fingerprint "
+                            "(gpg --show-keys --with-fingerprint KEYFILE)")
+                return None
+        elif insecure:
+            self.report(m["insecure_http"][1], f"{key}.insecure_http", "has no effect on an https URL",
+                        "remove insecure_http", severity="warning")
+            insecure = False
+        return url, insecure, fp
+
+    def fingerprint(self, node: Node, key: str) -> str | None:
+        s = self.string(node, key)
+        if s is None:
+            return None
+        fp = s.replace(" ", "").upper()
+        fp = fp[2:] if fp.startswith("0X") else fp
+        if not _FINGERPRINT.match(fp):
+            self.report(node, key, "is not an OpenPGP key fingerprint (40 hexadecimal digits)",
+                        "write the fingerprint of the repository's signing key, e.g. from "
+                        "gpg --show-keys --with-fingerprint KEYFILE")
+            return None
+        return fp
+
+    def sha256(self, node: Node, key: str) -> str | None:
+        s = self.string(node, key)
+        if s is None:
+            return None
+        h = s.strip().lower()
+        h = h[len("sha256:"):] if h.startswith("sha256:") else h
+        if not _SHA256.match(h):
+            self.report(node, key, "is not a sha256 digest (64 hexadecimal digits)",
+                        "write the output of sha256sum for the manifest file")
+            return None
+        return h
 
     def check_ids(self, node: Node, key: str) -> tuple[str, ...] | None:
         if not isinstance(node, SequenceNode):
@@ -566,6 +682,10 @@ class _Reader:
                         "tolerates no more failures than one fewer", "use 1, 3 or 5 control planes",
                         severity="warning")
         return hosts
+
+
+def _is_null(node: Node) -> bool:
+    return isinstance(node, ScalarNode) and node.tag == _NULL_TAG
 
 
 def _kind(node: Node | None) -> str:

@@ -97,6 +97,16 @@ class InstallSettings:
     calico_manifest: str = "https://raw.githubusercontent.com/projectcalico/calico/v3.28.0/manifests/calico.yaml"
     flannel_manifest: str = "https://github.com/flannel-io/flannel/releases/download/v0.25.5/kube-flannel.yml"
     verify_image: str = ""  # empty: chosen from each node's driver
+    # A repository over plain http is accepted only with insecure_http and its signing key's fingerprint
+    # (40 uppercase hex digits); a fingerprint may be pinned for an https repository too.
+    toolkit_repo_insecure_http: bool = False
+    toolkit_repo_key_fingerprint: str | None = None
+    kubernetes_repo_insecure_http: bool = False
+    kubernetes_repo_key_fingerprint: str | None = None
+    # sha256 (64 lowercase hex digits) the CNI manifest must have; required for a plain http URL.
+    # None: gpuk8s.versions.manifest_sha256 falls back to the pin of the default URL, if any.
+    calico_manifest_sha256: str | None = None
+    flannel_manifest_sha256: str | None = None
 
 
 @dataclass(frozen=True)

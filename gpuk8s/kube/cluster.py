@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import secrets
 import shlex
 import time
 from collections.abc import Callable
@@ -22,9 +23,12 @@ from gpuk8s.facts.model import HostFacts
 from gpuk8s.inventory.model import Host, Inventory
 from gpuk8s.kube import render, state
 from gpuk8s.kube.state import NodeCheck, StateError
-from gpuk8s.logs import register_secret
+from gpuk8s.localfiles import LocalFileError, merge_kubeconfig, write_private
+from gpuk8s.logs import mask, register_secret
 from gpuk8s.playbook.script import lines_that_matter
 from gpuk8s.remote import RemoteError, Result, Session, for_each_host
+from gpuk8s.text import clean
+from gpuk8s.versions import manifest_sha256
 
 log = logging.getLogger("gpuk8s.kube")
 
@@ -35,9 +39,16 @@ CNI_DAEMONSETS = {"calico": "calico-node", "flannel": "kube-flannel-ds"}
 
 class PhaseError(Exception):
     def __init__(self, message: str, remedy: str = "") -> None:
+        # often quotes a command's output: shown text, so masked and without control characters
+        message = mask(clean(message))
         super().__init__(message)
         self.message = message
-        self.remedy = remedy
+        self.remedy = mask(clean(remedy))
+
+
+def secret_path(name: str) -> str:
+    """A path for a file with a secret on a host, unique to this run (two runs never share one)."""
+    return f"/etc/kubernetes/gpuk8s-{name}-{secrets.token_hex(6)}.yaml"
 
 
 @dataclass
@@ -114,6 +125,23 @@ class ClusterOps:
         if not res.ok:
             raise RemoteError("write", f"cannot write {path} on {s.host.name}: {_tail(res)}", "check the disk")
 
+    @staticmethod
+    def run_with_secret(s: Session, name: str, content: str, command: Callable[[str], str],
+                        timeout: float | None = None) -> Result:
+        """Run `command(file)` with `content` in a 0600 file of this run, sent on stdin, removed on exit.
+
+        Writing the file and running the command are one remote command: the host removes the file when
+        the command ends, also when gpuk8s has gone away. The byte count is checked, so a cut-off transfer
+        never reaches kubeadm as a shorter, still valid, configuration.
+        """
+        data = content.encode()
+        f = secret_path(name)
+        script = (f"umask 077; mkdir -p /etc/kubernetes && f={f} && trap 'rm -f \"$f\"' EXIT && "
+                  f"head -c {len(data)} > \"$f\" && [ \"$(wc -c < \"$f\")\" -eq {len(data)} ] || "
+                  "{ echo 'the configuration did not arrive whole' >&2; exit 1; }\n" + command(f))
+        return s.run(script, sudo=True, stdin=data, timeout=timeout,
+                     display=f"{command(f).splitlines()[0][:200]} (with {f} from stdin)")
+
     def initialized(self) -> bool:
         return self.cps.run(f"test -s {ADMIN}", sudo=True).ok
 
@@ -133,12 +161,14 @@ class ClusterOps:
         key = render.new_certificate_key() if len(self.inv.control_planes) > 1 else None
         register_secret(token)
         register_secret(key)
-        cfg = "/etc/kubernetes/gpuk8s-kubeadm.yaml"
-        self.put_secret_file(s, cfg, render.kubeadm_init_config(self.inv, self.cp, version, token, key))
-        res = s.run(to_the_end(f"kubeadm init --config {cfg}" + (" --upload-certs" if key else ""), "kubeadm-init"),
-                    sudo=True, timeout=900)
-        # keep the configuration for reference, without the token and the certificate key
-        self.put_secret_file(s, cfg, render.kubeadm_init_config(self.inv, self.cp, version, None, None))
+        # the configuration for reference, without the token and the certificate key; the one kubeadm reads
+        # has them, under a name of this run, and the host removes it when kubeadm ends, even if gpuk8s is gone
+        self.put_secret_file(s, "/etc/kubernetes/gpuk8s-kubeadm.yaml",
+                             render.kubeadm_init_config(self.inv, self.cp, version, None, None))
+        res = self.run_with_secret(
+            s, "init", render.kubeadm_init_config(self.inv, self.cp, version, token, key),
+            lambda f: to_the_end(f"kubeadm init --config {f}" + (" --upload-certs" if key else ""), "kubeadm-init"),
+            timeout=900)
         if not res.ok:
             raise PhaseError(f"kubeadm init on {self.cp.name} failed (exit status {res.exit_status}): {_tail(res)}",
                              f"fix the cause on {self.cp.name}; if kubeadm left a partial control plane, run "
@@ -147,17 +177,17 @@ class ClusterOps:
         r.message = f"control plane {version} on {self.cp.name}, API at {render.endpoint(self.inv)}"
         return r
 
-    def fetch_kubeconfig(self, dest: Path) -> PhaseResult:
+    def fetch_kubeconfig(self, dest: Path, *, force: bool = False, merge: bool = False) -> PhaseResult:
         r = PhaseResult("kubeconfig", f"admin kubeconfig to {dest}")
         res = self.cps.run(f"cat {ADMIN}", sudo=True, quiet=True)
         if not res.ok or "apiVersion" not in res.stdout:
             raise PhaseError(f"cannot read {ADMIN} on {self.cp.name}", "check that kubeadm init finished")
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(res.stdout)
-        os.chmod(dest, 0o600)
-        r.status, r.message = "changed", f"written with mode 0600: {dest}"
+        try:
+            w = (merge_kubeconfig(dest, res.stdout, self.inv.cluster.name) if merge
+                 else write_private(dest, res.stdout, force=force))
+        except LocalFileError as e:
+            raise PhaseError(e.message, e.remedy) from None
+        r.status, r.message = ("changed" if w.changed else "unchanged"), w.message
         return r
 
     def cni(self) -> PhaseResult:
@@ -172,7 +202,14 @@ class ClusterOps:
         # Calico reads the pod CIDR from kubeadm's configuration; Flannel's manifest carries its own, replaced here.
         fix = (f" && sed -i 's#\"Network\": \"10.244.0.0/16\"#\"Network\": \"{c.pod_cidr}\"#' \"$f\""
                if c.cni == "flannel" else "")
-        script = (f"f=$(mktemp) && curl -fsSL --retry 2 -o \"$f\" {shlex.quote(url)}{fix} && "
+        want = manifest_sha256(self.inv, c.cni)
+        # https stays https through redirects; plain http only where the inventory pinned the sha256
+        proto = "--proto =https --proto-redir =https" if url.startswith("https://") else "--proto =http,https"
+        # checked before anything is applied: a mirror or a path that serves other bytes applies nothing
+        verify = (f" && {{ printf '%s  %s\\n' {want} \"$f\" | sha256sum -c --status || {{ echo \"sha256 of the "
+                  f"manifest is $(sha256sum < \"$f\" | cut -d' ' -f1), not the pinned {want}\" >&2; false; }}; }}"
+                  if want else "")
+        script = (f"f=$(mktemp) && curl -fsSL {proto} --retry 2 -o \"$f\" {shlex.quote(url)}{verify}{fix} && "
                   f"{KUBECTL} apply -f \"$f\"; rc=$?; rm -f \"$f\"; exit $rc")
         res = self.cps.run(script, sudo=True, timeout=300)
         if not res.ok:
@@ -200,10 +237,8 @@ class ClusterOps:
         s = self.cps
         token = render.new_token()
         register_secret(token)
-        tcfg = "/etc/kubernetes/gpuk8s-token.yaml"
-        self.put_secret_file(s, tcfg, render.token_config(self.inv, token))
-        res = s.run(f"kubeadm token create --config {tcfg} --print-join-command; rc=$?; rm -f {tcfg}; exit $rc",
-                    sudo=True)
+        res = self.run_with_secret(s, "token", render.token_config(self.inv, token),
+                                   lambda f: f"kubeadm token create --config {f} --print-join-command")
         m = re.search(r"kubeadm join (\S+) .*--discovery-token-ca-cert-hash (sha256:[0-9a-f]{64})", res.stdout)
         if not res.ok or not m:
             raise PhaseError(f"kubeadm token create on {self.cp.name} failed: {_tail(res)}",
@@ -213,23 +248,21 @@ class ClusterOps:
         if any(h.is_control_plane for h in todo):
             key = render.new_certificate_key()
             register_secret(key)
-            kcfg = "/etc/kubernetes/gpuk8s-certs.yaml"
-            self.put_secret_file(s, kcfg, render.upload_certs_config(self.inv, key))
-            up = s.run(to_the_end(f"kubeadm init phase upload-certs --upload-certs --config {kcfg}", "upload-certs",
-                                  then=f"rm -f {kcfg}"), sudo=True)
+            up = self.run_with_secret(s, "certs", render.upload_certs_config(self.inv, key),
+                                      lambda f: to_the_end(f"kubeadm init phase upload-certs --upload-certs "
+                                                           f"--config {f}", "upload-certs"))
             if not up.ok:
                 raise PhaseError(f"uploading control-plane certificates failed: {_tail(up)}", "re-run")
 
         def one(h: Host) -> str:
             hs = self.sessions[h.name]
-            jcfg = "/etc/kubernetes/gpuk8s-join.yaml"
             if hs.run("test -e /etc/kubernetes/kubelet.conf", sudo=True).ok:
                 raise PhaseError(f"{h.name} has /etc/kubernetes/kubelet.conf but is not a node of this cluster "
                                  "(joined elsewhere, or a half-finished join)",
                                  f"run 'kubeadm reset -f' on {h.name} if it belongs to no other cluster, then re-run")
-            self.put_secret_file(hs, jcfg, render.join_config(self.inv, h, api, token, ca_hash, key))
-            res = hs.run(to_the_end(f"kubeadm join --config {jcfg}", "kubeadm-join", then=f"rm -f {jcfg}"),
-                         sudo=True, timeout=900)
+            res = self.run_with_secret(hs, "join", render.join_config(self.inv, h, api, token, ca_hash, key),
+                                       lambda f: to_the_end(f"kubeadm join --config {f}", "kubeadm-join"),
+                                       timeout=900)
             if not res.ok and "dial tcp" in res.stderr + res.stdout:
                 raise PhaseError(f"{h.name} cannot reach the API server at {api}: {_tail(res)}",
                                  f"let {h.name} reach TCP {api} (firewall, route, security group), then run "
@@ -355,10 +388,12 @@ def to_the_end(command: str, name: str, then: str = "") -> str:
     A kubeadm writing to a broken SSH channel would die of SIGPIPE half-way (a half-initialised control
     plane needs `kubeadm reset`); writing to a file, it completes and the re-run finds it done.
     """
-    out = f"/var/lib/gpuk8s/{name}.out"
-    # the file is made 0600 first (its umask stays out of kubeadm's way); kubeadm init prints the join token
-    return (f"mkdir -p /var/lib/gpuk8s && (umask 077; : > {out}) && {command} > {out} 2>&1 </dev/null; rc=$?; "
-            f"{then + '; ' if then else ''}cat {out}; rm -f {out}; exit $rc")
+    # a file of this run only (mktemp: 0600, a fresh name), so kubeadm keeps the caller's umask and two
+    # runs never share one; kubeadm init prints the join token, so the file is unlinked before it is
+    # printed: a reader that went away (SIGPIPE on cat) cannot leave it behind
+    return (f"mkdir -p /var/lib/gpuk8s && out=$(mktemp /var/lib/gpuk8s/{name}.XXXXXXXXXX) || exit 1; "
+            f"{command} > \"$out\" 2>&1 </dev/null; rc=$?; {then + '; ' if then else ''}"
+            "exec 3<\"$out\"; rm -f \"$out\"; cat <&3; exit $rc")
 
 
 def node_changes(h: Host, node: state.NodeState, gpus: int) -> tuple[dict[str, str], list[str]]:

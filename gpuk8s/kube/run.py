@@ -8,13 +8,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from gpuk8s import clusterlock
 from gpuk8s.facts.model import HostFacts
-from gpuk8s.install.prepare import Event, PrepareReport, prepare
+from gpuk8s.install.prepare import Event, PrepareReport, owner, prepare
 from gpuk8s.inventory.model import Host, Inventory
 from gpuk8s.kube.cluster import ClusterOps, PhaseError, PhaseResult
 from gpuk8s.kube.state import NodeCheck
 from gpuk8s.preflight.runner import gather
-from gpuk8s.remote import RemoteError, Session, for_each_host
+from gpuk8s.remote import Held, RemoteError, Session, for_each_host
 
 log = logging.getLogger("gpuk8s.kube")
 
@@ -63,24 +64,40 @@ def refresh_facts(sessions: dict[str, Session], concurrency: int) -> dict[str, H
 
 
 def install_cluster(inv: Inventory, *, concurrency: int, ignore: set[str], sudo_passwords: dict[str, str],
-                    kubeconfig_out: Path, on_event: Callable[[Event], None] | None = None,
+                    kubeconfig_out: Path, kubeconfig_force: bool = False, kubeconfig_merge: bool = False,
+                    on_event: Callable[[Event], None] | None = None,
                     emit: Callable[[str], None] | None = None, test_pods: bool = True,
                     only_join: list[Host] | None = None) -> ClusterReport:
     """Prepare (every host, or the first control plane and `only_join`), then the cluster phases."""
     say = emit or (lambda line: None)
     sessions: dict[str, Session] = {}
+    lock: Held | None = None
     target = inv
     if only_join is not None:
         names = {inv.control_planes[0].name} | {h.name for h in only_join}
         target = replace(inv, hosts=tuple(h for h in inv.hosts if h.name in names))
     try:
+        # the cluster lock first, over the connection the rest of the run uses on the first control plane
+        cp = inv.control_planes[0]
+        cp_session = Session(cp, sudo_passwords.get(cp.name))
+        try:
+            lock = clusterlock.acquire(cp_session, owner())
+            sessions[cp.name] = cp_session
+        except clusterlock.ClusterBusy as e:
+            cp_session.close()
+            report = ClusterReport(None)
+            report.phases.append(PhaseResult("lock", f"cluster lock on {cp.name}", "failed", e.message, e.remedy))
+            return report
+        except RemoteError as e:
+            # an unreachable first control plane is reported by the preflight; nothing cluster-wide runs
+            cp_session.close()
+            log.warning("cluster lock not taken on %s: %s", cp.name, e.message)
         say("==> Running phase: preflight and node preparation")
         prep = prepare(target, concurrency=concurrency, ignore=ignore, sudo_passwords=sudo_passwords,
                        on_event=on_event, sessions=sessions)
         report = ClusterReport(prep)
         done = {h.host.name for h in prep.hosts if h.status == "done"}
-        cp = inv.control_planes[0]
-        if cp.name not in done:
+        if cp.name not in done or lock is None:
             report.phases.append(PhaseResult("init", f"kubeadm init on {cp.name}", "skipped",
                                              f"the first control plane {cp.name} was not prepared",
                                              "fix it (see above) and re-run"))
@@ -94,16 +111,18 @@ def install_cluster(inv: Inventory, *, concurrency: int, ignore: set[str], sudo_
         steps: list[tuple[str, str, Callable[[], PhaseResult]]] = []
         if only_join is None:
             steps += [("init", "kubeadm init", ops.init),
-                      ("kubeconfig", "fetch the admin kubeconfig", lambda: ops.fetch_kubeconfig(kubeconfig_out)),
+                      ("kubeconfig", "fetch the admin kubeconfig",
+                       lambda: ops.fetch_kubeconfig(kubeconfig_out, force=kubeconfig_force, merge=kubeconfig_merge)),
                       ("cni", f"CNI ({inv.cluster.cni})", ops.cni)]
         joiners = [h for h in (only_join if only_join is not None else inv.hosts) if h.name in done]
         steps += [("join", "join control planes and workers", lambda: ops.join(joiners)),
                   ("gpu", "NVIDIA device plugin, labels, taints", ops.gpu_nodes)]
         for name, title, fn in steps:
             res = _run_phase(report, say, name, title, fn)
-            if res.status == "failed" and name != "join":
+            # a failed join leaves the other hosts to verify; a kubeconfig not written locally leaves the cluster
+            if res.status == "failed" and name not in ("join", "kubeconfig"):
                 return report
-            if name == "kubeconfig":
+            if name == "kubeconfig" and res.status != "failed":
                 report.kubeconfig = str(kubeconfig_out)
 
         def verify() -> PhaseResult:
@@ -113,6 +132,8 @@ def install_cluster(inv: Inventory, *, concurrency: int, ignore: set[str], sudo_
         _run_phase(report, say, "verify", "verify every node and GPU", verify)
         return report
     finally:
+        if lock is not None:
+            lock.release()
         for s in sessions.values():
             s.close()
 

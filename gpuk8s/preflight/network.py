@@ -17,6 +17,27 @@ from gpuk8s.remote import RemoteError, Session
 IPERF_PORT = 5201
 _PING_RTT = re.compile(r"= [\d.]+/([\d.]+)/[\d.]+/[\d.]+ ms")
 
+# The iperf3 server's pid file lives in a fresh mktemp -d directory (never a fixed path in /tmp that
+# another local user could plant), and the pid read back is killed only if it is a number and names an
+# iperf3 process: whatever the file holds, nothing else is killed.
+START_SERVER = ("command -v iperf3 >/dev/null || exit 127; d=$(mktemp -d /tmp/gpuk8s-iperf3.XXXXXXXXXX) || exit 1; "
+                f"iperf3 -s -D -p {IPERF_PORT} -I \"$d/pid\" || {{ rm -rf \"$d\"; exit 1; }}; printf '%s\\n' \"$d\"")
+_SERVER_DIR = re.compile(r"/tmp/gpuk8s-iperf3\.[A-Za-z0-9]{10}")
+
+
+def server_dir_of(text: str) -> str | None:
+    """The directory START_SERVER printed, if it is exactly what mktemp makes; a host's other text is refused."""
+    lines = text.strip().splitlines()
+    return lines[-1] if lines and _SERVER_DIR.fullmatch(lines[-1]) else None
+
+
+def stop_server(server_dir: str) -> str:
+    if not _SERVER_DIR.fullmatch(server_dir):
+        raise ValueError("not an iperf3 server directory")
+    d = shlex.quote(server_dir)
+    return (f"p=$(cat {d}/pid 2>/dev/null); case \"$p\" in ''|*[!0-9]*) ;; *) "
+            f"[ \"$(cat /proc/$p/comm 2>/dev/null)\" = iperf3 ] && kill \"$p\";; esac; rm -rf {d}; true")
+
 
 @dataclass
 class Link:
@@ -73,10 +94,9 @@ def measure(cp: Session, workers: dict[str, Session], seconds: float, max_worker
                 link.note = "ping not installed on the control plane"
         if seconds <= 0:
             return list(links.values())
-        pid = "/tmp/gpuk8s-iperf3.pid"
-        start = cp.run(f"command -v iperf3 >/dev/null && iperf3 -s -D -p {IPERF_PORT} -I {pid}",
-                       display="start iperf3 server")
-        if not start.ok:
+        start = cp.run(START_SERVER, display="start iperf3 server")
+        server_dir = server_dir_of(start.stdout) if start.ok else None
+        if server_dir is None:
             for link in links.values():
                 link.note = (link.note + "; " if link.note else "") + "iperf3 not available on the control plane"
             return list(links.values())
@@ -96,7 +116,7 @@ def measure(cp: Session, workers: dict[str, Session], seconds: float, max_worker
                     links[name].note = "iperf3 not installed on the worker"
                 links[name].gbit = parse_iperf3(r.stdout)
         finally:
-            cp.run(f"test -f {pid} && kill $(cat {pid}); rm -f {pid}; true", display="stop iperf3 server")
+            cp.run(stop_server(server_dir), display="stop iperf3 server")
     except RemoteError as e:
         for link in links.values():
             link.note = link.note or e.message

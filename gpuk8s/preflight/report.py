@@ -33,7 +33,7 @@ def render(report: Report, min_gbit: float, max_rtt_ms: float) -> None:
     line = (f"{s['hosts']} host(s), {s['hosts_failed']} not ready; checks: {s['pass']} passed, {s['warn']} warnings, "
             f"{s['fail']} failed, {s['skip']} skipped; {s['seconds']:.1f} s")
     verdict = "READY" if report.ok else "NOT READY"
-    ui.console().print(f"{verdict}: {line}", style="bold green" if report.ok else "bold red", markup=False)
+    ui.say(ui.console(), f"{verdict}: {line}", "bold green" if report.ok else "bold red")
 
 
 def render_matrix(links: list[Link], min_gbit: float, max_rtt_ms: float) -> None:

@@ -496,6 +496,7 @@ class Lab:
             "ssh": {"user": LAB_USER, "identity_file": str(self.key), "known_hosts": str(self.known_hosts),
                     "connect_timeout": 5},
             "preflight": {"network_test_seconds": 1},
+            "install": cni_stand_ins(),
             "hosts": hosts,
         }
         self.inventory.write_text("# written by the gpuk8s lab (python -m tests.lab up)\n"
@@ -539,3 +540,21 @@ class Lab:
 
 def new_secret() -> str:
     return secrets.token_urlsafe(12)
+
+
+def cni_stand_ins() -> dict[str, str]:
+    """The inventory keys that point gpuk8s at the lab's small CNI manifests, pinned by their sha256
+    (gpuk8s checks a manifest's sha256 before it applies it; the real projects' files are pinned in
+    gpuk8s/versions.py)."""
+    import hashlib
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("lab_fake", Path(__file__).parent / "fakes" / "fake.py")
+    assert spec is not None and spec.loader is not None
+    fake = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fake)
+    out = {}
+    for cni, name in (("calico", "calico.yaml"), ("flannel", "kube-flannel.yml")):
+        out[f"{cni}_manifest"] = f"https://cni.lab.invalid/{cni}/{name}"
+        out[f"{cni}_manifest_sha256"] = hashlib.sha256(fake.CNI_MANIFESTS[cni].encode()).hexdigest()
+    return out

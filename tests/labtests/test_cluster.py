@@ -57,8 +57,8 @@ def assert_no_secret(lab, texts: list[str]) -> None:
             assert s not in t
         for h in lab.hosts.values():
             assert all(s not in " ".join(argv) for argv in h.commands()), h.name
-            for f in ("gpuk8s-kubeadm.yaml", "gpuk8s-join.yaml", "gpuk8s-token.yaml"):
-                assert s not in (h.read(f"/etc/kubernetes/{f}") or "")
+            files = h.exec("cat /etc/kubernetes/gpuk8s-* /var/lib/gpuk8s/* 2>/dev/null", check=False).stdout
+            assert s not in files
 
 
 def test_full_install_then_no_op_then_join(lab_up, run_cli, tmp_path):
@@ -82,14 +82,15 @@ def test_full_install_then_no_op_then_join(lab_up, run_cli, tmp_path):
     assert "nvidia.com/gpu.present" not in n["cp-1"]["metadata"]["labels"]
     # kubeadm got its configuration from files, never from a command line
     kubeadm_calls = [a for a in lab.host("gpu-2").commands() if a[0] == "kubeadm" and "join" in a]
-    assert kubeadm_calls == [["kubeadm", "join", "--config", "/etc/kubernetes/gpuk8s-join.yaml"]]
-    assert lab.host("gpu-2").read("/etc/kubernetes/gpuk8s-join.yaml") is None  # removed after use
+    assert len(kubeadm_calls) == 1 and kubeadm_calls[0][:3] == ["kubeadm", "join", "--config"]
+    assert re.fullmatch(r"/etc/kubernetes/gpuk8s-join-[0-9a-f]{12}\.yaml", kubeadm_calls[0][3])  # of this run only
+    assert lab.host("gpu-2").read(kubeadm_calls[0][3]) is None  # removed after use
 
     r2 = run_cli("install", "-i", inv, "-o", "json", "--kubeconfig-out", str(kc), env=ENV)
     rep2 = json.loads(r2.stdout)
     assert r2.returncode == 0 and rep2["ok"] and not rep2["changed"], r2.stdout
     assert {p["name"]: p["status"] for p in rep2["phases"]} == {
-        "init": "unchanged", "kubeconfig": "changed", "cni": "unchanged", "join": "unchanged",
+        "init": "unchanged", "kubeconfig": "unchanged", "cni": "unchanged", "join": "unchanged",
         "gpu": "unchanged", "verify": "passed"}
     r3 = run_cli("install", "-i", inv, env=ENV)
     assert "nothing to change" in r3.stderr
@@ -167,7 +168,8 @@ def test_a_second_control_plane_joins_with_a_certificate_key(lab_up, run_cli, tm
     assert st["nodes"]["cp-2"]["role"] == "control-plane" and st["certificate_key"]
     assert st["endpoint"] == f"{lab.host('cp-1').address}:6443"  # controlPlaneEndpoint with several CPs
     calls = [a for a in lab.host("cp-1").commands() if a[0] == "kubeadm"]
-    assert ["kubeadm", "init", "--config", "/etc/kubernetes/gpuk8s-kubeadm.yaml", "--upload-certs"] in calls
+    init = [a for a in calls if a[:2] == ["kubeadm", "init"] and a[-1] == "--upload-certs"]
+    assert len(init) == 1 and re.fullmatch(r"/etc/kubernetes/gpuk8s-init-[0-9a-f]{12}\.yaml", init[0][3])
     assert st["certificate_key"] not in r.stdout + r.stderr + (tmp_path / "gpuk8s.log").read_text()
     assert all(st["certificate_key"] not in " ".join(a) for h in lab.hosts.values() for a in h.commands())
 

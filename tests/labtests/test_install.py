@@ -164,7 +164,7 @@ def test_docker_on_kubernetes_without_dockershim_is_blocked_by_preflight(lab_up,
 
 def set_install(lab, **settings) -> None:
     inv = yaml.safe_load(lab.inventory.read_text())
-    inv["install"] = settings
+    inv["install"] = {**inv.get("install", {}), **settings}
     lab.inventory.write_text(yaml.safe_dump(inv, sort_keys=False))
 
 

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
+import resource
 import textwrap
+import time
+import tracemalloc
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from gpuk8s.inventory import InventoryError, loads
+from gpuk8s.inventory import InventoryError, load, loads
 
 GOOD = """\
 cluster:
@@ -154,3 +160,65 @@ def test_shipped_examples_are_valid():
     root = Path(__file__).resolve().parents[2]
     for f in ("inventories/example.yaml", "gpuk8s/data/inventory-starter.yaml"):
         loads((root / f).read_text(), f)
+
+
+# -- size: an inventory is read up to 4 MiB, whatever -i names --------------------------------------
+
+
+@contextlib.contextmanager
+def address_space_cap(extra: int = 1 << 30) -> Iterator[None]:
+    """Cap this process's address space at its current size + `extra` for the block, so that unbounded
+    reading ends in MemoryError instead of eating the machine."""
+    vm = next(int(line.split()[1]) * 1024 for line in Path("/proc/self/status").read_text().splitlines()
+              if line.startswith("VmSize:"))
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    resource.setrlimit(resource.RLIMIT_AS, (vm + extra, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+def test_an_oversized_inventory_is_rejected_at_line_1_without_reading_it_all(tmp_path):
+    f = tmp_path / "big.yaml"
+    f.write_text(GOOD + ("# padding " + "x" * 90 + "\n") * (5 * 1024 * 1024 // 100 + 1))  # valid YAML, 5 MiB
+    assert f.stat().st_size > 5 << 20
+    tracemalloc.start()
+    try:
+        with pytest.raises(InventoryError) as e:
+            load(f)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    (p,) = e.value.problems
+    assert (p.file, p.line, p.severity) == (str(f), 1, "error")
+    assert p.message == "the inventory is larger than 4 MiB" and "-i" in p.fix
+    assert peak < 12 << 20, peak  # about 4 MiB read, nothing parsed
+    with pytest.raises(InventoryError) as e:
+        loads(GOOD + "#" * (5 << 20), "inv.yaml")
+    assert e.value.problems[0].message == "the inventory is larger than 4 MiB"
+
+
+def test_cli_oversized_inventory_exits_2(tmp_path):
+    from typer.testing import CliRunner
+
+    from gpuk8s.cli import app
+
+    f = tmp_path / "big.yaml"
+    f.write_text(GOOD + "#" * (5 << 20) + "\n")
+    r = CliRunner().invoke(app, ["inventory", "validate", "-i", str(f)])
+    assert r.exit_code == 2, r.output
+    assert f"{f}:1:1: error: the inventory is larger than 4 MiB" in r.output
+
+
+def test_cli_dev_zero_exits_2_quickly_with_bounded_memory():
+    from typer.testing import CliRunner
+
+    from gpuk8s.cli import app
+
+    t = time.monotonic()
+    with address_space_cap():
+        r = CliRunner().invoke(app, ["inventory", "validate", "-i", "/dev/zero"])
+    assert r.exit_code == 2, (r.exit_code, r.exception)
+    assert "/dev/zero:1:1: error: the inventory is larger than 4 MiB" in r.output
+    assert time.monotonic() - t < 10

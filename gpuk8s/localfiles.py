@@ -1,0 +1,297 @@
+"""Private files on the operator's machine: the admin kubeconfig (it carries a client key).
+
+`write_private` never follows a symbolic link, never truncates an existing file in place (the content goes
+to a new 0600 file in the same directory, fsynced, then renamed over the target, so a reader sees the old
+file or the new one and the key is never in a file with a wider mode), and never replaces a file that
+holds something else unless asked to. `merge_kubeconfig` adds one cluster to an existing kubeconfig
+(`~/.kube/config`) under names of its own, keeping every other entry and the current context.
+
+Messages and return values name paths and entries only: never the content, which holds a private key.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import secrets
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+MAX_READ = 16 << 20  # an existing kubeconfig larger than this is not one we should parse
+_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,251}[A-Za-z0-9])?$")
+
+
+class LocalFileError(Exception):
+    """A local file was not written; `remedy` says what to do. Neither ever holds the file's content."""
+
+    def __init__(self, message: str, remedy: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.remedy = remedy
+
+
+Status = Literal["created", "replaced", "unchanged", "merged"]
+
+
+@dataclass(frozen=True)
+class Written:
+    """What happened to the file: `status` is created, replaced, unchanged or merged."""
+
+    path: Path
+    status: Status
+    message: str
+
+    @property
+    def changed(self) -> bool:
+        return self.status != "unchanged"
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def write_private(path: str | os.PathLike[str], text: str, *, force: bool = False) -> Written:
+    """Write `text` to `path` with mode 0600, atomically, never through a symbolic link.
+
+    The same content already there: nothing is written ("unchanged"; a mode wider than 0600 is narrowed).
+    Different content: refused unless `force`. A symbolic link or anything but a regular file: always
+    refused. A missing parent directory is created with mode 0700.
+    """
+    target = Path(os.path.expanduser(os.fspath(path)))
+    data = text.encode("utf-8")
+    with _directory(target) as dfd:
+        name = target.name
+        st = _lstat(name, dfd)
+        if st is not None:
+            _refuse_unless_regular(target, st)
+            old = _read_at(target, name, dfd, len(data) + 1)
+            if old == data:
+                mode = stat.S_IMODE(st.st_mode)
+                if mode & 0o077:
+                    _narrow_mode(target, name, dfd)
+                    return Written(target, "unchanged",
+                                   f"{target} already holds this content; its mode {mode:04o} is now 0600")
+                return Written(target, "unchanged", f"{target} already holds this content (mode 0600)")
+            if not force:
+                raise LocalFileError(
+                    f"{target} exists and holds something else (another kubeconfig?); it was not replaced",
+                    "choose another path (--kubeconfig-out), add this cluster to it (--kubeconfig-merge), "
+                    "or replace it (--force)")
+        _replace(target, name, dfd, data)
+    if st is None:
+        return Written(target, "created", f"written with mode 0600: {target}")
+    return Written(target, "replaced", f"replaced with mode 0600: {target}")
+
+
+def merge_kubeconfig(path: str | os.PathLike[str], text: str, context_name: str) -> Written:
+    """Add the cluster of the kubeconfig `text` (kubeadm's admin.conf) to the kubeconfig at `path`.
+
+    Its cluster, user and context are renamed NAME, NAME-admin and NAME-admin@NAME (kubeadm calls them
+    kubernetes, kubernetes-admin and kubernetes-admin@kubernetes in every cluster, so they would clash);
+    entries with those names are replaced, every other entry is kept, and current-context is set only if
+    the file has none. A missing file is created. Written with `write_private(force=True)`.
+    """
+    if not _NAME.match(context_name or ""):
+        raise LocalFileError(f"{context_name!r} cannot name a kubeconfig context",
+                             "use letters, digits, '.', '-' and '_' (the inventory's cluster.name is)")
+    target = Path(os.path.expanduser(os.fspath(path)))
+    new = _parse(text, "the kubeconfig fetched from the control plane",
+                 "check /etc/kubernetes/admin.conf on the control plane (kubeadm init finished?)")
+    cluster, user, context = _entries(new)
+    cname, uname, xname = context_name, f"{context_name}-admin", f"{context_name}-admin@{context_name}"
+    cluster = {**cluster, "name": cname}
+    user = {**user, "name": uname}
+    context = {**context, "name": xname,
+               "context": {**(context.get("context") or {}), "cluster": cname, "user": uname}}
+
+    with _directory(target) as dfd:
+        st = _lstat(target.name, dfd)
+        if st is not None:
+            _refuse_unless_regular(target, st)
+            raw = _read_at(target, target.name, dfd, MAX_READ + 1)
+            if len(raw) > MAX_READ:
+                raise LocalFileError(f"{target} is larger than {MAX_READ >> 20} MiB: not a kubeconfig to merge into",
+                                     "choose another path (--kubeconfig-out)")
+            try:
+                old_text = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise LocalFileError(f"{target} is not UTF-8 text: not a kubeconfig",
+                                     "choose another path (--kubeconfig-out)") from None
+            old = _parse(old_text, str(target), "fix or move that file, or choose another path (--kubeconfig-out)")
+        else:
+            old = {}
+    if not isinstance(old, dict):
+        raise LocalFileError(f"{target} is not a kubeconfig (not a mapping of keys)",
+                             "fix or move that file, or choose another path (--kubeconfig-out)")
+
+    merged: dict[str, Any] = {"apiVersion": "v1", "kind": "Config", **old}
+    for section, entry in (("clusters", cluster), ("users", user), ("contexts", context)):
+        merged[section] = _upsert(target, section, merged.get(section), entry)
+    merged.setdefault("preferences", {})
+    if not merged.get("current-context"):
+        merged["current-context"] = xname
+
+    if st is not None and merged == old:
+        return Written(target, "unchanged", f"{target} already has the context {xname} with these credentials")
+    out = yaml.safe_dump(merged, default_flow_style=False, sort_keys=False)
+    write_private(target, out, force=True)
+    current = merged["current-context"]
+    note = "" if current == xname else f"; current context still {current} (kubectl --context {xname})"
+    verb = "added to" if st is not None else "written with mode 0600 as"
+    return Written(target, "merged", f"context {xname} {verb} {target}{note}")
+
+
+# -- helpers -------------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def _directory(target: Path) -> Iterator[int]:
+    """An fd of the target's directory (created 0700 when missing): every step is relative to it."""
+    parent = target.parent
+    try:
+        if not parent.exists():
+            os.makedirs(parent, mode=0o700, exist_ok=True)
+        dfd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as e:
+        raise LocalFileError(f"cannot use the directory {parent}: {e.strerror or type(e).__name__}",
+                             "choose a path in a directory you can write") from None
+    try:
+        yield dfd
+    finally:
+        os.close(dfd)
+
+
+def _lstat(name: str, dfd: int) -> os.stat_result | None:
+    try:
+        return os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+
+
+def _refuse_unless_regular(target: Path, st: os.stat_result) -> None:
+    if stat.S_ISLNK(st.st_mode):
+        raise LocalFileError(f"{target} is a symbolic link: not followed, nothing written",
+                             "pass the path of the file itself, or remove the link")
+    if not stat.S_ISREG(st.st_mode):
+        raise LocalFileError(f"{target} exists and is not a regular file: nothing written",
+                             "choose another path (--kubeconfig-out)")
+
+
+def _read_at(target: Path, name: str, dfd: int, limit: int) -> bytes:
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+    except OSError as e:
+        raise LocalFileError(f"cannot read {target}: {e.strerror or type(e).__name__}",
+                             "choose another path (--kubeconfig-out)") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise LocalFileError(f"{target} is not a regular file: nothing written",
+                                 "choose another path (--kubeconfig-out)")
+        chunks, left = [], limit
+        while left > 0:
+            b = os.read(fd, min(left, 1 << 20))
+            if not b:
+                break
+            chunks.append(b)
+            left -= len(b)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _narrow_mode(target: Path, name: str, dfd: int) -> None:
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+        try:
+            os.fchmod(fd, 0o600)
+        finally:
+            os.close(fd)
+    except OSError as e:
+        raise LocalFileError(f"{target} is readable by others and its mode cannot be changed: "
+                             f"{e.strerror or type(e).__name__}", f"run: chmod 600 {target}") from None
+
+
+def _replace(target: Path, name: str, dfd: int, data: bytes) -> None:
+    """A new 0600 file next to the target, fsynced, renamed over it; no temporary file is ever left."""
+    tmp = f".{name}.gpuk8s-{secrets.token_hex(6)}.tmp"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
+    except OSError as e:
+        raise LocalFileError(f"cannot create a file in {target.parent}: {e.strerror or type(e).__name__}",
+                             "choose a path in a directory you can write") from None
+    try:
+        try:
+            os.fchmod(fd, 0o600)  # exactly 0600 whatever the umask
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+    except BaseException as e:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=dfd)
+        if isinstance(e, OSError):
+            raise LocalFileError(f"cannot write {target}: {e.strerror or type(e).__name__}",
+                                 "check the free space and permissions there") from None
+        raise
+    with contextlib.suppress(OSError):
+        os.fsync(dfd)  # the rename itself survives a crash
+
+
+def _parse(text: str, what: str, remedy: str) -> Any:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as e:
+        # the exception's own text quotes the file: only its position is kept
+        mark = e.problem_mark or e.context_mark
+        where = f" (line {mark.line + 1})" if mark else ""
+        raise LocalFileError(f"{what} is not valid YAML{where}", remedy) from None
+    except (yaml.YAMLError, RecursionError):
+        raise LocalFileError(f"{what} is not valid YAML", remedy) from None
+    return {} if data is None else data
+
+
+def _entries(cfg: Any) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """The context the fetched kubeconfig uses, with its cluster and user entries."""
+    bad = LocalFileError("the kubeconfig fetched from the control plane has no usable cluster, user and context",
+                         "check /etc/kubernetes/admin.conf on the control plane (kubeadm init finished?)")
+    if not isinstance(cfg, dict):
+        raise bad
+    lists: list[list[dict[str, Any]]] = []
+    for k in ("clusters", "users", "contexts"):
+        x = cfg.get(k)
+        if not (isinstance(x, list) and x and all(isinstance(e, dict) for e in x)):
+            raise bad
+        lists.append(x)
+    clusters, users, contexts = lists
+    current = cfg.get("current-context")
+    ctx = next((c for c in contexts if c.get("name") == current), contexts[0])
+    ref = ctx.get("context")
+    if not isinstance(ref, dict):
+        raise bad
+    cluster = next((c for c in clusters if c.get("name") == ref.get("cluster")), None)
+    user = next((u for u in users if u.get("name") == ref.get("user")), None)
+    if cluster is None or user is None:
+        raise bad
+    return cluster, user, ctx
+
+
+def _upsert(target: Path, section: str, entries: Any, entry: dict[str, Any]) -> list[Any]:
+    if entries is None:
+        entries = []
+    if not isinstance(entries, list):
+        raise LocalFileError(f"{target}: '{section}' is not a list: not a kubeconfig",
+                             "fix or move that file, or choose another path (--kubeconfig-out)")
+    out = list(entries)
+    for i, e in enumerate(out):
+        if isinstance(e, dict) and e.get("name") == entry["name"]:
+            out[i] = entry
+            return out
+    out.append(entry)
+    return out

@@ -1,0 +1,23 @@
+"""Host text made safe to show: control characters removed, so nothing a host returns can drive a terminal.
+
+Everything a host or a remote command returns is data. `clean` removes C0 controls (except newline and
+tab), DEL, C1 controls and the Unicode bidirectional overrides, so an escape sequence (colour, OSC-8
+hyperlink, window title, cursor moves) or a reordered line can never reach the operator's terminal. It
+runs where remote results and remote errors are built; rich renders such text as `Text`, never markup.
+"""
+
+from __future__ import annotations
+
+import re
+
+_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def clean(text: str) -> str:
+    """`text` without control characters (newline and tab kept); linear time."""
+    return _CONTROLS.sub("", text)
+
+
+def one_line(text: str) -> str:
+    """`clean` text on one line: newlines and tabs become spaces (for a table cell or a log line)."""
+    return clean(text).replace("\r", " ").replace("\n", " ").replace("\t", " ")

@@ -1,0 +1,74 @@
+"""The iperf3 server is stopped by a pid that gpuk8s checked: a number naming an iperf3 process, in a
+directory of this run; whatever a host or a local user puts in the pid file, nothing else is killed."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+
+import pytest
+
+from gpuk8s.preflight.network import server_dir_of, stop_server
+
+
+@pytest.mark.parametrize("text", [
+    "", "/tmp/gpuk8s-iperf3.pid", "/tmp/gpuk8s-iperf3.abc; rm -rf /", "/tmp/gpuk8s-iperf3.AAAAAAAAAA/../..",
+    "/etc", "-9 -1", "/tmp/gpuk8s-iperf3.AAAAAAAAA", "/tmp/gpuk8s-iperf3.AAAAAAAAAA\n/etc",
+])
+def test_a_server_directory_other_than_what_mktemp_makes_is_refused(text: str) -> None:
+    assert server_dir_of(text) is None
+
+
+def test_the_directory_mktemp_made_is_accepted() -> None:
+    assert server_dir_of("/tmp/gpuk8s-iperf3.Ab3dE6gH9k\n") == "/tmp/gpuk8s-iperf3.Ab3dE6gH9k"
+    with pytest.raises(ValueError):
+        stop_server("/tmp/x; reboot")
+
+
+@pytest.fixture
+def server_dir():
+    d = tempfile.mkdtemp(prefix="gpuk8s-iperf3.", dir="/tmp")
+    if server_dir_of(d) is None:  # mkdtemp's suffix is 8 characters: make the 10 that mktemp makes
+        os.rmdir(d)
+        d = "/tmp/gpuk8s-iperf3." + os.urandom(5).hex()
+        os.mkdir(d, 0o700)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.mark.parametrize("planted", ["{victim}", "-9 {victim}", "-9 -1", "1", "$(touch /tmp/gpuk8s-pwned)"])
+def test_a_planted_pid_kills_nothing(server_dir: str, planted: str) -> None:
+    victim = subprocess.Popen(["sleep", "60"])
+    try:
+        with open(f"{server_dir}/pid", "w") as f:
+            f.write(planted.format(victim=victim.pid) + "\n")
+        subprocess.run(["sh", "-c", stop_server(server_dir)], check=True, timeout=10)
+        assert victim.poll() is None, "the planted pid was killed"
+        assert not os.path.exists("/tmp/gpuk8s-pwned")
+        assert not os.path.exists(server_dir)
+    finally:
+        victim.kill()
+        victim.wait()
+
+
+@pytest.mark.skipif(shutil.which("iperf3") is None, reason="iperf3 is not installed (make lab-deps installs it)")
+def test_the_iperf3_server_it_started_is_stopped(server_dir: str) -> None:
+    port = "52917"
+    subprocess.run(["iperf3", "-s", "-D", "-B", "127.0.0.1", "-p", port, "-I", f"{server_dir}/pid"], check=True)
+    for _ in range(50):
+        if os.path.exists(f"{server_dir}/pid"):
+            break
+        time.sleep(0.05)
+    pid = int(open(f"{server_dir}/pid").read().split()[0])
+    subprocess.run(["sh", "-c", stop_server(server_dir)], check=True, timeout=10)
+    for _ in range(50):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail("the iperf3 server was not stopped")
