@@ -214,3 +214,24 @@ def test_a_cut_off_kubeadm_init_leaves_no_secret_on_the_host(lab_up, run_cli, tm
     seen = _secret_files(cp) + _secret_files(lab.host("gpu-1")) + _secret_files(lab.host("gpu-2"))
     for s in [*st["tokens"], st["certificate_key"]]:
         assert s not in seen
+
+
+def test_a_cni_manifest_with_another_sha256_is_not_applied(lab_up, run_cli, tmp_path):
+    import yaml
+
+    lab = lab_up("hosts:\n  - name: cp-1\n    role: control-plane\n  - name: gpu-1\n    gpus: 1\n")
+    inv = yaml.safe_load(lab.inventory.read_text())
+    right = inv["install"]["calico_manifest_sha256"]
+    inv["install"]["calico_manifest_sha256"] = "0" * 64  # what a tampered mirror would fail
+    lab.inventory.write_text(yaml.safe_dump(inv, sort_keys=False))
+    r = run_cli("install", "-i", str(lab.inventory), "-o", "json", "--kubeconfig-out", str(tmp_path / "kc"))
+    assert r.returncode == 1, r.stdout + r.stderr
+    cni = next(p for p in json.loads(r.stdout)["phases"] if p["name"] == "cni")
+    assert cni["status"] == "failed"
+    assert f"sha256 of the manifest is {right}, not the pinned {'0' * 64}" in cni["message"]
+    ds = lab.host("cp-1").exec("kubectl --kubeconfig /etc/kubernetes/admin.conf get ds -A -o json").stdout
+    assert "calico-node" not in ds  # nothing applied
+    inv["install"]["calico_manifest_sha256"] = right
+    lab.inventory.write_text(yaml.safe_dump(inv, sort_keys=False))
+    r = run_cli("install", "-i", str(lab.inventory), "-o", "json", "--kubeconfig-out", str(tmp_path / "kc"))
+    assert r.returncode == 0, r.stdout + r.stderr

@@ -88,6 +88,7 @@ class HostileSSH:
         self.version = "SSH-2.0-OpenSSH_9.6"
         self.raw_banner: bytes | None = None
         self.sudo_password: str | None = None  # what `sudo -S` accepts; None: any
+        self.sudo_asks = True  # False: like NOPASSWD or a cached timestamp, sudo runs the command at once
         self.execs: list[tuple[str, bytes]] = []
         self.host_key = new_key(directory / "host_key")
         self.identity_file = directory / "id_ed25519"
@@ -152,9 +153,11 @@ class HostileSSH:
             if argv[:1] == ["sudo"] and "-S" in argv and "-p" in argv:
                 # like sudo: the prompt, one password line, then the command (which may announce itself)
                 prompt = argv[argv.index("-p") + 1].encode()
-                channel.sendall_stderr(prompt)
-                _recv(channel, received, b"\n")
-                if self.sudo_password is not None and bytes(received).split(b"\n")[0] != self.sudo_password.encode():
+                if self.sudo_asks:
+                    channel.sendall_stderr(prompt)
+                    _recv(channel, received, b"\n")
+                given = bytes(received).split(b"\n")[0]
+                if self.sudo_asks and self.sudo_password is not None and given != self.sudo_password.encode():
                     channel.sendall_stderr(b"Sorry, try again.\n" + prompt)
                     _recv(channel, received)
                     self.execs.append((command, bytes(received)))

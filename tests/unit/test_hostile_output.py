@@ -250,3 +250,26 @@ def test_live_view_shows_hostile_steps_and_statuses_as_text(monkeypatch):
     for shown in ("gpu-[/x]1: blocked by preflight", "step 1/9 [/red]apt ]8;;http://evil\\: [bold]ok ]0;pwned",
                   "gpu-3: [/]done]0;pwned", "2/3 hosts finished, 2 not done"):
         assert shown in plain
+
+
+@pytest.mark.parametrize("terminal", [True, False])
+def test_kubeadm_output_and_node_causes_are_shown_literally(monkeypatch, capsys, terminal: bool) -> None:
+    """What kubeadm and kubectl print on a host reaches the phase table and the node table as text."""
+    from gpuk8s.commands.install import render_cluster
+    from gpuk8s.kube.cluster import PhaseError, PhaseResult
+    from gpuk8s.kube.run import ClusterReport
+    from gpuk8s.kube.state import NodeCheck
+
+    monkeypatch.setattr(ui, "is_terminal", lambda: terminal)
+    err = PhaseError(f"kubeadm init failed: [ERROR Port-6443]: [/red] in use {TITLE}{OSC8}", "run [bold]this[/]")
+    rep = ClusterReport(None, [PhaseResult("init", "kubeadm init", "failed", err.message, err.remedy)],
+                        [NodeCheck("gpu-1", False, True, 4, 0, f"plugin says [/] {TITLE}could not load NVML")])
+    render_cluster(rep, "install")
+    out = capsys.readouterr()
+    shown = SGR.sub("", out.out + out.err)
+    assert "\x1b" not in shown and "\x07" not in shown
+    assert "[ERROR Port-6443]: [/red] in use" in shown and "run [bold]this[/]" in shown
+    if terminal:  # a table cell wraps at the terminal's width: its words, in their own cell lines
+        assert all(w in shown for w in ("plugin", "says", "[/]", "NVML"))
+    else:
+        assert "plugin says [/] ]0;pwnedcould not load NVML" in shown  # ESC and BEL removed, the rest literal

@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -62,7 +63,7 @@ def test_the_iperf3_server_it_started_is_stopped(server_dir: str) -> None:
         if os.path.exists(f"{server_dir}/pid"):
             break
         time.sleep(0.05)
-    pid = int(open(f"{server_dir}/pid").read().split()[0])
+    pid = int(Path(f"{server_dir}/pid").read_text().split()[0])
     subprocess.run(["sh", "-c", stop_server(server_dir)], check=True, timeout=10)
     for _ in range(50):
         try:
