@@ -68,6 +68,12 @@ def context(inv: Inventory, host: Host, facts: HostFacts) -> dict[str, Any]:
             "toolkit_repo": inv.install.toolkit_repo,
             "kubernetes_repo": inv.install.kubernetes_repo,
             "lock_timeout": inv.install.package_lock_timeout,
+            # a repository's signing key: fetched over http only where insecure_http is set, and checked
+            # against the pinned fingerprint (40 upper-case hex digits; "" when none is pinned)
+            "toolkit_repo_insecure_http": inv.install.toolkit_repo_insecure_http,
+            "toolkit_repo_key_fingerprint": inv.install.toolkit_repo_key_fingerprint or "",
+            "kubernetes_repo_insecure_http": inv.install.kubernetes_repo_insecure_http,
+            "kubernetes_repo_key_fingerprint": inv.install.kubernetes_repo_key_fingerprint or "",
         },
     }
 

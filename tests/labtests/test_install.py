@@ -300,3 +300,177 @@ def test_full_disk_while_writing_a_file_leaves_the_old_one_and_a_rerun_completes
     assert r.returncode == 0, json.dumps(rep, indent=1)
     assert "net.ipv4.ip_forward = 1" in full.exec("cat /etc/sysctl.d/99-gpuk8s-kubernetes.conf").stdout
     assert full.exec("cat /var/lib/gpuk8s/backup/etc/sysctl.d/99-gpuk8s-kubernetes.conf").stdout == old
+
+
+# -- repository signing keys pinned by fingerprint -------------------------------------------------------------
+
+def lab_key_fingerprint(url_host: str) -> str:
+    """The fingerprint of the key the lab's fake curl serves at a host (tests/lab/fakes/fake.py)."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("lab_fake", Path(__file__).parents[1] / "lab" / "fakes" / "fake.py")
+    assert spec is not None and spec.loader is not None
+    fake = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fake)
+    return str(fake.lab_key_fingerprint(url_host))
+
+
+def spaced(fp: str) -> str:
+    """A fingerprint as gpg prints it (gpg --with-fingerprint), which the inventory accepts."""
+    return " ".join(fp[i:i + 4] for i in range(0, 40, 4))
+
+
+def holds_key(h, path: str, fp: str) -> bool:
+    """The (binary) keyring at `path` in the host's view is the lab key with that fingerprint."""
+    return f"lab-fingerprint: {fp}".encode() in h.upper(path).read_bytes()
+
+
+def key_calls(h) -> list[list[str]]:
+    return [a for a in h.commands() if a[0] == "curl" and a[-1].endswith(("/gpgkey", ".key"))]
+
+
+def test_pinned_https_repository_keys_install_and_a_re_pinned_key_is_replaced(lab_up, run_cli):
+    lab = lab_up("hosts:\n  - name: cp-1\n    role: control-plane\n  - name: gpu-1\n    gpus: 2\n")
+    fp_nvidia, fp_k8s = lab_key_fingerprint("nvidia.github.io"), lab_key_fingerprint("pkgs.k8s.io")
+    set_install(lab, toolkit_repo={"url": "https://nvidia.github.io/libnvidia-container",
+                                   "key_fingerprint": spaced(fp_nvidia)},
+                kubernetes_repo={"url": "https://pkgs.k8s.io/core:/stable:", "key_fingerprint": fp_k8s.lower()})
+    assert "cni.lab.invalid" in lab.inventory.read_text()  # the lab's CNI settings are kept
+    r, rep = install(run_cli, lab)
+    assert r.returncode == 0, json.dumps(rep, indent=1) + r.stderr
+    gpu = lab.host("gpu-1")
+    steps = {s["name"]: s["status"] for s in by_host(rep)["gpu-1"]["steps"]}
+    assert steps["kubernetes-apt-key"] == steps["toolkit-apt-key"] == "changed"
+    assert holds_key(gpu, "/etc/apt/keyrings/kubernetes-apt-keyring.gpg", fp_k8s)
+    assert holds_key(gpu, "/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg", fp_nvidia)
+    # https stays https, through redirects too; each fetched key was read by gpg before it was installed
+    calls = key_calls(gpu)
+    assert [c[-1] for c in calls] == ["https://pkgs.k8s.io/core:/stable:/v1.30/deb/Release.key",
+                                      "https://nvidia.github.io/libnvidia-container/gpgkey"]
+    assert all(" ".join(c).count("--proto =https --proto-redir =https") == 1 for c in calls)
+    assert any(a[0] == "gpg" and "--show-keys" in a and "--with-colons" in a for a in gpu.commands())
+    assert gpu.state()["packages"]["kubeadm"].startswith("1.30.")
+
+    # a second run only reads the installed keyrings' fingerprints
+    before = len(gpu.commands())
+    r, rep = install(run_cli, lab)
+    assert r.returncode == 0 and by_host(rep)["gpu-1"]["changed"] == 0, json.dumps(rep, indent=1)
+    later = gpu.commands()[before:]
+    assert [a for a in changing_calls(later) if "--show-keys" not in a] == []
+    assert any("--show-keys" in a and a[-1] == "/etc/apt/keyrings/kubernetes-apt-keyring.gpg" for a in later)
+
+    # the repository rotates its key and the inventory pins the new one: the installed keyring no longer
+    # passes the check and is replaced
+    new = "0123456789ABCDEF0123456789ABCDEF01234567"
+    gpu.update_state(served_keys={"pkgs.k8s.io": new})
+    lab.host("cp-1").update_state(served_keys={"pkgs.k8s.io": new})
+    set_install(lab, kubernetes_repo={"url": "https://pkgs.k8s.io/core:/stable:", "key_fingerprint": new})
+    r, rep = install(run_cli, lab)
+    assert r.returncode == 0, json.dumps(rep, indent=1)
+    steps = {s["name"]: s["status"] for s in by_host(rep)["gpu-1"]["steps"]}
+    assert steps["kubernetes-apt-key"] == "changed" and steps["toolkit-apt-key"] == "unchanged"
+    assert holds_key(gpu, "/etc/apt/keyrings/kubernetes-apt-keyring.gpg", new)
+
+
+@pytest.mark.faults
+def test_a_key_that_is_not_the_pinned_one_fails_that_host_only_and_installs_nothing(lab_up, run_cli):
+    lab = lab_up("""
+hosts:
+  - name: cp-1
+    role: control-plane
+  - name: fine
+    gpus: 2
+  - name: forged
+    gpus: 2
+  - name: downgraded
+    gpus: 2
+""")
+    fp_mirror, fp_nvidia = lab_key_fingerprint("mirror.lab.invalid"), lab_key_fingerprint("nvidia.github.io")
+    forged_fp = lab_key_fingerprint("attacker.lab.invalid")
+    set_install(lab, kubernetes_repo={"url": "http://mirror.lab.invalid/k8s", "insecure_http": True,
+                                      "key_fingerprint": fp_mirror},
+                toolkit_repo={"url": "https://nvidia.github.io/libnvidia-container", "key_fingerprint": fp_nvidia})
+    # whoever is on the path of the plain-http mirror serves its own key to one host
+    lab.host("forged").update_state(served_keys={"mirror.lab.invalid": forged_fp})
+    # and redirects another host's https key URL to plain http
+    lab.host("downgraded").update_state(redirects={"nvidia.github.io": "http://nvidia.github.io"})
+    r, rep = install(run_cli, lab)
+    assert r.returncode == 1
+    hosts = by_host(rep)
+    assert hosts["cp-1"]["status"] == "done" and hosts["fine"]["status"] == "done"
+
+    forged = hosts["forged"]
+    assert forged["status"] == "failed" and "kubernetes-apt-key" in forged["message"]
+    assert (f"the key served at http://mirror.lab.invalid/k8s/v1.30/deb/Release.key has fingerprint {forged_fp}, "
+            f"the inventory pins {fp_mirror}") in forged["message"]
+    failed = [s for s in forged["steps"] if s["status"] == "failed"]
+    assert [s["name"] for s in failed] == ["kubernetes-apt-key"]
+    assert all(s["status"] == "not-run" for s in forged["steps"][forged["steps"].index(failed[0]) + 1:])
+    h = lab.host("forged")
+    assert not h.upper("/etc/apt/keyrings/kubernetes-apt-keyring.gpg").exists()
+    assert list(h.upper("/etc/apt/keyrings").glob("*")) == []  # no keyring, no temporary file
+    assert h.read("/etc/apt/sources.list.d/kubernetes.list") is None
+    assert not any(a[0] == "gpg" and "--dearmor" in a for a in h.commands())
+    assert "--proto =http,https --proto-redir =http,https" in " ".join(key_calls(h)[0])
+
+    down = hosts["downgraded"]
+    assert down["status"] == "failed" and "toolkit-apt-key" in down["message"]
+    assert 'Protocol "http" not supported or disabled in libcurl' in down["message"]
+    assert not lab.host("downgraded").upper("/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg").exists()
+
+    fine = lab.host("fine")
+    assert holds_key(fine, "/etc/apt/keyrings/kubernetes-apt-keyring.gpg", fp_mirror)
+    assert "http://mirror.lab.invalid/k8s/v1.30/deb/ /" in fine.read("/etc/apt/sources.list.d/kubernetes.list")
+    assert fine.state()["packages"]["kubeadm"].startswith("1.30.")
+
+    # the path is clean again: a re-run completes the failed hosts
+    lab.host("forged").update_state(served_keys={})
+    lab.host("downgraded").update_state(redirects={})
+    r, rep = install(run_cli, lab)
+    assert r.returncode == 0, json.dumps(rep, indent=1)
+    assert holds_key(h, "/etc/apt/keyrings/kubernetes-apt-keyring.gpg", fp_mirror)
+
+
+def test_alinux_with_pinned_keys_uses_the_checked_local_key_files(lab_up, run_cli):
+    lab = lab_up("""
+hosts:
+  - name: cp-1
+    role: control-plane
+  - name: al
+    os: alinux-3
+    gpus: 2
+  - name: al-forged
+    os: alinux-3
+    gpus: 2
+""")
+    fp_nvidia, fp_k8s = lab_key_fingerprint("nvidia.github.io"), lab_key_fingerprint("pkgs.k8s.io")
+    set_install(lab, toolkit_repo={"url": "https://nvidia.github.io/libnvidia-container", "key_fingerprint": fp_nvidia},
+                kubernetes_repo={"url": "https://pkgs.k8s.io/core:/stable:", "key_fingerprint": fp_k8s})
+    lab.host("al-forged").update_state(served_keys={"pkgs.k8s.io": [fp_k8s, lab_key_fingerprint("extra")]})
+    r, rep = install(run_cli, lab)
+    hosts = by_host(rep)
+    assert hosts["al"]["status"] == "done" and hosts["cp-1"]["status"] == "done", json.dumps(rep, indent=1)
+    al = lab.host("al")
+    k8s_repo = al.read("/etc/yum.repos.d/kubernetes.repo")
+    toolkit_repo = al.read("/etc/yum.repos.d/nvidia-container-toolkit.repo")
+    assert "\ngpgkey=file:///etc/pki/rpm-gpg/gpuk8s-kubernetes.asc\n" in k8s_repo
+    assert "\ngpgkey=file:///etc/pki/rpm-gpg/gpuk8s-nvidia-container-toolkit.asc\n" in toolkit_repo
+    assert "http" not in "".join(ln for ln in (k8s_repo + toolkit_repo).splitlines() if ln.startswith("gpgkey="))
+    assert f"lab-fingerprint: {fp_k8s}" in al.read("/etc/pki/rpm-gpg/gpuk8s-kubernetes.asc")
+    assert f"lab-fingerprint: {fp_nvidia}" in al.read("/etc/pki/rpm-gpg/gpuk8s-nvidia-container-toolkit.asc")
+    assert [c[-1] for c in key_calls(al)] == [
+        "https://pkgs.k8s.io/core:/stable:/v1.30/rpm/repodata/repomd.xml.key",
+        "https://nvidia.github.io/libnvidia-container/gpgkey"]
+    assert al.state()["packages"]["nvidia-container-toolkit"] == "1.17.8-1"
+    steps = [s["name"] for s in hosts["al"]["steps"]]
+    assert steps.index("kubernetes-rpm-key") < steps.index("kubernetes-yum-repo")
+
+    # a key file that holds the pinned key and another one is refused: dnf would trust both
+    forged = hosts["al-forged"]
+    assert r.returncode == 1 and forged["status"] == "failed" and "kubernetes-rpm-key" in forged["message"]
+    assert f"holds several keys ({fp_k8s} {lab_key_fingerprint('extra')}), the inventory pins {fp_k8s}" in \
+        forged["message"]
+    f = lab.host("al-forged")
+    assert f.read("/etc/yum.repos.d/kubernetes.repo") is None
+    assert list(f.upper("/etc/pki/rpm-gpg").glob("*")) == []  # no key file, no temporary file

@@ -7,6 +7,7 @@ import shutil
 import subprocess
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -14,7 +15,7 @@ from hypothesis import strategies as st
 
 from gpuk8s.facts.model import OSInfo
 from gpuk8s.inventory.loader import loads
-from gpuk8s.inventory.model import InstallSettings
+from gpuk8s.inventory.model import InstallSettings, Inventory
 from gpuk8s.playbook.model import PlaybookError, load_playbook, parse_playbook, playbook_names
 from gpuk8s.playbook.render import RenderedStep, context, render_playbook
 from gpuk8s.playbook.script import build_script, lines_that_matter, parse_output
@@ -160,3 +161,184 @@ steps:
     res = parse_output(p.stdout)
     assert p.returncode == 1 and res.steps[0].status == "failed" and res.steps[0].exit_status == 7
     assert "E: broken" in res.steps[0].output and 1 not in res.steps and not Path(root / "after").exists()
+
+
+# -- repository signing keys: https through redirects, plain http only with insecure_http, pinned fingerprints --
+
+FP_A = "CDFA34FB7A63B7C6F032A15E3F46D06B5ECE7666"  # KEY_A below (an ed25519 key with a cv25519 subkey)
+FP_B = "2DACF26AF4A30E35BFFBBD2D41A9E748BE895661"  # KEY_B below
+# Public halves of two throwaway keys made for these tests (gpg --quick-gen-key; the secret halves are gone).
+KEY_A = """-----BEGIN PGP PUBLIC KEY BLOCK-----
+
+mDMEaw0gRxYJKwYBBAHaRw8BAQdAO6MkXNXdp/jajPKLLIBfajyClXbTK79G1b1v
+JSLgCya0KWdwdWs4cyB1bml0IHRlc3Qga2V5IEEgPGFAZ3B1azhzLmludmFsaWQ+
+iJAEExYIADgWIQTN+jT7emO3xvAyoV4/RtBrXs52ZgUCaw0gRwIbAwULCQgHAgYV
+CgkICwIEFgIDAQIeAQIXgAAKCRA/RtBrXs52ZgNSAQDDfEKn0c9XH/hyzxQhkfQg
+OPPiVY3Sle4xdeCWHVB8egD+PWlAmydCE0MBpXICTEgb2hDPivunG6PpriavFGB7
+TQm4OARrDSBHEgorBgEEAZdVAQUBAQdA5UWWBvjDOnhpWAzZkXYhaXG8icOZMMNy
+2Lop7qnYWG0DAQgHiHgEGBYIACAWIQTN+jT7emO3xvAyoV4/RtBrXs52ZgUCaw0g
+RwIbDAAKCRA/RtBrXs52ZvAtAP9N7fi2I6MOHzDamzDJ5+IPaxR5cBoVHhyuHKDz
+AbhtpwEAxbXJKK7tdw7rqnkYG3CXvoRFIIB4TMbifvAZT9lNwQQ=
+=5VXv
+-----END PGP PUBLIC KEY BLOCK-----
+"""
+KEY_B = """-----BEGIN PGP PUBLIC KEY BLOCK-----
+
+mDMEaw0gRxYJKwYBBAHaRw8BAQdA1pt8RF3Qs7/fn3q5A/HM3W9waxn+rdlQdWK2
+j7QmyCi0KWdwdWs4cyB1bml0IHRlc3Qga2V5IEIgPGJAZ3B1azhzLmludmFsaWQ+
+iJAEExYIADgWIQQtrPJq9KMONb/7vS1BqedIvolWYQUCaw0gRwIbAwULCQgHAgYV
+CgkICwIEFgIDAQIeAQIXgAAKCRBBqedIvolWYWCKAQDoJ5S9pe1DD7uH7ktYiIC2
+sodfgZfAJXnP146vhyplQQD+PtkfI4Mp1ZiIJbyf9YckAOA/Yk9UXPQHsU0F+7mL
+Rgc=
+=WADX
+-----END PGP PUBLIC KEY BLOCK-----
+"""
+KEY_SETTINGS: dict[str, dict[str, Any]] = {
+    "none": {},
+    "https-pinned": {
+        "toolkit_repo": {"url": "https://mirror.lan/nvidia", "key_fingerprint": FP_A},
+        "kubernetes_repo": {"url": "https://mirror.lan/k8s", "key_fingerprint": "0x" + FP_B.lower()}},
+    "http-pinned": {
+        "toolkit_repo": {"url": "http://mirror.lan/nvidia", "insecure_http": True, "key_fingerprint": FP_A},
+        "kubernetes_repo": {"url": "http://mirror.lan/k8s", "insecure_http": True, "key_fingerprint": FP_B}},
+}
+
+
+def inv_with_keys(settings: dict[str, Any]) -> Inventory:
+    import yaml
+
+    text = ("hosts:\n  - {name: cp-1, address: 10.0.0.10, role: control-plane}\n"
+            "  - {name: gpu-1, address: 10.0.0.11, role: worker, gpus: 8}\n")
+    return loads(text + (yaml.safe_dump({"install": settings}) if settings else ""))
+
+
+def test_context_carries_the_repository_key_settings():
+    ins = context(inv_with_keys(KEY_SETTINGS["http-pinned"]), HOST, facts())["install"]
+    assert ins["toolkit_repo_insecure_http"] is True and ins["toolkit_repo_key_fingerprint"] == FP_A
+    assert ins["kubernetes_repo_insecure_http"] is True and ins["kubernetes_repo_key_fingerprint"] == FP_B
+    ins = context(inv_with_keys(KEY_SETTINGS["https-pinned"]), HOST, facts())["install"]
+    assert ins["kubernetes_repo_key_fingerprint"] == FP_B and ins["kubernetes_repo_insecure_http"] is False
+    ins = context(INV, HOST, facts())["install"]
+    assert ins["toolkit_repo_key_fingerprint"] == ins["kubernetes_repo_key_fingerprint"] == ""
+    assert ins["toolkit_repo_insecure_http"] is ins["kubernetes_repo_insecure_http"] is False
+
+
+@pytest.mark.parametrize("os_info", [None, ALINUX], ids=["ubuntu", "alinux"])
+@pytest.mark.parametrize("runtime", ["containerd", "docker"])
+@pytest.mark.parametrize("which", list(KEY_SETTINGS))
+def test_key_settings_render_to_valid_sh(which, runtime, os_info, tmp_path):
+    base = inv_with_keys(KEY_SETTINGS[which])
+    inv = replace(base, cluster=replace(base.cluster, container_runtime=runtime))
+    steps = {s.name: s for s in steps_for(inv, facts() if os_info is None else facts(os=ALINUX))}
+    for shell in ("sh", "bash") if shutil.which("bash") else ("sh",):
+        for dry in (False, True):
+            script = tmp_path / "s.sh"
+            script.write_text(build_script(list(steps.values()), owner="test", dry_run=dry))
+            p = subprocess.run([shell, "-n", str(script)], capture_output=True, text=True)
+            assert p.returncode == 0, p.stderr
+    pinned, http = which != "none", which == "http-pinned"
+    proto = "proto==http,https" if http else "proto==https"
+    if os_info is None:
+        assert {"toolkit-apt-key", "kubernetes-apt-key"} <= set(steps)
+        assert not {"toolkit-rpm-key", "kubernetes-rpm-key"} & set(steps)
+        for name, fp in (("toolkit-apt-key", FP_A), ("kubernetes-apt-key", FP_B)):
+            s = steps[name]
+            assert proto in s.run and '--proto "$proto" --proto-redir "$proto"' in s.run
+            assert (f"pin={fp}" if pinned else "pin=''") in s.run and (f"pin={fp}" if pinned else "pin=''") in s.check
+            assert "the inventory pins $pin" in s.run and "gpg --dearmor" in s.run
+        assert "url=http://mirror.lan/k8s/v1.30/deb/Release.key" in steps["kubernetes-apt-key"].run or not http
+        return
+    assert ("toolkit-rpm-key" in steps) == pinned and ("kubernetes-rpm-key" in steps) == pinned
+    toolkit_repo = steps["toolkit-yum-repo"].file_content
+    k8s_repo = steps["kubernetes-yum-repo"].file_content
+    if pinned:
+        assert "gpgkey=file:///etc/pki/rpm-gpg/gpuk8s-nvidia-container-toolkit.asc\n" in toolkit_repo
+        assert "gpgkey=file:///etc/pki/rpm-gpg/gpuk8s-kubernetes.asc\n" in k8s_repo
+        for name, fp, path in (("toolkit-rpm-key", FP_A, "gpuk8s-nvidia-container-toolkit.asc"),
+                               ("kubernetes-rpm-key", FP_B, "gpuk8s-kubernetes.asc")):
+            s = steps[name]
+            assert proto in s.run and f"pin={fp}" in s.run and f"pin={fp}" in s.check
+            assert f"/etc/pki/rpm-gpg/{path}" in s.run and s.changes == (f"/etc/pki/rpm-gpg/{path}",)
+        names = list(steps)
+        assert names.index("toolkit-rpm-key") < names.index("toolkit-yum-repo")
+        assert names.index("kubernetes-rpm-key") < names.index("kubernetes-yum-repo")
+        assert "baseurl=http://mirror.lan/k8s/v1.30/rpm/" in k8s_repo or not http
+    else:
+        assert "gpgkey=https://nvidia.github.io/libnvidia-container/gpgkey\n" in toolkit_repo
+        assert "gpgkey=https://pkgs.k8s.io/core:/stable:/v1.30/rpm/repodata/repomd.xml.key\n" in k8s_repo
+
+
+def run_key_step(step: RenderedStep, root: Path, served: str,
+                 part: str = "run") -> subprocess.CompletedProcess[str]:
+    """One key step's check or run, by sh on this machine: its directories moved under `root`, and a `curl`
+    that serves `served` and logs its arguments (the real gpg and awk read the key)."""
+    bin_dir = root / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (root / "served.asc").write_text(served)
+    curl = bin_dir / "curl"
+    curl.write_text(f'#!/bin/sh\necho "$@" >> {root}/curl.log\n'
+                    'while [ $# -gt 0 ]; do [ "$1" = -o ] && { o=$2; shift; }; shift; done\n'
+                    f'cp {root}/served.asc "$o"\n')
+    curl.chmod(0o755)
+    body = getattr(step, part)
+    for d in ("/usr/share/keyrings", "/etc/apt/keyrings", "/etc/pki/rpm-gpg"):
+        body = body.replace(d, f"{root}{d}")
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(root / "home"), "LC_ALL": "C"}
+    return subprocess.run(["sh", "-c", ("set -e\n" if part == "run" else "") + body], capture_output=True,
+                          text=True, env=env)
+
+
+@pytest.mark.skipif(not shutil.which("gpg"), reason="needs GnuPG")
+@pytest.mark.parametrize("os_info,name,dest", [
+    (None, "toolkit-apt-key", "usr/share/keyrings/nvidia-container-toolkit-keyring.gpg"),
+    (None, "kubernetes-apt-key", "etc/apt/keyrings/kubernetes-apt-keyring.gpg"),
+    (ALINUX, "toolkit-rpm-key", "etc/pki/rpm-gpg/gpuk8s-nvidia-container-toolkit.asc"),
+    (ALINUX, "kubernetes-rpm-key", "etc/pki/rpm-gpg/gpuk8s-kubernetes.asc"),
+], ids=["toolkit-apt", "kubernetes-apt", "toolkit-rpm", "kubernetes-rpm"])
+def test_key_steps_check_the_pinned_fingerprint_with_the_real_gpg(os_info, name, dest, tmp_path):
+    f = facts() if os_info is None else facts(os=os_info)
+    repo = "toolkit_repo" if name.startswith("toolkit") else "kubernetes_repo"
+
+    def step(fp: str) -> RenderedStep:
+        inv = inv_with_keys({repo: {"url": "http://mirror.lan/x", "insecure_http": True, "key_fingerprint": fp}})
+        return {s.name: s for s in steps_for(inv, f)}[name]
+
+    target = tmp_path / dest
+    # the served key has another fingerprint: the step fails naming both, and nothing is installed
+    r = run_key_step(step(FP_A), tmp_path, KEY_B)
+    assert r.returncode != 0
+    assert "the key served at http://mirror.lan/x/" in r.stderr
+    assert f"has fingerprint {FP_B}, the inventory pins {FP_A}" in r.stderr
+    assert lines_that_matter(r.stdout + r.stderr)[-1].startswith("Error: the key served at")
+    assert not target.exists() and not list(target.parent.glob(".gpuk8s.*"))
+    assert "--proto =http,https --proto-redir =http,https" in (tmp_path / "curl.log").read_text()
+    # a file holding the pinned key and another one is refused too (apt would trust both)
+    r = run_key_step(step(FP_A), tmp_path, KEY_A + KEY_B)
+    assert r.returncode != 0 and f"holds several keys ({FP_A} {FP_B}), the inventory pins {FP_A}" in r.stderr
+    # not a key at all
+    r = run_key_step(step(FP_A), tmp_path, "<html>captive portal</html>\n")
+    assert r.returncode != 0 and "is no OpenPGP key that gpg can read; the inventory pins" in r.stderr
+    assert not target.exists()
+    # the right key: installed, and the check (which reads the installed key; for apt, the dearmored
+    # keyring) passes; the subkey's fingerprint is not taken for the primary key's
+    assert run_key_step(step(FP_A), tmp_path, KEY_A, "check").returncode != 0
+    r = run_key_step(step(FP_A), tmp_path, KEY_A)
+    assert r.returncode == 0, r.stderr
+    assert target.stat().st_size > 0 and oct(target.stat().st_mode & 0o777) == "0o644"
+    assert run_key_step(step(FP_A), tmp_path, KEY_A, "check").returncode == 0
+    assert not list(target.parent.glob(".gpuk8s.*"))
+    # a newly pinned key: the installed one no longer passes the check, and the run replaces it
+    assert run_key_step(step(FP_B), tmp_path, KEY_B, "check").returncode != 0
+    assert run_key_step(step(FP_B), tmp_path, KEY_B).returncode == 0
+    assert run_key_step(step(FP_B), tmp_path, KEY_B, "check").returncode == 0
+    # gpg left nothing in HOME (the check also runs in --dry-run, which must change nothing)
+    assert not (tmp_path / "home").exists()
+
+
+@pytest.mark.skipif(not shutil.which("gpg"), reason="needs GnuPG")
+def test_unpinned_apt_key_keeps_the_old_behaviour_over_https(tmp_path):
+    s = {s.name: s for s in steps_for(INV)}["kubernetes-apt-key"]
+    r = run_key_step(s, tmp_path, KEY_B)
+    assert r.returncode == 0, r.stderr
+    assert "--proto =https --proto-redir =https" in (tmp_path / "curl.log").read_text()
+    assert run_key_step(s, tmp_path, KEY_A, "check").returncode == 0  # no pin: any installed keyring is kept
