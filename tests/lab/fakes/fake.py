@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fcntl
 import fnmatch
+import hashlib
 import json
 import os
 import re
@@ -542,14 +543,82 @@ def apt_mark(h: Host, args: list[str]) -> int:
     return 0
 
 
+# -- signing keys -------------------------------------------------------------------------------------------
+# A key served in the lab is armored text naming its fingerprint(s); gpg --dearmor keeps that text inside
+# the "binary" keyring, so gpg --show-keys reads the fingerprint from whatever file it is given.
+KEY_FPR = re.compile(rb"^lab-fingerprint: ([0-9A-F]{40})$", re.M)
+
+
+def lab_key_fingerprint(url_host: str) -> str:
+    """The fingerprint of the signing key the lab serves at a repository host: sha1 of the host name."""
+    return hashlib.sha1(url_host.encode()).hexdigest().upper()
+
+
+def served_key_fingerprints(h: Host, url_host: str) -> list[str]:
+    """What the key file at a host holds: the host's own lab key, unless the state's "served_keys"
+    ({url host: fingerprint or a list of them}) makes that host serve another key (or several)."""
+    got = h.state.get("served_keys", {}).get(url_host)
+    if got is None:
+        return [lab_key_fingerprint(url_host)]
+    return [got] if isinstance(got, str) else list(got)
+
+
+def _protocols(value: str | None, default: set[str]) -> set[str]:
+    """curl's --proto / --proto-redir syntax: `=a,b` exactly these; `+a`, `-a`, `all` change the set."""
+    if value is None:
+        return set(default)
+    allowed: set[str] = set(default)
+    for tok in value.split(","):
+        tok = tok.strip().lower()
+        op = tok[0] if tok[:1] in "=+-" else "+"
+        name = tok.lstrip("=+-")
+        names = {"http", "https", "ftp", "ftps", "file"} if name == "all" else {name}
+        if op == "=":
+            allowed = set(names)
+        elif op == "+":
+            allowed |= names
+        else:
+            allowed -= names
+    return allowed
+
+
+def _opt(args: list[str], name: str) -> str | None:
+    return args[args.index(name) + 1] if name in args[:-1] else None
+
+
 def curl(h: Host, args: list[str]) -> int:
     url = next((a for a in args if re.match(r"^https?://", a)), "")
-    dest = args[args.index("-o") + 1] if "-o" in args else None
+    dest = _opt(args, "-o")
+    follow = "-L" in args or "--location" in args or any(
+        a.startswith("-") and not a.startswith("--") and "L" in a for a in args)
+    # curl >= 7.65.2 follows redirects to http, https, ftp and ftps unless --proto-redir says otherwise
+    proto = _protocols(_opt(args, "--proto"), {"http", "https", "ftp", "ftps", "file"})
+    proto_redir = _protocols(_opt(args, "--proto-redir"), {"http", "https", "ftp", "ftps"}) & proto
+    scheme = url.split("://", 1)[0]
+    if scheme not in proto:
+        err(f'curl: (1) Protocol "{scheme}" not supported or disabled in libcurl\n')
+        return 1
     if _unreachable(h, url):
         err(f"curl: (6) Could not resolve host: {_url_host(url)}\n")
         return 6
-    body = (f"-----BEGIN PGP PUBLIC KEY BLOCK-----\n\nlab signing key served at {url}\n"
-            "-----END PGP PUBLIC KEY BLOCK-----\n")
+    # the state's "redirects" ({url host: base URL}): that host answers 302 to the same path under the base
+    to = h.state.get("redirects", {}).get(_url_host(url))
+    if to:
+        if not follow:
+            if dest:
+                Path(dest).write_text("")
+            return 0
+        url = to.rstrip("/") + "/" + re.sub(r"^[a-z]+://[^/]*/?", "", url)
+        scheme = url.split("://", 1)[0]
+        if scheme not in proto_redir:
+            err(f'curl: (1) Protocol "{scheme}" not supported or disabled in libcurl\n')
+            return 1
+        if _unreachable(h, url):
+            err(f"curl: (6) Could not resolve host: {_url_host(url)}\n")
+            return 6
+    body = "".join(f"-----BEGIN PGP PUBLIC KEY BLOCK-----\n\nlab signing key served at {url}\n"
+                   f"lab-fingerprint: {fpr}\n-----END PGP PUBLIC KEY BLOCK-----\n"
+                   for fpr in served_key_fingerprints(h, _url_host(url)))
     if url.endswith((".yaml", ".yml")):
         body = CNI_MANIFESTS["flannel" if "flannel" in url else "calico"]
     if dest:
@@ -602,14 +671,51 @@ spec:
 }
 
 
+_GPG_VALUE_OPTS = {"--trust-model", "--homedir", "-o", "--output", "--keyring", "--import-options",
+                   "--list-options", "--status-fd", "--logger-fd"}
+
+
 def gpg(h: Host, args: list[str]) -> int:
-    if "--dearmor" not in args:
+    if "--dearmor" in args:
+        data = sys.stdin.buffer.read()
+        if not data.startswith(b"-----BEGIN PGP"):
+            err("gpg: no valid OpenPGP data found.\n")
+            return 2
+        sys.stdout.buffer.write(b"\x99\x01lab-keyring\x00" + data)
         return 0
-    data = sys.stdin.buffer.read()
-    if not data.startswith(b"-----BEGIN PGP"):
+    if "--show-keys" not in args:
+        return 0
+    files = [a for i, a in enumerate(args) if not a.startswith("-") and not (i and args[i - 1] in _GPG_VALUE_OPTS)]
+    datas = []
+    for f in files or ["-"]:
+        try:
+            datas.append(sys.stdin.buffer.read() if f == "-" else Path(f).read_bytes())
+        except OSError as e:
+            err(f"gpg: can't open '{f}': {e.strerror}\n")
+            return 2
+    fprs = [m.decode() for d in datas for m in KEY_FPR.findall(d)]
+    if not fprs:
         err("gpg: no valid OpenPGP data found.\n")
         return 2
-    sys.stdout.buffer.write(b"\x99\x01lab-keyring\x00" + data)
+    created = 1700000000
+    for fpr in fprs:
+        sub = hashlib.sha1(f"subkey of {fpr}".encode()).hexdigest().upper()
+        uid = f"lab repository signing key {fpr[-8:]}"
+        uid_hash = hashlib.sha1(uid.encode()).hexdigest().upper()
+        if "--with-colons" in args:
+            # GnuPG's colon listing, doc/DETAILS "Format of the colon listings" (gpg/gnupg):
+            #   pub:f:1024:17:6C7EE1B8621CC013:899817715:1055898235::m:::scESC:
+            #   fpr:::::::::ECAF7590EB3443B5C7CF3ACB6C7EE1B8621CC013:
+            # field 10 of an fpr record is the fingerprint of the (sub)key record just before it; the
+            # fields below are as gpg 2.2.40 prints them for `--show-keys --with-colons` of an ed25519 key
+            out(f"pub:-:255:22:{fpr[-16:]}:{created}:::-:::scSC:::::ed25519:::0:\n"
+                f"fpr:::::::::{fpr}:\n"
+                f"uid:-::::{created}::{uid_hash}::{uid}::::::::::0:\n"
+                f"sub:-:255:18:{sub[-16:]}:{created}::::::e:::::cv25519::\n"
+                f"fpr:::::::::{sub}:\n")
+        else:
+            out(f"pub   ed25519 2023-11-14 [SC]\n      {fpr}\nuid                      {uid}\n"
+                "sub   cv25519 2023-11-14 [E]\n\n")
     return 0
 
 
