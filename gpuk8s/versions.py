@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from gpuk8s.inventory.model import Inventory
 
-_RELEASE = re.compile(r"(?<![\w.])v?(\d+(?:\.\d+)+)")
+_RELEASE = re.compile(r"(?<![\w.])v?([0-9]+(?:\.[0-9]+)+)")  # ASCII digits: \d also matches "٣"
 
 Release = tuple[int, ...]
 

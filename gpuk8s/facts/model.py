@@ -54,7 +54,8 @@ class ContainerdConfig:
     systemd_cgroup: bool | None = None
     nvidia_runtime: bool = False
     imports: tuple[str, ...] = ()
-    error: str = ""
+    error: str = ""  # the configuration cannot be read (not TOML, too large): the fields above are unknown
+    error_file: str = ""  # the file at fault
 
 
 @dataclass(frozen=True)

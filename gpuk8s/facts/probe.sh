@@ -30,7 +30,9 @@ file nvidia-proc /proc/driver/nvidia/version
 sec containerd-version containerd --version
 sec containerd-active systemctl is-active containerd
 file containerd-config /etc/containerd/config.toml
-sec containerd-dropins sh -c 'cat /etc/containerd/conf.d/*.toml 2>/dev/null; true'
+# Each drop-in is framed by a line '@@file PATH' (no TOML file holds such a line), so that each is parsed
+# on its own: files concatenated may define the same table twice.
+sec containerd-dropins sh -c 'for f in /etc/containerd/conf.d/*.toml; do [ -f "$f" ] || continue; printf "@@file %s\n" "$f"; cat "$f" 2>/dev/null; echo; done; true'
 sec docker-version docker version --format '{{.Server.Version}}'
 sec docker-active systemctl is-active docker
 file docker-daemon /etc/docker/daemon.json

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from gpuk8s.facts.model import HostFacts
+from gpuk8s.facts.parse import CONTAINERD_CONFIG, TOO_LARGE
 from gpuk8s.inventory.model import Cluster, Host
 from gpuk8s.preflight.result import CheckResult, failed, passed, skipped
 from gpuk8s.versions import at_least, cuda_versions_supported, fmt, release
@@ -159,7 +160,15 @@ def _runtime(f: HostFacts, cluster: Cluster, gpu_host: bool) -> list[CheckResult
         out.append(skipped("runtime.active", "cannot tell (no systemctl)"))
     if name == "containerd":
         cfg = f.containerd_config
-        if "cri" in cfg.disabled_plugins or "io.containerd.grpc.v1.cri" in cfg.disabled_plugins:
+        bad_file = cfg.error_file or CONTAINERD_CONFIG
+        unreadable = f"unknown: {bad_file} cannot be read"
+        if cfg.error:
+            out.append(failed("runtime.config", cfg.error,
+                              f"make {bad_file} smaller, or --ignore runtime.config" if TOO_LARGE in cfg.error else
+                              f"fix the TOML syntax of {bad_file} (containerd config dump shows what containerd "
+                              "reads)"))
+            out.append(skipped("runtime.cri-plugin", unreadable))
+        elif "cri" in cfg.disabled_plugins or "io.containerd.grpc.v1.cri" in cfg.disabled_plugins:
             out.append(failed("runtime.cri-plugin", "/etc/containerd/config.toml has disabled_plugins = [\"cri\"] "
                               "(Docker's containerd.io default): kubeadm fails with 'unknown service "
                               "runtime.v1.RuntimeService' and nvidia-ctk changes nothing",
@@ -172,7 +181,9 @@ def _runtime(f: HostFacts, cluster: Cluster, gpu_host: bool) -> list[CheckResult
                               f"containerd >= 1.6, found {fmt(rt.release)}", "upgrade containerd to 1.6 or newer"))
         else:
             out.append(passed("runtime.kubernetes-compat", f"containerd suits Kubernetes {cluster.kubernetes_version}"))
-        if cfg.systemd_cgroup:
+        if cfg.error:
+            out.append(skipped("runtime.cgroup-driver", unreadable))
+        elif cfg.systemd_cgroup:
             out.append(passed("runtime.cgroup-driver", "SystemdCgroup = true"))
         else:
             out.append(failed("runtime.cgroup-driver", "runc does not use the systemd cgroup driver "
@@ -200,7 +211,10 @@ def _runtime(f: HostFacts, cluster: Cluster, gpu_host: bool) -> list[CheckResult
     else:
         out.append(failed("toolkit.installed", "nvidia-container-toolkit is not installed",
                           "gpuk8s install installs it"))
-    if default_rt == "nvidia":
+    if name == "containerd" and f.containerd_config.error:
+        out.append(skipped("toolkit.default-runtime", f"unknown: "
+                           f"{f.containerd_config.error_file or CONTAINERD_CONFIG} cannot be read"))
+    elif default_rt == "nvidia":
         out.append(passed("toolkit.default-runtime", f"nvidia is {name}'s default runtime"))
     else:
         out.append(failed("toolkit.default-runtime", f"{name}'s default runtime is {default_rt or 'runc'}, not nvidia: "
@@ -253,8 +267,8 @@ def _kubernetes(host: Host, f: HostFacts) -> list[CheckResult]:
                               "use a larger server"))
         else:
             out.append(passed("k8s.memory", f"{f.memory_mb} MB"))
-    if not _NODE_NAME.match(f.hostname or "-"):
-        out.append(failed("k8s.hostname", f"hostname {f.hostname!r} is not a valid node name (RFC 1123)",
+    if len(f.hostname) > 253 or not _NODE_NAME.match(f.hostname or "-"):
+        out.append(failed("k8s.hostname", f"hostname {f.hostname[:80]!r} is not a valid node name (RFC 1123)",
                           "gpuk8s registers the node as the inventory name; rename the host to match "
                           f"(hostnamectl set-hostname {host.name})"))
     elif f.hostname != host.name:

@@ -11,6 +11,7 @@ Severity = Literal["error", "warning"]
 # Every check id with its severity. Ids are stable: users pass them to --ignore and
 # scripts read them from --output json.
 CHECKS: dict[str, Severity] = {
+    "facts.parse": "error",
     "ssh.reachable": "error",
     "ssh.sudo": "error",
     "os.supported": "error",
@@ -20,6 +21,7 @@ CHECKS: dict[str, Severity] = {
     "gpu.count": "error",
     "gpu.cuda": "warning",
     "runtime.installed": "error",
+    "runtime.config": "error",
     "runtime.version": "error",
     "runtime.active": "error",
     "runtime.cri-plugin": "error",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from gpuk8s.facts.model import GPU, ContainerdConfig, DockerDaemon, GPUInfo, HostFacts, OSInfo, Runtime
+from gpuk8s.facts.parse import Section, parse_containerd_config
 from gpuk8s.inventory.model import Cluster, Host, SSHSettings
 from gpuk8s.preflight.cluster_checks import check_cluster
 from gpuk8s.preflight.host_checks import check_host
@@ -94,3 +95,31 @@ def test_cluster_names_the_odd_hosts():
     assert r["cluster.unique-machine-id"].status == "fail" and "m1 on h1, h2" in r["cluster.unique-machine-id"].message
     assert r["cluster.clock-skew"].status == "warn" and "h2" in r["cluster.clock-skew"].message
     assert r["cluster.unique-macs"].status == "pass"
+
+
+def test_containerd_config_that_is_not_toml_fails_with_a_remedy():
+    cfg = parse_containerd_config(Section('version = 2\n[plugins."io.containerd.grpc.v1.cri".containerd\n', 0))
+    r = by_id(check_host(HOST, facts(containerd_config=cfg), Cluster()))
+    bad = r["runtime.config"]
+    assert bad.status == "fail" and bad.severity == "error"
+    assert "/etc/containerd/config.toml is not valid TOML" in bad.message
+    assert bad.remedy == ("fix the TOML syntax of /etc/containerd/config.toml (containerd config dump shows what "
+                          "containerd reads)")
+    # what the file would have said is unknown: neither passed nor failed
+    assert {i: r[i].status for i in ("runtime.cri-plugin", "runtime.cgroup-driver", "toolkit.default-runtime")} == {
+        "runtime.cri-plugin": "skip", "runtime.cgroup-driver": "skip", "toolkit.default-runtime": "skip"}
+
+
+def test_broken_dropin_names_the_dropin_in_the_remedy():
+    cfg = ContainerdConfig(True, error="/etc/containerd/conf.d/99-nvidia.toml is not valid TOML: x",
+                           error_file="/etc/containerd/conf.d/99-nvidia.toml")
+    r = by_id(check_host(HOST, facts(containerd_config=cfg), Cluster()))
+    assert "fix the TOML syntax of /etc/containerd/conf.d/99-nvidia.toml" in r["runtime.config"].remedy
+    big = parse_containerd_config(Section("# x\n", 141))
+    r = by_id(check_host(HOST, facts(containerd_config=big), Cluster()))
+    assert r["runtime.config"].status == "fail" and "larger than the 256 KiB" in r["runtime.config"].message
+    assert r["runtime.config"].remedy == "make /etc/containerd/config.toml smaller, or --ignore runtime.config"
+
+
+def test_runtime_config_is_only_reported_when_it_fails():
+    assert "runtime.config" not in by_id(check_host(HOST, facts(), Cluster()))

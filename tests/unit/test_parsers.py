@@ -8,6 +8,7 @@ import pytest
 
 from gpuk8s.facts.parse import (
     Section,
+    _MiniToml,
     parse_containerd_config,
     parse_daemon_json,
     parse_nvidia_smi,
@@ -156,3 +157,113 @@ def test_ping_and_iperf3():
 def test_sections_keep_exit_status():
     s = split_sections("@@gpuk8s-begin a\nx\ny\n\n@@gpuk8s-end a 3\n")
     assert s["a"] == Section("x\ny", 3)
+
+
+# containerd 2.x default (config version 3) with nvidia-ctk >= 1.18's drop-in, as each writes them
+CONTAINERD2_CONFIG = """version = 3
+root = '/var/lib/containerd'
+imports = ['/etc/containerd/conf.d/*.toml']
+disabled_plugins = []
+
+[plugins]
+  [plugins.'io.containerd.cri.v1.runtime']
+    enable_selinux = false
+    [plugins.'io.containerd.cri.v1.runtime'.containerd]
+      default_runtime_name = 'runc'
+      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes]
+        [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+          runtime_type = 'io.containerd.runc.v2'
+          [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+            SystemdCgroup = true
+  [plugins.'io.containerd.gc.v1.scheduler']
+    pause_threshold = 0.02
+    schedule_delay = '0s'
+"""
+NVIDIA_DROPIN = """version = 3
+
+[plugins]
+
+  [plugins."io.containerd.cri.v1.runtime"]
+
+    [plugins."io.containerd.cri.v1.runtime".containerd]
+      default_runtime_name = "nvidia"
+
+      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes]
+
+        [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.nvidia]
+          privileged_without_host_devices = false
+          runtime_type = "io.containerd.runc.v2"
+
+          [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.nvidia.options]
+            BinaryName = "/usr/bin/nvidia-container-runtime"
+            SystemdCgroup = true
+"""
+
+
+def test_containerd2_config_with_framed_dropins():
+    """Each drop-in is parsed on its own (they define the same tables) and merged in order: later wins."""
+    other = '[plugins."io.containerd.cri.v1.runtime".containerd]\n  default_runtime_name = "runc"\n'
+    drops = (f"@@file /etc/containerd/conf.d/10-other.toml\n{other}\n"
+             f"@@file /etc/containerd/conf.d/99-nvidia.toml\n{NVIDIA_DROPIN}\n")
+    c = parse_containerd_config(Section(CONTAINERD2_CONFIG, 0), Section(drops, 0))
+    assert not c.error and c.default_runtime == "nvidia" and c.nvidia_runtime and c.systemd_cgroup is True
+    assert c.imports == ("/etc/containerd/conf.d/*.toml",) and c.disabled_plugins == ()
+    first, nvidia = drops.split("@@file /etc/containerd/conf.d/99-nvidia.toml\n")
+    swapped = f"@@file /etc/containerd/conf.d/99-nvidia.toml\n{nvidia}" + first.replace("10-other", "zz-other")
+    assert parse_containerd_config(Section(CONTAINERD2_CONFIG, 0), Section(swapped, 0)).default_runtime == "runc"
+
+
+def test_containerd_dropin_may_turn_systemd_cgroup_off_and_disable_more_plugins():
+    main = 'version = 2\ndisabled_plugins = ["io.containerd.internal.v1.tracing"]\n' \
+           '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]\n  SystemdCgroup = true\n'
+    drop = ('@@file /etc/containerd/conf.d/50.toml\ndisabled_plugins = ["cri"]\n'
+            '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]\nSystemdCgroup = false\n')
+    c = parse_containerd_config(Section(main, 0), Section(drop, 0))
+    assert c.systemd_cgroup is False and c.disabled_plugins == ("io.containerd.internal.v1.tracing", "cri")
+
+
+def test_containerd_config_version_1():
+    text = '[plugins.cri.containerd]\n  default_runtime_name = "nvidia"\n' \
+           '[plugins.cri.containerd.runtimes.nvidia]\n  runtime_type = "io.containerd.runc.v2"\n'
+    c = parse_containerd_config(Section(text, 0))
+    assert c.default_runtime == "nvidia" and c.nvidia_runtime and c.systemd_cgroup is None
+
+
+def test_invalid_dropin_is_named():
+    drops = "@@file /etc/containerd/conf.d/10-ok.toml\nversion = 2\n@@file /etc/containerd/conf.d/99-nvidia.toml\n[x\n"
+    c = parse_containerd_config(Section("version = 2\n", 0), Section(drops, 0))
+    assert c.present and c.error_file == "/etc/containerd/conf.d/99-nvidia.toml"
+    assert c.error.startswith("/etc/containerd/conf.d/99-nvidia.toml is not valid TOML: ")
+
+
+@pytest.mark.parametrize("text", [CONTAINERD2_CONFIG, NVIDIA_DROPIN, """
+# every TOML form the Python 3.10 reader knows
+a = 'literal \\ string'
+b = "basic \\"quoted\\" \\u00e9 \\t"
+c = \"\"\"
+multi \\
+   line\"\"\"\"
+d = '''raw
+lines'''
+e = [1, 2,
+  # a comment
+  "three", [true, false], {x = 1, y.z = "w"},]
+f = 1_000
+g = -7
+h = 1.5e3
+i = 1979-05-27T07:32:00Z
+"quoted.key" = 1
+dotted.key.here = 2
+[[arr]]
+n = 1
+[[arr]]
+n = 2
+[arr.sub]
+m = 3
+"""])
+def test_python310_toml_reader_agrees_with_tomllib(text):
+    tomllib = pytest.importorskip("tomllib")
+    expected = tomllib.loads(text)
+    if "i" in expected:
+        expected["i"] = "1979-05-27T07:32:00Z"  # dates stay text on Python 3.10
+    assert _MiniToml(text).document() == expected
