@@ -21,3 +21,13 @@ def clean(text: str) -> str:
 def one_line(text: str) -> str:
     """`clean` text on one line: newlines and tabs become spaces (for a table cell or a log line)."""
     return clean(text).replace("\r", " ").replace("\n", " ").replace("\t", " ")
+
+
+def ascii_int(text: str, max_digits: int = 9) -> int | None:
+    """`text` as a non-negative integer if it is 1..max_digits ASCII digits, else None.
+
+    str.isdigit() is True for "²" and "٣", which int() then rejects or reads as a number no host meant.
+    """
+    if 0 < len(text) <= max_digits and text.isascii() and text.isdecimal():
+        return int(text)
+    return None

@@ -5,15 +5,15 @@ from typing import Any
 
 import typer
 
-from gpuk8s import ui
+from gpuk8s import flows, ui
 from gpuk8s.commands.common import finish, ignored_checks, passwords
-from gpuk8s.commands.install import phase_printer, render_cluster
 from gpuk8s.exitcodes import ExitCode
 from gpuk8s.kube import render
-from gpuk8s.kube.cluster import PhaseError
-from gpuk8s.kube.run import install_cluster, not_joined, verify_cluster
+from gpuk8s.kube.client import KubeError, LocalKubectl
 from gpuk8s.options import InventoryOpt, Output, OutputOpt
+from gpuk8s.phases.base import Options, PhaseError
 from gpuk8s.remote import RemoteError
+from gpuk8s.report.cluster import phase_printer, render_cluster
 
 
 def register(app: typer.Typer, load_inventory: Any) -> None:
@@ -36,7 +36,7 @@ def register(app: typer.Typer, load_inventory: Any) -> None:
             ui.say(con, f"not in the inventory: {', '.join(unknown)}")
             raise typer.Exit(ExitCode.USAGE)
         try:
-            missing = not_joined(inv, sudo)
+            missing = flows.not_joined(inv, sudo)
         except (PhaseError, RemoteError) as e:
             ui.say(con, f"cannot ask the cluster which hosts it has: {e.message}; {e.remedy}")
             raise typer.Exit(ExitCode.FAILED) from None
@@ -50,9 +50,8 @@ def register(app: typer.Typer, load_inventory: Any) -> None:
             if output == Output.json:
                 ui.emit_json({"ok": True, "changed": False, "joined": []})
             raise typer.Exit(ExitCode.OK)
-        rep = install_cluster(inv, concurrency=concurrency, ignore=ignored_checks(inv, ignore),
-                              sudo_passwords=sudo, kubeconfig_out=Path("/dev/null"),
-                              emit=phase_printer(output), test_pods=test_pods, only_join=targets)
+        rep = flows.join(inv, targets, concurrency=concurrency, ignore=ignored_checks(inv, ignore),
+                         sudo_passwords=sudo, options=Options(test_pods=test_pods), emit=phase_printer(output))
         finish(rep, output, lambda: render_cluster(rep, "join"))
 
     @app.command()
@@ -61,11 +60,22 @@ def register(app: typer.Typer, load_inventory: Any) -> None:
         output: Output = OutputOpt,
         concurrency: int = typer.Option(16, "--concurrency", "-c", min=1, max=512),
         test_pods: bool = typer.Option(True, "--test-pods/--no-test-pods"),
+        kubeconfig: Path | None = typer.Option(  # noqa: UP007
+            None, "--kubeconfig", help="Ask the cluster with this machine's kubectl and this kubeconfig instead of "
+            "kubectl on the first control plane; no host is contacted over SSH."),
+        context: str | None = typer.Option(None, "--context", help="The kubeconfig context (with --kubeconfig)."),  # noqa: UP007
     ) -> None:
         """Check that every node is Ready and every GPU the hosts have is schedulable (install's last phase)."""
         inv = load_inventory(inventory, output)
-        rep = verify_cluster(inv, concurrency=concurrency, sudo_passwords=passwords(inv), test_pods=test_pods,
-                             emit=phase_printer(output))
+        kube = None
+        if kubeconfig is not None:
+            try:
+                kube = LocalKubectl(str(kubeconfig), context)
+            except KubeError as e:
+                ui.say(ui.console(stderr=True), f"{e.message}; {e.remedy}")
+                raise typer.Exit(ExitCode.USAGE) from None
+        rep = flows.verify(inv, concurrency=concurrency, sudo_passwords=passwords(inv) if kube is None else {},
+                           options=Options(test_pods=test_pods), emit=phase_printer(output), kube=kube)
         finish(rep, output, lambda: render_cluster(rep, "verify"))
 
     @app.command(name="render")

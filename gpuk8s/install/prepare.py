@@ -22,6 +22,7 @@ from gpuk8s.playbook.script import StepOutcome, build_script, lines_that_matter,
 from gpuk8s.preflight.result import CheckResult
 from gpuk8s.preflight.runner import HostReport, run_preflight
 from gpuk8s.remote import RemoteError, Session, for_each_host
+from gpuk8s.text import ascii_int
 
 log = logging.getLogger("gpuk8s.install")
 
@@ -200,8 +201,8 @@ def _run_script(session: Session, run: HostRun, steps: list[RenderedStep], dry_r
     def on_line(line: str) -> None:
         if line.startswith("@@gpuk8s-step "):
             parts = line.split()
-            if len(parts) == 4 and parts[1].isdigit() and int(parts[1]) < total:
-                i = int(parts[1])
+            i = ascii_int(parts[1]) if len(parts) == 4 else None
+            if i is not None and i < total:
                 run.progress = (i + 1, total, steps[i + 1].name if i + 1 < total else "")
                 emit(Event(name, "step", i + 1, total, steps[i].name, parts[2]))
 

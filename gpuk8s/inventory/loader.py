@@ -32,6 +32,7 @@ from gpuk8s.inventory.model import (
     Sudo,
     Taint,
 )
+from gpuk8s.text import ascii_int
 
 ENV_VAR = "GPUK8S_INVENTORY"
 DEFAULT_FILE = "inventory.yaml"
@@ -365,7 +366,7 @@ class _Reader:
         if s is None:
             return None
         host, _, port = s.rpartition(":") if s.count(":") == 1 else (s, "", "")
-        if not _valid_address(host) or (port and not (port.isdigit() and 0 < int(port) < 65536)):
+        if not _valid_address(host) or (port and not 0 < (ascii_int(port, 5) or 0) < 65536):
             self.report(node, key, f"{s!r} is not an address with an optional port",
                         "write e.g. k8s-api.example.com:6443 or 10.0.0.10")
             return None
@@ -704,7 +705,8 @@ def _valid_address(s: str) -> bool:
         ipaddress.ip_address(s.strip("[]"))
         return True
     except ValueError:
-        return len(s) <= 253 and bool(_HOSTNAME.match(s)) and not s.replace(".", "").isdigit()
+        digits = s.replace(".", "")
+        return len(s) <= 253 and bool(_HOSTNAME.match(s)) and not (digits.isascii() and digits.isdecimal())
 
 
 def _normal_address(s: str) -> str:

@@ -6,21 +6,21 @@ change their structure. Secrets (token, certificate key) are passed in and never
 
 from __future__ import annotations
 
-import hashlib
 import secrets
 import shlex
-from importlib import resources
 from typing import Any
 
-import jinja2
 import yaml
 
+from gpuk8s import gpuplan
+from gpuk8s.gpuplan import GPU_RESOURCE
 from gpuk8s.inventory.model import Host, Inventory
+from gpuk8s.kube import manifests as kube_manifests
+from gpuk8s.kube.client import label_args, taint_args
 from gpuk8s.versions import Release
 
 CRI_SOCKETS = {"containerd": "unix:///var/run/containerd/containerd.sock",
                "docker": "unix:///var/run/cri-dockerd.sock"}
-GPU_PRESENT = "nvidia.com/gpu.present"
 
 
 def new_token() -> str:
@@ -94,19 +94,6 @@ def join_config(inv: Inventory, host: Host, api_endpoint: str, token: str, ca_ha
     return yaml.safe_dump(doc, sort_keys=False)
 
 
-def device_plugin(inv: Inventory, runtime_class: bool = False) -> str:
-    template = resources.files("gpuk8s").joinpath("data/nvidia-device-plugin.yaml.j2").read_text()
-    env = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False)
-    params = {"version": inv.install.device_plugin_version, "runtime_class": runtime_class}
-    digest = hashlib.sha256(repr(sorted(params.items())).encode()).hexdigest()[:16]
-    return env.from_string(template).render(**params, manifest_hash=digest)
-
-
-def runtime_class() -> str:
-    return yaml.safe_dump({"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
-                           "metadata": {"name": "nvidia"}, "handler": "nvidia"}, sort_keys=False)
-
-
 # The newest CUDA base image each driver branch can run (NVIDIA's minimum driver per CUDA major).
 _CUDA_IMAGES = (
     (580, "nvcr.io/nvidia/cuda:13.0.0-base-ubuntu22.04"),
@@ -138,37 +125,19 @@ def test_pod(name: str, node: str, image: str) -> str:
             "restartPolicy": "Never",
             "tolerations": [{"operator": "Exists"}],
             "containers": [{"name": "nvidia-smi", "image": image, "command": ["nvidia-smi", "-L"],
-                            "resources": {"limits": {"nvidia.com/gpu": 1}}}],
+                            "resources": {"limits": {GPU_RESOURCE: 1}}}],
         },
     }, sort_keys=False)
 
 
-def wanted_labels(host: Host, gpus: int) -> dict[str, str]:
-    """The node labels gpuk8s keeps on a host's node: the inventory's, plus the GPU label on GPU nodes."""
-    want = dict(host.labels)
-    if gpus:
-        want[GPU_PRESENT] = "true"
-    return want
-
-
-def label_args(labels: dict[str, str]) -> str:
-    return " ".join(shlex.quote(f"{k}={v}") for k, v in sorted(labels.items()))
-
-
-def taint_args(taints: list[str]) -> str:
-    return " ".join(shlex.quote(t) for t in taints)
-
-
 def node_commands(inv: Inventory) -> str:
-    """The kubectl commands that give every node the labels and taints the gpu phase keeps on it."""
+    """The kubectl commands that give every node the labels and taints of its GPU plan, as install sets them."""
     lines = ["#!/bin/sh", "# labels and taints of the inventory's nodes, as gpuk8s install sets them", "set -e"]
-    for h in inv.hosts:
-        labels = wanted_labels(h, h.gpus or 0)
-        if labels:
-            lines.append(f"kubectl label node {shlex.quote(h.name)} {label_args(labels)} --overwrite")
-        if h.taints:
-            lines.append(f"kubectl taint node {shlex.quote(h.name)} {taint_args([str(t) for t in h.taints])} "
-                         "--overwrite")
+    for plan in gpuplan.plans(inv).values():
+        if plan.labels:
+            lines.append("kubectl " + shlex.join(label_args(plan.node, plan.labels)))
+        if plan.taints:
+            lines.append("kubectl " + shlex.join(taint_args(plan.node, [str(t) for t in plan.taints])))
     return "\n".join(lines) + "\n"
 
 
@@ -179,12 +148,10 @@ def full_version(inv: Inventory) -> str:
 
 def manifests(inv: Inventory) -> dict[str, str]:
     """Everything `gpuk8s render` shows: name -> YAML. Secrets appear as placeholders, never as values."""
-    out = {
-        "kubeadm-init.yaml": kubeadm_init_config(inv, inv.control_planes[0], full_version(inv), None, None),
-        "nvidia-device-plugin.yaml": device_plugin(inv),
-        "runtimeclass-nvidia.yaml": runtime_class(),
-        "node-labels-taints.sh": node_commands(inv),
-    }
+    out = {"kubeadm-init.yaml": kubeadm_init_config(inv, inv.control_planes[0], full_version(inv), None, None)}
+    for m in kube_manifests.wanted(inv, gpuplan.plans(inv)):
+        out[m.name] = m.applied_text()  # what install applies, annotated with the rendered text's sha256
+    out["node-labels-taints.sh"] = node_commands(inv)
     worker = next((h for h in inv.hosts if not h.is_control_plane), None)
     if worker is not None:
         out["kubeadm-join-worker.yaml"] = join_config(inv, worker, endpoint(inv), "<minted at join time>",

@@ -15,6 +15,7 @@ from typing import Any
 import jinja2
 
 from gpuk8s.facts.model import HostFacts
+from gpuk8s.gpuplan import is_gpu_node
 from gpuk8s.inventory.model import Host, Inventory
 from gpuk8s.playbook.model import Playbook, PlaybookError, Step
 
@@ -55,7 +56,7 @@ def context(inv: Inventory, host: Host, facts: HostFacts) -> dict[str, Any]:
         "os": {"family": facts.os.family, "id": facts.os.id, "version_id": facts.os.version_id},
         "arch": facts.arch,
         "deb_arch": _DEB_ARCH.get(facts.arch, facts.arch),
-        "gpu": bool(facts.gpu.gpus) or bool(host.gpus),
+        "gpu": is_gpu_node(host),  # the GPU plan decides (gpuk8s/gpuplan.py), nothing else
         "runtime": c.container_runtime,
         # containerd 2.x reads config version 3, where the CRI runtime plugin has another name
         "cri_plugin": "io.containerd.cri.v1.runtime" if containerd_major >= 2 else "io.containerd.grpc.v1.cri",

@@ -13,6 +13,7 @@ import shlex
 from dataclasses import dataclass, field
 
 from gpuk8s.playbook.render import RenderedStep
+from gpuk8s.text import ascii_int
 
 STATE_DIR = "/var/lib/gpuk8s"  # lock, backups of changed files, pending-restart markers
 
@@ -90,7 +91,8 @@ def build_script(steps: list[RenderedStep], *, owner: str, dry_run: bool) -> str
     return "\n".join(parts) + "\n"
 
 
-STEP_LINE = re.compile(r"^@@gpuk8s-step (\d+) (unchanged|changed|failed|not-converged|would-change) (\d+)$")
+STEP_LINE = re.compile(r"^@@gpuk8s-step ([0-9]{1,9}) (unchanged|changed|failed|not-converged|would-change) "
+                       r"([0-9]{1,9})$")
 
 
 @dataclass
@@ -121,8 +123,8 @@ def parse_output(text: str) -> ScriptOutcome:
             else:
                 outputs[current].append(line)
             continue
-        if line.startswith("@@gpuk8s-out ") and line[13:].isdigit():
-            current = int(line[13:])
+        if line.startswith("@@gpuk8s-out ") and (n_out := ascii_int(line[13:])) is not None:
+            current = n_out
             outputs[current] = []
         elif m := STEP_LINE.match(line):
             n = int(m.group(1))

@@ -6,6 +6,7 @@ import re
 
 from gpuk8s.facts.model import HostFacts
 from gpuk8s.facts.parse import CONTAINERD_CONFIG, TOO_LARGE
+from gpuk8s.gpuplan import is_gpu_node
 from gpuk8s.inventory.model import Cluster, Host
 from gpuk8s.preflight.result import CheckResult, failed, passed, skipped
 from gpuk8s.versions import at_least, cuda_versions_supported, fmt, release
@@ -23,18 +24,11 @@ SYSCTLS = ("net.ipv4.ip_forward", "net.bridge.bridge-nf-call-iptables", "net.bri
 _NODE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
-def expects_gpus(host: Host) -> bool:
-    """Workers carry GPUs unless the inventory says gpus: 0; a control plane only if it says so."""
-    if host.gpus is not None:
-        return host.gpus > 0
-    return not host.is_control_plane
-
-
 def check_host(host: Host, facts: HostFacts, cluster: Cluster) -> list[CheckResult]:
     results: list[CheckResult] = []
     results += _os(facts)
     results += _gpu(host, facts)
-    results += _runtime(facts, cluster, expects_gpus(host))
+    results += _runtime(facts, cluster, is_gpu_node(host))
     results += _kubernetes(host, facts)
     return results
 
@@ -62,7 +56,7 @@ def _os(f: HostFacts) -> list[CheckResult]:
 def _gpu(host: Host, f: HostFacts) -> list[CheckResult]:
     g = f.gpu
     ids = ("gpu.driver", "gpu.driver-version", "gpu.count", "gpu.cuda")
-    if not expects_gpus(host):
+    if not is_gpu_node(host):
         if g.state == "ok":
             return [passed("gpu.driver", f"driver {g.driver}, {len(g.gpus)} GPU(s) on a host without GPU role")]
         return [skipped(i, "CPU-only host: no GPU expected") for i in ids]

@@ -15,7 +15,7 @@ from gpuk8s.preflight.result import CheckResult, failed, passed, skipped
 from gpuk8s.remote import RemoteError, Session
 
 IPERF_PORT = 5201
-_PING_RTT = re.compile(r"= [\d.]+/([\d.]+)/[\d.]+/[\d.]+ ms")
+_PING_RTT = re.compile(r"= [0-9.]+/([0-9]{1,9}(?:\.[0-9]{1,9})?)/[0-9.]+/[0-9.]+ ms")
 
 # The iperf3 server's pid file lives in a fresh mktemp -d directory (never a fixed path in /tmp that
 # another local user could plant), and the pid read back is killed only if it is a number and names an

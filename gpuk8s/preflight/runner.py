@@ -132,17 +132,30 @@ def run_preflight(inv: Inventory, *, concurrency: int, ignore: set[str], sudo_pa
     def one(host: Host) -> HostReport:
         rep = reports[host.name]
         t0 = time.monotonic()
-        s = Session(host, sudo_passwords.get(host.name))
+        # a connection the caller opened already (the cluster lock's) is used, not a second one
+        s = sessions.get(host.name) or Session(host, sudo_passwords.get(host.name))
+        stage = "gathering its facts"
+        checks: list[CheckResult] = []
         try:
             facts, checks, now = gather(s)
             sessions[host.name] = s
             rep.reachable = True
             rep.facts = facts
             rep.local_time = now
+            stage = "checking its facts"
             rep.checks = checks + check_host(host, facts, inv.cluster)
         except RemoteError as e:
             s.close()
             rep.checks = [failed("ssh.reachable", f"{e.kind}: {e.message}", e.remedy)]
+        except Exception as e:
+            # A bug (a parser or a check that raised): this host failed, it must never look ready. The
+            # traceback goes to the log file (and to the terminal with --verbose); the check says what failed.
+            log.warning("%s: gpuk8s failed while %s", host.name, stage, exc_info=True)
+            if host.name not in sessions:
+                s.close()
+            rep.checks = checks + [failed("facts.parse", f"gpuk8s failed while {stage}: {type(e).__name__}: "
+                                          f"{str(e)[:300]}",
+                                          "report this as a gpuk8s bug with the log file; re-run with --verbose")]
         rep.seconds = time.monotonic() - t0
         rep.checks = apply_ignores(rep.checks, ignore)
         if on_host:

@@ -18,9 +18,10 @@ from typing import Any
 import pytest
 import yaml
 
+from gpuk8s import gpuplan
 from gpuk8s.inventory.loader import loads
-from gpuk8s.kube import state
-from gpuk8s.kube.cluster import node_changes
+from gpuk8s.kube import manifests, state
+from gpuk8s.phases.gpu import node_changes
 
 pytestmark = pytest.mark.kind
 
@@ -84,7 +85,7 @@ def test_every_rendered_object_is_accepted_by_the_api_server(kind, rendered):
     ds = state.daemonset_state(state.load(kind.kubectl("get", "ds", "-n", "kube-system", state.DEVICE_PLUGIN, "-o",
                                                        "json").stdout))
     want = yaml.safe_load((out / "nvidia-device-plugin.yaml").read_text())["metadata"]["annotations"]
-    assert ds.annotations["gpuk8s.io/manifest-hash"] == want["gpuk8s.io/manifest-hash"]
+    assert ds.annotations[manifests.ANNOTATION] == want[manifests.ANNOTATION]
 
 
 def test_labels_and_taints_are_set_as_install_sets_them(kind, rendered):
@@ -97,7 +98,7 @@ def test_labels_and_taints_are_set_as_install_sets_them(kind, rendered):
     assert worker.labels["gpuk8s.io/pool"] == "kind-smoke" and worker.labels["nvidia.com/gpu.present"] == "true"
     assert ("nvidia.com/gpu", "present", "NoSchedule") in worker.taints
     # what install's gpu phase would still change on this node: nothing
-    assert node_changes(inv.host(kind.worker), worker, 1) == ({}, [])
+    assert node_changes(gpuplan.plan_for(inv.host(kind.worker)), worker) == ({}, [])
     assert "nvidia.com/gpu.present" not in state.node_state(nodes[kind.control_plane]).labels
 
 
@@ -149,3 +150,17 @@ def test_the_verify_pod_is_reported_unschedulable(kind, rendered):
         assert "cannot be scheduled" in cause and "Insufficient nvidia.com/gpu" in cause, cause
     finally:
         kind.kubectl("delete", "pod", name, "--ignore-not-found", "--wait=false", check=False)
+
+
+def test_gpuk8s_verify_with_a_local_kubeconfig(kind, rendered):
+    """`gpuk8s verify --kubeconfig` asks the cluster with this machine's kubectl; no host is contacted."""
+    out, _ = rendered
+    wait_for(lambda: state.device_plugin_pod(plugin_pods(kind), kind.worker), 120, "a device plugin pod")
+    r = subprocess.run([sys.executable, "-m", "gpuk8s", "verify", "-i", str(out.parent / "inventory.yaml"),
+                        "--kubeconfig", str(kind.kubeconfig), "--no-test-pods", "-o", "json"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1, r.stdout + r.stderr  # the worker has no GPU
+    nodes = {n["node"]: n for n in json.loads(r.stdout)["nodes"]}
+    assert nodes[kind.control_plane]["ok"] and nodes[kind.control_plane]["ready"]
+    assert nodes[kind.worker]["ready"] and not nodes[kind.worker]["ok"]
+    assert nodes[kind.worker]["cause"].startswith("0 of 1 GPU(s) schedulable: "), nodes[kind.worker]["cause"]

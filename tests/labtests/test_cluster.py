@@ -69,7 +69,8 @@ def test_full_install_then_no_op_then_join(lab_up, run_cli, tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     rep = json.loads(r.stdout)
     assert rep["ok"] and rep["changed"]
-    assert [p["name"] for p in rep["phases"]] == ["init", "kubeconfig", "cni", "join", "gpu", "verify"]
+    assert [p["name"] for p in rep["phases"]] == ["lock", "prepare", "init", "kubeconfig", "cni", "join", "gpu",
+                                                  "verify"]
     checks = {n["node"]: n for n in rep["nodes"]}
     assert checks["gpu-1"]["allocatable_gpus"] == 4 and checks["gpu-2"]["allocatable_gpus"] == 2
     assert all(n["ok"] and n["ready"] for n in checks.values())
@@ -90,7 +91,8 @@ def test_full_install_then_no_op_then_join(lab_up, run_cli, tmp_path):
     rep2 = json.loads(r2.stdout)
     assert r2.returncode == 0 and rep2["ok"] and not rep2["changed"], r2.stdout
     assert {p["name"]: p["status"] for p in rep2["phases"]} == {
-        "init": "unchanged", "kubeconfig": "unchanged", "cni": "unchanged", "join": "unchanged",
+        "lock": "changed", "prepare": "unchanged", "init": "unchanged", "kubeconfig": "unchanged",
+        "cni": "unchanged", "join": "unchanged",
         "gpu": "unchanged", "verify": "passed"}
     r3 = run_cli("install", "-i", inv, env=ENV)
     assert "nothing to change" in r3.stderr
@@ -144,15 +146,15 @@ def test_failing_kubeadm_init_is_reported_and_a_rerun_completes(lab_up, run_cli,
     r = run_cli("install", "-i", str(lab.inventory), "-o", "json", "--kubeconfig-out", str(tmp_path / "k"))
     assert r.returncode == 1
     rep = json.loads(r.stdout)
-    init = rep["phases"][0]
+    init = rep["phases"][2]
     assert init["name"] == "init" and init["status"] == "failed"
     assert "exit status 1" in init["message"] and "couldn't initialize a Kubernetes cluster" in init["message"]
     assert "kubeadm reset -f" in init["remedy"]
-    assert [p["name"] for p in rep["phases"]] == ["init"]
+    assert [p["name"] for p in rep["phases"]] == ["lock", "prepare", "init"]  # nothing after a failed init
     cp.clear_override("kubeadm")
     r = run_cli("install", "-i", str(lab.inventory), "-o", "json", "--kubeconfig-out", str(tmp_path / "k"))
     assert r.returncode == 0, r.stdout
-    assert json.loads(r.stdout)["phases"][0]["status"] == "changed"
+    assert {p["name"]: p["status"] for p in json.loads(r.stdout)["phases"]}["init"] == "changed"
     assert re.search(r'"allocatable_gpus": 1', r.stdout)
 
 

@@ -22,9 +22,9 @@ import pytest
 from rich.console import Console
 
 from gpuk8s import ui
-from gpuk8s.commands.install import _LiveView
 from gpuk8s.install.prepare import Event
 from gpuk8s.logs import register_secret
+from gpuk8s.report.live import LiveView
 from tests.unit import hostile_ssh
 from tests.unit.hostile_ssh import PROBE, HostileSSH
 
@@ -238,7 +238,7 @@ def test_emit_json_cleans_and_masks_every_string(capsys):
 def test_live_view_shows_hostile_steps_and_statuses_as_text(monkeypatch):
     con = terminal_console()
     monkeypatch.setattr(ui, "console", lambda stderr=False: con)
-    view = _LiveView(3)
+    view = LiveView(3)
     assert view.live.console is con
     view.event(Event("gpu-[/x]1", "preflight", status=f"blocked{TITLE}"))
     view.event(Event("gpu-2", "step", index=1, total=9, step=f"[/red]apt {OSC8}", status=f"[bold]ok\n{TITLE}"))
@@ -255,10 +255,10 @@ def test_live_view_shows_hostile_steps_and_statuses_as_text(monkeypatch):
 @pytest.mark.parametrize("terminal", [True, False])
 def test_kubeadm_output_and_node_causes_are_shown_literally(monkeypatch, capsys, terminal: bool) -> None:
     """What kubeadm and kubectl print on a host reaches the phase table and the node table as text."""
-    from gpuk8s.commands.install import render_cluster
-    from gpuk8s.kube.cluster import PhaseError, PhaseResult
-    from gpuk8s.kube.run import ClusterReport
+    from gpuk8s.flows import ClusterReport
     from gpuk8s.kube.state import NodeCheck
+    from gpuk8s.phases.base import PhaseError, PhaseResult
+    from gpuk8s.report.cluster import render_cluster
 
     monkeypatch.setattr(ui, "is_terminal", lambda: terminal)
     err = PhaseError(f"kubeadm init failed: [ERROR Port-6443]: [/red] in use {TITLE}{OSC8}", "run [bold]this[/]")

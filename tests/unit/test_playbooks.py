@@ -48,7 +48,7 @@ def test_every_combination_renders_to_valid_sh(os_info, runtime, gpus, tmp_path)
     f = facts() if os_info is None else facts(os=os_info)
     if not gpus:
         f = replace(f, gpu=replace(f.gpu, gpus=()))
-    host = replace(HOST, gpus=gpus or None)
+    host = replace(HOST, gpus=gpus)  # gpus: 0 makes a CPU node; a worker without gpus: is a GPU node
     steps = steps_for(inv, f, host)
     names = [s.name for s in steps]
     assert len(names) == len(set(names))

@@ -1,0 +1,176 @@
+"""The Kubernetes client seam: one small interface, kubectl behind it, over SSH or with a local kubeconfig.
+
+Phases, verify and (later) status and doctor talk to the cluster only through `KubeClient`. Two real
+implementations: `SSHKubectl` runs kubectl with the admin kubeconfig on a control plane (the default: the
+user needs no local kubectl), `LocalKubectl` runs the operator's kubectl with a kubeconfig file. Both build
+the same argv; values are quoted for the remote shell, never interpolated. Unit tests use a fake.
+"""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import subprocess
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from gpuk8s.kube import state
+from gpuk8s.kube.state import StateError
+from gpuk8s.logs import mask
+from gpuk8s.playbook.script import lines_that_matter
+from gpuk8s.remote import Session
+from gpuk8s.text import clean
+
+ADMIN = "/etc/kubernetes/admin.conf"
+
+
+class KubeError(Exception):
+    """kubectl failed or printed something unreadable; the message is safe to show (masked, cleaned)."""
+
+    def __init__(self, message: str, remedy: str = "") -> None:
+        message = mask(clean(message))
+        super().__init__(message)
+        self.message = message
+        self.remedy = remedy
+
+
+@dataclass(frozen=True)
+class Output:
+    ok: bool
+    stdout: str
+    stderr: str
+
+    def tail(self, n: int = 8) -> str:
+        return " | ".join(lines_that_matter(self.stderr + "\n" + self.stdout, n))
+
+
+class KubeClient(Protocol):
+    """What gpuk8s asks of a cluster. Every method raises KubeError when kubectl fails."""
+
+    where: str  # for messages: "kubectl on cp-1" or "kubectl with ./lab.kubeconfig"
+
+    def get(self, kind: str, name: str | None = None, namespace: str | None = None) -> list[dict[str, Any]]:
+        """Objects of `kind` (all namespaces when namespace is None and the kind is namespaced, '*' for -A);
+        with `name`, the one object or [] when it does not exist."""
+        ...
+
+    def apply(self, text: str) -> str:
+        ...
+
+    def label(self, node: str, labels: dict[str, str]) -> None:
+        ...
+
+    def taint(self, node: str, taints: list[str]) -> None:
+        ...
+
+    def delete(self, kind: str, names: list[str], namespace: str) -> None:
+        ...
+
+    def logs(self, pod: str, namespace: str, tail: int = 50) -> str:
+        ...
+
+    def events(self, namespace: str | None = None) -> list[dict[str, Any]]:
+        ...
+
+
+def label_args(node: str, labels: dict[str, str]) -> list[str]:
+    return ["label", "node", node, *(f"{k}={v}" for k, v in sorted(labels.items())), "--overwrite"]
+
+
+def taint_args(node: str, taints: list[str]) -> list[str]:
+    return ["taint", "node", node, *taints, "--overwrite"]
+
+
+class Kubectl:
+    """The KubeClient methods as kubectl argv; subclasses say where kubectl runs (`_kubectl`)."""
+
+    where = "kubectl"
+
+    def _kubectl(self, args: list[str], stdin: str | None = None) -> Output:
+        raise NotImplementedError
+
+    def _checked(self, args: list[str], stdin: str | None = None) -> Output:
+        out = self._kubectl(args, stdin)
+        if not out.ok:
+            raise KubeError(f"kubectl {args[0]} ({self.where}) failed: {out.tail()}",
+                            "check the control plane (kubectl get nodes there) and re-run")
+        return out
+
+    def get(self, kind: str, name: str | None = None, namespace: str | None = None) -> list[dict[str, Any]]:
+        args = ["get", kind]
+        if name is not None:
+            args.append(name)
+        if namespace == "*":
+            args.append("-A")
+        elif namespace is not None:
+            args += ["-n", namespace]
+        out = self._kubectl([*args, "-o", "json"])
+        if not out.ok:
+            if name is not None and "NotFound" in out.stderr:
+                return []
+            raise KubeError(f"kubectl get {kind} ({self.where}) failed: {out.tail()}",
+                            "check the control plane (kubectl get nodes there) and re-run")
+        try:
+            if name is not None:
+                return [state.load(out.stdout)]
+            return state.items(out.stdout)
+        except StateError as e:
+            raise KubeError(f"kubectl get {kind} ({self.where}): {e}", "see the log file") from None
+
+    def apply(self, text: str) -> str:
+        return self._checked(["apply", "-f", "-"], stdin=text).stdout
+
+    def label(self, node: str, labels: dict[str, str]) -> None:
+        self._checked(label_args(node, labels))
+
+    def taint(self, node: str, taints: list[str]) -> None:
+        self._checked(taint_args(node, taints))
+
+    def delete(self, kind: str, names: list[str], namespace: str) -> None:
+        if names:
+            self._checked(["delete", kind, *names, "-n", namespace, "--ignore-not-found"])
+
+    def logs(self, pod: str, namespace: str, tail: int = 50) -> str:
+        out = self._kubectl(["logs", pod, "-n", namespace, f"--tail={tail}"])
+        return out.stdout if out.ok else out.stderr
+
+    def events(self, namespace: str | None = None) -> list[dict[str, Any]]:
+        return self.get("events", namespace=namespace if namespace is not None else "*")
+
+
+class SSHKubectl(Kubectl):
+    """kubectl with admin.conf on a control plane, over the run's SSH session (the default)."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self.where = f"kubectl on {session.host.name}"
+
+    def _kubectl(self, args: list[str], stdin: str | None = None) -> Output:
+        line = shlex.join(["kubectl", "--kubeconfig", ADMIN, *args])
+        res = self.session.run(line, sudo=True, stdin=stdin.encode() if stdin is not None else None)
+        return Output(res.ok, res.stdout, res.stderr)
+
+
+class LocalKubectl(Kubectl):
+    """The operator's own kubectl with a kubeconfig file (`--kubeconfig`), e.g. from a laptop."""
+
+    def __init__(self, kubeconfig: str, context: str | None = None, timeout: float = 60) -> None:
+        exe = shutil.which("kubectl")
+        if exe is None:
+            raise KubeError("--kubeconfig needs kubectl on this machine and there is none in PATH",
+                            "install kubectl, or leave out --kubeconfig to use kubectl on the control plane")
+        self.exe = exe
+        self.kubeconfig = kubeconfig
+        self.context = context
+        self.timeout = timeout
+        self.where = f"kubectl with {kubeconfig}"
+
+    def _kubectl(self, args: list[str], stdin: str | None = None) -> Output:
+        argv = [self.exe, "--kubeconfig", self.kubeconfig, *(["--context", self.context] if self.context else []),
+                *args]
+        try:
+            p = subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=self.timeout,
+                               errors="replace")
+        except subprocess.TimeoutExpired:
+            return Output(False, "", f"kubectl did not finish within {self.timeout:g} s")
+        return Output(p.returncode == 0, clean(p.stdout), clean(p.stderr))

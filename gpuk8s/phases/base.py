@@ -1,0 +1,198 @@
+"""What every phase is, what they share, and the runner (after k0sctl's phase/*.go).
+
+A phase has a `name` (stable, in JSON), a `title` (in progress lines), `plan(ctx)` (read-only: what it
+would change and why, with the exact remote commands and manifests, for `--dry-run`), `run(ctx)` and
+`cleanup(ctx)`. A flow (install, join, verify) is a list of phases run over one Context: the inventory,
+the open SSH sessions, the facts gathered once, the GPU plan of every node and the Kubernetes client.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpuk8s.facts.model import HostFacts
+from gpuk8s.gpuplan import GPUPlan
+from gpuk8s.inventory.model import Host, Inventory
+from gpuk8s.kube.client import ADMIN, KubeClient, KubeError, SSHKubectl
+from gpuk8s.kube.state import NodeCheck
+from gpuk8s.logs import mask
+from gpuk8s.remote import RemoteError, Session
+from gpuk8s.text import clean
+
+log = logging.getLogger("gpuk8s.phases")
+
+
+class PhaseError(Exception):
+    """A phase cannot go on; message and remedy are shown (masked, without control characters)."""
+
+    def __init__(self, message: str, remedy: str = "") -> None:
+        message = mask(clean(message))
+        super().__init__(message)
+        self.message = message
+        self.remedy = mask(clean(remedy))
+
+
+@dataclass
+class PhaseResult:
+    name: str
+    title: str
+    status: str = "pending"  # changed | unchanged | passed | failed | skipped
+    message: str = ""
+    remedy: str = ""
+    hosts: dict[str, str] = field(default_factory=dict)  # per host: what happened
+    stop: bool = False  # a failure that stops the flow even where the phase is not fatal
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "title": self.title, "status": self.status, "message": self.message,
+                "remedy": self.remedy, "hosts": self.hosts}
+
+
+@dataclass(frozen=True)
+class Change:
+    """One thing a phase would do: in words, and exactly (the remote command, or the manifest applied)."""
+
+    what: str
+    host: str = ""  # where `commands` run ('' for changes made through the Kubernetes API)
+    commands: str = ""
+    manifest: str = ""
+    stdin: str = ""  # what the command reads on stdin, shown with secrets as placeholders
+
+    def to_json(self) -> dict[str, str]:
+        return {k: v for k, v in self.__dict__.items() if v}
+
+
+@dataclass
+class PhasePlan:
+    name: str
+    title: str
+    status: str  # would-change | unchanged | unknown
+    reason: str = ""
+    changes: list[Change] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "title": self.title, "status": self.status, "reason": self.reason,
+                "changes": [c.to_json() for c in self.changes]}
+
+
+@dataclass
+class Options:
+    kubeconfig_out: Path | None = None
+    kubeconfig_force: bool = False
+    kubeconfig_merge: bool = False
+    test_pods: bool = True
+    test_pod_timeout: float = 300
+    only: list[Host] | None = None  # join: the hosts to join (else every host of the inventory)
+
+
+@dataclass
+class Context:
+    inv: Inventory
+    sessions: dict[str, Session] = field(default_factory=dict)  # open connections of the hosts ready to work on
+    facts: dict[str, HostFacts] = field(default_factory=dict)
+    plans: dict[str, GPUPlan] = field(default_factory=dict)
+    options: Options = field(default_factory=Options)
+    concurrency: int = 16
+    emit: Callable[[str], None] = lambda line: None
+    kube_client: KubeClient | None = None
+    sudo_passwords: dict[str, str] = field(default_factory=dict)
+    ignore: set[str] = field(default_factory=set)  # preflight checks that do not block a host
+    nodes: list[NodeCheck] = field(default_factory=list)  # verify's verdicts
+    kubeconfig: str = ""  # where the admin kubeconfig was written
+    locked: bool = False  # this run holds the cluster lock
+    on_exit: list[Callable[[], None]] = field(default_factory=list)
+    initialized_cache: bool | None = None
+    prepare_report: Any = None  # install.prepare.PrepareReport, when the flow prepared hosts
+
+    def close(self) -> None:
+        """Release what the run holds (the cluster lock), then close every connection."""
+        for fn in reversed(self.on_exit):
+            fn()
+        self.on_exit.clear()
+        for s in self.sessions.values():
+            s.close()
+
+    @property
+    def cp(self) -> Host:
+        return self.inv.control_planes[0]
+
+    def cp_session(self) -> Session:
+        s = self.sessions.get(self.cp.name)
+        if s is None:
+            raise PhaseError(f"the first control plane {self.cp.name} is not reachable",
+                             "bring it back (see the preflight report), then re-run")
+        return s
+
+    @property
+    def kube(self) -> KubeClient:
+        """The cluster: the client given (--kubeconfig), else kubectl with admin.conf on the first control plane."""
+        if self.kube_client is None:
+            self.kube_client = SSHKubectl(self.cp_session())
+        return self.kube_client
+
+    def initialized(self) -> bool:
+        """Whether the first control plane runs a control plane already (admin.conf exists)."""
+        if self.initialized_cache is None:
+            self.initialized_cache = self.cp_session().run(f"test -s {ADMIN}", sudo=True).ok
+        return self.initialized_cache
+
+    def hosts_to_join(self) -> list[Host]:
+        return [h for h in (self.options.only if self.options.only is not None else self.inv.hosts)
+                if h.name != self.cp.name]
+
+
+class Phase:
+    """A step of a flow. Subclasses set name and title and implement plan and run."""
+
+    name = ""
+    title = ""
+    fatal = True  # a failure stops the phases after it
+
+    def plan(self, ctx: Context) -> PhasePlan:
+        raise NotImplementedError
+
+    def run(self, ctx: Context) -> PhaseResult:
+        raise NotImplementedError
+
+    def cleanup(self, ctx: Context) -> None:
+        """Undo what run() left half-done; called when run() fails or is interrupted."""
+
+    def result(self, status: str, message: str = "", remedy: str = "") -> PhaseResult:
+        return PhaseResult(self.name, self.title, status, message, remedy)
+
+    def planned(self, status: str, reason: str = "", changes: list[Change] | None = None) -> PhasePlan:
+        return PhasePlan(self.name, self.title, status, reason, changes or [])
+
+
+def run_phases(phases: list[Phase], ctx: Context, results: list[PhaseResult]) -> bool:
+    """Run the phases in order, each result appended to `results`; False when a fatal phase failed."""
+    for p in phases:
+        ctx.emit(f"==> Running phase: {p.title}")
+        try:
+            res = p.run(ctx)
+        except (PhaseError, RemoteError, KubeError) as e:
+            res = p.result("failed", e.message, e.remedy)
+        except BaseException:
+            p.cleanup(ctx)
+            raise
+        if res.status == "failed":
+            p.cleanup(ctx)
+        log.info("phase %s: %s %s", p.name, res.status, res.message)
+        results.append(res)
+        if res.status == "failed" and (p.fatal or res.stop):
+            return False
+    return True
+
+
+def plan_phases(phases: list[Phase], ctx: Context) -> list[PhasePlan]:
+    """Every phase's plan (read-only); a phase that cannot tell says why instead of failing the others."""
+    out = []
+    for p in phases:
+        try:
+            out.append(p.plan(ctx))
+        except (PhaseError, RemoteError, KubeError) as e:
+            out.append(p.planned("unknown", f"{e.message} ({e.remedy})" if e.remedy else e.message))
+    return out

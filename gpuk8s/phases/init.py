@@ -1,0 +1,66 @@
+"""Phase init: `kubeadm init` on the first control plane, unless it already runs one.
+
+The bootstrap token (and, with several control planes, the certificate key) is minted here, registered as
+a secret, and reaches kubeadm in a 0600 file of this run sent on stdin (playbooks/cluster/kubeadm-init.sh),
+which the host removes when kubeadm ends. A copy of the configuration without them is kept for reference.
+"""
+
+from __future__ import annotations
+
+from gpuk8s.kube import render
+from gpuk8s.kube.client import ADMIN
+from gpuk8s.logs import register_secret
+from gpuk8s.phases import shell
+from gpuk8s.phases.base import Change, Context, Phase, PhaseError, PhasePlan, PhaseResult
+from gpuk8s.phases.hostfiles import put_file, run_with_secret, tail
+from gpuk8s.remote import Session
+
+REFERENCE = "/etc/kubernetes/gpuk8s-kubeadm.yaml"
+
+
+def kubeadm_version(s: Session, fallback: str) -> str:
+    ver = s.run("kubeadm version -o short", sudo=True)
+    return ver.stdout.strip() if ver.ok and ver.stdout.strip().startswith("v") else fallback
+
+
+class Init(Phase):
+    name = "init"
+    title = "kubeadm init"
+
+    def plan(self, ctx: Context) -> PhasePlan:
+        if ctx.initialized():
+            return self.planned("unchanged", f"{ctx.cp.name} already runs a control plane ({ADMIN} exists)")
+        inv, cp = ctx.inv, ctx.cp
+        version = render.full_version(inv)
+        several = len(inv.control_planes) > 1
+        placeholder = render.kubeadm_init_config(inv, cp, version, "<token minted at run time>",
+                                                 "<certificate key minted at run time>" if several else None)
+        return self.planned("would-change", f"{cp.name} runs no control plane yet", [
+            Change(f"keep the configuration for reference in {REFERENCE}", cp.name,
+                   shell.command("put-file", path=REFERENCE)),
+            Change(f"kubeadm init {version} on {cp.name}", cp.name,
+                   shell.command("kubeadm-init", config="/etc/kubernetes/gpuk8s-init-RANDOM.yaml",
+                                 size=len(placeholder.encode()), upload_certs=several),
+                   stdin=placeholder)])
+
+    def run(self, ctx: Context) -> PhaseResult:
+        cp = ctx.cp
+        if ctx.initialized():
+            return self.result("unchanged", f"{cp.name} already runs a control plane ({ADMIN} exists)")
+        s = ctx.cp_session()
+        version = kubeadm_version(s, render.full_version(ctx.inv))
+        token = render.new_token()
+        key = render.new_certificate_key() if len(ctx.inv.control_planes) > 1 else None
+        register_secret(token)
+        register_secret(key)
+        put_file(s, REFERENCE, render.kubeadm_init_config(ctx.inv, cp, version, None, None))
+        res = run_with_secret(s, "kubeadm-init", "init", render.kubeadm_init_config(ctx.inv, cp, version, token, key),
+                              timeout=900, upload_certs=key is not None)
+        if not res.ok:
+            raise PhaseError(f"kubeadm init on {cp.name} failed (exit status {res.exit_status}): "
+                             f"{tail(res)}",
+                             f"fix the cause on {cp.name}; if kubeadm left a partial control plane, run "
+                             "'kubeadm reset -f' there; then re-run gpuk8s install")
+        ctx.initialized_cache = True
+        return self.result("changed", f"control plane {version} on {cp.name}, API at {render.endpoint(ctx.inv)}")
+

@@ -1,0 +1,142 @@
+"""Every cluster phase's plan (what --dry-run shows) against a fake Kubernetes API and fake facts, no SSH;
+and the manifests: applied when, and only when, the sha256 of their rendered text changed."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import yaml
+
+from gpuk8s import gpuplan
+from gpuk8s.inventory.loader import loads
+from gpuk8s.kube import manifests
+from gpuk8s.phases.base import Context, Options, plan_phases
+from gpuk8s.phases.cni import CNI
+from gpuk8s.phases.gpu import GPUNodes
+from gpuk8s.phases.init import Init
+from gpuk8s.phases.join import Join
+from gpuk8s.phases.kubeconfig import Kubeconfig
+from gpuk8s.phases.verify import Verify
+from gpuk8s.remote import Result
+from tests.unit.fakekube import FakeKube
+from tests.unit.test_gpuplan import facts_with
+
+INV = loads("""
+cluster: {name: ml, kubernetes_version: "1.30"}
+hosts:
+  - {name: cp-1, address: 10.0.0.10, role: control-plane}
+  - {name: gpu-1, address: 10.0.0.21, labels: {team: vision}}
+  - {name: gpu-2, address: 10.0.0.22, taints: ["nvidia.com/gpu=present:NoSchedule"]}
+""")
+ADMIN_CONF = "apiVersion: v1\nkind: Config\nclusters: []\n"
+FACTS = {"cp-1": facts_with(0), "gpu-1": facts_with(8), "gpu-2": facts_with(4)}
+
+
+class ControlPlane:
+    """A stand-in for the first control plane's SSH session: only `cat admin.conf` is read."""
+
+    host = INV.host("cp-1")
+
+    def run(self, command: str, **kw: object) -> Result:
+        assert command.startswith(("cat /etc/kubernetes/admin.conf", "test -s")), command
+        return Result(command, 0, ADMIN_CONF, "", 0.0)
+
+
+def phases() -> list:
+    return [Init(), Kubeconfig(), CNI("calico"), Join(), GPUNodes(), Verify()]
+
+
+def ctx_for(kube: FakeKube, initialized: bool, tmp_path) -> Context:
+    return Context(INV, sessions={"cp-1": ControlPlane()}, facts=FACTS,  # type: ignore[dict-item]
+                   plans=gpuplan.plans(INV, FACTS), kube_client=kube, initialized_cache=initialized,
+                   options=Options(kubeconfig_out=tmp_path / "ml.kubeconfig", test_pods=False))
+
+
+def running_cluster(kube: FakeKube) -> None:
+    """What a finished install leaves: every node with its labels and taints, CNI and GPU manifests."""
+    plans = gpuplan.plans(INV, FACTS)
+    for name, p in plans.items():
+        kube.add_node(name, gpus=p.expected_gpus, labels=p.labels,
+                      taints=[{"key": t.key, "value": t.value, "effect": t.effect} for t in p.taints])
+    kube.apply(yaml.safe_dump({"apiVersion": "apps/v1", "kind": "DaemonSet",
+                               "metadata": {"name": "calico-node", "namespace": "kube-system"}}))
+    for m in manifests.wanted(INV, plans):
+        kube.apply(m.applied_text())
+    kube.calls.clear()
+
+
+def test_a_fresh_cluster_plans_every_phase_and_writes_nothing(tmp_path) -> None:
+    kube = FakeKube()
+    plans = {p.name: p for p in plan_phases(phases(), ctx_for(kube, False, tmp_path))}
+    assert {n: p.status for n, p in plans.items()} == {
+        "init": "would-change", "kubeconfig": "would-change", "cni": "would-change", "join": "would-change",
+        "gpu": "would-change", "verify": "unchanged"}
+    init = plans["init"].changes[1]
+    assert "kubeadm init --config /etc/kubernetes/gpuk8s-init-RANDOM.yaml" in init.commands
+    assert "<token minted at run time>" in init.stdin and "kind: InitConfiguration" in init.stdin
+    assert "sha256sum" in plans["cni"].changes[0].commands  # the manifest is checked before it is applied
+    assert [c.what for c in plans["join"].changes] == ["a bootstrap token for this run", "kubeadm join gpu-1",
+                                                       "kubeadm join gpu-2"]
+    applied = [c.what.split()[1] for c in plans["gpu"].changes]
+    assert applied == ["runtimeclass-nvidia.yaml", "nvidia-device-plugin.yaml"]
+    assert kube.writes == []
+    assert not (tmp_path / "ml.kubeconfig").exists()
+
+
+def test_a_running_cluster_as_the_inventory_describes_plans_nothing(tmp_path) -> None:
+    kube = FakeKube()
+    running_cluster(kube)
+    (tmp_path / "ml.kubeconfig").write_text(ADMIN_CONF)
+    plans = plan_phases(phases(), ctx_for(kube, True, tmp_path))
+    assert {p.name: p.status for p in plans} == {n: "unchanged" for n in
+                                                 ("init", "kubeconfig", "cni", "join", "gpu", "verify")}
+    assert kube.writes == []
+
+
+def test_a_node_missing_its_labels_is_the_only_change(tmp_path) -> None:
+    kube = FakeKube()
+    running_cluster(kube)
+    kube.nodes["gpu-1"]["metadata"]["labels"] = {}
+    ctx = ctx_for(kube, True, tmp_path)
+    gpu = GPUNodes().plan(ctx)
+    assert gpu.status == "would-change"
+    assert [c.commands for c in gpu.changes] == [
+        "kubectl label node gpu-1 nvidia.com/gpu.present=true team=vision --overwrite"]
+    res = GPUNodes().run(ctx)
+    assert res.status == "changed" and res.hosts == {"gpu-1": "labelled nvidia.com/gpu.present, team"}
+    assert [c[0] for c in kube.writes] == ["label"]  # no manifest applied again
+    assert GPUNodes().run(ctx).status == "unchanged"
+
+
+def test_any_change_of_the_rendered_manifest_applies_it_again(monkeypatch, tmp_path) -> None:
+    kube = FakeKube()
+    running_cluster(kube)
+    ctx = ctx_for(kube, True, tmp_path)
+    assert GPUNodes().run(ctx).status == "unchanged"
+    original = manifests.device_plugin_template()
+    monkeypatch.setattr(manifests, "device_plugin_template", lambda: original + "\n")  # one byte more
+    res = GPUNodes().run(ctx)
+    assert res.status == "changed" and res.message == "applied nvidia-device-plugin.yaml"
+    ds = kube.get("daemonset", "nvidia-device-plugin-daemonset", "kube-system")[0]
+    assert ds["metadata"]["annotations"][manifests.ANNOTATION] == manifests.device_plugin(INV).sha256
+
+
+@pytest.mark.parametrize("cpu_only", [True, False])
+def test_the_gpu_manifests_exist_only_with_a_gpu_node(cpu_only: bool) -> None:
+    inv = loads("hosts:\n  - {name: cp-1, address: 10.0.0.10, role: control-plane}\n"
+                f"  - {{name: w-1, address: 10.0.0.11, gpus: {0 if cpu_only else 2}}}\n")
+    names = [m.name for m in manifests.wanted(inv, gpuplan.plans(inv))]
+    assert names == ([] if cpu_only else ["runtimeclass-nvidia.yaml", "nvidia-device-plugin.yaml"])
+
+
+def test_the_applied_hash_is_the_sha256_of_the_rendered_text() -> None:
+    m = manifests.device_plugin(INV)
+    other = manifests.device_plugin(dataclasses.replace(
+        INV, install=dataclasses.replace(INV.install, device_plugin_version="v0.0.1")))
+    assert m.sha256 != other.sha256
+    import hashlib
+
+    assert m.sha256 == hashlib.sha256(m.text.encode()).hexdigest()
+    for d in yaml.safe_load_all(m.applied_text()):
+        assert d["metadata"]["annotations"][manifests.ANNOTATION] == m.sha256
