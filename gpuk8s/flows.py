@@ -129,7 +129,9 @@ def verify(inv: Inventory, *, concurrency: int, sudo_passwords: dict[str, str], 
             for h in inv.hosts:
                 if h.name not in ctx.facts:
                     ctx.nodes = [n for n in ctx.nodes if n.node != h.name] + [
-                        NodeCheck(h.name, False, False, h.gpus or 0, 0, "host not reachable over SSH")]
+                        NodeCheck(h.name, False, False, h.gpus or 0, 0, "host not reachable over SSH",
+                                  cause_id="node.unreachable",
+                                  remedy="bring the host back (see gpuk8s preflight), then verify again")]
     finally:
         ctx.close()
     report.nodes = ctx.nodes

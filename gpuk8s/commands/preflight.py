@@ -11,8 +11,8 @@ from gpuk8s import ui
 from gpuk8s.commands.common import finish, ignored_checks, passwords
 from gpuk8s.logs import log_path
 from gpuk8s.options import InventoryOpt, Output, OutputOpt
-from gpuk8s.preflight import report as render
 from gpuk8s.preflight.runner import HostReport, run_preflight
+from gpuk8s.report import preflight as render
 
 
 def register(app: typer.Typer, load_inventory: Callable[..., Any]) -> None:

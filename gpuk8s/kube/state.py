@@ -1,7 +1,9 @@
 """Cluster state read from `kubectl get ... -o json`, and the verdict on each node: pure functions, no I/O.
 
 `gpuk8s verify` (over SSH, kubectl on the control plane) and the kind smoke tests (local kubectl) feed
-the same functions, so what they conclude about a node is decided in one place. Any input gives a
+the same functions, so what they conclude about a node is decided in one place. Every cause has a
+registered finding id (`NodeCheck.cause_id`, docs/findings.md) and `NodeCheck.finding()` gives the verdict
+as a finding about node/NAME. Any input gives a
 value or a StateError; never another exception.
 """
 
@@ -11,6 +13,10 @@ import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
+
+from gpuk8s import findings
+from gpuk8s.findings import Finding
+from gpuk8s.gpuplan import GPU_PRESENT
 
 GPU_RESOURCE = "nvidia.com/gpu"
 DEVICE_PLUGIN = "nvidia-device-plugin-daemonset"
@@ -175,8 +181,40 @@ def daemonset_state(ds: Any) -> DaemonSetState:
                           _str_map(_sub(ds, "metadata").get("annotations")))
 
 
+@dataclass(frozen=True)
+class Cause:
+    """Why a node fails verification: a registered finding id (gpuk8s/findings.py), the message, the lines
+    that show it and what to do."""
+
+    id: str
+    message: str
+    evidence: tuple[str, ...] = ()
+    remedy: str = ""
+
+
+# What to do for each cause id when the verdict itself named nothing more specific ({node}: the node,
+# {pod}: its test pod).
+REMEDIES: dict[str, str] = {
+    "node.not-joined": "join it: gpuk8s join {node}",
+    "node.unreadable": "check the API server (kubectl get node {node} -o json), then run gpuk8s verify again",
+    "node.not-ready": "see kubectl describe node {node} and the kubelet's log on the host (journalctl -u kubelet)",
+    "node.unreachable": "bring the host back over SSH (gpuk8s preflight names the cause), then run gpuk8s verify",
+    "node.failed": "fix the named cause, then run gpuk8s verify again",
+    "gpu.test-pod-rejected": "the node advertises GPUs it cannot give: restart the device plugin pod on {node} "
+                             "(kubectl -n kube-system delete pod -l name=nvidia-device-plugin-ds "
+                             "--field-selector spec.nodeName={node}) and check nvidia-smi on the host",
+    "gpu.test-pod-failed": "see kubectl logs {pod}: nvidia-smi failed in the container (driver or runtime)",
+    "gpu.test-pod-unschedulable": "see kubectl describe pod {pod}: the node's GPUs may be in use, or its taints "
+                                  "not tolerated",
+    "gpu.test-pod-timeout": "see kubectl describe pod {pod} (an image pull can take long: run gpuk8s verify again)",
+}
+
+
 @dataclass
 class NodeCheck:
+    """The verdict on one node. `cause_id` is the registered id of `cause` ('' when ok); `finding()` gives
+    the verdict as a Finding about node/NAME (id node.verified when ok)."""
+
     node: str
     ok: bool
     ready: bool
@@ -184,9 +222,41 @@ class NodeCheck:
     allocatable_gpus: int
     cause: str = ""
     pod: str = ""
+    cause_id: str = ""
+    evidence: list[str] = field(default_factory=list)
+    remedy: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.ok and not self.cause_id:
+            self.cause_id = "node.failed"  # a verdict made elsewhere without an id: still a registered one
 
     def to_json(self) -> dict[str, Any]:
-        return self.__dict__.copy()
+        out = self.__dict__.copy()
+        out["evidence"] = list(self.evidence)
+        return out
+
+    def finding(self) -> Finding:
+        subject = findings.node(self.node)
+        if self.ok:
+            msg = "Ready, " + (f"{self.allocatable_gpus} of {self.expected_gpus} GPU(s) schedulable"
+                               if self.expected_gpus else "no GPU expected")
+            if self.pod:
+                msg += f", test pod {self.pod} succeeded"
+            return findings.passed("node.verified", msg, subject=subject, evidence=self._facts())
+        cid = self.cause_id or "node.failed"
+        remedy = self.remedy or REMEDIES.get(cid, "").format(node=self.node, pod=self.pod or "-")
+        return findings.failed(cid, self.cause or cid, remedy, subject=subject,
+                               evidence=[*self.evidence, *self._facts()])
+
+    def _facts(self) -> list[str]:
+        if self.cause_id in ("node.not-joined", "node.unreadable", "node.unreachable"):
+            return []
+        out = [f"Ready: {'yes' if self.ready else 'no'}"]
+        if self.expected_gpus or self.allocatable_gpus:
+            out.append(f"{GPU_RESOURCE} allocatable: {self.allocatable_gpus}, expected: {self.expected_gpus}")
+        if self.pod:
+            out.append(f"test pod: {self.pod}")
+        return out
 
 
 def device_plugin_pod(pods: list[PodState], node: str) -> PodState | None:
@@ -201,60 +271,139 @@ def check_node(name: str, want: int, node: Any, pods: list[PodState], plugin: Da
     (over SSH); without them the cause is told from the cluster's side alone.
     """
     if node is None:
-        return NodeCheck(name, False, False, want, 0, "not a node of the cluster (not joined)")
+        return NodeCheck(name, False, False, want, 0, "not a node of the cluster (not joined)",
+                         cause_id="node.not-joined", evidence=[f"kubectl get nodes lists no node {name}"])
     try:
         ns = node_state(node)
     except StateError as e:
-        return NodeCheck(name, False, False, want, 0, f"the API server's node object is unreadable: {e}")
+        return NodeCheck(name, False, False, want, 0, f"the API server's node object is unreadable: {e}",
+                         cause_id="node.unreadable")
     if not ns.ready:
-        return NodeCheck(name, False, False, want, ns.allocatable_gpus, f"NotReady: {ns.ready_message}")
-    cause = ""
+        return NodeCheck(name, False, False, want, ns.allocatable_gpus, f"NotReady: {ns.ready_message}",
+                         cause_id="node.not-ready", evidence=[f"condition Ready: {ns.ready_message}"])
     if want and ns.allocatable_gpus != want:
-        cause = gpu_cause(name, want, ns.allocatable_gpus, pods, plugin, driver_problem=driver_problem,
-                          runtime_default=runtime_default)
-    return NodeCheck(name, not cause, True, want, ns.allocatable_gpus, cause)
+        c = diagnose_gpus(name, want, ns.allocatable_gpus, pods, plugin, driver_problem=driver_problem,
+                          runtime_default=runtime_default, node=ns)
+        return NodeCheck(name, False, True, want, ns.allocatable_gpus, c.message, cause_id=c.id,
+                         evidence=list(c.evidence), remedy=c.remedy)
+    return NodeCheck(name, True, True, want, ns.allocatable_gpus)
 
 
 def gpu_cause(name: str, want: int, alloc: int, pods: list[PodState], plugin: DaemonSetState | None, *,
               driver_problem: str = "", runtime_default: str | None = None) -> str:
+    """Why only `alloc` of `want` GPUs are schedulable, in words (see diagnose_gpus)."""
+    return diagnose_gpus(name, want, alloc, pods, plugin, driver_problem=driver_problem,
+                         runtime_default=runtime_default).message
+
+
+def _logs(pod: str) -> str:
+    return f"kubectl -n kube-system logs {pod} (and kubectl -n kube-system describe pod {pod})"
+
+
+def _taint(t: tuple[str, str, str]) -> str:
+    return f"{t[0]}={t[1]}:{t[2]}" if t[1] else f"{t[0]}:{t[2]}"
+
+
+def diagnose_gpus(name: str, want: int, alloc: int, pods: list[PodState], plugin: DaemonSetState | None, *,
+                  driver_problem: str = "", runtime_default: str | None = None,
+                  node: NodeState | None = None) -> Cause:
+    """Why only `alloc` of `want` GPUs of node `name` are schedulable: the first cause that holds, in the
+    order a GPU reaches the scheduler (driver, device plugin deployed, scheduled, running, runtime, NVML)."""
     head = f"{alloc} of {want} GPU(s) schedulable: "
     if driver_problem:
-        return head + f"the driver is missing or failing on the host ({driver_problem})"
+        return Cause("gpu.driver", head + f"the driver is missing or failing on the host ({driver_problem})",
+                     (f"nvidia-smi on the host: {driver_problem}",),
+                     "install or repair the NVIDIA driver on the host (gpuk8s preflight shows gpu.driver with the "
+                     "cause), then run gpuk8s verify again")
     if plugin is None:
-        return head + "the NVIDIA device plugin is not deployed (gpuk8s install deploys it)"
+        return Cause("gpu.plugin-missing",
+                     head + "the NVIDIA device plugin is not deployed (gpuk8s install deploys it)",
+                     (f"kubectl -n kube-system get daemonset {DEVICE_PLUGIN}: not found",),
+                     "run gpuk8s install: it deploys the device plugin")
     mine = device_plugin_pod(pods, name)
+    ds = (f"daemonset {plugin.name}: {plugin.desired} desired, {plugin.scheduled} scheduled, "
+          f"{plugin.ready} ready")
     if mine is None:
-        return head + ("no device plugin pod on this node: it needs the label nvidia.com/gpu.present=true "
-                       "and must tolerate the node's taints")
+        evidence = [f"no pod {DEVICE_PLUGIN_POD_PREFIX}-* on node {name}", ds]
+        if node is not None:
+            evidence.append(f"node label {GPU_PRESENT}: {node.labels.get(GPU_PRESENT, 'missing')}")
+            blocking = sorted(_taint(t) for t in node.taints if t[2] in ("NoSchedule", "NoExecute"))
+            evidence.append("node taints: " + (", ".join(blocking) if blocking else "none"))
+        return Cause("gpu.plugin-not-scheduled",
+                     head + ("no device plugin pod on this node: it needs the label nvidia.com/gpu.present=true "
+                             "and must tolerate the node's taints"), tuple(evidence),
+                     f"re-run gpuk8s install (it labels the node), or kubectl label node {name} "
+                     f"{GPU_PRESENT}=true; a taint of your own needs a toleration in the plugin")
     if mine.waiting:
-        return head + (f"the device plugin pod {mine.name} is {mine.waiting} ({mine.restarts} restart(s)); "
-                       f"see kubectl -n kube-system logs {mine.name}")
+        return Cause("gpu.plugin-crashing",
+                     head + (f"the device plugin pod {mine.name} is {mine.waiting} ({mine.restarts} restart(s)); "
+                             f"see kubectl -n kube-system logs {mine.name}"),
+                     (f"pod kube-system/{mine.name}: waiting ({mine.waiting}), {mine.restarts} restart(s)",),
+                     f"read {_logs(mine.name)}; add --previous to see the last crash")
     if mine.phase != "Running":
-        return head + f"the device plugin pod {mine.name} is {mine.phase or 'not started'}, not Running"
+        evidence = [f"pod kube-system/{mine.name}: phase {mine.phase or 'none'}"]
+        if mine.unschedulable:
+            evidence.append(f"scheduler: {mine.unschedulable}")
+        return Cause("gpu.plugin-not-running",
+                     head + f"the device plugin pod {mine.name} is {mine.phase or 'not started'}, not Running",
+                     tuple(evidence), f"see kubectl -n kube-system describe pod {mine.name}")
     if runtime_default is not None and runtime_default != "nvidia":
-        return head + (f"the container runtime's default is {runtime_default or 'runc'}, not nvidia: the plugin "
-                       "cannot load NVML (re-run gpuk8s install to configure it)")
+        return Cause("gpu.runtime-not-nvidia",
+                     head + (f"the container runtime's default is {runtime_default or 'runc'}, not nvidia: the "
+                             "plugin cannot load NVML (re-run gpuk8s install to configure it)"),
+                     (f"container runtime default on the host: {runtime_default or 'runc'}",),
+                     "re-run gpuk8s install: it makes nvidia the runtime's default")
     if alloc == 0:
-        return head + (f"the device plugin runs but registered no GPU: it cannot load NVML in its container "
-                       f"(no driver on the node, or the runtime's default is not nvidia); see kubectl -n "
-                       f"kube-system logs {mine.name}")
-    return head + ("the device plugin registered fewer GPUs than the host has "
-                   f"(see kubectl -n kube-system logs {mine.name})")
+        return Cause("gpu.plugin-no-nvml",
+                     head + (f"the device plugin runs but registered no GPU: it cannot load NVML in its container "
+                             f"(no driver on the node, or the runtime's default is not nvidia); see kubectl -n "
+                             f"kube-system logs {mine.name}"),
+                     (f"pod kube-system/{mine.name}: Running, {mine.restarts} restart(s)",),
+                     f"read {_logs(mine.name)}; check nvidia-smi on the host and that nvidia is "
+                     "the container runtime's default")
+    return Cause("gpu.fewer-registered",
+                 head + ("the device plugin registered fewer GPUs than the host has "
+                         f"(see kubectl -n kube-system logs {mine.name})"),
+                 (f"pod kube-system/{mine.name}: Running, {mine.restarts} restart(s)",),
+                 f"read {_logs(mine.name)}; compare with nvidia-smi -L on the host (a GPU may "
+                 "have fallen off the bus, or be in MIG mode)")
 
 
-def test_pod_verdict(pod: PodState | None) -> tuple[bool, str] | None:
+class PodVerdict(tuple[bool, str]):
+    """A test pod's outcome: unpacks as (ok, cause), as it always has; `cause_id` is the registered id
+    of the cause ('' when the pod succeeded)."""
+
+    cause_id: str
+
+    def __new__(cls, ok: bool, cause: str, cause_id: str = "") -> PodVerdict:
+        self = super().__new__(cls, (ok, cause))
+        self.cause_id = cause_id
+        return self
+
+    @property
+    def ok(self) -> bool:
+        return self[0]
+
+    @property
+    def cause(self) -> str:
+        return self[1]
+
+
+def test_pod_verdict(pod: PodState | None) -> PodVerdict | None:
     """A GPU test pod's outcome: (True, '') when it succeeded, (False, cause) when it cannot, None while pending."""
     if pod is None:
         return None
     if pod.phase == "Succeeded":
-        return True, ""
+        return PodVerdict(True, "")
     if pod.phase == "Failed":
         if pod.reason.startswith("OutOf"):
-            return False, f"the kubelet rejected the test pod {pod.name} ({pod.reason}): {pod.message}"
-        return False, (f"the test pod {pod.name} failed{f' ({pod.reason})' if pod.reason else ''}: "
-                       f"see kubectl logs {pod.name}")
+            return PodVerdict(False, f"the kubelet rejected the test pod {pod.name} ({pod.reason}): {pod.message}",
+                              "gpu.test-pod-rejected")
+        return PodVerdict(False, f"the test pod {pod.name} failed{f' ({pod.reason})' if pod.reason else ''}: "
+                                 f"see kubectl logs {pod.name}", "gpu.test-pod-failed")
     if pod.unschedulable:
-        return False, f"the test pod {pod.name} cannot be scheduled: {pod.unschedulable}"
+        return PodVerdict(False, f"the test pod {pod.name} cannot be scheduled: {pod.unschedulable}",
+                          "gpu.test-pod-unschedulable")
     return None
 
 

@@ -26,7 +26,7 @@ hosts:
     gpus: 3
     inventory_gpus: 4
   - name: cri-off
-    containerd_config: 'disabled_plugins = ["cri"]\\n'
+    containerd_config: "disabled_plugins = [\\"cri\\"]\\n"
   - name: centos
     os: centos-7
     kernel: 3.10.0-1160.el7.x86_64

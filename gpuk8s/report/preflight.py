@@ -1,32 +1,18 @@
-"""Render a preflight report: a table per host, the cluster checks, and the network matrix."""
+"""Render a preflight report: a table of findings per host, the cluster checks, and the network matrix."""
 
 from __future__ import annotations
 
 from gpuk8s import ui
 from gpuk8s.preflight.network import Link
 from gpuk8s.preflight.runner import Report
-
-_STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
-_MARK = {"pass": "ok", "warn": "WARN", "fail": "FAIL", "skip": "skip"}
-
-
-def _rows(checks: list) -> tuple[list[list[str]], list[str]]:
-    rows, styles = [], []
-    for c in checks:
-        detail = c.message + (f"\n  -> {c.remedy}" if c.remedy and c.status in ("warn", "fail") else "")
-        rows.append([c.id, _MARK[c.status], detail])
-        styles.append(_STYLE[c.status])
-    return rows, styles
+from gpuk8s.report import findings
 
 
 def render(report: Report, min_gbit: float, max_rtt_ms: float) -> None:
     for h in report.hosts:
         verdict = "FAIL" if h.failed else "ready"
-        title = f"{h.host.name} ({h.host.address}, {h.host.role}): {verdict}"
-        rows, styles = _rows(h.checks)
-        ui.table(title, ["check", "status", "detail"], rows, styles)
-    rows, styles = _rows(report.cluster)
-    ui.table("cluster", ["check", "status", "detail"], rows, styles)
+        findings.table(f"{h.host.name} ({h.host.address}, {h.host.role}): {verdict}", h.checks)
+    findings.table("cluster", report.cluster)
     if report.links:
         render_matrix(report.links, min_gbit, max_rtt_ms)
     s = report.to_json()["summary"]
