@@ -89,6 +89,7 @@ def render_cluster(rep: ClusterReport, title: str) -> None:
 def plans(rep: ClusterReport) -> None:
     """--dry-run: every phase's plan, with the exact remote commands and manifests."""
     out = ui.console()
+    ui.say(out, "# the cluster phases' commands use gk_secret_file and gk_to_the_end from playbooks/cluster/_lib.sh")
     for p in rep.plans:
         ui.say(out, f"== phase {p.name}: {p.title}: {p.status}" + (f" ({p.reason})" if p.reason else ""))
         if p.name == "prepare" and rep.prepare is not None:
