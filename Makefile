@@ -5,9 +5,9 @@ BIN     := $(VENV)/bin
 FLEET   ?= tests/lab/fleets/demo.yaml
 LAB_DIR ?= /var/tmp/gpuk8s-lab
 LAB_PKGS := openssh-server openssh-client sudo iproute2 iperf3 iputils-ping containerd util-linux openssl procps \
-            python3-yaml
+            python3-yaml gcc libc6-dev
 
-.PHONY: install lab-deps test test-unit test-kind lint lab-up lab-down lab-status demo bench clean
+.PHONY: install lab-deps test test-unit test-kind lint lab-up lab-down lab-status demo bench bench-smoke clean
 
 install: $(VENV)/.installed
 
@@ -19,7 +19,7 @@ $(VENV)/.installed: pyproject.toml
 
 # What the lab needs from the OS; installed only when missing, only as root on apt systems.
 lab-deps:
-	@missing=""; for c in /usr/sbin/sshd ssh sudo ip iperf3 ping containerd nsenter openssl; do \
+	@missing=""; for c in /usr/sbin/sshd ssh sudo ip iperf3 ping containerd nsenter openssl gcc; do \
 	  command -v $$c >/dev/null 2>&1 || missing="$$missing $$c"; done; \
 	/usr/bin/python3 -c 'import yaml' 2>/dev/null || missing="$$missing python3-yaml"; \
 	if [ -n "$$missing" ]; then \
@@ -73,8 +73,15 @@ demo: install lab-deps
 	echo "  make lab-status"; \
 	echo "Take the lab down: make lab-down"
 
+# gpuk8s beside Ansible and the SSH floor at 32, 128 and 512 hosts, RTT 0 and 20 ms, then install at 32 and 128
+# (tests/bench.py; Ansible goes into the bench's own venv; long: run it when the lab is yours). Result:
+# /var/tmp/gpuk8s-bench/bench.json and docs/performance.md.
 bench: install lab-deps
-	$(BIN)/python -m tests.bench
+	$(BIN)/python -m tests.bench --sweep --doc
+
+# The same at 8 hosts, so that the bench cannot rot: ~25 s (the first run adds pip-installing Ansible, ~1 min).
+bench-smoke: install lab-deps
+	$(BIN)/python -m tests.bench --sizes 8 --install-sizes 8 --json /var/tmp/gpuk8s-bench/bench-smoke.json
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -9,9 +9,10 @@ import sys
 from importlib import resources
 from pathlib import Path
 
+import jinja2
 import typer
 
-from gpuk8s import __version__, ui
+from gpuk8s import __version__, ui, versions
 from gpuk8s.exitcodes import ExitCode
 from gpuk8s.inventory import Inventory, InventoryError, find_inventory, load
 from gpuk8s.logs import setup_logging
@@ -84,7 +85,10 @@ def inventory_init(
     path: Path = typer.Argument(Path("inventory.yaml"), help="Where to write the starter inventory."),
 ) -> None:
     """Write a commented starter inventory; never overwrites an existing file."""
-    text = resources.files("gpuk8s").joinpath("data/inventory-starter.yaml").read_text()
+    template = resources.files("gpuk8s").joinpath("data/inventory-starter.yaml.j2").read_text()
+    # the versions of the starter are the version matrix's defaults, never written twice
+    text = jinja2.Template(template, keep_trailing_newline=True).render(
+        kubernetes=versions.default_minor(), toolkit=versions.pins().toolkit)
     try:
         with open(path, "x") as f:
             f.write(text)

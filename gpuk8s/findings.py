@@ -59,10 +59,14 @@ FINDINGS: dict[str, Spec] = {
     "runtime.version": _p("error", "Docker >= 19.03.5 or containerd >= 1.4.3"),
     "runtime.active": _p("error", "the container runtime is running"),
     "runtime.cri-plugin": _p("error", "containerd's CRI plugin is not disabled"),
-    "runtime.kubernetes-compat": _p("error", "containerd >= 1.6 for Kubernetes >= 1.26; Docker needs cri-dockerd"),
+    "runtime.kubernetes-compat": _p("error", "containerd at least the floor of the Kubernetes minor in the version "
+                                             "matrix (2.x for the minors that dropped containerd 1.x); Docker "
+                                             "needs cri-dockerd"),
     "runtime.cgroup-driver": _p("warning", "systemd cgroup driver"),
     "toolkit.installed": _p("warning", "nvidia-container-toolkit installed (GPU hosts)"),
     "toolkit.default-runtime": _p("warning", "nvidia is the container runtime's default (GPU hosts)"),
+    "k8s.version-eol": _p("warning", "the Kubernetes minor has not reached its end of life (the date is in the "
+                                     "version matrix; gpuk8s versions)"),
     "k8s.swap": _p("warning", "swap off"),
     "k8s.modules": _p("warning", "overlay and br_netfilter loaded"),
     "k8s.sysctl": _p("warning", "ip_forward and bridge-nf-call set"),

@@ -1,13 +1,25 @@
-"""Numeric version extraction for the non-PEP 440 strings that drivers and runtimes print.
+"""Versions: the version matrix gpuk8s installs from, and numeric version extraction.
 
-`19.03.5` equals 19.3.5, `1.6.20~ds1` is 1.6.20, `v1.7.2` is 1.7.2, `20.10.24+dfsg1` is 20.10.24.
-The raw string is kept by callers for messages; only the numeric release is compared.
+The matrix (gpuk8s/data/versions.yaml, read by `matrix()`) is the one place where gpuk8s names the
+versions it installs: Kubernetes minors with their end-of-life dates, kubeadm API and containerd floor,
+and per minor the device plugin, container toolkit, CNI manifests (URL and sha256), DCGM exporter; and the
+GPU test images. `gpuk8s versions` prints it; docs/versions.md explains it.
+
+Numeric extraction is for the non-PEP 440 strings that drivers and runtimes print: `19.03.5` equals
+19.3.5, `1.6.20~ds1` is 1.6.20, `v1.7.2` is 1.7.2, `20.10.24+dfsg1` is 20.10.24. The raw string is kept
+by callers for messages; only the numeric release is compared.
 """
 
 from __future__ import annotations
 
+import functools
 import re
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from datetime import date
+from importlib import resources
+from typing import TYPE_CHECKING, Any, TypedDict
+
+import yaml
 
 if TYPE_CHECKING:
     from gpuk8s.inventory.model import Inventory
@@ -54,18 +66,266 @@ def cuda_versions_supported(driver: Release) -> list[str]:
     return [cuda for cuda, floor in CUDA_DRIVER_FLOORS if at_least(driver, floor)]
 
 
-# sha256 of the CNI manifests gpuk8s applies by default (InstallSettings.calico_manifest and
-# .flannel_manifest), keyed by their exact URL: a manifest at a pinned URL whose sha256 differs is not
-# applied. A URL that is not listed here and has no install.*_manifest_sha256 in the inventory is
-# applied as https delivers it.
-DEFAULT_MANIFEST_SHA256: dict[str, str] = {
-    # the file at the tag, as raw.githubusercontent.com serves it
-    "https://raw.githubusercontent.com/projectcalico/calico/v3.28.0/manifests/calico.yaml":
-        "93e7f39c3f93f9dc67ee2386aa7240d8d13ff62e54535a2f5f6432e8c6c0f24f",
-    # the release asset (kustomize output of Documentation/kustomization/kube-flannel at the tag)
-    "https://github.com/flannel-io/flannel/releases/download/v0.25.5/kube-flannel.yml":
-        "a15d73cbe14e96287f42ffb16d5995930f92b263f4794797e3a2fa30ec885803",
-}
+# -- the version matrix: gpuk8s/data/versions.yaml --------------------------------------------------------
+#
+# Every version gpuk8s installs (Kubernetes minors, their end-of-life dates and kubeadm API, the containerd
+# floor, the device plugin, the container toolkit, the CNI manifests with their sha256, the DCGM exporter,
+# the GPU test images) is written once, in gpuk8s/data/versions.yaml, and read here. Inventory defaults,
+# preflight, the kubeadm configurations, the CNI pins and `gpuk8s versions` use these functions; no
+# version string of the matrix is written anywhere else in gpuk8s/ or playbooks/
+# (tests/unit/test_versions.py).
+
+MATRIX_FILE = "data/versions.yaml"
+_MINOR = re.compile(r"^1\.([0-9]{1,3})$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_KUBEADM_API = re.compile(r"^kubeadm\.k8s\.io/v1beta[0-9]+$")
+
+
+class MatrixError(Exception):
+    """gpuk8s/data/versions.yaml is malformed: a bug in gpuk8s (tests/unit/test_versions.py catches it)."""
+
+
+@dataclass(frozen=True)
+class ManifestPin:
+    """A CNI manifest: its project version, the URL gpuk8s fetches, and the sha256 it must have."""
+
+    version: str
+    url: str
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Pins:
+    """One set of component pins; each Kubernetes minor names the set it installs."""
+
+    name: str
+    device_plugin: str  # image tag of nvcr.io/nvidia/k8s-device-plugin
+    toolkit: str  # package version of the four nvidia-container-toolkit packages
+    calico: ManifestPin
+    flannel: ManifestPin
+    dcgm_exporter: str  # image tag of nvcr.io/nvidia/k8s/dcgm-exporter
+
+    def cni(self, name: str) -> ManifestPin:
+        if name not in ("calico", "flannel"):
+            raise ValueError(f"unknown CNI {name!r}")
+        pin: ManifestPin = getattr(self, name)
+        return pin
+
+
+@dataclass(frozen=True)
+class Minor:
+    """A Kubernetes minor gpuk8s accepts, with what gpuk8s installs for it."""
+
+    minor: str  # "1.N"
+    end_of_life: date
+    latest_patch: str  # "1.N.P": the newest patch release in the material the matrix was checked with
+    kubeadm_api: str  # "kubeadm.k8s.io/v1betaN"
+    containerd_floor: str  # below this containerd release the kubelet cannot run
+    containerd_tested: tuple[str, ...]  # containerd releases containerd recommends for this minor
+    pins: Pins
+
+    @property
+    def number(self) -> int:
+        return int(self.minor.split(".")[1])
+
+    @property
+    def patch_releases(self) -> int:
+        """How many patch releases the minor has had (1.N.4: four)."""
+        return int(self.latest_patch.split(".")[2])
+
+    def end_of_life_reached(self, on: date | None = None) -> bool:
+        return (on or today()) >= self.end_of_life
+
+
+@dataclass(frozen=True)
+class Matrix:
+    checked: date
+    default: str
+    minors: dict[str, Minor]  # newest first
+    cuda_test_images: tuple[str, ...]  # newest CUDA first
+    containerd_installable: int = 1  # the newest containerd major install can bring a host to
+
+    def pin_sets(self) -> dict[str, Pins]:
+        out: dict[str, Pins] = {}
+        for m in self.minors.values():
+            out.setdefault(m.pins.name, m.pins)
+        return out
+
+
+def today() -> date:
+    """The date end of life is judged on (a function, so that tests can fix it)."""
+    return date.today()
+
+
+def _need(d: Any, key: str, kind: type, where: str) -> Any:
+    if not isinstance(d, dict) or key not in d:
+        raise MatrixError(f"{where}: {key} is missing")
+    v = d[key]
+    if not isinstance(v, kind) or isinstance(v, bool) and kind is not bool:
+        raise MatrixError(f"{where}.{key}: expected {kind.__name__}, got {v!r}")
+    return v
+
+
+def _manifest(d: Any, where: str) -> ManifestPin:
+    pin = ManifestPin(_need(d, "version", str, where), _need(d, "url", str, where), _need(d, "sha256", str, where))
+    if not pin.url.startswith("https://") or f"/{pin.version}/" not in pin.url:
+        raise MatrixError(f"{where}.url: {pin.url!r} must be an https URL of version {pin.version}")
+    if not _SHA256.match(pin.sha256):
+        raise MatrixError(f"{where}.sha256: not 64 lowercase hexadecimal digits")
+    return pin
+
+
+def parse_matrix(text: str) -> Matrix:
+    """The matrix from the text of versions.yaml, checked; MatrixError names what is wrong."""
+    data = yaml.safe_load(text)
+    if not isinstance(data, dict) or data.get("schema") != 1:
+        raise MatrixError("versions.yaml: schema: 1 expected")
+    k8s = _need(data, "kubernetes", dict, "versions.yaml")
+    sets: dict[str, Pins] = {}
+    for name, p in _need(data, "pins", dict, "versions.yaml").items():
+        where = f"pins.{name}"
+        sets[name] = Pins(str(name), _need(p, "device_plugin", str, where), _need(p, "toolkit", str, where),
+                          _manifest(_need(p, "calico", dict, where), f"{where}.calico"),
+                          _manifest(_need(p, "flannel", dict, where), f"{where}.flannel"),
+                          _need(p, "dcgm_exporter", str, where))
+    minors: dict[str, Minor] = {}
+    for key, m in _need(k8s, "minors", dict, "kubernetes").items():
+        where = f"kubernetes.minors.{key}"
+        if not isinstance(key, str) or not _MINOR.match(key):
+            raise MatrixError(f"{where}: a minor is written as a quoted \"1.N\"")
+        patch = _need(m, "latest_patch", str, where)
+        if not re.fullmatch(re.escape(key) + r"\.[0-9]{1,3}", patch):
+            raise MatrixError(f"{where}.latest_patch: {patch!r} is not a patch release of {key}")
+        api = _need(m, "kubeadm_api", str, where)
+        if not _KUBEADM_API.match(api):
+            raise MatrixError(f"{where}.kubeadm_api: {api!r} is not a kubeadm configuration API (kubeadm.k8s.io/...)")
+        floor = _need(m, "containerd_floor", str, where)
+        tested = _need(m, "containerd_tested", list, where)
+        if release(floor) is None or not all(isinstance(t, str) and release(t) for t in tested):
+            raise MatrixError(f"{where}: containerd versions are dotted numbers")
+        pins = _need(m, "pins", str, where)
+        if pins not in sets:
+            raise MatrixError(f"{where}.pins: no pin set {pins!r} (known: {', '.join(sets)})")
+        minors[key] = Minor(key, _need(m, "end_of_life", date, where), patch, api, floor, tuple(tested), sets[pins])
+    if not minors:
+        raise MatrixError("kubernetes.minors: empty")
+    minors = dict(sorted(minors.items(), key=lambda kv: -kv[1].number))
+    default = _need(k8s, "default", str, "kubernetes")
+    if default not in minors:
+        raise MatrixError(f"kubernetes.default: {default} is not in kubernetes.minors")
+    images = tuple(_need(data, "cuda_test_images", list, "versions.yaml"))
+    for img in images:
+        if not isinstance(img, str) or _image_cuda(img) is None:
+            raise MatrixError(f"cuda_test_images: {img!r} names no CUDA version with a driver floor")
+    installable = _need(k8s, "containerd_installable", int, "kubernetes")
+    return Matrix(_need(data, "checked", date, "versions.yaml"), default, minors, images, installable)
+
+
+@functools.lru_cache(maxsize=1)
+def matrix() -> Matrix:
+    """The matrix shipped in the package (read once)."""
+    return parse_matrix(resources.files("gpuk8s").joinpath(MATRIX_FILE).read_text(encoding="utf-8"))
+
+
+def minor_of(version: str) -> str:
+    """"1.N.P" -> "1.N"; "v1.N" -> "1.N"."""
+    return ".".join(version.lstrip("v").split(".")[:2])
+
+
+def supported_minors() -> list[str]:
+    """Every minor gpuk8s accepts (end of life or not), newest first."""
+    return list(matrix().minors)
+
+
+def minors_text() -> str:
+    """The accepted minors for a message: "<oldest> to <newest>"."""
+    ms = supported_minors()
+    return f"{ms[-1]} to {ms[0]}" if len(ms) > 1 else ms[0]
+
+
+def default_minor() -> str:
+    return matrix().default
+
+
+def kubernetes(version: str) -> Minor | None:
+    """The matrix entry of the minor of `version` ("1.N" or "1.N.P"), or None when gpuk8s does not know it."""
+    return matrix().minors.get(minor_of(version))
+
+
+def kubernetes_or_default(version: str) -> Minor:
+    """As `kubernetes`, falling back to the default minor (the inventory loader has refused unknown minors)."""
+    m = matrix()
+    return m.minors.get(minor_of(version)) or m.minors[m.default]
+
+
+def pins(version: str | None = None) -> Pins:
+    """The component pins for the minor of `version` (default: the default minor)."""
+    return kubernetes_or_default(version or default_minor()).pins
+
+
+class InstallPins(TypedDict):
+    """The InstallSettings fields whose defaults are pins of the matrix."""
+
+    toolkit_version: str
+    device_plugin_version: str
+    calico_manifest: str
+    flannel_manifest: str
+
+
+def install_defaults(version: str | None = None) -> InstallPins:
+    """The inventory's install.* defaults for the minor of `version` (default: the default minor)."""
+    p = pins(version)
+    return {"toolkit_version": p.toolkit, "device_plugin_version": p.device_plugin,
+            "calico_manifest": p.calico.url, "flannel_manifest": p.flannel.url}
+
+
+def end_of_life_minors(on: date | None = None) -> list[Minor]:
+    return [m for m in matrix().minors.values() if m.end_of_life_reached(on)]
+
+
+def default_by_rule(m: Matrix) -> str:
+    """What kubernetes.default must be: the newest minor that has had at least two patch releases and whose
+    containerd floor install can meet on the supported OSes (a default that preflight refuses on a stock
+    Ubuntu 22.04, containerd 1.7, would be no default)."""
+    return next(k for k, v in m.minors.items()
+                if v.patch_releases >= 2 and (release(v.containerd_floor) or (0,))[0] <= m.containerd_installable)
+
+
+def _image_cuda(image: str) -> str | None:
+    """The key of CUDA_DRIVER_FLOORS an nvidia/cuda image needs: "13" for 13.0.0-base-..., "10.1" for 10.1-base."""
+    tag = image.rpartition(":")[2]
+    v = tag.split("-", 1)[0]
+    if v in dict(CUDA_DRIVER_FLOORS):
+        return v
+    major = v.split(".", 1)[0]
+    return major if major in dict(CUDA_DRIVER_FLOORS) else None
+
+
+def cuda_test_image(driver: Release | None) -> str:
+    """The newest GPU test image the driver can run; the oldest one when the driver is unknown or older."""
+    images = matrix().cuda_test_images
+    if driver is not None:
+        floors = dict(CUDA_DRIVER_FLOORS)
+        for img in images:
+            cuda = _image_cuda(img)
+            if cuda is not None and at_least(driver, floors[cuda]):
+                return img
+    return images[-1]
+
+
+def _manifest_pins() -> dict[str, str]:
+    out: dict[str, str] = {}
+    for p in matrix().pin_sets().values():
+        for pin in (p.calico, p.flannel):
+            out[pin.url] = pin.sha256
+    return out
+
+
+# sha256 of the CNI manifests gpuk8s applies by default (the calico and flannel pins of every set in the
+# matrix), keyed by their exact URL: a manifest at a pinned URL whose sha256 differs is not applied. A URL
+# that is not listed here and has no install.*_manifest_sha256 in the inventory is applied as https
+# delivers it.
+DEFAULT_MANIFEST_SHA256: dict[str, str] = _manifest_pins()
 
 
 def manifest_sha256(inv: Inventory, cni: str) -> str | None:
@@ -81,3 +341,28 @@ def manifest_sha256(inv: Inventory, cni: str) -> str | None:
         return pinned
     url: str = getattr(inv.install, f"{cni}_manifest")
     return DEFAULT_MANIFEST_SHA256.get(url)
+
+
+def to_json(on: date | None = None) -> dict[str, Any]:
+    """The matrix as `gpuk8s versions -o json` prints it."""
+    m = matrix()
+    day = on or today()
+
+    def cni(p: ManifestPin) -> dict[str, str]:
+        return {"version": p.version, "url": p.url, "sha256": p.sha256}
+
+    return {
+        "checked": m.checked.isoformat(),
+        "today": day.isoformat(),
+        "default": m.default,
+        "end_of_life": [k.minor for k in end_of_life_minors(day)],
+        "minors": [{
+            "minor": k.minor, "default": k.minor == m.default, "latest_patch": k.latest_patch,
+            "end_of_life": k.end_of_life.isoformat(), "end_of_life_reached": k.end_of_life_reached(day),
+            "kubeadm_api": k.kubeadm_api, "containerd_floor": k.containerd_floor,
+            "containerd_tested": list(k.containerd_tested), "pins": k.pins.name,
+            "device_plugin": k.pins.device_plugin, "toolkit": k.pins.toolkit, "calico": cni(k.pins.calico),
+            "flannel": cni(k.pins.flannel), "dcgm_exporter": k.pins.dcgm_exporter,
+        } for k in m.minors.values()],
+        "cuda_test_images": list(m.cuda_test_images),
+    }

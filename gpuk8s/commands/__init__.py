@@ -1,4 +1,5 @@
-"""Commands that talk to hosts, registered on the typer app by the CLI."""
+"""Commands that talk to hosts (and `versions`, which shows what they install), registered on the typer app by the
+CLI."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import typer
 
 
 def register(app: typer.Typer, load_inventory: Callable[..., Any]) -> None:
-    from gpuk8s.commands import cluster, install, preflight
+    from gpuk8s.commands import cluster, install, preflight, versions
 
     preflight.register(app, load_inventory)
     install.register(app, load_inventory)
     cluster.register(app, load_inventory)
+    versions.register(app, load_inventory)

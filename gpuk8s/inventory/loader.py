@@ -20,6 +20,7 @@ import yaml
 from yaml.constructor import SafeConstructor
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from gpuk8s import versions
 from gpuk8s.inventory.model import (
     Bastion,
     Cluster,
@@ -308,7 +309,9 @@ class _Reader:
         cluster = self.cluster(top["cluster"][1]) if "cluster" in top else Cluster()
         ssh = self.ssh(top["ssh"][1], "ssh", SSHSettings()) if "ssh" in top else SSHSettings()
         preflight = self.preflight(top["preflight"][1]) if "preflight" in top else PreflightSettings()
-        install = self.install(top["install"][1]) if "install" in top else InstallSettings()
+        # the versions install.* defaults to are the version matrix's pins for the cluster's minor
+        pins = versions.install_defaults(cluster.kubernetes_version)
+        install = self.install(top["install"][1], pins) if "install" in top else InstallSettings(**pins)
         if "hosts" not in top:
             self.report(node, "hosts", "no hosts are listed",
                         "add a 'hosts:' list with at least one host whose role is control-plane")
@@ -337,19 +340,29 @@ class _Reader:
         return cluster
 
     def k8s_version(self, node: Node, key: str) -> str | None:
+        """"1.N" or "1.N.P" with 1.N a minor of the version matrix (gpuk8s/data/versions.yaml)."""
+        example = f'"{versions.default_minor()}"'
         v = self.value(node, key)
         if isinstance(v, float):
-            self.report(node, key, f"{node.value} was read as a number, which loses digits (1.30 becomes 1.3)",
-                        f"quote it: \"{node.value}\"")
+            self.report(node, key, f"{node.value} was read as a number, which loses digits ({node.value} becomes "
+                        f"{v:g})", f"quote it: \"{node.value}\"")
             return None
         s = self.string(node, key)
         if s is None:
             return None
         m = _K8S_VERSION.match(s)
         if not m:
-            self.report(node, key, f"{s!r} is not a Kubernetes version", "write the minor version, e.g. \"1.30\"")
+            self.report(node, key, f"{s!r} is not a Kubernetes version",
+                        f"write the minor version, e.g. {example}, or a patch release of it")
             return None
-        return f"1.{int(m.group(2))}" + (f".{int(m.group(3))}" if m.group(3) else "")
+        minor = f"1.{int(m.group(2))}"
+        if versions.kubernetes(minor) is None:
+            self.report(node, key, f"gpuk8s does not install Kubernetes {minor}; the minors it installs are "
+                        f"{', '.join(reversed(versions.supported_minors()))}",
+                        f"write one of them, e.g. {example} (the default); 'gpuk8s versions' shows each with its "
+                        "end of life and what it installs")
+            return None
+        return minor + (f".{int(m.group(3))}" if m.group(3) else "")
 
     def cidr(self, node: Node, key: str) -> str | None:
         s = self.string(node, key)
@@ -441,22 +454,26 @@ class _Reader:
         }
         return PreflightSettings(**self.fields(node, "preflight", _PREFLIGHT_KEYS, readers))
 
-    def install(self, node: Node) -> InstallSettings:
+    def install(self, node: Node, pins: versions.InstallPins) -> InstallSettings:
+        """The install section; `pins` are the defaults of the cluster's minor (versions.install_defaults)."""
         url_fix = "write an https URL without spaces or quotes, e.g. https://mirror.example.com/libnvidia-container"
         readers: dict[str, Callable[[Node, str], Any]] = {
             "toolkit_version": lambda n, k: self.string(
-                n, k, _PKG_VERSION, "a package version as the repository spells it, e.g. \"1.17.8-1\"",
+                n, k, _PKG_VERSION,
+                f"a package version as the repository spells it, e.g. \"{pins['toolkit_version']}\"",
                 "package version"),
             "toolkit_repo": lambda n, k: self.repo(n, k, url_fix),
             "kubernetes_repo": lambda n, k: self.repo(n, k, "write e.g. https://pkgs.k8s.io/core:/stable:"),
             "package_lock_timeout": lambda n, k: self.integer(n, k, 0, 3600),
-            "device_plugin_version": lambda n, k: self.string(n, k, _IMAGE_TAG, "an image tag, e.g. v0.17.1", "tag"),
+            "device_plugin_version": lambda n, k: self.string(n, k, _IMAGE_TAG,
+                                                              f"an image tag, e.g. {pins['device_plugin_version']}",
+                                                              "tag"),
             "calico_manifest": lambda n, k: self.url(n, k, "an https URL of calico.yaml, or of your mirror"),
             "flannel_manifest": lambda n, k: self.url(n, k, "an https URL of kube-flannel.yml, or of your mirror"),
             "calico_manifest_sha256": self.sha256,
             "flannel_manifest_sha256": self.sha256,
             "verify_image": lambda n, k: self.string(n, k, _IMAGE, "an image reference, e.g. "
-                                                     "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04", "image"),
+                                                     f"{versions.matrix().cuda_test_images[0]}", "image"),
         }
         m = self.mapping(node, "install", _INSTALL_KEYS)
         got = self.fields(node, "install", _INSTALL_KEYS, readers, m)
@@ -473,7 +490,7 @@ class _Reader:
                             f"use https://...; a mirror without TLS needs install.{name}_sha256: the sha256 "
                             "of the file (64 hex digits, from sha256sum)")
                 del got[name]
-        return InstallSettings(**got)
+        return InstallSettings(**{**pins, **got})
 
     def url(self, node: Node, key: str, fix: str) -> str | None:
         """The syntax of a URL (http or https); whether plain http is allowed is the caller's decision."""

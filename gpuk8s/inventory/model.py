@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from gpuk8s import versions
+
 Role = Literal["control-plane", "worker"]
 SudoMode = Literal["nopasswd", "password"]
 HostKeyPolicy = Literal["strict", "accept-new"]
@@ -68,7 +70,8 @@ class Host:
 @dataclass(frozen=True)
 class Cluster:
     name: str = "gpuk8s"
-    kubernetes_version: str = "1.30"
+    # "1.N" or "1.N.P", N a minor of the version matrix (gpuk8s/data/versions.yaml); default: its default minor
+    kubernetes_version: str = versions.default_minor()
     pod_cidr: str = "10.244.0.0/16"
     service_cidr: str = "10.96.0.0/12"
     cni: Literal["calico", "flannel"] = "calico"
@@ -85,17 +88,24 @@ class PreflightSettings:
     ignore: tuple[str, ...] = ()
 
 
+_PINS = versions.pins()  # the default minor's; the loader uses those of the inventory's minor
+
+
 @dataclass(frozen=True)
 class InstallSettings:
-    """Where packages come from and how long to wait for a host's package manager lock."""
+    """Where packages come from and how long to wait for a host's package manager lock.
 
-    toolkit_version: str = "1.17.8-1"
+    The versions default to the pins of the default Kubernetes minor in the version matrix; the loader
+    fills them from the pins of the inventory's cluster.kubernetes_version (gpuk8s.versions.install_defaults).
+    """
+
+    toolkit_version: str = _PINS.toolkit
     toolkit_repo: str = "https://nvidia.github.io/libnvidia-container"
     kubernetes_repo: str = "https://pkgs.k8s.io/core:/stable:"
     package_lock_timeout: int = 120
-    device_plugin_version: str = "v0.17.1"
-    calico_manifest: str = "https://raw.githubusercontent.com/projectcalico/calico/v3.28.0/manifests/calico.yaml"
-    flannel_manifest: str = "https://github.com/flannel-io/flannel/releases/download/v0.25.5/kube-flannel.yml"
+    device_plugin_version: str = _PINS.device_plugin
+    calico_manifest: str = _PINS.calico.url
+    flannel_manifest: str = _PINS.flannel.url
     verify_image: str = ""  # empty: chosen from each node's driver
     # A repository over plain http is accepted only with insecure_http and its signing key's fingerprint
     # (40 uppercase hex digits); a fingerprint may be pinned for an https repository too.

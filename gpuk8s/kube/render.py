@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from gpuk8s import gpuplan
+from gpuk8s import gpuplan, versions
 from gpuk8s.gpuplan import GPU_RESOURCE
 from gpuk8s.inventory.model import Host, Inventory
 from gpuk8s.kube import manifests as kube_manifests
@@ -34,8 +34,9 @@ def new_certificate_key() -> str:
 
 
 def api_version(inv: Inventory) -> str:
-    minor = int(inv.cluster.kubernetes_version.split(".")[1])
-    return "kubeadm.k8s.io/v1beta4" if minor >= 31 else "kubeadm.k8s.io/v1beta3"
+    """The kubeadm configuration API of the cluster's minor, as the version matrix gives it (v1beta4 where
+    kubeadm has it)."""
+    return versions.kubernetes_or_default(inv.cluster.kubernetes_version).kubeadm_api
 
 
 def endpoint(inv: Inventory) -> str:
@@ -94,23 +95,11 @@ def join_config(inv: Inventory, host: Host, api_endpoint: str, token: str, ca_ha
     return yaml.safe_dump(doc, sort_keys=False)
 
 
-# The newest CUDA base image each driver branch can run (NVIDIA's minimum driver per CUDA major).
-_CUDA_IMAGES = (
-    (580, "nvcr.io/nvidia/cuda:13.0.0-base-ubuntu22.04"),
-    (525, "nvcr.io/nvidia/cuda:12.2.2-base-ubuntu22.04"),
-    (450, "nvcr.io/nvidia/cuda:11.8.0-base-ubuntu22.04"),
-    (418, "nvcr.io/nvidia/cuda:10.1-base-ubuntu18.04"),
-)
-
-
 def verify_image(inv: Inventory, driver: Release | None) -> str:
+    """install.verify_image, else the newest GPU test image of the version matrix that the driver can run."""
     if inv.install.verify_image:
         return inv.install.verify_image
-    major = driver[0] if driver else 0
-    # 450.36.06 shipped CUDA 11.0 but 11.x needs 450.80.02
-    if major == 450 and driver is not None and tuple(driver) < (450, 80, 2):
-        return _CUDA_IMAGES[-1][1]
-    return next((img for floor, img in _CUDA_IMAGES if major >= floor), _CUDA_IMAGES[-1][1])
+    return versions.cuda_test_image(driver)
 
 
 def test_pod(name: str, node: str, image: str) -> str:

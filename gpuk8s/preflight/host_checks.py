@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import re
+from datetime import date
 
+from gpuk8s import versions
 from gpuk8s.facts.model import HostFacts
 from gpuk8s.facts.parse import CONTAINERD_CONFIG, TOO_LARGE
 from gpuk8s.gpuplan import is_gpu_node
@@ -24,13 +26,69 @@ SYSCTLS = ("net.ipv4.ip_forward", "net.bridge.bridge-nf-call-iptables", "net.bri
 _NODE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
-def check_host(host: Host, facts: HostFacts, cluster: Cluster) -> list[CheckResult]:
+def check_host(host: Host, facts: HostFacts, cluster: Cluster, today: date | None = None) -> list[CheckResult]:
+    """Every check of one host; `today` (default: the date) decides whether the Kubernetes minor is past its
+    end of life."""
     results: list[CheckResult] = []
     results += _os(facts)
     results += _gpu(host, facts)
     results += _runtime(facts, cluster, is_gpu_node(host))
+    results.append(_kubernetes_version(cluster, today or versions.today()))
     results += _kubernetes(host, facts)
     return results
+
+
+def _kubernetes_version(cluster: Cluster, today: date) -> CheckResult:
+    """k8s.version-eol: a minor past its end of life installs, with a warning naming the date."""
+    v = cluster.kubernetes_version
+    k = versions.kubernetes(v)
+    if k is None:
+        return skipped("k8s.version-eol", f"Kubernetes {v} is not in gpuk8s's version matrix")
+    if not k.end_of_life_reached(today):
+        return passed("k8s.version-eol", f"Kubernetes {k.minor} is supported until {k.end_of_life.isoformat()}")
+    default = versions.kubernetes_or_default(versions.default_minor())
+    return failed("k8s.version-eol",
+                  f"Kubernetes {k.minor} reached end of life on {k.end_of_life.isoformat()}: it gets no security "
+                  f"fixes since (its last patch release is {k.latest_patch})",
+                  f"choose a supported minor, e.g. cluster.kubernetes_version: \"{default.minor}\" (the default, "
+                  f"supported until {default.end_of_life.isoformat()}); 'gpuk8s versions' lists them")
+
+
+def _containerd_compat(rt_release: tuple[int, ...], cluster: Cluster) -> CheckResult:
+    """runtime.kubernetes-compat for containerd: the containerd floor of the cluster's minor (version matrix)."""
+    k = versions.kubernetes_or_default(cluster.kubernetes_version)
+    floor = release(k.containerd_floor) or (0,)
+    tested = f" (containerd recommends {', '.join(t + '+' for t in k.containerd_tested)})" \
+        if k.containerd_tested else ""
+    if at_least(rt_release, floor):
+        return passed("runtime.kubernetes-compat",
+                      f"containerd {fmt(rt_release)} suits Kubernetes {k.minor}: it needs >= {k.containerd_floor}"
+                      f"{tested}")
+    runs_here = [m for m in versions.matrix().minors.values() if at_least(rt_release, release(m.containerd_floor)
+                                                                         or (0,))]
+    instead = f"; or choose cluster.kubernetes_version: \"{runs_here[0].minor}\", the newest minor that runs on " \
+        f"containerd {fmt(rt_release)}" if runs_here else ""
+    if floor[0] >= 2 and rt_release[0] < 2:
+        return failed("runtime.kubernetes-compat",
+                      f"Kubernetes {k.minor} needs containerd >= {k.containerd_floor}, found {fmt(rt_release)}: "
+                      f"{_last_minor_on(rt_release[0])} is the last minor that runs on containerd "
+                      f"{rt_release[0]}.x{tested}",
+                      "gpuk8s install cannot upgrade containerd to 2.x yet: upgrade it by hand (containerd's "
+                      "release from github.com/containerd/containerd/releases, or a 2.x package of your "
+                      "distribution), write a version 3 config (containerd config default > "
+                      "/etc/containerd/config.toml) and restart containerd, then run gpuk8s install" + instead)
+    return failed("runtime.kubernetes-compat",
+                  f"Kubernetes {k.minor} needs CRI v1: containerd >= {k.containerd_floor}, found {fmt(rt_release)}"
+                  f"{tested}",
+                  f"upgrade containerd to {k.containerd_floor} or newer (Ubuntu: apt-get install containerd; "
+                  "RHEL-like: dnf install containerd.io)" + instead)
+
+
+def _last_minor_on(containerd_major: int) -> str:
+    """The newest minor of the matrix whose containerd floor is of this major or older: "Kubernetes 1.N"."""
+    ok = [m.minor for m in versions.matrix().minors.values()
+          if (release(m.containerd_floor) or (0,))[0] <= containerd_major]
+    return f"Kubernetes {ok[0]}" if ok else "an older Kubernetes"
 
 
 def _os(f: HostFacts) -> list[CheckResult]:
@@ -127,7 +185,6 @@ def _driver_remedy(error: str) -> str:
 
 def _runtime(f: HostFacts, cluster: Cluster, gpu_host: bool) -> list[CheckResult]:
     out: list[CheckResult] = []
-    k8s = release(cluster.kubernetes_version) or (1, 30)
     name = cluster.container_runtime
     rt = f.containerd if name == "containerd" else f.docker
     floor = CONTAINERD_FLOOR if name == "containerd" else DOCKER_FLOOR
@@ -170,11 +227,10 @@ def _runtime(f: HostFacts, cluster: Cluster, gpu_host: bool) -> list[CheckResult
                               "/etc/containerd/config.toml && systemctl restart containerd"))
         else:
             out.append(passed("runtime.cri-plugin", "the CRI plugin is enabled"))
-        if rt.release and k8s >= (1, 26) and not at_least(rt.release, (1, 6)):
-            out.append(failed("runtime.kubernetes-compat", f"Kubernetes {cluster.kubernetes_version} needs CRI v1: "
-                              f"containerd >= 1.6, found {fmt(rt.release)}", "upgrade containerd to 1.6 or newer"))
+        if rt.release is None:
+            out.append(skipped("runtime.kubernetes-compat", f"cannot read containerd's version from {rt.raw!r}"))
         else:
-            out.append(passed("runtime.kubernetes-compat", f"containerd suits Kubernetes {cluster.kubernetes_version}"))
+            out.append(_containerd_compat(rt.release, cluster))
         if cfg.error:
             out.append(skipped("runtime.cgroup-driver", unreadable))
         elif cfg.systemd_cgroup:
@@ -184,13 +240,11 @@ def _runtime(f: HostFacts, cluster: Cluster, gpu_host: bool) -> list[CheckResult
                               "(SystemdCgroup is not true); kubelet uses systemd", "gpuk8s install sets it"))
         default_rt = cfg.default_runtime
     else:
-        if k8s >= (1, 24):
-            out.append(failed("runtime.kubernetes-compat",
-                              f"Kubernetes {cluster.kubernetes_version} has no dockershim: "
-                              "Docker needs cri-dockerd (unix:///run/cri-dockerd.sock)",
-                              "install cri-dockerd, or use containerd (cluster.container_runtime: containerd)"))
-        else:
-            out.append(passed("runtime.kubernetes-compat", "dockershim available"))
+        # every minor of the version matrix is >= 1.24, which removed dockershim
+        out.append(failed("runtime.kubernetes-compat",
+                          f"Kubernetes {cluster.kubernetes_version} has no dockershim: "
+                          "Docker needs cri-dockerd (unix:///run/cri-dockerd.sock)",
+                          "install cri-dockerd, or use containerd (cluster.container_runtime: containerd)"))
         d = f.docker_daemon
         if d.cgroup_driver == "systemd":
             out.append(passed("runtime.cgroup-driver", "native.cgroupdriver=systemd"))

@@ -11,6 +11,7 @@ in the host's /usr/bin; a command made absent is an overlay whiteout.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import secrets
@@ -19,6 +20,7 @@ import signal
 import socket
 import stat
 import subprocess
+import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -40,6 +42,15 @@ FAKED = ("nvidia-smi", "lsmod", "modprobe", "sysctl", "swapon", "swapoff", "syst
 ALWAYS_ABSENT = ("usr/local/bin/docker", "usr/bin/docker", "usr/bin/kubectl", "usr/bin/kubeadm", "usr/bin/kubelet",
                  "usr/bin/nvidia-ctk")
 STUB_TOOLS = ("conntrack", "socat", "ebtables", "ethtool")  # present (as stubs) only when the fleet lists them
+# How faked commands run (tests/lab/README.md, "Cheap fakes"): 'server' (the default: one fake server for the
+# lab, a compiled client per call, or the Python client without a C compiler), 'client' (the server with the
+# Python client) or 'process' (a python3 process per call, as before the server existed: 40 ms of CPU each).
+FAKES_MODE_ENV = "GPUK8S_LAB_FAKES"
+# How a link delay is made (README, "Delay without netem"): 'netem' where the kernel has sch_netem, else
+# 'relay' (a userspace wire of two TAP devices, linkrelay.py); this variable forces one or the other.
+DELAY_ENV = "GPUK8S_LAB_DELAY"
+RELAY_MIN_MS = 1.0  # a relayed delay below this is left to the veth pair itself (0.02-0.05 ms)
+BUILD_CACHE = Path(os.environ.get("GPUK8S_LAB_BUILD_CACHE", "/var/tmp/gpuk8s-lab-build"))
 
 
 class LabError(Exception):
@@ -177,6 +188,24 @@ class LabHost:
             raise LabError(f"{self.name}: sshd is not running")
         return _run(["nsenter", "-t", str(pid), "-n", "-m", "-u", "sh", "-c", command], check=check)
 
+    def cpu_of(self, command: str, stdin: str | None = None) -> tuple[float, float, subprocess.CompletedProcess[str]]:
+        """Run `command` with sh inside the host (as root) and measure it: (wall seconds, CPU seconds, result).
+
+        The CPU is user + system time of the command's whole process tree plus what the lab's fake server
+        spent meanwhile on the fakes it ran (nothing else may run in the lab during the measurement)."""
+        import resource
+
+        pid = self.sshd_pid()
+        if pid is None:
+            raise LabError(f"{self.name}: sshd is not running")
+        r0, s0, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), self.lab.fake_server_cpu(), time.monotonic()
+        p = subprocess.run(["nsenter", "-t", str(pid), "-n", "-m", "-u", "sh", "-c", command], input=stdin,
+                           text=True, capture_output=True)
+        wall = time.monotonic() - t0
+        r1, s1 = resource.getrusage(resource.RUSAGE_CHILDREN), self.lab.fake_server_cpu()
+        cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime) + (s1 - s0)
+        return wall, cpu, p
+
     def sshd_pid(self) -> int | None:
         try:
             pid = int((self.dir / "sshd.pid").read_text())
@@ -233,20 +262,32 @@ class LabHost:
     def shape(self, rate: str | None = None, delay_ms: float | None = None) -> None:
         """Set the link's properties on both ends of the host's link.
 
-        With sch_netem in the kernel, netem adds `delay_ms` in each direction and limits the rate.
-        Without it (as on our CI machines), tbf limits the rate and the delay cannot be emulated:
-        `lab.delay_supported` says which, and tests that need a delay skip with that reason.
+        The delay is `delay_ms` in each direction (a round trip through the link takes 2 x delay_ms
+        more). With sch_netem in the kernel, netem adds it and limits the rate. Without it (as on our CI
+        machines) the link becomes a wire of two TAP devices held by the lab's relay (linkrelay.py),
+        which delays every frame, and tbf limits the rate; delays under RELAY_MIN_MS are then left to
+        the veth pair. `lab.delay_method` says which ('netem' or 'relay').
         """
+        method = self.lab.delay_method_in(self.netns)
+        relayed = bool(delay_ms) and method == "relay" and float(delay_ms or 0) >= RELAY_MIN_MS
+        if relayed and not self.wired:
+            self.lab._rewire(self, tap=True)
         for prefix, dev in ((["ip", "netns", "exec", self.netns], "eth0"), ([], self.veth)):
             _run([*prefix, "tc", "qdisc", "del", "dev", dev, "root"], check=False)
-            if delay_ms and self.lab.delay_supported:
+            if delay_ms and method == "netem":
                 args = ["netem", "delay", f"{delay_ms}ms"] + (["rate", rate] if rate else [])
                 if _run([*prefix, "tc", "qdisc", "add", "dev", dev, "root", *args], check=False).returncode == 0:
                     continue
-                self.lab.delay_supported = False
             if rate:
                 _run([*prefix, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate, "burst", "64kb",
                       "latency", "50ms"])
+        if self.wired:
+            self.lab._set_wire(self, float(delay_ms or 0) if method == "relay" else 0.0)
+
+    @property
+    def wired(self) -> bool:
+        """Whether the host's link is a relay wire (two TAP devices) rather than a veth pair."""
+        return self.name in self.lab._links().get("links", {})
 
     def drop_packets(self, on: bool = True) -> None:
         """Drop every packet the host sends: a connect to it hangs, as behind a firewall that drops.
@@ -297,7 +338,9 @@ class LabHost:
 class Lab:
     def __init__(self, root: Path = LAB_ROOT) -> None:
         self.root = root
-        self.delay_supported = True  # becomes False at the first netem failure (no sch_netem)
+        self._delay_method: str | None = os.environ.get(DELAY_ENV) or None  # netem or relay; probed when needed
+        self._links_lock = threading.Lock()
+        self._defer_links = False  # while up() makes hosts: the relay takes all wires at once, at the end
         self.hosts: dict[str, LabHost] = {}
         self.fleet: Fleet | None = None
         meta = root / "lab.json"
@@ -306,6 +349,118 @@ class Lab:
             self.fleet = load_fleet(data["fleet"], data.get("subnet"))
             for i, spec in enumerate(self.fleet.hosts):
                 self.hosts[spec.name] = LabHost(self, spec, i)
+
+    # -- link delay -----------------------------------------------------------
+    @property
+    def delay_supported(self) -> bool:
+        """Whether links can be given a delay: always, with netem or with the relay."""
+        return True
+
+    @property
+    def delay_method(self) -> str:
+        """'netem' (the kernel has sch_netem) or 'relay' (linkrelay.py's TAP wires)."""
+        if self._delay_method is None:
+            ns = f"{NS_PREFIX}probe-{os.getpid()}"
+            _run(["ip", "netns", "add", ns])
+            try:
+                return self.delay_method_in(ns)
+            finally:
+                _run(["ip", "netns", "del", ns], check=False)
+        return self._delay_method
+
+    def delay_method_in(self, netns: str) -> str:
+        """delay_method, probed (once) in an existing namespace: can netem be put on its loopback?"""
+        if self._delay_method is None:
+            ok = _run(["ip", "netns", "exec", netns, "tc", "qdisc", "add", "dev", "lo", "root", "netem", "delay",
+                       "1ms"], check=False).returncode == 0
+            if ok:
+                _run(["ip", "netns", "exec", netns, "tc", "qdisc", "del", "dev", "lo", "root"], check=False)
+            self._delay_method = "netem" if ok else "relay"
+        return self._delay_method
+
+    def _links(self) -> dict[str, Any]:
+        try:
+            return json.loads((self.root / "links.json").read_text())
+        except (OSError, ValueError):
+            return {"gen": 0, "links": {}}
+
+    def _set_wire(self, h: LabHost, delay_ms: float | None, apply: bool = True) -> None:
+        """Add, change (delay_ms) or remove (None) the relay wire of `h` in links.json; apply it now."""
+        with self._links_lock:
+            conf = self._links()
+            if delay_ms is None:
+                conf["links"].pop(h.name, None)
+            else:
+                conf["links"][h.name] = {"netns": h.netns, "host_dev": "eth0", "bridge_dev": h.veth,
+                                         "delay_ms": delay_ms}
+            conf["gen"] = int(conf.get("gen", 0)) + 1
+            tmp = self.root / "links.json.tmp"
+            tmp.write_text(json.dumps(conf, indent=1))
+            tmp.replace(self.root / "links.json")
+        if apply and not self._defer_links:
+            self._apply_links()
+
+    def _apply_links(self) -> None:
+        """Make the relay (started if needed) take links.json as it is now; wait until it has."""
+        with self._links_lock:
+            conf = self._links()
+            if not conf["links"] and not self._relay_pid():
+                return
+            pid = self._relay_pid()
+            if pid is None:
+                log = open(self.root / "linkrelay.log", "ab")  # noqa: SIM115 (handed to the relay)
+                p = subprocess.Popen(["/usr/bin/python3", str(Path(__file__).parent / "linkrelay.py"), str(self.root)],
+                                     stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd="/",
+                                     start_new_session=True)
+                log.close()
+                (self.root / "linkrelay.pid").write_text(str(p.pid))
+            else:
+                os.kill(pid, signal.SIGHUP)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                with contextlib.suppress(OSError, ValueError):
+                    if int((self.root / "links.applied").read_text()) >= conf["gen"]:
+                        return
+                time.sleep(0.005)
+            raise LabError(f"the link relay did not take links.json: {self.root / 'linkrelay.log'}")
+
+    def _relay_pid(self) -> int | None:
+        try:
+            pid = int((self.root / "linkrelay.pid").read_text())
+            os.kill(pid, 0)
+            return pid
+        except (OSError, ValueError):
+            return None
+
+    def _rewire(self, h: LabHost, tap: bool) -> None:
+        """Replace the host's veth pair by a relay wire (tap=True), keeping eth0's MAC and address."""
+        mac = None
+        with contextlib.suppress(LabError, IndexError):
+            mac = _run(["ip", "-n", h.netns, "-o", "link", "show", "eth0"]).stdout.split("link/ether ")[1].split()[0]
+        _run(["ip", "link", "del", h.veth], check=False)
+        _run(["ip", "-n", h.netns, "link", "del", "eth0"], check=False)
+        self._plumb(h, tap, mac)
+
+    def _plumb(self, h: LabHost, tap: bool, mac: str | None = None) -> None:
+        """Create the host's link: a veth pair, or two TAP devices that the relay joins; eth0 addressed, up."""
+        prefix = self.fleet.subnet.prefixlen if self.fleet else 16
+        peer = f"gk8s-p{h.index}"
+        if tap:
+            _run(["ip", "tuntap", "add", "dev", h.veth, "mode", "tap"])
+            _run(["ip", "-n", h.netns, "tuntap", "add", "dev", "eth0", "mode", "tap"])
+            _run(["ip", "-batch", "-"], input=f"link set {h.veth} master {BRIDGE}\nlink set {h.veth} up\n")
+            setup = ""
+        else:
+            _run(["ip", "-batch", "-"], input=(
+                f"link add {h.veth} type veth peer name {peer} netns {h.netns}\n"
+                f"link set {h.veth} master {BRIDGE}\nlink set {h.veth} up\n"))
+            setup = f"link set {peer} name eth0\n"
+        if mac:
+            setup += f"link set eth0 address {mac}\n"
+        _run(["ip", "-n", h.netns, "-batch", "-"], input=(
+            f"{setup}addr add {h.address}/{prefix} dev eth0\nlink set eth0 up\nlink set lo up\n"))
+        if tap:
+            self._set_wire(h, 0.0, apply=False)
 
     @property
     def inventory(self) -> Path:
@@ -331,6 +486,7 @@ class Lab:
         self.fleet = fleet
         self.root.mkdir(parents=True, exist_ok=True)
         shutil.copytree(FAKES_SRC, self.root / "fakes", ignore=shutil.ignore_patterns("__pycache__"))
+        self._start_fake_server()
         (self.root / "cluster").mkdir()
         (self.root / "real").mkdir()
         if Path("/usr/bin/containerd").exists():  # the real binary, for hosts whose containerd is faked
@@ -346,8 +502,13 @@ class Lab:
              f"link set {BRIDGE} up\n")
         self.hosts = {s.name: LabHost(self, s, i) for i, s in enumerate(fleet.hosts)}
         pub = (self.root / "id_ed25519.pub").read_text()
-        with ThreadPoolExecutor(max_workers=8) as pool:
-            list(pool.map(lambda h: self._make_host(h, pub), self.hosts.values()))
+        self._defer_links = True
+        try:
+            with ThreadPoolExecutor(max_workers=8) as pool:
+                list(pool.map(lambda h: self._make_host(h, pub), self.hosts.values()))
+        finally:
+            self._defer_links = False
+        self._apply_links()
         with ThreadPoolExecutor(max_workers=16) as pool:
             unanswering = {"sshd-stopped", "drop-packets"}
             list(pool.map(lambda h: None if unanswering & set(h.spec.spec["faults"]) else h.wait_ready(),
@@ -355,6 +516,55 @@ class Lab:
         self._write_known_hosts()
         self._write_inventory()
         return self.inventory
+
+    # -- the fake server -----------------------------------------------------
+    @property
+    def fakes_mode(self) -> str:
+        """'fakecmd', 'client' (the fake server with the compiled or the Python client) or 'process'."""
+        try:
+            return (self.root / "fakes" / "mode").read_text().strip()
+        except OSError:
+            return "process"
+
+    def _start_fake_server(self) -> None:
+        """Start the one process that runs every faked command of the lab (fakes/server.py), and pick the
+        client the hosts' wrappers use: fakecmd where a C compiler builds it, else client.py."""
+        fakes = self.root / "fakes"
+        mode = "process"
+        want = os.environ.get(FAKES_MODE_ENV, "server")
+        if want != "process":
+            sock = self.root / "fake.sock"
+            log = open(self.root / "fakesrv.log", "ab")  # noqa: SIM115 (handed to the server)
+            p = subprocess.Popen(["/usr/bin/python3", str(fakes / "server.py"), str(sock)], stdin=subprocess.DEVNULL,
+                                 stdout=log, stderr=log, cwd="/", start_new_session=True)
+            log.close()
+            (self.root / "fakesrv.pid").write_text(str(p.pid))
+            binary = build_fakecmd() if want != "client" else None
+            if binary is not None:
+                shutil.copy2(binary, fakes / "fakecmd")
+            deadline = time.monotonic() + 10
+            while not sock.exists() and p.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.01)
+            if sock.exists():
+                mode = "fakecmd" if binary is not None else "client"
+            else:
+                self._stop_fake_server()
+        (fakes / "mode").write_text(mode + "\n")
+
+    def _stop_fake_server(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            pid = int((self.root / "fakesrv.pid").read_text())
+            os.kill(pid, signal.SIGKILL)
+            LabHost._reap(pid)
+
+    def fake_server_cpu(self) -> float:
+        """CPU seconds (user + system) the fake server and the fakes it ran (reaped children) used so far."""
+        try:
+            pid = int((self.root / "fakesrv.pid").read_text())
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, ValueError):
+            return 0.0
+        return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
 
     def _make_host(self, h: LabHost, pub: str) -> None:
         spec = h.spec.spec
@@ -426,7 +636,7 @@ class Lab:
 
     def _write_usr(self, h: LabHost) -> None:
         spec = h.spec.spec
-        fake = self.root / "fakes" / "fake.py"
+        fake = _fake_module()
         names = list(FAKED) + [t for t in STUB_TOOLS if t in spec["tools"]]
         if spec["runtime"] == "docker":
             names.append("docker")
@@ -434,7 +644,7 @@ class Lab:
             names.append("containerd")
         for name in names:
             for d in ("/usr/bin", "/usr/sbin"):  # both: PATH order differs between root and users
-                h.write(f"{d}/{name}", f"#!/bin/sh\nexec /usr/bin/python3 {fake} {name} \"$@\"\n", 0o755)
+                h.write(f"{d}/{name}", fake.wrapper(name, self.root), 0o755)
         # merged /usr: /bin and /sbin are links into /usr, so one whiteout hides a command everywhere
         for rel in ALWAYS_ABSENT:
             # /usr/local/bin comes first in PATH: a machine's own docker client there must never answer
@@ -449,16 +659,10 @@ class Lab:
             _whiteout(h.upper("/usr/sbin/nvidia-smi"))
 
     def _make_netns(self, h: LabHost) -> None:
-        prefix = self.fleet.subnet.prefixlen if self.fleet else 16
-        peer = f"gk8s-p{h.index}"
         _run(["ip", "netns", "add", h.netns])
-        _run(["ip", "-batch", "-"], input=(
-            f"link add {h.veth} type veth peer name {peer} netns {h.netns}\n"
-            f"link set {h.veth} master {BRIDGE}\nlink set {h.veth} up\n"))
-        _run(["ip", "-n", h.netns, "-batch", "-"], input=(
-            f"link set {peer} name eth0\naddr add {h.address}/{prefix} dev eth0\n"
-            "link set eth0 up\nlink set lo up\n"))
         link = h.spec.spec["link"] or {}
+        delay = float(link.get("delay_ms") or 0)
+        self._plumb(h, tap=delay >= RELAY_MIN_MS and self.delay_method_in(h.netns) == "relay")
         h.shape(link.get("rate"), link.get("delay_ms"))
         if "drop-packets" in h.spec.spec["faults"]:
             h.drop_packets(True)
@@ -513,10 +717,17 @@ class Lab:
                 with contextlib.suppress(OSError, ValueError):
                     os.kill(int(pid), signal.SIGKILL)
         # sshd listeners of this lab whose namespace is already gone (a run killed half-way) go too
-        marker = f"{self.root}/hosts/".encode()
+        # so do the fake server, any fake of this lab still running and the link relay
+        self._stop_fake_server()
+        relay = self._relay_pid()
+        if relay:
+            os.kill(relay, signal.SIGKILL)
+            LabHost._reap(relay)
+        markers = (f"{self.root}/hosts/".encode(), f"{self.root}/fakes/".encode())
         for proc in Path("/proc").glob("[0-9]*"):
             with contextlib.suppress(OSError, ValueError):
-                if marker in (proc / "cmdline").read_bytes():
+                cmdline = (proc / "cmdline").read_bytes()
+                if any(m in cmdline for m in markers) and int(proc.name) != os.getpid():
                     os.kill(int(proc.name), signal.SIGKILL)
         for ns in names:
             for _ in range(50):
@@ -542,17 +753,49 @@ def new_secret() -> str:
     return secrets.token_urlsafe(12)
 
 
+def build_fakecmd() -> Path | None:
+    """The compiled client of faked commands (fakes/fakecmd.c), built once per source version with the
+    machine's C compiler (static where libc.a exists); None without a compiler (the Python client then)."""
+    src = FAKES_SRC / "fakecmd.c"
+    out = BUILD_CACHE / f"fakecmd-{hashlib.sha256(src.read_bytes()).hexdigest()[:16]}"
+    if out.exists():
+        return out
+    cc = next((c for c in (os.environ.get("CC"), "cc", "gcc", "clang") if c and shutil.which(c)), None)
+    if cc is None:
+        return None
+    BUILD_CACHE.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(f".{os.getpid()}.tmp")
+    for extra in (["-static"], []):
+        if _run([cc, "-O2", *extra, "-o", str(tmp), str(src)], check=False).returncode == 0:
+            tmp.replace(out)
+            return out
+    return None
+
+
+_fake_mod: Any = None
+_fake_mod_lock = threading.Lock()
+
+
+def _fake_module() -> Any:
+    """fakes/fake.py as a module (the lab uses its wrapper text and CNI manifests)."""
+    global _fake_mod
+    with _fake_mod_lock:
+        if _fake_mod is None:
+            import importlib.util
+
+            spec = importlib.util.spec_from_file_location("lab_fake", FAKES_SRC / "fake.py")
+            assert spec is not None and spec.loader is not None
+            mod = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(mod)
+            _fake_mod = mod
+        return _fake_mod
+
+
 def cni_stand_ins() -> dict[str, str]:
     """The inventory keys that point gpuk8s at the lab's small CNI manifests, pinned by their sha256
     (gpuk8s checks a manifest's sha256 before it applies it; the real projects' files are pinned in
     gpuk8s/versions.py)."""
-    import hashlib
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("lab_fake", Path(__file__).parent / "fakes" / "fake.py")
-    assert spec is not None and spec.loader is not None
-    fake = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(fake)
+    fake = _fake_module()
     out = {}
     for cni, name in (("calico", "calico.yaml"), ("flannel", "kube-flannel.yml")):
         out[f"{cni}_manifest"] = f"https://cni.lab.invalid/{cni}/{name}"

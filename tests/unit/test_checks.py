@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from datetime import date
 
+from gpuk8s import versions
 from gpuk8s.facts.model import GPU, ContainerdConfig, DockerDaemon, GPUInfo, HostFacts, OSInfo, Runtime
 from gpuk8s.facts.parse import Section, parse_containerd_config
 from gpuk8s.inventory.model import Cluster, Host, SSHSettings
 from gpuk8s.preflight.cluster_checks import check_cluster
 from gpuk8s.preflight.host_checks import check_host
 from gpuk8s.preflight.result import apply_ignores
+
+# containerd 2.x runs every minor of the version matrix, the default one included: a ready host has it
+CONTAINERD_2 = Runtime("containerd", "containerd github.com/containerd/containerd/v2 v2.2.1 dd8a2f2d", (2, 2, 1), True)
+CONTAINERD_16 = Runtime("containerd", "containerd 1.6.20", (1, 6, 20), True)  # Debian 12's: runs up to 1.35
 
 
 def facts(**kw) -> HostFacts:
@@ -21,7 +27,7 @@ def facts(**kw) -> HostFacts:
                 "net.bridge.bridge-nf-call-ip6tables": "1"},
         gpu=GPUInfo("ok", "535.104.05", (535, 104, 5), "12.2",
                     tuple(GPU(i, "NVIDIA A100", f"GPU-{i}", 81920, "Disabled") for i in range(8))),
-        containerd=Runtime("containerd", "containerd 1.6.20", (1, 6, 20), True),
+        containerd=CONTAINERD_2,
         containerd_config=ContainerdConfig(True, (), "nvidia", True, True),
         docker=None, docker_daemon=DockerDaemon(False), nvidia_ctk="NVIDIA Container Toolkit CLI version 1.17.0",
         kubeadm=None, kubelet=None, firewalld_active=False, tools=frozenset({"conntrack", "socat", "ebtables",
@@ -33,6 +39,10 @@ def facts(**kw) -> HostFacts:
 
 HOST = Host("gpu-1", "10.0.0.11", "worker", SSHSettings(), gpus=8)
 CP = Host("cp-1", "10.0.0.10", "control-plane", SSHSettings())
+# the day issue 16 was done: end of life is judged on a fixed date, so that no test changes with the calendar
+TODAY = date(2026, 11, 30)
+CONTAINERD_17 = Runtime("containerd", "containerd github.com/containerd/containerd 1.7.12 1.7.12-0ubuntu2~22.04.1",
+                        (1, 7, 12), True)
 
 
 def by_id(results):
@@ -40,16 +50,75 @@ def by_id(results):
 
 
 def test_ready_host_passes_everything():
-    r = check_host(HOST, facts(), Cluster())
+    r = check_host(HOST, facts(), Cluster(), today=TODAY)
     assert [x.id for x in r if x.status != "pass"] == []
+    assert r[[x.id for x in r].index("k8s.version-eol")].message == \
+        f"Kubernetes {versions.default_minor()} is supported until " \
+        f"{versions.kubernetes(versions.default_minor()).end_of_life.isoformat()}"
 
 
 def test_containerd_too_old_for_kubernetes_126():
     r = by_id(check_host(HOST, facts(containerd=Runtime("containerd", "1.5.9", (1, 5, 9), True)),
-                         Cluster(kubernetes_version="1.30")))
+                         Cluster(kubernetes_version="1.30"), today=TODAY))
     compat = r["runtime.kubernetes-compat"]
-    assert compat.status == "fail" and "containerd >= 1.6" in compat.message
+    assert compat.status == "fail" and "needs CRI v1: containerd >= 1.6.15, found 1.5.9" in compat.message
+    assert compat.remedy.startswith("upgrade containerd to 1.6.15 or newer")
     assert r["runtime.version"].status == "pass"  # 1.5.9 is above the 1.4.3 floor
+
+
+def test_containerd_17_fails_with_a_minor_that_needs_containerd_2():
+    """Ubuntu 22.04's containerd is 1.7; Kubernetes 1.35 was the last minor to run on containerd 1.x."""
+    needs_2 = [m for m in versions.matrix().minors.values() if m.containerd_floor.startswith("2.")]
+    assert needs_2  # 1.36 and 1.37; the default is not one of them until install can set up containerd 2.x
+    assert versions.kubernetes(versions.default_minor()) not in needs_2
+    for k in needs_2:
+        r = by_id(check_host(HOST, facts(containerd=CONTAINERD_17), Cluster(kubernetes_version=k.minor),
+                             today=TODAY))
+        compat = r["runtime.kubernetes-compat"]
+        assert compat.status == "fail" and compat.severity == "error", k.minor
+        assert compat.message.startswith(f"Kubernetes {k.minor} needs containerd >= 2.0, found 1.7.12: "
+                                         "Kubernetes 1.35 is the last minor that runs on containerd 1.x")
+        # the remedy says what install does (nothing yet), what to do by hand, and the minor that runs as it is
+        assert compat.remedy.startswith("gpuk8s install cannot upgrade containerd to 2.x yet: upgrade it by hand")
+        assert "containerd config default > /etc/containerd/config.toml" in compat.remedy
+        assert compat.remedy.endswith('or choose cluster.kubernetes_version: "1.35", the newest minor that runs on '
+                                      "containerd 1.7.12")
+    # the same host suits 1.35, and the message names what containerd recommends for it
+    ok = by_id(check_host(HOST, facts(containerd=CONTAINERD_17), Cluster(kubernetes_version="1.35"), today=TODAY))
+    assert ok["runtime.kubernetes-compat"].status == "pass"
+    assert ok["runtime.kubernetes-compat"].message == ("containerd 1.7.12 suits Kubernetes 1.35: it needs >= 1.6.15 "
+                                                       "(containerd recommends 2.2.0+, 2.1.5+, 1.7.28+)")
+    # and containerd 2.x suits every minor, containerd 1.6.20 those up to 1.35
+    for k in versions.matrix().minors.values():
+        for rt, want in ((CONTAINERD_2, "pass"), (CONTAINERD_16, "fail" if k in needs_2 else "pass")):
+            compat = by_id(check_host(HOST, facts(containerd=rt), Cluster(kubernetes_version=k.minor), today=TODAY))[
+                "runtime.kubernetes-compat"]
+            assert compat.status == want, (k.minor, rt.raw)
+
+
+def test_an_end_of_life_minor_is_a_warning_with_its_date():
+    r = by_id(check_host(HOST, facts(), Cluster(kubernetes_version="1.30.14"), today=TODAY))
+    eol = r["k8s.version-eol"]
+    assert (eol.status, eol.severity, eol.ok) == ("warn", "warning", True)  # a warning: install goes on
+    assert eol.message == ("Kubernetes 1.30 reached end of life on 2025-07-15: it gets no security fixes since (its "
+                           "last patch release is 1.30.14)")
+    default = versions.kubernetes(versions.default_minor())
+    assert eol.remedy == (f'choose a supported minor, e.g. cluster.kubernetes_version: "{default.minor}" (the '
+                          f"default, supported until {default.end_of_life.isoformat()}); 'gpuk8s versions' lists them")
+    assert [x.id for x in r.values() if x.status not in ("pass", "skip")] == ["k8s.version-eol"]
+    # every end-of-life minor of the matrix warns; the day after its end of life at the latest
+    for k in versions.matrix().minors.values():
+        before = by_id(check_host(HOST, facts(), Cluster(kubernetes_version=k.minor),
+                                  today=date.fromordinal(k.end_of_life.toordinal() - 1)))["k8s.version-eol"]
+        on = by_id(check_host(HOST, facts(), Cluster(kubernetes_version=k.minor), today=k.end_of_life))
+        assert before.status == "pass" and on["k8s.version-eol"].status == "warn", k.minor
+        assert k.end_of_life.isoformat() in on["k8s.version-eol"].message
+
+
+def test_an_unknown_minor_is_skipped_not_crashed():
+    """The loader refuses it; a Cluster made by hand must still not crash preflight."""
+    r = by_id(check_host(HOST, facts(), Cluster(kubernetes_version="1.99"), today=TODAY))
+    assert r["k8s.version-eol"].status == "skip"
 
 
 def test_docker_needs_cri_dockerd_from_124():

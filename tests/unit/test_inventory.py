@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuk8s import versions
 from gpuk8s.inventory import InventoryError, load, loads
 
 GOOD = """\
@@ -78,6 +79,54 @@ def test_wrong_type_names_what_to_write():
 def test_version_as_float_is_caught():
     p = one_error(GOOD.replace('"1.30"', "1.30"))
     assert p.key == "cluster.kubernetes_version" and 'quote it: "1.30"' in p.fix
+    assert p.message == "1.30 was read as a number, which loses digits (1.30 becomes 1.3)"
+
+
+MINIMAL = "hosts:\n  - {name: cp-1, address: 10.0.0.10, role: control-plane}\n"
+
+
+def test_without_kubernetes_version_the_default_minor_and_its_pins_are_installed():
+    inv = loads(MINIMAL)
+    default = versions.default_minor()
+    assert inv.cluster.kubernetes_version == default
+    p = versions.pins(default)
+    assert (inv.install.toolkit_version, inv.install.device_plugin_version, inv.install.calico_manifest,
+            inv.install.flannel_manifest) == (p.toolkit, p.device_plugin, p.calico.url, p.flannel.url)
+
+
+@pytest.mark.parametrize("minor", versions.supported_minors())
+def test_every_minor_of_the_matrix_is_accepted_with_its_pins(minor):
+    inv = loads(f'cluster: {{kubernetes_version: "{minor}"}}\n' + MINIMAL)
+    assert inv.cluster.kubernetes_version == minor and inv.warnings == ()
+    assert inv.install.toolkit_version == versions.pins(minor).toolkit
+    assert inv.install.device_plugin_version == versions.pins(minor).device_plugin
+    patch = versions.kubernetes(minor).latest_patch
+    assert loads(f'cluster: {{kubernetes_version: "v{patch}"}}\n' + MINIMAL).cluster.kubernetes_version == patch
+
+
+def test_the_minor_chooses_the_pins_and_install_keys_override_them():
+    old = loads(GOOD)  # "1.30": end of life before the matrix, the pins gpuk8s had for it
+    assert old.install.toolkit_version == versions.pins("1.30").toolkit != versions.pins().toolkit
+    mine = loads(GOOD + 'install:\n  toolkit_version: "1.18.0-1"\n  device_plugin_version: v0.19.2\n')
+    assert (mine.install.toolkit_version, mine.install.device_plugin_version) == ("1.18.0-1", "v0.19.2")
+    assert mine.install.calico_manifest == versions.pins("1.30").calico.url  # the keys not written: the pins
+
+
+@pytest.mark.parametrize("version", ["1.28", "1.99", "1.28.15", "1.99.0"])
+def test_an_unknown_minor_is_an_error_at_its_line_with_the_supported_list(version):
+    p = one_error(GOOD.replace('"1.30"', f'"{version}"'))
+    assert (p.file, p.line, p.column, p.key) == ("inv.yaml", 3, 23, "cluster.kubernetes_version")
+    minor = ".".join(version.split(".")[:2])
+    assert p.message == (f"gpuk8s does not install Kubernetes {minor}; the minors it installs are "
+                         + ", ".join(reversed(versions.supported_minors())))
+    assert p.fix.startswith(f'write one of them, e.g. "{versions.default_minor()}" (the default)')
+    assert str(p).startswith("inv.yaml:3:23: error: cluster.kubernetes_version: gpuk8s does not install")
+
+
+@pytest.mark.parametrize("version", ["2.0", "1", "1.30.1.1", "latest", "1.30-rc.1"])
+def test_a_version_that_is_no_kubernetes_version(version):
+    p = one_error(GOOD.replace('"1.30"', f'"{version}"'))
+    assert p.key == "cluster.kubernetes_version" and "is not a Kubernetes version" in p.message
 
 
 def test_duplicate_names_and_addresses():
@@ -154,12 +203,22 @@ def test_overlapping_cidrs():
     assert "overlaps" in p.message
 
 
-def test_shipped_examples_are_valid():
+def test_shipped_examples_are_valid(tmp_path, monkeypatch):
     from pathlib import Path
 
+    from typer.testing import CliRunner
+
+    from gpuk8s import versions
+    from gpuk8s.cli import app
+
     root = Path(__file__).resolve().parents[2]
-    for f in ("inventories/example.yaml", "gpuk8s/data/inventory-starter.yaml"):
-        loads((root / f).read_text(), f)
+    loads((root / "inventories/example.yaml").read_text(), "inventories/example.yaml")
+    # what `gpuk8s inventory init` writes: valid, with the version matrix's defaults
+    monkeypatch.chdir(tmp_path)
+    assert CliRunner().invoke(app, ["inventory", "init", "starter.yaml"]).exit_code == 0
+    inv = loads((tmp_path / "starter.yaml").read_text(), "starter.yaml")
+    assert inv.cluster.kubernetes_version == versions.default_minor()
+    assert inv.install.toolkit_version == versions.pins().toolkit
 
 
 # -- size: an inventory is read up to 4 MiB, whatever -i names --------------------------------------

@@ -207,7 +207,8 @@ KEY_SETTINGS: dict[str, dict[str, Any]] = {
 def inv_with_keys(settings: dict[str, Any]) -> Inventory:
     import yaml
 
-    text = ("hosts:\n  - {name: cp-1, address: 10.0.0.10, role: control-plane}\n"
+    text = ("cluster: {kubernetes_version: \"1.30\"}\n"
+            "hosts:\n  - {name: cp-1, address: 10.0.0.10, role: control-plane}\n"
             "  - {name: gpu-1, address: 10.0.0.11, role: worker, gpus: 8}\n")
     return loads(text + (yaml.safe_dump({"install": settings}) if settings else ""))
 

@@ -7,9 +7,11 @@ import subprocess
 from dataclasses import replace
 
 import kubernetes_validate
+import kubernetes_validate.utils
 import pytest
 import yaml
 
+from gpuk8s import versions
 from gpuk8s.inventory.loader import loads
 from gpuk8s.kube import manifests, render
 
@@ -23,9 +25,34 @@ hosts:
 """)
 
 
-@pytest.mark.parametrize("version", ["1.29", "1.30", "1.31"])
-def test_every_rendered_manifest_is_valid_for_the_target_version(version):
-    inv = replace(INV, cluster=replace(INV.cluster, kubernetes_version=version))
+# The Kubernetes schemas the installed kubernetes-validate has, as minors ("1.37"). A minor of the version
+# matrix newer than all of them is validated against the newest it has (the test's id says so): that is the
+# closest check offline; update kubernetes-validate to check it exactly.
+SCHEMA_MINORS = sorted({versions.minor_of(v) for v in kubernetes_validate.utils.all_versions()},
+                       key=lambda m: int(m.split(".")[1]))
+
+
+def schema_for(minor: str) -> str:
+    if minor in SCHEMA_MINORS:
+        return minor
+    newest = SCHEMA_MINORS[-1]
+    assert int(minor.split(".")[1]) > int(newest.split(".")[1]), f"kubernetes-validate has no schema for {minor}"
+    return newest
+
+
+RENDER_INV = """
+cluster: {name: ml, kubernetes_version: "MINOR", pod_cidr: 10.32.0.0/16}
+hosts:
+  - {name: cp-1, address: 10.0.0.10, role: control-plane}
+  - {name: gpu-1, address: 10.0.0.21, role: worker, gpus: 8}
+"""
+
+
+@pytest.mark.parametrize("version", [
+    pytest.param(m, id=m if schema_for(m) == m else f"{m}-with-{schema_for(m)}-schemas")
+    for m in versions.supported_minors()])
+def test_every_rendered_manifest_is_valid_for_every_minor_of_the_matrix(version):
+    inv = loads(RENDER_INV.replace('kubernetes_version: "MINOR"', f'kubernetes_version: "{version}"'))
     docs = render.manifests(inv)
     checked = 0
     for name, text in docs.items():
@@ -33,10 +60,19 @@ def test_every_rendered_manifest_is_valid_for_the_target_version(version):
             continue
         for d in yaml.safe_load_all(text):
             if d["apiVersion"].startswith(("kubeadm.k8s.io", "kubelet.config.k8s.io")):
+                assert d["apiVersion"] in (versions.kubernetes(version).kubeadm_api, "kubelet.config.k8s.io/v1beta1")
                 continue  # not API objects: checked field by field below
-            kubernetes_validate.validate(d, version, strict=True)
+            kubernetes_validate.validate(d, schema_for(version), strict=True)
             checked += 1
     assert checked == 3  # DaemonSet, RuntimeClass, Pod
+    # the device plugin of this minor's pins
+    image = f"nvcr.io/nvidia/k8s-device-plugin:{versions.pins(version).device_plugin}"
+    assert image in docs["nvidia-device-plugin.yaml"]
+
+
+def test_kubernetes_validate_knows_the_default_minor():
+    """The default minor is validated against its own schemas, not a neighbour's."""
+    assert versions.default_minor() in SCHEMA_MINORS
 
 
 def test_the_validator_would_catch_a_mistake():
@@ -59,8 +95,20 @@ def test_kubeadm_init_configuration():
     assert kubelet["cgroupDriver"] == "systemd"
     bare = render.kubeadm_init_config(INV, INV.control_planes[0], "v1.30.5", None, None)
     assert "bootstrapTokens" not in bare and "certificateKey" not in bare
-    v131 = replace(INV, cluster=replace(INV.cluster, kubernetes_version="1.31"))
-    assert render.api_version(v131) == "kubeadm.k8s.io/v1beta4"
+
+
+@pytest.mark.parametrize("minor", versions.supported_minors())
+def test_kubeadm_configuration_api_per_minor(minor):
+    """v1beta4 from kubeadm 1.31 on (v1beta3 is deprecated there), v1beta3 before; from the matrix."""
+    inv = replace(INV, cluster=replace(INV.cluster, kubernetes_version=minor + ".2"))
+    want = "kubeadm.k8s.io/v1beta4" if int(minor.split(".")[1]) >= 31 else "kubeadm.k8s.io/v1beta3"
+    assert render.api_version(inv) == versions.kubernetes(minor).kubeadm_api == want
+    init, cluster, _ = yaml.safe_load_all(render.kubeadm_init_config(inv, inv.control_planes[0],
+                                                                      render.full_version(inv), None, None))
+    assert init["apiVersion"] == cluster["apiVersion"] == want and cluster["kubernetesVersion"] == f"v{minor}.2"
+    for text in (render.join_config(inv, inv.host("gpu-1"), "10.0.0.10:6443", "t", "sha256:x"),
+                 render.token_config(inv, "t"), render.upload_certs_config(inv, "k")):
+        assert yaml.safe_load(text)["apiVersion"] == want
 
 
 def test_join_configuration_for_workers_and_control_planes():
@@ -80,10 +128,15 @@ def test_tokens_and_keys_have_kubeadms_format():
 
 
 @pytest.mark.parametrize(("driver", "cuda"), [((580, 159, 4), "13.0"), ((535, 104, 5), "12.2"),
+                                               ((525, 60, 13), "12.2"), ((525, 20), "11.8"),
                                                ((470, 82, 1), "11.8"), ((450, 36, 6), "10.1"),
-                                               ((418, 87, 1), "10.1")])
+                                               ((418, 87, 1), "10.1"), ((410, 48), "10.1"), (None, "10.1")])
 def test_verify_image_runs_on_the_driver(driver, cuda):
-    assert f"cuda:{cuda}" in render.verify_image(INV, driver)
+    """The newest test image of the matrix whose CUDA the driver runs (CUDA 12 needs 525.60.13, 11.x 450.80.02)."""
+    image = render.verify_image(INV, driver)
+    assert f"cuda:{cuda}" in image and image in versions.matrix().cuda_test_images
+    mine = replace(INV, install=replace(INV.install, verify_image="registry.lan/cuda:12.4.1-base-ubuntu22.04"))
+    assert render.verify_image(mine, driver) == "registry.lan/cuda:12.4.1-base-ubuntu22.04"
 
 
 def test_render_shows_no_secret(run_cli, tmp_path):

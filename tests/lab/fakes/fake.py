@@ -1,7 +1,9 @@
 """Faked commands of a lab host, driven by the host's fleet spec and its own state.
 
-Installed as /usr/bin/NAME wrappers inside each lab host's view: `fake.py NAME ARGS...`. Runs with
-the system python3 and the standard library only. Every call records its argv, so tests can prove
+Installed as /usr/bin/NAME wrappers inside each lab host's view (see `wrapper`): run by the lab's fake
+server (server.py: one long-lived process, forked per command) or, as before it existed, as its own
+process `fake.py NAME ARGS...`; the same code either way. Runs with the system python3 and the
+standard library only. Every call records its argv, so tests can prove
 what ran and that no secret was ever on a command line. Any command's stdout, stderr and exit
 status can be replaced verbatim through the state's "overrides".
 """
@@ -27,10 +29,16 @@ LAB_ROOT = Path(__file__).resolve().parent.parent
 
 
 class Host:
-    def __init__(self) -> None:
+    def __init__(self, wait: bool = True) -> None:
+        """The host's spec and its state, locked until release() or exit. wait=False: BlockingIOError at
+        once if another fake holds the lock."""
         self.spec = json.loads((STATE_DIR / "host.json").read_text())
         self._lock = open(STATE_DIR / "state.json", "r+")  # noqa: SIM115 (held, locked, until exit)
-        fcntl.flock(self._lock, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except OSError:
+            self._lock.close()
+            raise
         self.state = json.loads(self._lock.read() or "{}")
 
     def release(self) -> None:
@@ -376,15 +384,30 @@ def _dpkg_lock(h: Host, args: list[str]) -> object | None:
     return None
 
 
+def wrapper(name: str, lab_root: Path = LAB_ROOT) -> str:
+    """The text of the faked command NAME in a host's /usr/bin, as the lab's mode (fakes/mode) wants it:
+    'fakecmd': the compiled client as the interpreter; 'client': the Python client; 'process' (or no
+    mode file): a python3 process per command, running this file."""
+    fakes = lab_root / "fakes"
+    try:
+        mode = (fakes / "mode").read_text().strip()
+    except OSError:
+        mode = "process"
+    if mode == "fakecmd":
+        return f"#!{fakes}/fakecmd {name}\n# a faked command of the gpuk8s lab: tests/lab/fakes/server.py\n"
+    if mode == "client":
+        return f"#!/bin/sh\nexec /usr/bin/python3 -I -S {fakes}/client.py {name} \"$@\"\n"
+    return f"#!/bin/sh\nexec /usr/bin/python3 {fakes}/fake.py {name} \"$@\"\n"
+
+
 def _install_binaries(pkg: str) -> None:
     binary = BINARIES.get(pkg)
     if binary:
-        fake = Path(__file__).resolve()
         for d in ("/usr/bin", "/usr/sbin"):
             p = Path(d) / binary
             if p.is_char_device():
                 p.unlink()
-            p.write_text(f"#!/bin/sh\nexec /usr/bin/python3 {fake} {binary} \"$@\"\n")
+            p.write_text(wrapper(binary))
             p.chmod(0o755)
 
 
@@ -676,6 +699,7 @@ _GPG_VALUE_OPTS = {"--trust-model", "--homedir", "-o", "--output", "--keyring", 
 
 
 def gpg(h: Host, args: list[str]) -> int:
+    h.release()  # gpg needs no state; holding its lock while reading a `curl | gpg` pipe would deadlock
     if "--dearmor" in args:
         data = sys.stdin.buffer.read()
         if not data.startswith(b"-----BEGIN PGP"):
@@ -821,6 +845,29 @@ COMMANDS = {
     "kubelet": kubelet, "kubeadm": kubeadm, "kubectl": kubectl,
     "conntrack": noop, "socat": noop, "ebtables": noop, "ethtool": noop,
 }
+
+
+def read_only(name: str, args: list[str]) -> bool:
+    """Whether `name ARGS` only reads host.json and state.json: no other file, no change, no network, no
+    child process. The lab's fake server answers these in its own process (server.py); the others, and
+    any command with a delay or a slow or huge override, run as a process of their own. Keep this in step
+    with the functions above: a command listed here that touches anything else would see the wrong host."""
+    words = [a for a in args if not a.startswith("-")]
+    if name in ("nvidia-smi", "lsmod", "swapon", "uname", "nproc", "dpkg-query", "rpm", "conntrack", "socat",
+                "ebtables", "ethtool", "dpkg"):
+        return True
+    if name == "sysctl":
+        return not any("=" in a or a in ("-w", "--write", "-p", "--load", "--system") or a.startswith("-p")
+                       for a in args)
+    if name == "systemctl":
+        return words[:1] in (["is-active"], ["is-enabled"], [])
+    if name == "containerd":
+        return args[:1] in (["--version"], ["-v"])
+    if name in ("docker", "kubelet", "nvidia-ctk"):
+        return args[:1] == ["--version"]
+    if name == "apt-mark":
+        return words[:1] == ["showhold"]
+    return False
 
 
 def main() -> int:
