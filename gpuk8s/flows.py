@@ -15,7 +15,7 @@ from gpuk8s import gpuplan
 from gpuk8s.install.prepare import Event, PrepareReport
 from gpuk8s.inventory.model import Host, Inventory
 from gpuk8s.kube import state
-from gpuk8s.kube.client import KubeClient
+from gpuk8s.kube.client import KubeClient, KubeError
 from gpuk8s.kube.state import NodeCheck
 from gpuk8s.phases.base import Context, Options, Phase, PhaseError, PhasePlan, PhaseResult, plan_phases, run_phases
 from gpuk8s.phases.cni import CNI
@@ -147,7 +147,7 @@ def not_joined(inv: Inventory, sudo_passwords: dict[str, str]) -> list[Host]:
         if not ctx.initialized():
             raise PhaseError(f"{cp.name} runs no control plane yet", "run gpuk8s install first")
         present = set(state.by_name(ctx.kube.get("nodes")))
-    except RemoteError as e:
+    except (RemoteError, KubeError) as e:
         raise PhaseError(e.message, e.remedy) from None
     finally:
         ctx.close()

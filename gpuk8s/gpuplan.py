@@ -62,5 +62,3 @@ def plans(inv: Inventory, facts: dict[str, HostFacts] | None = None) -> dict[str
     return {h.name: plan_for(h, f.get(h.name)) for h in inv.hosts}
 
 
-def any_gpu_node(inv: Inventory) -> bool:
-    return any(is_gpu_node(h) for h in inv.hosts)

@@ -295,3 +295,60 @@ def _upsert(target: Path, section: str, entries: Any, entry: dict[str, Any]) -> 
             return out
     out.append(entry)
     return out
+
+
+_B64 = re.compile(r"[A-Za-z0-9+/=\s]{1,1048576}")
+_ENTRY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@:-]{0,252}")  # kubeadm: kubernetes-admin@kubernetes
+
+
+def admin_kubeconfig(text: str) -> str:
+    """The admin kubeconfig a control plane sent, rebuilt from the only fields kubeadm writes in it.
+
+    A kubeconfig can name commands that kubectl runs on this machine (users[].user.exec, auth-provider)
+    or files it reads (tokenFile, client-key paths): from a hostile control plane that would be code on
+    the operator's machine. Only one cluster (https server, CA data), one user (client certificate and
+    key data) and one context are taken; anything else is refused. Errors never quote the content.
+    """
+    try:
+        cfg = yaml.safe_load(text)
+    except yaml.YAMLError:
+        raise LocalFileError("the control plane's admin.conf is not YAML", _ADMIN_FIX) from None
+    if not isinstance(cfg, dict):
+        raise LocalFileError("the control plane's admin.conf is not a kubeconfig", _ADMIN_FIX)
+    clusters, users, contexts = cfg.get("clusters"), cfg.get("users"), cfg.get("contexts")
+    if not (isinstance(clusters, list) and isinstance(users, list) and isinstance(contexts, list)
+            and len(clusters) == len(users) == len(contexts) == 1):
+        raise LocalFileError("the control plane's admin.conf does not have exactly one cluster, user and context",
+                             _ADMIN_FIX)
+    cl, us, cx = clusters[0], users[0], contexts[0]
+    cluster = cl.get("cluster") if isinstance(cl, dict) else None
+    user = us.get("user") if isinstance(us, dict) else None
+    context = cx.get("context") if isinstance(cx, dict) else None
+    if not (isinstance(cluster, dict) and isinstance(user, dict) and isinstance(context, dict)):
+        raise LocalFileError("the control plane's admin.conf is not a kubeadm admin kubeconfig", _ADMIN_FIX)
+    extra = (set(cluster) - {"server", "certificate-authority-data"}) | (
+        set(user) - {"client-certificate-data", "client-key-data"})
+    if extra:
+        raise LocalFileError("the control plane's admin.conf has fields kubeadm does not write there ("
+                             + ", ".join(sorted(str(k)[:40] for k in extra)[:5]) + "); refused: a kubeconfig "
+                             "can make kubectl run commands on this machine", _ADMIN_FIX)
+    server = cluster.get("server")
+    names = [cl.get("name"), us.get("name"), cx.get("name"), context.get("cluster"), context.get("user")]
+    data = [cluster.get("certificate-authority-data"), user.get("client-certificate-data"),
+            user.get("client-key-data")]
+    if not (isinstance(server, str) and re.fullmatch(r"https://[A-Za-z0-9.\-\[\]:]{1,300}", server)
+            and all(isinstance(n, str) and _ENTRY.fullmatch(n) for n in names)
+            and all(isinstance(d, str) and _B64.fullmatch(d) for d in data)
+            and context.get("cluster") == cl.get("name") and context.get("user") == us.get("name")):
+        raise LocalFileError("the control plane's admin.conf is not a kubeadm admin kubeconfig "
+                             "(server, names or certificate data)", _ADMIN_FIX)
+    return yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": cx["name"],
+        "clusters": [{"name": cl["name"], "cluster": {"server": server, "certificate-authority-data": data[0]}}],
+        "contexts": [{"name": cx["name"], "context": {"cluster": cl["name"], "user": us["name"]}}],
+        "users": [{"name": us["name"], "user": {"client-certificate-data": data[1], "client-key-data": data[2]}}],
+    }, sort_keys=False)
+
+
+_ADMIN_FIX = ("check /etc/kubernetes/admin.conf on the first control plane (kubeadm writes it); "
+              "re-run kubeadm init there")

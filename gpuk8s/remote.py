@@ -307,12 +307,12 @@ class Session:
         return res
 
 
-    def hold(self, command: str, *, display: str, timeout: float = 30) -> tuple[Held | None, str]:
+    def hold(self, command: str, *, until: str, display: str, timeout: float = 30) -> tuple[Held | None, str]:
         """Start `command` as root and keep it running, its stdin open, until Held.release().
 
-        The command prints one line when it holds what it came for (then waits on stdin: when gpuk8s
-        releases it, exits or loses the connection, stdin ends and so does the hold) or exits at once.
-        Returns the holder and that first line, or None and the output when the command ended.
+        The command prints the line `until` when it holds what it came for (then waits on stdin: when
+        gpuk8s releases it, exits or loses the connection, stdin ends and so does the hold) or exits.
+        Returns the holder and the output so far, or None and the output when the command ended.
         """
         self.connect()
         assert self._conn is not None
@@ -328,7 +328,7 @@ class Session:
             chan.exec_command(line)
             out, err = bytearray(), bytearray()
             deadline = time.monotonic() + timeout
-            while b"\n" not in out:
+            while until.encode() + b"\n" not in out:
                 if time.monotonic() > deadline:
                     chan.close()
                     raise RemoteError("command-timeout", f"'{shown}' on {self.host.name} did not answer within "
@@ -347,9 +347,9 @@ class Session:
             raise RemoteError("cut", f"the connection to {self.host.name} broke while running '{shown}': "
                               f"{type(e).__name__}", "check the host and re-run") from None
         self.round_trips += 1
-        first = clean(out.decode("utf-8", "replace").split("\n", 1)[0])
-        log.debug("%s: holding '%s': %s", self.host.name, shown, first)
-        return Held(chan), first
+        text = clean(out.decode("utf-8", "replace"))
+        log.debug("%s: holding '%s'", self.host.name, shown)
+        return Held(chan), text
 
 
 class Held:

@@ -237,12 +237,6 @@ def supported_minors() -> list[str]:
     return list(matrix().minors)
 
 
-def minors_text() -> str:
-    """The accepted minors for a message: "<oldest> to <newest>"."""
-    ms = supported_minors()
-    return f"{ms[-1]} to {ms[0]}" if len(ms) > 1 else ms[0]
-
-
 def default_minor() -> str:
     return matrix().default
 

@@ -483,7 +483,7 @@ class _Reader:
         # A manifest is applied as cluster-admin: over plain http only when its sha256 is pinned.
         for name in _MANIFESTS:
             url = got.get(name)
-            if m and url and not url.startswith("https://") and f"{name}_sha256" not in m:
+            if m and url and not url.startswith("https://") and not got.get(f"{name}_sha256"):
                 self.report(m[name][1], f"install.{name}",
                             f"{url!r} is plain http: this manifest is applied as cluster-admin, and anyone on "
                             "the network path could change it",

@@ -289,13 +289,6 @@ def check_node(name: str, want: int, node: Any, pods: list[PodState], plugin: Da
     return NodeCheck(name, True, True, want, ns.allocatable_gpus)
 
 
-def gpu_cause(name: str, want: int, alloc: int, pods: list[PodState], plugin: DaemonSetState | None, *,
-              driver_problem: str = "", runtime_default: str | None = None) -> str:
-    """Why only `alloc` of `want` GPUs are schedulable, in words (see diagnose_gpus)."""
-    return diagnose_gpus(name, want, alloc, pods, plugin, driver_problem=driver_problem,
-                         runtime_default=runtime_default).message
-
-
 def _logs(pod: str) -> str:
     return f"kubectl -n kube-system logs {pod} (and kubectl -n kube-system describe pod {pod})"
 

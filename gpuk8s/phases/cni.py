@@ -23,7 +23,10 @@ def manifest_url(ctx: Context) -> str:
 def cni_values(ctx: Context) -> dict[str, object]:
     """What playbooks/cluster/cni-apply.sh is rendered with."""
     c, url = ctx.inv.cluster, manifest_url(ctx)
-    return {"url": url, "https": url.startswith("https://"), "sha256": manifest_sha256(ctx.inv, c.cni) or "",
+    pin = manifest_sha256(ctx.inv, c.cni) or ""
+    if not url.startswith("https://") and not pin:  # the inventory refuses it; never applied unchecked
+        raise PhaseError(f"{url} is plain http and has no sha256 pin", f"set install.{c.cni}_manifest_sha256")
+    return {"url": url, "https": url.startswith("https://"), "sha256": pin,
             "pod_cidr": c.pod_cidr if c.cni == "flannel" else ""}
 
 

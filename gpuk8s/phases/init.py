@@ -56,6 +56,10 @@ class Init(Phase):
         put_file(s, REFERENCE, render.kubeadm_init_config(ctx.inv, cp, version, None, None))
         res = run_with_secret(s, "kubeadm-init", "init", render.kubeadm_init_config(ctx.inv, cp, version, token, key),
                               timeout=900, upload_certs=key is not None)
+        if res.ok and "@@gpuk8s-initialized-meanwhile" in res.stdout:
+            ctx.initialized_cache = True
+            return self.result("unchanged", f"{cp.name} runs a control plane: an earlier, interrupted run's kubeadm "
+                               "init finished while this run waited for it")
         if not res.ok:
             raise PhaseError(f"kubeadm init on {cp.name} failed (exit status {res.exit_status}): "
                              f"{tail(res)}",

@@ -68,6 +68,8 @@ class Join(Phase):
             res = run_with_secret(ctx.sessions[h.name], "kubeadm-join", "join",
                                   render.join_config(ctx.inv, h, api, token, ca_hash, key), timeout=900)
             if "@@gpuk8s-joined-elsewhere" in res.stdout:
+                if ctx.kube.get("node", h.name):  # an earlier, interrupted run's kubeadm join finished meanwhile
+                    return "joined (by an earlier run's kubeadm, which this run waited for)"
                 raise PhaseError(f"{h.name} has /etc/kubernetes/kubelet.conf but is not a node of this cluster "
                                  "(joined elsewhere, or a half-finished join)",
                                  f"run 'kubeadm reset -f' on {h.name} if it belongs to no other cluster, then re-run")

@@ -26,13 +26,15 @@ def owner() -> str:
 class ClusterBusy(PhaseError):
     def __init__(self, host: str, holder: str) -> None:
         super().__init__(f"another gpuk8s run is changing this cluster: {holder or 'owner unknown'} (lock on {host})",
-                         "wait for it to finish, then re-run")
+                         "wait for it to finish, then re-run; if that run is gone (a connection that dropped "
+                         "without closing holds the lock until sshd notices), end the holder on "
+                         f"{host}: sudo fuser -k /var/lib/gpuk8s/cluster.lock")
 
 
 def acquire(session: Session, who: str) -> Held:
     """Take the cluster lock on `session`'s host or raise ClusterBusy (naming the holder) or RemoteError."""
-    held, first = session.hold(shell.command("cluster-lock", owner=who), display="take the cluster lock")
-    if held is not None and first.strip() == _HELD:
+    held, first = session.hold(shell.command("cluster-lock", owner=who), until=_HELD, display="take the cluster lock")
+    if held is not None and _HELD in first.splitlines():  # a login script may print before it
         return held
     if held is not None:
         held.release()
@@ -63,9 +65,11 @@ class Lock(Phase):
         try:
             self.held = acquire(s, owner())
         except RemoteError as e:
-            # unreachable: the preflight names it; the other hosts are prepared, no cluster phase runs
+            # no host is changed without the lock: a second run could be preparing or joining them
             s.close()
-            return self.result("skipped", f"{ctx.cp.name}: {e.message}; no cluster phase will run", e.remedy)
+            raise PhaseError(f"the cluster lock cannot be taken on {ctx.cp.name}: {e.message}",
+                             f"{e.remedy}; to prepare the other hosts meanwhile: gpuk8s install --prepare-only "
+                             "(host locks only)") from None
         except BaseException:
             s.close()
             raise

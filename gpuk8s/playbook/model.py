@@ -9,7 +9,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any
 
 import yaml
 
@@ -100,5 +99,3 @@ def playbook_names() -> list[str]:
                   if p.name.endswith(".yaml"))
 
 
-def as_dict(pb: Playbook) -> dict[str, Any]:
-    return {"name": pb.name, "steps": [s.name for s in pb.steps]}

@@ -6,6 +6,10 @@ gk_secret_file() {
   gk_f=$1
   mkdir -p "$(dirname "$gk_f")" || exit 1
   trap 'rm -f "$gk_f"' EXIT
+  trap 'rm -f "$gk_f"; exit 130' INT
+  trap 'rm -f "$gk_f"; exit 143' TERM
+  # a dropped connection (sudo's pty closing) must not stop kubeadm half-way: it finishes, then the file goes
+  trap '' HUP
   head -c "$2" > "$gk_f" && [ "$(wc -c < "$gk_f")" -eq "$2" ] || { echo "the configuration did not arrive whole" >&2; exit 1; }
 }
 # gk_to_the_end NAME COMMAND...: COMMAND writes to a file of this run, not to the SSH channel, so it finishes
@@ -20,4 +24,10 @@ gk_to_the_end() {
   rm -f "$gk_out"
   cat <&3
   return $gk_rc
+}
+# gk_kubeadm_lock: one kubeadm of gpuk8s at a time on a host. An interrupted run's kubeadm goes on to the
+#   end (gk_to_the_end) after the cluster lock is released; the next run's kubeadm waits for it here.
+gk_kubeadm_lock() {
+  mkdir -p /var/lib/gpuk8s && exec 8>>/var/lib/gpuk8s/kubeadm.lock || exit 1
+  flock -w 900 8 || { echo "another kubeadm started by gpuk8s still runs on this host (900 s)" >&2; exit 75; }
 }

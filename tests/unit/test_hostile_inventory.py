@@ -185,7 +185,8 @@ def test_http_manifest_with_sha256_is_accepted(cni: str) -> None:
 @pytest.mark.parametrize("value", ["0" * 63, "z" * 64, "md5:" + "0" * 32, 12345])
 def test_a_bad_manifest_sha256_is_rejected(value: object) -> None:
     _, errors = install_problems({"calico_manifest": "http://mirror.lan/c.yaml", "calico_manifest_sha256": value})
-    assert [p.key for p in errors] == ["install.calico_manifest_sha256"]
+    # the bad pin, and the http manifest that is then left without one
+    assert sorted(p.key for p in errors) == ["install.calico_manifest", "install.calico_manifest_sha256"]
 
 
 def test_manifest_pin_comes_from_the_inventory_else_the_matrix(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -200,3 +201,9 @@ def test_manifest_pin_comes_from_the_inventory_else_the_matrix(monkeypatch: pyte
     assert versions.manifest_sha256(inv, "flannel") == "f" * 64
     mirrored = install_ok({"flannel_manifest": "https://mirror.lan/kube-flannel.yml"})
     assert versions.manifest_sha256(mirrored, "flannel") is None
+
+
+def test_an_http_manifest_with_an_empty_sha256_is_refused():
+    """`calico_manifest_sha256: ~` is no pin: the manifest would be applied as cluster-admin unchecked."""
+    _, errors = install_problems({"calico_manifest": "http://mirror.lan/cni.yaml", "calico_manifest_sha256": None})
+    assert [p.key for p in errors] == ["install.calico_manifest"]

@@ -230,3 +230,43 @@ def test_errors_never_quote_the_content(tmp_path: Path) -> None:
         merge_kubeconfig(tmp_path / "c", yaml.safe_dump({"users": [{"user": {"k": KEY}}]}), "lab")
     assert KEY not in e.value.message + e.value.remedy
     assert leftovers(tmp_path) == [] and not (tmp_path / "c").exists()
+
+
+# -- the admin kubeconfig a control plane sends is rebuilt from kubeadm's fields only ------------------------
+
+ADMIN = {
+    "apiVersion": "v1", "kind": "Config", "current-context": "kubernetes-admin@kubernetes",
+    "clusters": [{"name": "kubernetes", "cluster": {"server": "https://10.0.0.10:6443",
+                                                    "certificate-authority-data": "TEFCLUNB"}}],
+    "contexts": [{"name": "kubernetes-admin@kubernetes", "context": {"cluster": "kubernetes",
+                                                                      "user": "kubernetes-admin"}}],
+    "users": [{"name": "kubernetes-admin", "user": {"client-certificate-data": "Q0VSVA==",
+                                                    "client-key-data": "S0VZU0VDUkVU"}}],
+}
+
+
+def test_kubeadms_admin_conf_is_taken_as_it_is() -> None:
+    from gpuk8s.localfiles import admin_kubeconfig
+
+    assert yaml.safe_load(admin_kubeconfig(yaml.safe_dump(ADMIN))) == ADMIN
+
+
+@pytest.mark.parametrize("hostile", [
+    {"users": [{"name": "kubernetes-admin", "user": {"exec": {"command": "sh", "args": ["-c", "touch /tmp/x"],
+                                                              "apiVersion": "client.authentication.k8s.io/v1"}}}]},
+    {"users": [{"name": "kubernetes-admin", "user": {"client-certificate-data": "Q0VSVA==",
+                                                     "client-key-data": "S0VZ", "tokenFile": "/etc/shadow"}}]},
+    {"users": [{"name": "kubernetes-admin", "user": {"auth-provider": {"name": "oidc"}}}]},
+    {"clusters": [{"name": "kubernetes", "cluster": {"server": "https://x:6443", "proxy-url": "http://evil",
+                                                     "certificate-authority-data": "TEFC"}}]},
+    {"clusters": [{"name": "kubernetes", "cluster": {"server": "http://10.0.0.10:6443",
+                                                     "certificate-authority-data": "TEFC"}}]},
+    {"contexts": [{"name": "a", "context": {"cluster": "kubernetes", "user": "kubernetes-admin"}},
+                  {"name": "b", "context": {"cluster": "kubernetes", "user": "kubernetes-admin"}}]},
+])
+def test_a_kubeconfig_that_could_run_or_read_something_here_is_refused(hostile: dict) -> None:
+    from gpuk8s.localfiles import LocalFileError, admin_kubeconfig
+
+    with pytest.raises(LocalFileError) as e:
+        admin_kubeconfig(yaml.safe_dump({**ADMIN, **hostile}))
+    assert "touch" not in e.value.message and "S0VZ" not in e.value.message  # never the content

@@ -29,7 +29,14 @@ hosts:
   - {name: gpu-1, address: 10.0.0.21, labels: {team: vision}}
   - {name: gpu-2, address: 10.0.0.22, taints: ["nvidia.com/gpu=present:NoSchedule"]}
 """)
-ADMIN_CONF = "apiVersion: v1\nkind: Config\nclusters: []\n"
+ADMIN_CONF = yaml.safe_dump({
+    "apiVersion": "v1", "kind": "Config", "current-context": "kubernetes-admin@kubernetes",
+    "clusters": [{"name": "kubernetes", "cluster": {"server": "https://10.0.0.10:6443",
+                                                    "certificate-authority-data": "TEFCLUNB"}}],
+    "contexts": [{"name": "kubernetes-admin@kubernetes", "context": {"cluster": "kubernetes",
+                                                                      "user": "kubernetes-admin"}}],
+    "users": [{"name": "kubernetes-admin", "user": {"client-certificate-data": "Q0VSVA==",
+                                                    "client-key-data": "S0VZ"}}]}, sort_keys=False)
 FACTS = {"cp-1": facts_with(0), "gpu-1": facts_with(8), "gpu-2": facts_with(4)}
 
 
@@ -140,3 +147,23 @@ def test_the_applied_hash_is_the_sha256_of_the_rendered_text() -> None:
     assert m.sha256 == hashlib.sha256(m.text.encode()).hexdigest()
     for d in yaml.safe_load_all(m.applied_text()):
         assert d["metadata"]["annotations"][manifests.ANNOTATION] == m.sha256
+
+
+def test_join_asking_a_cluster_whose_api_server_is_down_is_an_error_not_a_traceback(monkeypatch) -> None:
+    from gpuk8s import flows
+    from gpuk8s.kube.client import KubeError
+    from gpuk8s.phases.base import PhaseError
+
+    class Down(FakeKube):
+        def get(self, kind, name=None, namespace=None):
+            raise KubeError("kubectl get nodes (kubectl on cp-1) failed: The connection to the server was refused")
+
+    class NoSSH:
+        def __init__(self, *a: object) -> None: ...
+        def close(self) -> None: ...
+
+    monkeypatch.setattr(flows, "Session", NoSSH)
+    monkeypatch.setattr(Context, "initialized", lambda self: True)
+    monkeypatch.setattr(Context, "kube", property(lambda self: Down()))
+    with pytest.raises(PhaseError, match="connection to the server was refused"):
+        flows.not_joined(INV, {})
