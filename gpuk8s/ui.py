@@ -53,8 +53,121 @@ def _safe_json(data: Any) -> Any:
     return data
 
 
+class _Unsupported(Exception):
+    """A value _json_text does not write itself: emit_json falls back to json.dumps, which decides."""
+
+
+_FLOAT_SPECIAL = {float("inf"): "Infinity", float("-inf"): "-Infinity"}
+
+
+def _json_text(data: Any) -> str:
+    """`json.dumps(_safe_json(data), indent=2)`, byte for byte, in one walk.
+
+    Every string (keys too) is cleaned and masked once per distinct value (a report repeats the same
+    keys, ids and facts on every host), then escaped by json's C escaper; the indented layout is written
+    here, because json's own indented encoder is pure Python and walks the data a second time.
+    """
+    esc = json.encoder.encode_basestring_ascii
+    memo: dict[str, str] = {}
+    seps: dict[str, tuple[str, str, str, str]] = {}  # indent -> its separators, made once
+    blocks: list[str] = []  # the text so far, in blocks of a few thousand pieces (fewer small objects)
+    out: list[str] = []
+
+    def put(piece: str) -> None:
+        out.append(piece)
+        if len(out) >= 4096:
+            blocks.append("".join(out))
+            out.clear()
+
+    def sep_of(ind: str) -> tuple[str, str, str, str]:
+        r = seps.get(ind)
+        if r is None:
+            inner = ind + "  "
+            r = seps[ind] = (inner, "\n" + inner, ",\n" + inner, "\n" + ind)
+        return r
+
+    def string(s: str) -> str:
+        r = memo.get(s)
+        if r is None:
+            r = memo[s] = esc(mask(clean(s)))
+        return r
+
+    def key(k: Any) -> str:
+        if isinstance(k, str):
+            return string(k)
+        if k is True:
+            return '"true"'
+        if k is False:
+            return '"false"'
+        if k is None:
+            return '"null"'
+        if isinstance(k, int):
+            return '"' + int.__repr__(k) + '"'
+        raise _Unsupported  # float keys and anything else: json.dumps decides
+
+    def value(o: Any, ind: str) -> None:
+        if isinstance(o, str):
+            put(string(o))
+        elif o is None:
+            put("null")
+        elif o is True:
+            put("true")
+        elif o is False:
+            put("false")
+        elif isinstance(o, int):
+            put(int.__repr__(o))
+        elif isinstance(o, float):
+            if o != o or o in _FLOAT_SPECIAL:
+                put("NaN" if o != o else _FLOAT_SPECIAL[o])
+            else:
+                put(float.__repr__(o))
+        elif isinstance(o, dict):
+            if not o:
+                put("{}")
+                return
+            keys = [key(k) for k in o]
+            if len(set(keys)) != len(keys):
+                raise _Unsupported  # keys that clean or mask made equal: _safe_json keeps the last value
+            inner, first, sep, close = sep_of(ind)
+            put("{")
+            put(first)
+            for i, (k, v) in enumerate(zip(keys, o.values(), strict=True)):
+                if i:
+                    put(sep)
+                put(k)
+                put(": ")
+                value(v, inner)
+            put(close)
+            put("}")
+        elif isinstance(o, (list, tuple)):
+            if not o:
+                put("[]")
+                return
+            inner, first, sep, close = sep_of(ind)
+            put("[")
+            put(first)
+            for i, v in enumerate(o):
+                if i:
+                    put(sep)
+                value(v, inner)
+            put(close)
+            put("]")
+        else:
+            raise _Unsupported
+
+    value(data, "")
+    blocks.append("".join(out))
+    return "".join(blocks)
+
+
 def emit_json(data: Any) -> None:
-    sys.stdout.write(json.dumps(_safe_json(data), indent=2, sort_keys=False) + "\n")
+    try:
+        text = _json_text(data)
+    except (_Unsupported, RecursionError):
+        # Anything unusual (an object json cannot write, a cycle): json.dumps raises or writes it as before.
+        text = json.dumps(_safe_json(data), indent=2, sort_keys=False)
+    sys.stdout.write(text)
+    sys.stdout.write("\n")
     sys.stdout.flush()
 
 

@@ -3,27 +3,32 @@
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin LC_ALL=C
 exec 4>&1
 T=""; command -v timeout >/dev/null 2>&1 && T="timeout 20"
-sec() {
+# sec NAME CMD...: CMD, cut off after 20 s (a hung nvidia-smi, systemctl or runtime must not stop the
+# others). quick NAME CMD...: the same without the timeout, for commands that only read local files or
+# the kernel and cannot hang (a timeout costs a process per section).
+sec() { _t=$T; _sec "$@"; }
+quick() { _t=; _sec "$@"; }
+_sec() {
   name=$1; shift
   printf '@@gpuk8s-begin %s\n' "$name"
   # At most 256 KiB of a section reach the client, so one runaway command cannot crowd out the others.
   # Its exit status comes back on fd 3; a command cut off by head ends with SIGPIPE (141).
   if command -v "$1" >/dev/null 2>&1; then
-    rc=$( { { $T "$@" 2>&1 3>&- 4>&-; echo $? >&3; } | head -c 262144 >&4; } 3>&1 ); rc=${rc:-1}
+    rc=$( { { $_t "$@" 2>&1 3>&- 4>&-; echo $? >&3; } | head -c 262144 >&4; } 3>&1 ); rc=${rc:-1}
   else echo "$1: command not found"; rc=127; fi
   printf '\n@@gpuk8s-end %s %s\n' "$name" "$rc"
 }
-file() { sec "$1" cat "$2"; }
-sec uid id -u
-sec hostname hostname
+file() { quick "$1" cat "$2"; }
+quick uid id -u
+quick hostname hostname
 file os-release /etc/os-release
-sec kernel uname -r
-sec arch uname -m
-sec nproc nproc
+quick kernel uname -r
+quick arch uname -m
+quick nproc nproc
 file meminfo /proc/meminfo
-sec swap swapon --show --noheadings --raw
-sec lsmod lsmod
-sec sysctl sysctl net.ipv4.ip_forward net.bridge.bridge-nf-call-iptables net.bridge.bridge-nf-call-ip6tables
+quick swap swapon --show --noheadings --raw
+quick lsmod lsmod
+quick sysctl sysctl net.ipv4.ip_forward net.bridge.bridge-nf-call-iptables net.bridge.bridge-nf-call-ip6tables
 sec nvidia-smi nvidia-smi --query-gpu=index,name,uuid,driver_version,memory.total,mig.mode.current --format=csv,noheader,nounits
 sec nvidia-smi-version nvidia-smi --version
 file nvidia-proc /proc/driver/nvidia/version
@@ -32,7 +37,8 @@ sec containerd-active systemctl is-active containerd
 file containerd-config /etc/containerd/config.toml
 # Each drop-in is framed by a line '@@file PATH' (no TOML file holds such a line), so that each is parsed
 # on its own: files concatenated may define the same table twice.
-sec containerd-dropins sh -c 'for f in /etc/containerd/conf.d/*.toml; do [ -f "$f" ] || continue; printf "@@file %s\n" "$f"; cat "$f" 2>/dev/null; echo; done; true'
+dropins() { for f in /etc/containerd/conf.d/*.toml; do [ -f "$f" ] || continue; printf '@@file %s\n' "$f"; cat "$f" 2>/dev/null; echo; done; true; }
+quick containerd-dropins dropins
 sec docker-version docker version --format '{{.Server.Version}}'
 sec docker-active systemctl is-active docker
 file docker-daemon /etc/docker/daemon.json
@@ -40,10 +46,13 @@ sec nvidia-ctk nvidia-ctk --version
 sec kubeadm kubeadm version -o short
 sec kubelet kubelet --version
 sec firewalld systemctl is-active firewalld
-sec tools sh -c 'for t in conntrack socat ebtables ethtool iptables ip; do command -v "$t" >/dev/null 2>&1 && echo "$t"; done; true'
+# (quick runs a shell function like these in the section's subshell: no sh to start)
+tools() { for t in conntrack socat ebtables ethtool iptables ip; do command -v "$t" >/dev/null 2>&1 && echo "$t"; done; true; }
+quick tools tools
 sec listening ss -Htln
-sec links ip -o link show
+quick links ip -o link show
 file product-uuid /sys/class/dmi/id/product_uuid
 file machine-id /etc/machine-id
-sec kube-files sh -c 'ls /etc/kubernetes/admin.conf /etc/kubernetes/kubelet.conf 2>/dev/null; true'
-sec time date +%s.%N
+kube_files() { ls /etc/kubernetes/admin.conf /etc/kubernetes/kubelet.conf 2>/dev/null; true; }
+quick kube-files kube_files
+quick time date +%s.%N

@@ -128,24 +128,35 @@ def run_preflight(inv: Inventory, *, concurrency: int, ignore: set[str], sudo_pa
     start = time.monotonic()
     reports = {h.name: HostReport(h) for h in inv.hosts}
     sessions: dict[str, Session] = {} if keep_sessions is None else keep_sessions
+    # A host's connection is kept past its facts only when something later uses it: the caller
+    # (keep_sessions) or the network measurement (a control plane and the workers). Otherwise it is closed
+    # as soon as the facts are in, so that a large run does not hold every transport (and its reader
+    # thread) open to the end.
+    network_later = measure_network and bool(inv.control_planes) and bool(inv.workers)
+    keep_all = keep_sessions is not None or network_later
 
     def one(host: Host) -> HostReport:
         rep = reports[host.name]
         t0 = time.monotonic()
         # a connection the caller opened already (the cluster lock's) is used, not a second one
+        mine = host.name not in sessions  # the caller's (the cluster lock's) connection is the caller's to close
         s = sessions.get(host.name) or Session(host, sudo_passwords.get(host.name))
         stage = "gathering its facts"
         checks: list[CheckResult] = []
         try:
             facts, checks, now = gather(s)
-            sessions[host.name] = s
+            if keep_all:
+                sessions[host.name] = s
+            else:
+                s.close()
             rep.reachable = True
             rep.facts = facts
             rep.local_time = now
             stage = "checking its facts"
             rep.checks = checks + check_host(host, facts, inv.cluster)
         except RemoteError as e:
-            s.close()
+            if mine:
+                s.close()
             rep.checks = [failed("ssh.reachable", f"{e.kind}: {e.message}", e.remedy)]
         except Exception as e:
             # A bug (a parser or a check that raised): this host failed, it must never look ready. The
@@ -175,7 +186,8 @@ def run_preflight(inv: Inventory, *, concurrency: int, ignore: set[str], sudo_pa
             secs = inv.preflight.network_test_seconds if network_seconds is None else network_seconds
             links = network.measure(sessions[cps[0].name], workers, secs)
             cluster += network.link_checks(links, inv.preflight.max_rtt_ms, inv.preflight.min_bandwidth_gbit)
-        elif measure_network and workers:
+        elif measure_network and (workers or any(reports[h.name].reachable for h in inv.workers)):
+            # (sessions holds no worker when none was kept: no control plane in the inventory)
             cluster.append(skipped("net.rtt", "no reachable control plane to measure from"))
         cluster = apply_ignores(cluster, ignore)
     finally:
