@@ -552,6 +552,10 @@ class Lab:
         (fakes / "mode").write_text(mode + "\n")
 
     def _stop_fake_server(self) -> None:
+        # the socket goes first: a fake forked by the server may still hold the listening socket, and a
+        # client that connects to it would wait for an answer nobody gives; without the file it falls back
+        with contextlib.suppress(OSError):
+            (self.root / "fake.sock").unlink()
         with contextlib.suppress(OSError, ValueError):
             pid = int((self.root / "fakesrv.pid").read_text())
             os.kill(pid, signal.SIGKILL)
