@@ -262,7 +262,8 @@ n = 2
 m = 3
 """])
 def test_python310_toml_reader_agrees_with_tomllib(text):
-    tomllib = pytest.importorskip("tomllib")
+    tomllib = pytest.importorskip("tomllib", reason="Python 3.10 has no tomllib to compare gpuk8s's 3.10 "
+                                  "TOML reader with; on 3.11+ (CI) this runs")
     expected = tomllib.loads(text)
     if "i" in expected:
         expected["i"] = "1979-05-27T07:32:00Z"  # dates stay text on Python 3.10

@@ -289,7 +289,8 @@ def run_key_step(step: RenderedStep, root: Path, served: str,
                           text=True, env=env)
 
 
-@pytest.mark.skipif(not shutil.which("gpg"), reason="needs GnuPG")
+@pytest.mark.skipif(not shutil.which("gpg"), reason="checks real OpenPGP keys with GnuPG's gpg, which is not "
+                    "installed here (apt-get install gnupg; .ci/run installs it)")
 @pytest.mark.parametrize("os_info,name,dest", [
     (None, "toolkit-apt-key", "usr/share/keyrings/nvidia-container-toolkit-keyring.gpg"),
     (None, "kubernetes-apt-key", "etc/apt/keyrings/kubernetes-apt-keyring.gpg"),
@@ -336,7 +337,8 @@ def test_key_steps_check_the_pinned_fingerprint_with_the_real_gpg(os_info, name,
     assert not (tmp_path / "home").exists()
 
 
-@pytest.mark.skipif(not shutil.which("gpg"), reason="needs GnuPG")
+@pytest.mark.skipif(not shutil.which("gpg"), reason="checks real OpenPGP keys with GnuPG's gpg, which is not "
+                    "installed here (apt-get install gnupg; .ci/run installs it)")
 def test_unpinned_apt_key_keeps_the_old_behaviour_over_https(tmp_path):
     s = {s.name: s for s in steps_for(INV)}["kubernetes-apt-key"]
     r = run_key_step(s, tmp_path, KEY_B)

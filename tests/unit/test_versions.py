@@ -150,9 +150,8 @@ def test_a_malformed_matrix_is_refused_with_what_is_wrong(edit, complaint):
 # A version-like token: 1.N, 1.N.P, v0.20.1, 1.20.0-1, 4.6.0-4.8.3-distroless, 13.0.0-base-ubuntu22.04.
 _TOKEN = re.compile(r"(?<![\w.])v?[0-9]+(?:\.[0-9]+)+(?:-[0-9A-Za-z][0-9A-Za-z.-]*)?(?!\w)")
 _HEX64 = re.compile(r"(?<![0-9a-f])[0-9a-f]{64}(?![0-9a-f])")
-# Files of gpuk8s/ and playbooks/ that still carry matrix versions and are another engineer's to change (the
-# brief of issue 16 part A does not own them). Each is expected to fail the rule (strict xfail): when it is
-# fixed, remove it here.
+
+
 def matrix_strings() -> set[str]:
     out: set[str] = set()
     for k in M.minors.values():
