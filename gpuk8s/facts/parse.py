@@ -23,6 +23,7 @@ from gpuk8s.facts.model import (
     OSInfo,
     Runtime,
 )
+from gpuk8s.text import ascii_int
 from gpuk8s.versions import release
 
 _BEGIN = re.compile(r"^@@gpuk8s-begin (\S+)$")
@@ -76,8 +77,7 @@ def split_sections(text: str) -> dict[str, Section]:
 
 
 def _ascii_int(text: str, max_digits: int = 18) -> int | None:
-    t = text.strip()
-    return int(t) if 0 < len(t) <= max_digits and t.isascii() and t.isdecimal() else None
+    return ascii_int(text.strip(), max_digits)
 
 
 _SHELL_ESCAPE = re.compile(r"\\(.)", re.S)

@@ -7,20 +7,13 @@ ends and the kernel releases the lock. A second run stops at once, naming the ho
 
 from __future__ import annotations
 
-import os
-import socket
-
+from gpuk8s.install.prepare import owner
 from gpuk8s.phases import shell
 from gpuk8s.phases.base import Change, Context, Phase, PhaseError, PhasePlan, PhaseResult
 from gpuk8s.remote import Held, RemoteError, Session
 
 _BUSY = "@@gpuk8s-cluster-lock busy "
 _HELD = "@@gpuk8s-cluster-lock held"
-
-
-def owner() -> str:
-    """Who gpuk8s is, for the cluster lock and the host locks: this machine and process."""
-    return f"gpuk8s on {socket.gethostname()} (pid {os.getpid()})"
 
 
 class ClusterBusy(PhaseError):

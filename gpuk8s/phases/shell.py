@@ -1,26 +1,17 @@
 """The cluster phases' remote commands, rendered from the shell templates in playbooks/cluster/.
 
-What runs on a host is readable beside the playbooks, and `--dry-run` shows the same text that runs. As in
-the playbooks, every `{{ value }}` is shell-quoted, so no value can become shell syntax. The helpers of
-`_lib.sh` are sent ahead of each command.
+What runs on a host is readable beside the playbooks, and `--dry-run` shows the same text that runs. They
+are rendered by the playbooks' own environment: every `{{ value }}` is shell-quoted, so no value can become
+shell syntax. The helpers of `_lib.sh` are sent ahead of each command.
 """
 
 from __future__ import annotations
 
-import shlex
 from functools import cache
 from importlib import resources
 from typing import Any
 
-import jinja2
-
-
-def _quote(value: Any) -> str:
-    return shlex.quote(str(value))
-
-
-_env = jinja2.Environment(undefined=jinja2.StrictUndefined, finalize=_quote, autoescape=False,
-                          keep_trailing_newline=True)
+from gpuk8s.playbook.render import SHELL_ENV
 
 
 @cache
@@ -30,7 +21,7 @@ def _source(name: str) -> str:
 
 def command(name: str, **values: Any) -> str:
     """playbooks/cluster/NAME.sh rendered with `values` (quoted), without the helpers."""
-    return _env.from_string(_source(name)).render(**values)
+    return SHELL_ENV.from_string(_source(name)).render(**values)
 
 
 def script(name: str, **values: Any) -> str:

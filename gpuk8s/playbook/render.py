@@ -26,7 +26,7 @@ def _quote(value: Any) -> str:
     return shlex.quote(str(value))
 
 
-_shell = jinja2.Environment(undefined=jinja2.StrictUndefined, finalize=_quote, autoescape=False,
+SHELL_ENV = jinja2.Environment(undefined=jinja2.StrictUndefined, finalize=_quote, autoescape=False,
                             keep_trailing_newline=True)
 _text = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=True)
 
@@ -90,7 +90,7 @@ def applies(step: Step, ctx: dict[str, Any], where: str) -> bool:
     if not step.when.strip():
         return True
     try:
-        return bool(_shell.compile_expression(step.when, undefined_to_none=False)(**ctx))
+        return bool(SHELL_ENV.compile_expression(step.when, undefined_to_none=False)(**ctx))
     except jinja2.TemplateError as e:
         raise PlaybookError(f"{where}: when: {type(e).__name__}: {e}") from None
 
@@ -118,8 +118,8 @@ def render_playbook(pb: Playbook, ctx: dict[str, Any]) -> list[RenderedStep]:
             continue
         out.append(RenderedStep(
             pb.name, step.name, _render(_text, step.title, ctx, where),
-            check=_render(_shell, step.check, ctx, where).strip(),
-            run=_render(_shell, step.run, ctx, where).strip(),
+            check=_render(SHELL_ENV, step.check, ctx, where).strip(),
+            run=_render(SHELL_ENV, step.run, ctx, where).strip(),
             changes=tuple(_render(_text, c, ctx, where) for c in step.changes),
             restarts=step.restarts,
         ))

@@ -21,6 +21,7 @@ from gpuk8s.phases.verify import Verify
 from gpuk8s.remote import Result
 from tests.unit.fakekube import FakeKube
 from tests.unit.test_gpuplan import facts_with
+from tests.unit.test_localfiles import ADMIN
 
 INV = loads("""
 cluster: {name: ml, kubernetes_version: "1.30"}
@@ -29,14 +30,7 @@ hosts:
   - {name: gpu-1, address: 10.0.0.21, labels: {team: vision}}
   - {name: gpu-2, address: 10.0.0.22, taints: ["nvidia.com/gpu=present:NoSchedule"]}
 """)
-ADMIN_CONF = yaml.safe_dump({
-    "apiVersion": "v1", "kind": "Config", "current-context": "kubernetes-admin@kubernetes",
-    "clusters": [{"name": "kubernetes", "cluster": {"server": "https://10.0.0.10:6443",
-                                                    "certificate-authority-data": "TEFCLUNB"}}],
-    "contexts": [{"name": "kubernetes-admin@kubernetes", "context": {"cluster": "kubernetes",
-                                                                      "user": "kubernetes-admin"}}],
-    "users": [{"name": "kubernetes-admin", "user": {"client-certificate-data": "Q0VSVA==",
-                                                    "client-key-data": "S0VZ"}}]}, sort_keys=False)
+ADMIN_CONF = yaml.safe_dump(ADMIN, sort_keys=False)  # what kubeadm writes (tests/unit/test_localfiles.py)
 FACTS = {"cp-1": facts_with(0), "gpu-1": facts_with(8), "gpu-2": facts_with(4)}
 
 
