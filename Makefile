@@ -54,8 +54,8 @@ lab-status: install
 	$(BIN)/python -m tests.lab status
 
 demo: install lab-deps
-	@$(BIN)/python -m tests.lab up tests/lab/fleets/demo.yaml >/dev/null
-	@echo "==> lab up: 1 control plane, 3 GPU workers (Ubuntu 22.04, real sshd in network namespaces)"
+	@$(BIN)/python -m tests.lab up $(FLEET) >/dev/null
+	@echo "==> lab up: $(FLEET) (real sshd in network namespaces; make demo FLEET=tests/lab/fleets/shared.yaml shows shared GPUs)"
 	@echo "==> $(BIN)/gpuk8s preflight -i $(LAB_DIR)/inventory.yaml"
 	@$(BIN)/gpuk8s preflight -i $(LAB_DIR)/inventory.yaml; rc=$$?; \
 	echo; echo "preflight exit status: $$rc (0: ready, warnings allowed; 1: something failed)"; \

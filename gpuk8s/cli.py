@@ -98,6 +98,19 @@ def inventory_init(
     ui.say(ui.console(), f"wrote {path}: edit the hosts, then run 'gpuk8s inventory validate -i {path}'")
 
 
+@inventory_app.command("import")
+def inventory_import(
+    source: Path = typer.Argument(..., help="A Kubespray/Ansible inventory (INI or YAML)."),
+    out: Path = typer.Option(Path("inventory.yaml"), "--out", "-o", help="Where to write the gpuk8s inventory "
+                             "(never overwritten)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the hosts and what was not imported as JSON."),
+) -> None:
+    """Write a gpuk8s inventory from a Kubespray/Ansible one, listing by line what it could not map."""
+    from gpuk8s.commands.inventory_import import run
+
+    run(source, out, as_json)
+
+
 def _register_commands() -> None:
     # Imported here so that `gpuk8s --help` stays fast and each command lives in its own module.
     from gpuk8s.commands import register

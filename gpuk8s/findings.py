@@ -16,7 +16,7 @@ from typing import Any, Literal
 Status = Literal["pass", "warn", "fail", "skip"]
 Severity = Literal["error", "warning"]
 SubjectKind = Literal["host", "node", "pod", "cluster"]
-Source = Literal["preflight", "verify", "doctor"]
+Source = Literal["preflight", "verify", "doctor", "reset", "upgrade", "monitoring"]
 
 STATUSES: tuple[Status, ...] = ("pass", "warn", "fail", "skip")
 ID_PATTERN = r"^[a-z0-9]+(\.[a-z0-9-]+)+$"  # the same pattern as docs/preflight.schema.json
@@ -61,12 +61,16 @@ FINDINGS: dict[str, Spec] = {
     "runtime.cri-plugin": _p("error", "containerd's CRI plugin is not disabled"),
     "runtime.kubernetes-compat": _p("error", "containerd at least the floor of the Kubernetes minor in the version "
                                              "matrix (2.x for the minors that dropped containerd 1.x); Docker "
-                                             "needs cri-dockerd"),
+                                             "needs cri-dockerd, which install sets up"),
     "runtime.cgroup-driver": _p("warning", "systemd cgroup driver"),
     "toolkit.installed": _p("warning", "nvidia-container-toolkit installed (GPU hosts)"),
     "toolkit.default-runtime": _p("warning", "nvidia is the container runtime's default (GPU hosts)"),
+    "toolkit.dropin-path": _p("warning", "no nvidia drop-in in /etc/containerd/config.d/ (nvidia-ctk 1.18.0 wrote it "
+                                         "there instead of conf.d/; install moves it away)"),
     "k8s.version-eol": _p("warning", "the Kubernetes minor has not reached its end of life (the date is in the "
                                      "version matrix; gpuk8s versions)"),
+    "k8s.cgroup-v2": _p("error", "the host runs cgroup v2 where the Kubernetes minor's kubelet refuses cgroup v1 "
+                                 "(from the version matrix's cgroup_v2_from on: failCgroupV1)"),
     "k8s.swap": _p("warning", "swap off"),
     "k8s.modules": _p("warning", "overlay and br_netfilter loaded"),
     "k8s.sysctl": _p("warning", "ip_forward and bridge-nf-call set"),
@@ -89,6 +93,8 @@ FINDINGS: dict[str, Spec] = {
     "cluster.reachable": _p("error", "every host answered"),
     "net.rtt": _p("warning", "round-trip time to each worker within max_rtt_ms"),
     "net.bandwidth": _p("warning", "bandwidth to each worker at least min_bandwidth_gbit"),
+    "net.sources": _p("warning", "the host reaches every source install fetches from: package repositories, "
+                      "image registries (or the inventory's mirror) and the CNI manifest"),
     # verify: one verdict per node (gpuk8s/kube/state.py, gpuk8s/phases/verify.py)
     "node.verified": _v("the node is in the cluster and Ready, every GPU of its plan is allocatable and, when "
                         "test pods run, its test pod succeeded (the id of a passing node verdict)"),
@@ -111,7 +117,161 @@ FINDINGS: dict[str, Spec] = {
     "gpu.test-pod-failed": _v("the GPU test pod ran and failed (nvidia-smi failed in the container)"),
     "gpu.test-pod-unschedulable": _v("the scheduler cannot place the GPU test pod on the node"),
     "gpu.test-pod-timeout": _v("the GPU test pod did not finish in time (300 s by default)"),
+    # shared GPUs (docs/sharing.md): verify's causes and proofs, preflight's warnings
+    "gpu.sharing-config": _v("the device plugin cannot select the node's sharing config (its config-manager finds "
+                             "no such name in the ConfigMap, or the ConfigMap is missing)"),
+    "gpu.sharing-not-applied": _v("the node advertises whole GPUs (or another count) instead of GPUs x replicas "
+                                  "under the planned resource name: its nvidia.com/device-plugin.config label or "
+                                  "the config it selects is not the plan's"),
+    "gpu.mps-daemon-missing": _v("an MPS node has no running MPS control daemon pod: the device plugin cannot "
+                                 "hand out MPS replicas (error waiting for MPS daemon)"),
+    "gpu.hami-missing": _v("a HAMi node has no running HAMi device plugin pod, or HAMi's scheduler is not deployed"),
+    "gpu.mig-resources": _v("a MIG node advertises the MIG resources of its layout (single: nvidia.com/gpu = its MIG "
+                            "devices; mixed: each nvidia.com/mig-<profile> its planned count); else the host's MIG "
+                            "devices differ from its layout (lost at a reboot without gpuk8s-mig.service, or a "
+                            "pending mode) or the plugin's migStrategy is not the plan's"),
+    "gpu.sharing-proof": _v("on one shared node, GPUs x replicas one-slice pods all bound, one more Pending "
+                            "(Insufficient ...), and (failRequestsGreaterThanOne) a pod asking for 2 rejected "
+                            "with UnexpectedAdmissionError; HAMi: a pod asking for GPU memory bound"),
+    "gpu.sharing-memory": _p("warning", "time-slicing has no memory isolation: replicas x the stated per-pod "
+                                        "memory (gpu_sharing.pod_memory_mib) fits in one GPU's memory"),
+    "gpu.mps-clients": _p("warning", "MPS on a GPU of compute capability below 7.5 serves at most 16 clients per "
+                                     "GPU (48 from 7.5 on): replicas within that"),
+    "gpu.sharing-max-pods": _p("warning", "GPUs x replicas slices (and the node's own pods) fit in the kubelet's "
+                                          "110 pods per node (its default maxPods)"),
+    "gpu.sharing-plugin-version": _p("warning", "the device plugin version supports the node's sharing strategy "
+                                                "(time-slicing from v0.12.0, MPS from v0.15.0)"),
+    # MIG (gpuk8s/preflight/mig_checks.py, docs/mig.md)
+    "gpu.mig-capable": _p("error", "every GPU that the node's `mig:` layout partitions has MIG (A100, A30, H100, "
+                                   "H200, B200...; not L4, T4, V100), and its MIG state can be read"),
+    "gpu.mig-profile": _p("error", "the layout's profiles exist on each GPU's model and fit on one GPU (else: the "
+                                   "profile, the model's smallest profile)"),
+    "gpu.mig-driver": _p("error", "the driver is at or above MIG's floor for the GPU (A100 R450 450.80.02, "
+                                  "A30 R460, H100 R525, H20 R535, H200 R550, B200 R570, B300 R580)"),
+    "gpu.mig-pending": _p("warning", "no GPU has a MIG mode change pending (current differs from pending until a GPU "
+                                     "reset or a reboot)"),
+    "gpu.mig-processes": _p("warning", "no process holds a GPU whose MIG layout must change (a reset or instance "
+                                       "change is refused while one does)"),
+    # gpuk8s verify with monitoring enabled (gpuk8s/phases/monitoring_verify.py, docs/monitoring.md)
+    "monitoring.verified": _v(
+        "the node's DCGM exporter pod is Running and its /metrics (read through the API "
+        "server's pod proxy) has one DCGM_FI_DEV_GPU_UTIL series per GPU of the node's "
+        'plan'),
+    "monitoring.exporter-missing": _v(
+        'no DCGM exporter pod on a GPU node (the DaemonSet is missing, or the node lacks '
+        'the label nvidia.com/gpu.present=true or has a taint the exporter does not '
+        'tolerate)'),
+    "monitoring.exporter-misplaced": _v(
+        'a DCGM exporter pod runs on a node that is not a GPU node'),
+    "monitoring.exporter-nvml": _v(
+        'the DCGM exporter cannot load NVML (its log says so, e.g. "Cannot init NVML '
+        'library; err: ERROR_LIBRARY_NOT_FOUND"): the node\'s container runtime default is '
+        'not nvidia'),
+    "monitoring.exporter-not-running": _v(
+        'the DCGM exporter pod is not Running (Pending, crashing for another reason, '
+        'image not pulled)'),
+    "monitoring.metrics-unreadable": _v(
+        "the exporter's /metrics could not be read through the pod proxy, or is not the "
+        'Prometheus text format'),
+    "monitoring.series-count": _v(
+        "the exporter's DCGM_FI_DEV_GPU_UTIL series do not cover every GPU (or MIG "
+        "device) of the node's plan"),
+    "monitoring.no-pod-labels": _v(
+        "the exporter cannot name the pods using GPUs: the kubelet's "
+        '/var/lib/kubelet/pod-resources is not mounted in it (or a GPU pod runs and no '
+        'series has a pod label)'),
+    "monitoring.prometheus-missing": _v(
+        'no Prometheus to ask: the deployed one is not Running, or (servicemonitor) no '
+        'prometheus-operated Service exists'),
+    "monitoring.target-missing": _v(
+        "Prometheus has no scrape target for the node's exporter (its ServiceMonitor is "
+        'not selected, or the scrape job finds no endpoint)'),
+    "monitoring.target-down": _v(
+        "Prometheus has the node's exporter as a target but its last scrape failed "
+        '(lastError says why)'),
+    "monitoring.name-taken": Spec("error", "refused, nothing applied: an object the monitoring would create (e.g. "
+                                  "the Grafana Helm chart's Deployment grafana) exists in monitoring.namespace and "
+                                  "gpuk8s did not create it", ("monitoring",)),
+    # gpuk8s reset (gpuk8s/phases/reset.py, docs/reset.md): refusals before anything is done, then one per node
+    "reset.last-control-plane": Spec("error", "refused: the hosts named include the cluster's last control plane "
+                                     "(gpuk8s reset --all tears the cluster down)", ("reset",)),
+    "reset.first-control-plane": Spec("error", "refused: the first control plane of the inventory (the one gpuk8s "
+                                      "talks to) is reset only with --all", ("reset",)),
+    "reset.etcd-quorum": Spec("error", "refused: removing these control planes leaves fewer etcd members than the "
+                              "quorum of the members there are now", ("reset",)),
+    "reset.node-reset": Spec("error", "the node was drained, reset (kubeadm reset -f and its leftovers) and its Node "
+                             "deleted (and purged with --purge)", ("reset",)),
+    "reset.drain-blocked": Spec("error", "the drain did not finish: a PodDisruptionBudget allows no eviction; the "
+                                "node stays cordoned, nothing else done to it", ("reset",)),
+    "reset.drain-failed": Spec("error", "the drain failed for another reason (kubectl's message says which pods); "
+                               "the node stays cordoned, nothing else done to it", ("reset",)),
+    "reset.host-unreachable": Spec("error", "the host does not answer over SSH: a worker's Node was drained and "
+                                   "deleted, the host itself not reset; a control plane is left alone (its Node "
+                                   "and etcd member stay)", ("reset",)),
+    "reset.etcd-member-kept": Spec("error", "kubeadm reset could not remove the control plane's etcd member: its "
+                                   "Node, its etcd data and the rest of the host were kept", ("reset",)),
+    "reset.host-failed": Spec("error", "the reset (or purge) script failed on the host", ("reset",)),
+    "reset.node-failed": Spec("error", "the node's reset failed for another reason (the message says why)",
+                              ("reset",)),
+    "reset.skipped": Spec("error", "not reset because a node before it in the order failed", ("reset",)),
+    # gpuk8s upgrade (gpuk8s/phases/upgrade.py, docs/upgrade.md): a refusal before anything is done, then per node
+    "upgrade.refused": Spec("error", "refused before anything is done: a downgrade, a minor not in the version "
+                            "matrix (kubeadm upgrades one minor at a time, so every minor on the way is needed), or "
+                            "no minor", ("upgrade",)),
+    "upgrade.node-upgraded": Spec("error", "the node runs the new minor: kubeadm upgrade apply or node, drained, "
+                                  "kubelet and kubectl upgraded and held, uncordoned", ("upgrade",)),
+    "upgrade.gpu-pods-timeout": Spec("error", "GPU pods on the node were still running after --gpu-pod-timeout: "
+                                     "the node was left as it was (uncordoned) and the upgrade stopped", ("upgrade",)),
+    "upgrade.drain-failed": Spec("error", "the node's drain failed (kubectl's message says which pods); it stays "
+                                 "cordoned", ("upgrade",)),
+    "upgrade.node-failed": Spec("error", "the node's upgrade failed for another reason (a package, kubeadm; the "
+                                "message says why): re-running resumes there", ("upgrade",)),
+    "upgrade.host-blocked": Spec("error", "the host is not ready for the new minor: preflight for that minor fails "
+                                 "or a playbook step failed (the message says which)", ("upgrade",)),
 }
+
+
+def _d(what: str, sev: Severity = "error") -> Spec:
+    return Spec(sev, what, ("doctor",))
+
+
+# gpuk8s doctor (gpuk8s/doctor/classify.py, docs/troubleshooting.md): why a GPU pod is Pending or failing. A node
+# without its GPUs gets verify's node causes (gpu.driver, gpu.plugin-*, gpu.runtime-not-nvidia, gpu.sharing-*,
+# ...: the same cause, the same id), reported by doctor too, with the node's evidence.
+FINDINGS.update({
+    "pod.unknown-resource": _d("the pod asks for an extended resource no node offers (nvidia.com/gpu on a cluster "
+                               "whose GPUs are MIG devices, aliyun.com/gpu-mem without gpushare, a typo)"),
+    "pod.selector-mismatch": _d("the pod's nodeSelector or required node affinity matches no GPU node (the "
+                                "scheduler: node(s) didn't match Pod's node affinity/selector)"),
+    "pod.untolerated-taint": _d("the GPU nodes carry a taint the pod does not tolerate (the scheduler: node(s) had "
+                                "untolerated taint {...})"),
+    "pod.insufficient-gpu": _d("no node has enough free GPUs (or slices, MIG devices) for the pod: the scheduler "
+                               "says Insufficient RESOURCE; the pods holding them are named"),
+    "pod.unschedulable": _d("the scheduler cannot place the pod for a reason that is not about GPUs (its message "
+                            "says which)"),
+    "pod.scheduler-missing": _d("the pod names a scheduler (schedulerName, e.g. hami-scheduler) that is not "
+                                "running: nobody binds it and no event says why"),
+    "pod.shared-request-gt1": _d("the pod asks for more than one shared GPU where the node's sharing config sets "
+                                 "failRequestsGreaterThanOne: the device plugin refuses it (UnexpectedAdmissionError)"),
+    "pod.cuda-too-new": _d("the image's CUDA is newer than the node's driver supports (nvidia-container-cli: "
+                           "requirement error: unsatisfied condition: cuda>=X.Y)"),
+    "pod.nvml-unknown-error": _d("in the container 'Failed to initialize NVML: Unknown Error': with the systemd "
+                                 "cgroup driver the container lost its GPU device access (no /dev/char symlinks "
+                                 "for the NVIDIA devices)"),
+    "pod.no-nvidia-runtime": _d("the pod's container did not get the GPU: the nvidia runtime is neither the "
+                                "node's default nor the pod's runtimeClassName, so no driver library or nvidia-smi "
+                                "is in the container"),
+    "pod.gpu-oom": _d("a pod on a time-sliced (or MPS) GPU ran out of GPU memory: the replicas share one GPU's "
+                      "memory with no isolation (time-slicing) or beyond their limit"),
+    "gpu.plugin-socket-missing": _d("the device plugin pod runs but its socket is not in the kubelet's "
+                                    "/var/lib/kubelet/device-plugins/ (nvidia-gpu.sock): it never registered"),
+})
+for _id in ("node.not-joined", "node.not-ready", "node.unreachable", "gpu.driver", "gpu.plugin-missing",
+            "gpu.plugin-not-scheduled", "gpu.plugin-crashing", "gpu.plugin-not-running", "gpu.runtime-not-nvidia",
+            "gpu.plugin-no-nvml", "gpu.fewer-registered", "gpu.sharing-config", "gpu.sharing-not-applied",
+            "gpu.mps-daemon-missing", "gpu.hami-missing"):
+    if _id in FINDINGS and "doctor" not in FINDINGS[_id].sources:
+        FINDINGS[_id] = replace(FINDINGS[_id], sources=(*FINDINGS[_id].sources, "doctor"))
 
 
 def severity(finding_id: str) -> Severity:

@@ -24,6 +24,9 @@ from gpuk8s.phases.init import Init
 from gpuk8s.phases.join import Join
 from gpuk8s.phases.kubeconfig import Kubeconfig
 from gpuk8s.phases.lock import Lock
+from gpuk8s.phases.mig import Mig
+from gpuk8s.phases.monitoring import Monitoring
+from gpuk8s.phases.monitoring_verify import MonitoringVerify
 from gpuk8s.phases.prepare import Prepare, refresh_facts
 from gpuk8s.phases.verify import Verify
 from gpuk8s.remote import RemoteError, Session
@@ -64,12 +67,13 @@ class ClusterReport:
 
 def install_phases(inv: Inventory, on_event: Callable[[Event], None] | None = None,
                    measure_network: bool = False) -> list[Phase]:
-    return [Lock(), Prepare(on_event, measure_network), Init(), Kubeconfig(), CNI(inv.cluster.cni), Join(),
-            GPUNodes(), Verify()]
+    # mig right after prepare: the layout (and any reboot it needs) before kubelet and the device plugin start
+    return [Lock(), Prepare(on_event, measure_network), Mig(), Init(), Kubeconfig(), CNI(inv.cluster.cni), Join(),
+            GPUNodes(), *([Monitoring()] if inv.monitoring.enabled else []), Verify()]
 
 
 def join_phases(on_event: Callable[[Event], None] | None = None) -> list[Phase]:
-    return [Lock(), Prepare(on_event), Join(), GPUNodes(), Verify()]
+    return [Lock(), Prepare(on_event), Mig(), Join(), GPUNodes(), Verify()]
 
 
 def _run(ctx: Context, phases: list[Phase], dry_run: bool) -> ClusterReport:
@@ -86,6 +90,16 @@ def _run(ctx: Context, phases: list[Phase], dry_run: bool) -> ClusterReport:
     report.nodes = ctx.nodes
     report.kubeconfig = ctx.kubeconfig
     return report
+
+
+def monitoring(ctx: Context, remove: bool, dry_run: bool) -> ClusterReport:
+    """`gpuk8s monitoring`: the monitoring phase alone on a running cluster (or its --remove). Over SSH the
+    cluster lock is taken first, as install, reset and upgrade do, so that it never runs beside them; with a
+    local kubeconfig (ctx.kube_client) no host is contacted over SSH and there is no lock to take."""
+    phases: list[Phase] = [Monitoring(remove=remove)]
+    if ctx.kube_client is None:
+        phases.insert(0, Lock())
+    return _run(ctx, phases, dry_run)
 
 
 def install(inv: Inventory, *, concurrency: int, ignore: set[str], sudo_passwords: dict[str, str],
@@ -124,7 +138,7 @@ def verify(inv: Inventory, *, concurrency: int, sudo_passwords: dict[str, str], 
                 sessions.pop(name).close()
             ctx.sessions = sessions
         ctx.plans = gpuplan.plans(inv, ctx.facts)
-        run_phases([Verify()], ctx, report.phases)
+        run_phases([Verify(), *([MonitoringVerify()] if inv.monitoring.enabled else [])], ctx, report.phases)
         if kube is None:
             for h in inv.hosts:
                 if h.name not in ctx.facts:
@@ -152,3 +166,112 @@ def not_joined(inv: Inventory, sudo_passwords: dict[str, str]) -> list[Host]:
     finally:
         ctx.close()
     return [h for h in inv.hosts if h.name not in present]
+
+
+def reset_phases(targets: list[Host], *, purge: bool, drain_timeout: int, all_hosts: bool) -> list[Phase]:
+    from gpuk8s.phases.reset import Reset
+
+    return [Lock(), Reset(targets, purge=purge, drain_timeout=drain_timeout, all_hosts=all_hosts)]
+
+
+def reset(inv: Inventory, targets: list[Host], *, concurrency: int, sudo_passwords: dict[str, str],
+          purge: bool = False, drain_timeout: int = 300, all_hosts: bool = False,
+          emit: Callable[[str], None] | None = None, dry_run: bool = False) -> tuple[ClusterReport, list[Any]]:
+    """Drain, kubeadm reset, clean up and delete `targets` (already in the safe order, gpuk8s/phases/reset.py);
+    the report and each node's outcome (reset.NodeOutcome). Hosts that do not answer are left out of the
+    SSH sessions (their Node is still drained and deleted)."""
+    from gpuk8s.remote import for_each_host
+
+    ctx = Context(inv, concurrency=concurrency, emit=emit or (lambda line: None), sudo_passwords=sudo_passwords)
+
+    def connect(h: Host) -> Session:
+        s = Session(h, sudo_passwords.get(h.name))
+        try:
+            s.connect()
+        except BaseException:
+            s.close()
+            raise
+        return s
+
+    wanted = [inv.control_planes[0], *[h for h in targets if h.name != inv.control_planes[0].name]]
+    ctx.sessions = {n: s for n, s in for_each_host(wanted, connect, concurrency).items() if isinstance(s, Session)}
+    phases = reset_phases(targets, purge=purge, drain_timeout=drain_timeout, all_hosts=all_hosts)
+    report = _run(ctx, phases, dry_run)
+    return report, phases[-1].outcomes  # type: ignore[attr-defined]
+
+
+@dataclass
+class UpgradeReport(ClusterReport):
+    """An upgrade: the minors stepped through, and how long each node took."""
+
+    steps: list[str] = field(default_factory=list)
+    node_seconds: dict[str, float] = field(default_factory=dict)
+    start_minor: str = ""
+    findings: list[Any] = field(default_factory=list)  # gpuk8s.findings.Finding, one per node (upgrade.*)
+
+    def to_json(self) -> dict[str, Any]:
+        return {**super().to_json(), "from": self.start_minor, "steps": self.steps,
+                "node_seconds": {k: round(v, 2) for k, v in self.node_seconds.items()},
+                "findings": [f.to_json() for f in self.findings]}
+
+
+def upgrade(inv: Inventory, *, to: str | None, concurrency: int, ignore: set[str], sudo_passwords: dict[str, str],
+            max_unavailable: int = 1, gpu_pod_timeout: float = 3600, drain_timeout: int = 600,
+            options: Options | None = None, emit: Callable[[str], None] | None = None,
+            dry_run: bool = False) -> UpgradeReport:
+    """Lock, then for each minor from the oldest a node runs to `to` (default: the next), one at a time: prepare
+    for it, control planes, workers, manifests; then verify (gpuk8s/phases/upgrade.py). Raises
+    upgrade.UpgradeRefused (nothing done) when the path is not allowed."""
+    from gpuk8s import versions
+    from gpuk8s.phases import upgrade as up
+    from gpuk8s.remote import for_each_host
+
+    ctx = Context(inv, options=options or Options(), concurrency=concurrency, emit=emit or (lambda line: None),
+                  sudo_passwords=sudo_passwords, ignore=ignore)
+    report = UpgradeReport(None)
+
+    def connect(h: Host) -> Session:
+        s = Session(h, sudo_passwords.get(h.name))
+        try:
+            s.connect()
+        except BaseException:
+            s.close()
+            raise
+        return s
+
+    try:
+        got = for_each_host(inv.hosts, connect, concurrency)
+        ctx.sessions = {n: s for n, s in got.items() if isinstance(s, Session)}
+        if inv.control_planes[0].name not in ctx.sessions:
+            err = got[inv.control_planes[0].name]
+            raise PhaseError(f"the first control plane is not reachable: {getattr(err, 'message', err)}",
+                             getattr(err, "remedy", "bring it back, then re-run"))
+        current = up.current_state(ctx).oldest()
+        report.start_minor = f"1.{current}"
+        report.steps = up.steps(current, to, versions.supported_minors())
+        if not report.steps:
+            return report
+        if dry_run:
+            first = up.UpgradeOptions(report.steps[0], max_unavailable, gpu_pod_timeout, drain_timeout)
+            report.plans = plan_phases(up.step_phases(first), ctx)
+            return report
+        if not run_phases([Lock()], ctx, report.phases):
+            return report
+        for to_minor in report.steps:
+            ctx.emit(f"==> Upgrading to Kubernetes {to_minor}")
+            opts = up.UpgradeOptions(to_minor, max_unavailable, gpu_pod_timeout, drain_timeout,
+                                     findings=report.findings)
+            phases = up.step_phases(opts, on_node=lambda name, secs: report.node_seconds.__setitem__(name, secs))
+            step_results: list[PhaseResult] = []
+            ok = run_phases(phases, ctx, step_results)
+            for r in step_results:
+                r.name = f"{r.name}@{to_minor}"
+            report.phases += step_results
+            if not ok or any(r.status == "failed" for r in step_results):
+                return report
+        ctx.inv = up.target_inventory(inv, report.steps[-1])
+        run_phases([Verify()], ctx, report.phases)
+    finally:
+        ctx.close()
+        report.nodes = ctx.nodes
+    return report

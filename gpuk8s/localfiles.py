@@ -88,13 +88,18 @@ def write_private(path: str | os.PathLike[str], text: str, *, force: bool = Fals
     return Written(target, "replaced", f"replaced with mode 0600: {target}")
 
 
-def merge_kubeconfig(path: str | os.PathLike[str], text: str, context_name: str) -> Written:
+def merge_kubeconfig(path: str | os.PathLike[str], text: str, context_name: str,
+                     context_as: str | None = None) -> Written:
     """Add the cluster of the kubeconfig `text` (kubeadm's admin.conf) to the kubeconfig at `path`.
 
     Its cluster, user and context are renamed NAME, NAME-admin and NAME-admin@NAME (kubeadm calls them
     kubernetes, kubernetes-admin and kubernetes-admin@kubernetes in every cluster, so they would clash);
     entries with those names are replaced, every other entry is kept, and current-context is set only if
     the file has none. A missing file is created. Written with `write_private(force=True)`.
+
+    `context_as` names the context instead of NAME-admin@NAME. An existing file is edited in place where
+    its layout allows (block lists): every other entry, comment and line keeps its bytes; the old file is
+    kept as PATH.gpuk8s.bak (0600) before it is replaced.
     """
     if not _NAME.match(context_name or ""):
         raise LocalFileError(f"{context_name!r} cannot name a kubeconfig context",
@@ -104,6 +109,11 @@ def merge_kubeconfig(path: str | os.PathLike[str], text: str, context_name: str)
                  "check /etc/kubernetes/admin.conf on the control plane (kubeadm init finished?)")
     cluster, user, context = _entries(new)
     cname, uname, xname = context_name, f"{context_name}-admin", f"{context_name}-admin@{context_name}"
+    if context_as is not None:
+        if not _ENTRY.fullmatch(context_as):
+            raise LocalFileError(f"{context_as!r} cannot name a kubeconfig context",
+                                 "use letters, digits, '.', '-', '_', '@' and ':'")
+        xname = context_as
     cluster = {**cluster, "name": cname}
     user = {**user, "name": uname}
     context = {**context, "name": xname,
@@ -138,12 +148,76 @@ def merge_kubeconfig(path: str | os.PathLike[str], text: str, context_name: str)
 
     if st is not None and merged == old:
         return Written(target, "unchanged", f"{target} already has the context {xname} with these credentials")
-    out = yaml.safe_dump(merged, default_flow_style=False, sort_keys=False)
+    out = _splice(old_text, merged, (cluster, user, context)) if st is not None else None
+    if out is None:  # a new file, or a layout the splice does not handle: the whole file dumped again
+        out = yaml.safe_dump(merged, default_flow_style=False, sort_keys=False)
+    if st is not None:
+        write_private(target.with_name(target.name + ".gpuk8s.bak"), old_text, force=True)
     write_private(target, out, force=True)
     current = merged["current-context"]
     note = "" if current == xname else f"; current context still {current} (kubectl --context {xname})"
     verb = "added to" if st is not None else "written with mode 0600 as"
     return Written(target, "merged", f"context {xname} {verb} {target}{note}")
+
+
+def _splice(old_text: str, merged: dict[str, Any], entries: tuple[dict[str, Any], ...]) -> str | None:
+    """`old_text` with the three entries replaced or appended in place, every other byte kept; None when the
+    layout is not one this handles (flow lists, an empty section) or the result would not parse to `merged`."""
+    try:
+        root = yaml.compose(old_text, Loader=yaml.SafeLoader)
+    except (yaml.YAMLError, RecursionError):
+        return None
+    if not isinstance(root, yaml.MappingNode):
+        return None
+    lines = old_text.splitlines(keepends=True)
+    keys = {k.value: v for k, v in root.value if isinstance(k, yaml.ScalarNode)}
+    edits: list[tuple[int, int, str]] = []  # (first line, line after the last, new text)
+    tail: list[str] = []
+    for section, entry in zip(("clusters", "users", "contexts"), entries, strict=True):
+        seq = keys.get(section)
+        if seq is None:
+            tail.append(yaml.safe_dump({section: [entry]}, default_flow_style=False, sort_keys=False))
+            continue
+        if not (isinstance(seq, yaml.SequenceNode) and not seq.flow_style and seq.value):
+            return None
+        items = seq.value
+        first = items[0].start_mark
+        dash = lines[first.line].rfind("-", 0, first.column)
+        if dash < 0 or lines[first.line][:dash].strip():
+            return None
+        item = yaml.safe_dump([entry], default_flow_style=False, sort_keys=False)
+        item = "".join(" " * dash + ln for ln in item.splitlines(keepends=True))
+        spans = [(it.start_mark.line, _last_line(it) + 1) for it in items]
+        same = [i for i, it in enumerate(items) if isinstance(it, yaml.MappingNode)
+                and any(isinstance(k, yaml.ScalarNode) and k.value == "name" and isinstance(v, yaml.ScalarNode)
+                        and v.value == entry["name"] for k, v in it.value)]
+        if same:
+            edits.append((*spans[same[0]], item))
+        else:
+            edits.append((spans[-1][1], spans[-1][1], item))
+    for key in ("apiVersion", "kind", "preferences", "current-context"):
+        if key not in keys:
+            tail.append(yaml.safe_dump({key: merged[key]}, default_flow_style=False, sort_keys=False))
+    if not keys.get("current-context", yaml.ScalarNode("", "x")).value:
+        return None  # an empty current-context is set by the merge: the layout of that line is not ours
+    for start, end, text in sorted(edits, reverse=True):
+        if end > len(lines) or (end and not lines[end - 1].endswith("\n")):
+            lines[end - 1:end] = [lines[end - 1] + "\n"] if end else []
+        lines[start:end] = [text]
+    out = "".join(lines)
+    if tail:
+        out += ("" if out.endswith("\n") or not out else "\n") + "".join(tail)
+    try:
+        return out if yaml.safe_load(out) == merged else None
+    except yaml.YAMLError:
+        return None
+
+
+def _last_line(node: yaml.Node) -> int:
+    """The last line a node's text is on (a block scalar's end mark is on the line after it)."""
+    end = node.end_mark
+    last = end.line if end.column > 0 else end.line - 1
+    return max(last, node.start_mark.line)
 
 
 # -- helpers -------------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from typing import TypeVar
 import paramiko
 from fabric import Config, Connection
 
+from gpuk8s import sshconfig
 from gpuk8s.inventory.model import Host, SSHSettings
 from gpuk8s.logs import mask
 from gpuk8s.text import clean
@@ -120,9 +121,11 @@ _known_hosts_cache: dict[tuple[str, bool], tuple[float, KnownHosts]] = {}
 _cache_lock = threading.Lock()
 
 
-def known_hosts_for(settings: SSHSettings) -> KnownHosts:
-    """One parsed known_hosts per file for all connections; re-read only if the file changed on disk."""
-    path = os.path.expanduser(settings.known_hosts)
+def known_hosts_for(settings: SSHSettings, path: str | None = None) -> KnownHosts:
+    """One parsed known_hosts per file for all connections; re-read only if the file changed on disk.
+
+    `path` overrides settings.known_hosts (a UserKnownHostsFile of the ssh config)."""
+    path = os.path.expanduser(path or settings.known_hosts)
     key = (path, settings.host_key_policy == "accept-new")
     try:
         mtime = os.stat(path).st_mtime_ns
@@ -136,11 +139,12 @@ def known_hosts_for(settings: SSHSettings) -> KnownHosts:
         return cached[1]
 
 
-def _connect_kwargs(identity_file: str | None, timeout: float) -> dict[str, object]:
-    kw: dict[str, object] = {"banner_timeout": timeout, "auth_timeout": timeout, "channel_timeout": timeout}
-    if identity_file:
-        kw.update(key_filename=os.path.expanduser(identity_file), look_for_keys=False, allow_agent=False)
-    return kw
+def resolve(host: Host) -> sshconfig.Resolved:
+    """How to reach the host: the inventory's ssh settings over the ssh config (gpuk8s/sshconfig.py)."""
+    try:
+        return sshconfig.resolve(host.address, host.ssh, host.ssh.alias)
+    except sshconfig.SSHConfigError as e:
+        raise RemoteError("ssh-config", e.message, e.remedy) from None
 
 
 class Session:
@@ -152,6 +156,7 @@ class Session:
         self.sudo_password = sudo_password
         self._conn: Connection | None = None
         self.round_trips = 0
+        self.target: sshconfig.Hop | None = None  # where the last connection went (after the ssh config)
 
     @property
     def is_root(self) -> bool:
@@ -159,21 +164,18 @@ class Session:
 
     def _connection(self) -> Connection:
         s = self.settings
-        cfg = Config(lazy=True)
-        gateway = None
-        if s.bastion:
-            gateway = Connection(
-                s.bastion.address, user=s.bastion.user, port=s.bastion.port, config=cfg,
-                connect_timeout=s.connect_timeout,
-                connect_kwargs=_connect_kwargs(s.bastion.identity_file or s.identity_file, s.connect_timeout),
+        cfg = Config(lazy=True)  # Fabric loads no ssh config: gpuk8s.sshconfig decided every value
+        resolved = resolve(self.host)
+        policy = known_hosts_for(s, resolved.known_hosts)
+        conn: Connection | None = None
+        for hop in resolved.target.chain():  # the first jump host first; each is the gateway of the next
+            conn = Connection(
+                hop.address, user=hop.user, port=hop.port, config=cfg, gateway=conn,
+                connect_timeout=s.connect_timeout, connect_kwargs=hop.connect_kwargs(s.connect_timeout),
             )
-            gateway.client.set_missing_host_key_policy(known_hosts_for(s))
-        conn = Connection(
-            self.host.address, user=s.user, port=s.port, config=cfg, gateway=gateway,
-            connect_timeout=s.connect_timeout,
-            connect_kwargs=_connect_kwargs(s.identity_file, s.connect_timeout),
-        )
-        conn.client.set_missing_host_key_policy(known_hosts_for(s))
+            conn.client.set_missing_host_key_policy(policy)
+        assert conn is not None
+        self.target = resolved.target
         return conn
 
     def connect(self) -> None:
@@ -181,7 +183,11 @@ class Session:
             return
         conn = self._connection()
         s = self.settings
-        where = f"{self.host.address}:{s.port}"
+        t = self.target
+        assert t is not None
+        jumps = [h.address for h in t.chain()[:-1]]
+        where = f"{t.address}:{t.port}" + (f" (through {', '.join(jumps)})" if jumps else "")
+        keys = ", ".join(t.identity_files) or "(agent/default keys)"
         try:
             conn.open()
         except RemoteError:
@@ -190,15 +196,15 @@ class Session:
         except paramiko.AuthenticationException:
             conn.close()
             raise RemoteError(
-                "auth", f"authentication as {s.user} refused by {where}",
-                f"check that the key {s.identity_file or '(agent/default keys)'} is in ~{s.user}/.ssh/authorized_keys "
-                "on the host and that the user is right",
+                "auth", f"authentication as {t.user} refused by {where}",
+                f"check that the key {keys} is in ~{t.user}/.ssh/authorized_keys "
+                "on the host (and on each jump host) and that the user is right",
             ) from None
         except paramiko.BadHostKeyException as e:
             conn.close()
             raise RemoteError(
                 "hostkey-changed", f"the host key of {where} has CHANGED (now {fingerprint(e.key)})",
-                f"verify it, then remove the old key with ssh-keygen -R {shlex.quote(self.host.address)}",
+                f"verify it, then remove the old key with ssh-keygen -R {shlex.quote(t.address)}",
             ) from None
         except TimeoutError:
             conn.close()
@@ -222,7 +228,7 @@ class Session:
                               "start sshd on the host (systemctl start ssh) or fix ssh.port") from None
         except socket.gaierror as e:
             conn.close()
-            raise RemoteError("dns", f"cannot resolve {self.host.address}: {e.strerror}",
+            raise RemoteError("dns", f"cannot resolve {t.address}: {e.strerror}",
                               "fix the address in the inventory") from None
         except (paramiko.SSHException, OSError, EOFError) as e:
             conn.close()

@@ -144,6 +144,9 @@ class Matrix:
     minors: dict[str, Minor]  # newest first
     cuda_test_images: tuple[str, ...]  # newest CUDA first
     containerd_installable: int = 1  # the newest containerd major install can bring a host to
+    containerd_package: str = "containerd.io"  # what install installs when containerd is below the floor
+    containerd_version: str = ""  # its pinned package version ("" in a matrix without a containerd section)
+    cgroup_v2_from: str = ""  # the first minor whose kubelet refuses cgroup v1 ("" when none does)
 
     def pin_sets(self) -> dict[str, Pins]:
         out: dict[str, Pins] = {}
@@ -218,7 +221,16 @@ def parse_matrix(text: str) -> Matrix:
         if not isinstance(img, str) or _image_cuda(img) is None:
             raise MatrixError(f"cuda_test_images: {img!r} names no CUDA version with a driver floor")
     installable = _need(k8s, "containerd_installable", int, "kubernetes")
-    return Matrix(_need(data, "checked", date, "versions.yaml"), default, minors, images, installable)
+    cgroup_v2_from = str(k8s.get("cgroup_v2_from") or "")
+    if cgroup_v2_from and not _MINOR.match(cgroup_v2_from):
+        raise MatrixError("kubernetes.cgroup_v2_from: a minor is written as a quoted \"1.N\"")
+    cd = data.get("containerd") or {}
+    cd_package = _need(cd, "package", str, "containerd") if cd else "containerd.io"
+    cd_version = _need(cd, "version", str, "containerd") if cd else ""
+    if cd and release(cd_version) is None:
+        raise MatrixError(f"containerd.version: {cd_version!r} is not a package version")
+    return Matrix(_need(data, "checked", date, "versions.yaml"), default, minors, images, installable,
+                  cd_package, cd_version, cgroup_v2_from)
 
 
 @functools.lru_cache(maxsize=1)
@@ -271,6 +283,17 @@ def install_defaults(version: str | None = None) -> InstallPins:
     p = pins(version)
     return {"toolkit_version": p.toolkit, "device_plugin_version": p.device_plugin,
             "calico_manifest": p.calico.url, "flannel_manifest": p.flannel.url}
+
+
+def containerd_install_release() -> Release:
+    """The containerd release install brings a host to (the matrix's containerd.io pin), e.g. (2, 2, 6)."""
+    return release(matrix().containerd_version.split("-")[0]) or (0,)
+
+
+def needs_cgroup_v2(version: str) -> bool:
+    """Whether the kubelet of this minor ("1.N" or "1.N.P") refuses to start on cgroup v1 by default."""
+    first = matrix().cgroup_v2_from
+    return bool(first) and int(minor_of(version).split(".")[1]) >= int(first.split(".")[1])
 
 
 def end_of_life_minors(on: date | None = None) -> list[Minor]:
@@ -337,6 +360,69 @@ def manifest_sha256(inv: Inventory, cni: str) -> str | None:
     return DEFAULT_MANIFEST_SHA256.get(url)
 
 
+DCGM_EXPORTER_IMAGE = "nvcr.io/nvidia/k8s/dcgm-exporter"  # the tag is each pin set's dcgm_exporter
+
+
+@functools.lru_cache(maxsize=1)
+def monitoring_images() -> dict[str, str]:
+    """versions.yaml's monitoring_images (prometheus, grafana): image references with their tags."""
+    data = yaml.safe_load(resources.files("gpuk8s").joinpath(MATRIX_FILE).read_text(encoding="utf-8"))
+    images = data.get("monitoring_images") if isinstance(data, dict) else None
+    if not isinstance(images, dict) or not all(isinstance(v, str) and ":" in v for v in images.values()):
+        raise MatrixError("monitoring_images: a mapping of name to image:tag expected")
+    return {str(k): v for k, v in images.items()}
+
+
+def monitoring_image(name: str) -> str:
+    """The pinned image of a monitoring component: "prometheus" or "grafana"."""
+    images = monitoring_images()
+    if name not in images:
+        raise MatrixError(f"monitoring_images.{name} is missing")
+    return images[name]
+
+
+def dcgm_exporter_image(version: str | None = None) -> str:
+    """The DCGM exporter image gpuk8s runs with the Kubernetes minor of `version`."""
+    return f"{DCGM_EXPORTER_IMAGE}:{pins(version).dcgm_exporter}"
+
+
+CRI_DOCKERD_ARCHES = ("amd64", "arm64")  # the architectures cri-dockerd publishes a Linux archive for
+
+
+@dataclass(frozen=True)
+class CriDockerdPin:
+    """cri-dockerd as install sets it up on Docker hosts: the release archive per architecture."""
+
+    version: str  # "0.N.P", as the archive's name and `cri-dockerd --version` spell it
+    url: str  # the release's download directory; the archive is URL/cri-dockerd-VERSION.ARCH.tgz
+    sha256: dict[str, str]  # architecture (amd64, arm64) -> sha256 of the archive
+
+    def archive(self, arch: str) -> str:
+        return f"cri-dockerd-{self.version}.{arch}.tgz"
+
+
+def parse_cri_dockerd(data: Any) -> CriDockerdPin:
+    """versions.yaml's cri_dockerd section, checked; MatrixError names what is wrong."""
+    d = _need(data, "cri_dockerd", dict, "versions.yaml")
+    version, url = _need(d, "version", str, "cri_dockerd"), _need(d, "url", str, "cri_dockerd")
+    if not re.fullmatch(r"[0-9]+\.[0-9]+\.[0-9]+", version):
+        raise MatrixError(f"cri_dockerd.version: {version!r} is not a release number (0.N.P)")
+    if not url.startswith("https://") or not url.endswith(f"/v{version}"):
+        raise MatrixError(f"cri_dockerd.url: {url!r} must be the https download directory of v{version}")
+    sums = _need(d, "sha256", dict, "cri_dockerd")
+    if set(sums) != set(CRI_DOCKERD_ARCHES) or not all(isinstance(v, str) and _SHA256.match(v) for v in sums.values()):
+        raise MatrixError(f"cri_dockerd.sha256: one sha256 (64 lowercase hex digits) for each of "
+                          f"{', '.join(CRI_DOCKERD_ARCHES)}")
+    return CriDockerdPin(version, url, {a: sums[a] for a in CRI_DOCKERD_ARCHES})
+
+
+@functools.lru_cache(maxsize=1)
+def cri_dockerd() -> CriDockerdPin:
+    """The cri-dockerd pin shipped in the package (read once)."""
+    return parse_cri_dockerd(yaml.safe_load(resources.files("gpuk8s").joinpath(MATRIX_FILE).read_text(
+        encoding="utf-8")))
+
+
 def to_json(on: date | None = None) -> dict[str, Any]:
     """The matrix as `gpuk8s versions -o json` prints it."""
     m = matrix()
@@ -359,4 +445,42 @@ def to_json(on: date | None = None) -> dict[str, Any]:
             "flannel": cni(k.pins.flannel), "dcgm_exporter": k.pins.dcgm_exporter,
         } for k in m.minors.values()],
         "cuda_test_images": list(m.cuda_test_images),
+        "cri_dockerd": {"version": cri_dockerd().version, "url": cri_dockerd().url, "sha256": cri_dockerd().sha256},
     }
+
+
+@dataclass(frozen=True)
+class HamiPin:
+    """HAMi as gpuk8s deploys it on nodes that ask for memory-based sharing (docs/sharing.md)."""
+
+    chart_version: str  # the Helm chart whose objects gpuk8s/data/hami.yaml.j2 renders
+    image: str  # its scheduler extender and device plugin image, with tag
+
+
+@functools.lru_cache(maxsize=1)
+def hami() -> HamiPin:
+    """versions.yaml's hami section."""
+    data = yaml.safe_load(resources.files("gpuk8s").joinpath(MATRIX_FILE).read_text(encoding="utf-8"))
+    h = data.get("hami") if isinstance(data, dict) else None
+    if not isinstance(h, dict) or not isinstance(h.get("image"), str) or ":" not in h["image"]:
+        raise MatrixError("hami: chart_version and image (with its tag) expected")
+    return HamiPin(str(h.get("chart_version", "")), h["image"])
+
+
+@functools.lru_cache(maxsize=1)
+def _cni_images() -> dict[str, tuple[str, ...]]:
+    data = yaml.safe_load(resources.files("gpuk8s").joinpath(MATRIX_FILE).read_text(encoding="utf-8"))
+    out: dict[str, tuple[str, ...]] = {}
+    for pins in (data.get("pins") or {}).values():
+        for cni in ("calico", "flannel"):
+            pin = pins.get(cni) or {}
+            imgs = pin.get("images")
+            if isinstance(imgs, list) and all(isinstance(i, str) and ":" in i for i in imgs):
+                out[str(pin.get("url"))] = tuple(imgs)
+    return out
+
+
+def cni_images(url: str) -> list[str]:
+    """The images inside the pinned CNI manifest at `url` (versions.yaml pins' `images`), [] for another URL:
+    gpuk8s does not know what an unpinned manifest runs (docs/mirrors.md)."""
+    return list(_cni_images().get(url, ()))

@@ -5,10 +5,10 @@ from typing import Any
 
 import typer
 
-from gpuk8s import flows, ui
+from gpuk8s import flows, gpuplan, ui
 from gpuk8s.commands.common import finish, ignored_checks, passwords
 from gpuk8s.exitcodes import ExitCode
-from gpuk8s.kube import render
+from gpuk8s.kube import monitoring, render
 from gpuk8s.kube.client import KubeError, LocalKubectl
 from gpuk8s.options import InventoryOpt, Output, OutputOpt
 from gpuk8s.phases.base import Options, PhaseError
@@ -26,6 +26,8 @@ def register(app: typer.Typer, load_inventory: Any) -> None:
         concurrency: int = typer.Option(16, "--concurrency", "-c", min=1, max=512),
         ignore: list[str] = typer.Option([], "--ignore", help="Preflight check id that must not block a host."),
         test_pods: bool = typer.Option(True, "--test-pods/--no-test-pods"),
+        allow_reboot: bool = typer.Option(False, "--allow-reboot", help="Reboot a host whose MIG change needs it, "
+                                          "wait for SSH and continue (docs/mig.md)."),
     ) -> None:
         """Prepare and join hosts to the running cluster, with a fresh token minted on a control plane."""
         inv = load_inventory(inventory, output)
@@ -51,7 +53,8 @@ def register(app: typer.Typer, load_inventory: Any) -> None:
                 ui.emit_json({"ok": True, "changed": False, "joined": []})
             raise typer.Exit(ExitCode.OK)
         rep = flows.join(inv, targets, concurrency=concurrency, ignore=ignored_checks(inv, ignore),
-                         sudo_passwords=sudo, options=Options(test_pods=test_pods), emit=phase_printer(output))
+                         sudo_passwords=sudo, options=Options(test_pods=test_pods, allow_reboot=allow_reboot),
+                         emit=phase_printer(output))
         finish(rep, output, lambda: render_cluster(rep, "join"))
 
     @app.command()
@@ -86,6 +89,7 @@ def register(app: typer.Typer, load_inventory: Any) -> None:
         """Print the kubeadm configurations and manifests gpuk8s would use (secrets as placeholders)."""
         inv = load_inventory(inventory, Output.table)
         docs = render.manifests(inv)
+        docs.update(monitoring.rendered(inv, gpuplan.plans(inv)))  # with monitoring enabled
         if output_dir is not None:
             output_dir.mkdir(parents=True, exist_ok=True)
             for name, text in docs.items():

@@ -38,6 +38,8 @@ def register(app: typer.Typer, load_inventory: Callable[..., Any]) -> None:
                                               "kubeconfig as context ADMIN@CLUSTER, keeping every other entry."),
         test_pods: bool = typer.Option(True, "--test-pods/--no-test-pods",
                                        help="Run one GPU test pod per GPU node during verification."),
+        allow_reboot: bool = typer.Option(False, "--allow-reboot", help="Reboot a host whose MIG change needs it "
+                                          "(GPU reset refused), wait for SSH and continue (docs/mig.md)."),
     ) -> None:
         """Preflight, prepare every host (toolkit, runtime, Kubernetes packages), then kubeadm init, CNI, join,
         the NVIDIA device plugin, and verification that every GPU is schedulable."""
@@ -69,7 +71,7 @@ def register(app: typer.Typer, load_inventory: Callable[..., Any]) -> None:
         # on a terminal, phase lines go through the live view's console so they do not tear its display
         say = (lambda line: ui.say(view.live.console, line)) if view else report.phase_printer(output)
         options = Options(kubeconfig_out=kubeconfig_out, kubeconfig_force=force, kubeconfig_merge=kubeconfig_merge,
-                          test_pods=test_pods)
+                          test_pods=test_pods, allow_reboot=allow_reboot)
         try:
             rep = flows.install(inv, concurrency=concurrency, ignore=ignored, sudo_passwords=sudo, options=options,
                                 emit=say, on_event=on_event, dry_run=dry_run, measure_network=network)

@@ -39,6 +39,74 @@ class GPUInfo:
 
 
 @dataclass(frozen=True)
+class MigProfile:
+    """One row of `nvidia-smi mig -lgip`."""
+
+    gpu: int
+    name: str  # 1g.10gb, 1g.10gb+me (without the "MIG " prefix)
+    id: int
+    free: int
+    total: int
+    memory_gib: str
+
+
+@dataclass(frozen=True)
+class MigGpuInstance:
+    """One row of `nvidia-smi mig -lgi`."""
+
+    gpu: int
+    profile: str
+    profile_id: int
+    id: int
+    placement: str  # start:size
+
+
+@dataclass(frozen=True)
+class MigComputeInstance:
+    """One row of `nvidia-smi mig -lci`."""
+
+    gpu: int
+    gi: int
+    profile: str
+    profile_id: int
+    id: int
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    """One row of `nvidia-smi --query-compute-apps=gpu_uuid,pid,process_name` (host data: never a trusted pid)."""
+
+    gpu_uuid: str
+    pid: int
+    name: str
+
+
+@dataclass(frozen=True)
+class MigGPU:
+    index: int
+    uuid: str
+    current: str  # Enabled | Disabled | [N/A] (no MIG on this GPU)
+    pending: str
+    profiles: tuple[MigProfile, ...] = ()
+    instances: tuple[MigGpuInstance, ...] = ()
+    computes: tuple[MigComputeInstance, ...] = ()
+    processes: tuple[GpuProcess, ...] = ()
+
+    @property
+    def capable(self) -> bool:
+        return self.current in ("Enabled", "Disabled")
+
+
+@dataclass(frozen=True)
+class MigFacts:
+    """MIG per GPU (gpuk8s/facts/mig.py parses the probe's `mig` section)."""
+
+    state: Literal["ok", "absent", "failed"] = "absent"
+    gpus: tuple[MigGPU, ...] = ()
+    error: str = ""
+
+
+@dataclass(frozen=True)
 class Runtime:
     name: str
     raw: str
@@ -65,6 +133,19 @@ class DockerDaemon:
     nvidia_runtime: bool = False
     cgroup_driver: str | None = None
     error: str = ""
+
+
+@dataclass(frozen=True)
+class SourceReach:
+    """One source install fetches from, as curl on the host reached it (the probe's `sources` section)."""
+
+    url: str
+    exit_status: int  # curl's: 0 an HTTP answer (any status), 6 name not resolved, 7 refused, 28 timed out
+    http_code: int  # 0 where nothing answered
+
+    @property
+    def reached(self) -> bool:
+        return self.exit_status == 0
 
 
 @dataclass(frozen=True)
@@ -96,6 +177,14 @@ class HostFacts:
     kube_files: tuple[str, ...]
     time: float | None
     raw_errors: dict[str, str] = field(default_factory=dict)
+    cgroup_version: int | None = None  # 2 (cgroup2fs at /sys/fs/cgroup), 1 (tmpfs: v1 or hybrid), None: unknown
+    containerd_configd: tuple[str, ...] = ()  # *.toml in /etc/containerd/config.d/ (toolkit 1.18.0's wrong path)
+    mig: MigFacts = field(default_factory=MigFacts)  # gpuk8s/facts/mig.py
+    # CUDA compute capability per GPU ("8.0"), in index order; () where nvidia-smi cannot tell (drivers before
+    # R510 do not know the compute_cap field)
+    compute_caps: tuple[str, ...] = ()
+    # the sources the inventory names (gpuk8s/mirrors.py sources), as this host reached them; () when not asked
+    sources: tuple[SourceReach, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)

@@ -13,15 +13,18 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from gpuk8s.facts.mig import parse_section as parse_mig_section
 from gpuk8s.facts.model import (
     GPU,
     ContainerdConfig,
     DockerDaemon,
     GPUInfo,
     HostFacts,
+    MigFacts,
     OSFamily,
     OSInfo,
     Runtime,
+    SourceReach,
 )
 from gpuk8s.text import ascii_int
 from gpuk8s.versions import release
@@ -143,6 +146,21 @@ def parse_nvidia_smi(section: Section | None, version_section: Section | None = 
                 cuda = words[0] if words and len(words[0]) <= 32 else None
                 break
     return GPUInfo("ok", driver, release(driver or ""), cuda, tuple(gpus))
+
+
+def parse_compute_caps(section: Section | None) -> tuple[str, ...]:
+    """`nvidia-smi --query-gpu=compute_cap --format=csv,noheader`: one "M.m" per GPU; () when nvidia-smi fails
+    or does not know the field (drivers before R510: 'Field "compute_cap" is not a valid field to query.')."""
+    if section is None or not section.ok:
+        return ()
+    out = []
+    for line in section.output.splitlines():
+        if not line.strip():
+            continue
+        if not re.fullmatch(r"[0-9]{1,2}\.[0-9]{1,2}", line.strip()):
+            return ()
+        out.append(line.strip())
+    return tuple(out)
 
 
 def parse_runtime_version(name: str, section: Section | None, active: Section | None) -> Runtime | None:
@@ -491,6 +509,24 @@ def parse_containerd_config(section: Section | None, dropins: Section | None = N
     return ContainerdConfig(True, tuple(disabled), default_rt, systemd, nvidia, tuple(imports))
 
 
+def parse_cgroup_version(section: Section | None) -> int | None:
+    """`stat -fc %T /sys/fs/cgroup/`: cgroup2fs is cgroup v2; tmpfs is v1 (or hybrid, which the kubelet treats as
+    v1); anything else (no stat, no mount) is unknown."""
+    if section is None or not section.ok:
+        return None
+    kind = section.output.strip()
+    return {"cgroup2fs": 2, "tmpfs": 1}.get(kind)
+
+
+def parse_configd(section: Section | None) -> tuple[str, ...]:
+    """The *.toml files the probe found in /etc/containerd/config.d/, one path a line (at most 32 kept)."""
+    if section is None or not section.ok:
+        return ()
+    paths = [ln.strip() for ln in section.output.splitlines()
+             if ln.startswith("/etc/containerd/config.d/") and ln.strip().endswith(".toml") and len(ln) < 300]
+    return tuple(paths[:32])
+
+
 def parse_daemon_json(section: Section | None) -> DockerDaemon:
     if section is None or not section.ok:
         return DockerDaemon(False)
@@ -610,6 +646,7 @@ def parse_probe(text: str) -> HostFacts:
         modules=parse_lsmod(s.get("lsmod")),
         sysctl=parse_sysctl(s["sysctl"].output) if "sysctl" in s else {},
         gpu=parse_nvidia_smi(s.get("nvidia-smi"), s.get("nvidia-smi-version")),
+        compute_caps=parse_compute_caps(s.get("nvidia-smi-cc")),
         containerd=parse_runtime_version("containerd", s.get("containerd-version"), s.get("containerd-active")),
         containerd_config=parse_containerd_config(s.get("containerd-config"), s.get("containerd-dropins")),
         docker=parse_runtime_version("docker", s.get("docker-version"), s.get("docker-active")),
@@ -626,4 +663,22 @@ def parse_probe(text: str) -> HostFacts:
         kube_files=tuple(out("kube-files").split()),
         time=_epoch(out("time")),
         raw_errors=errors,
+        mig=parse_mig_section(s["mig"].output, s["mig"].rc) if "mig" in s else MigFacts(),
+        cgroup_version=parse_cgroup_version(s.get("cgroupfs")),
+        containerd_configd=parse_configd(s.get("containerd-configd")),
+        sources=parse_sources(out("sources")),
     )
+
+
+_SOURCE_LINE = re.compile(r"^([0-9]{1,3}) ([0-9]{3}) (https?://\S{1,2000})$")
+
+
+def parse_sources(text: str) -> tuple[SourceReach, ...]:
+    """The probe's `sources` lines, "CURL_EXIT HTTP_CODE URL"; other lines are left out (host output is hostile:
+    the check only reads the URLs it asked for)."""
+    out = []
+    for line in text.splitlines():
+        m = _SOURCE_LINE.match(line.strip())
+        if m:
+            out.append(SourceReach(m.group(3), int(m.group(1)), int(m.group(2))))
+    return tuple(out)

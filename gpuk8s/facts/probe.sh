@@ -30,7 +30,28 @@ quick swap swapon --show --noheadings --raw
 quick lsmod lsmod
 quick sysctl sysctl net.ipv4.ip_forward net.bridge.bridge-nf-call-iptables net.bridge.bridge-nf-call-ip6tables
 sec nvidia-smi nvidia-smi --query-gpu=index,name,uuid,driver_version,memory.total,mig.mode.current --format=csv,noheader,nounits
-sec nvidia-smi-version nvidia-smi --version
+# A hung driver: the first nvidia-smi ran into its timeout (124). Each later call would wait as long, and the
+# whole probe is cut off at 120 s (preflight/runner.py), losing every fact: the later calls are not made.
+hung=; [ "$rc" = 124 ] && hung="nvidia-smi: not run: the first nvidia-smi call timed out after 20 s"
+smi() { if [ -n "$hung" ]; then echo "$hung"; return 124; fi; $T nvidia-smi "$@"; }
+smiversion() { smi --version; }
+quick nvidia-smi-version smiversion
+# compute capability per GPU (drivers before R510 do not know the field); at most 4 KiB: the output of the
+# whole probe is bounded (remote.MAX_OUTPUT), and a runaway nvidia-smi already fills two sections above
+computecap() { smi --query-gpu=compute_cap --format=csv,noheader 2>&1 | head -c 4096; }
+quick nvidia-smi-cc computecap
+# MIG per GPU (gpuk8s/facts/mig.py), in sub-sections '@@mig NAME RC': the modes; where a GPU is (or is to
+# be) in MIG mode its profiles and GPU and compute instances; the processes holding each GPU.
+mig() {
+  command -v nvidia-smi >/dev/null 2>&1 || { echo "nvidia-smi: command not found"; return 127; }
+  q=$(smi --query-gpu=index,uuid,mig.mode.current,mig.mode.pending --format=csv,noheader 2>&1); rc=$?
+  printf '@@mig mode %s\n%s\n' "$rc" "$q"
+  case $q in *Enabled*) for l in lgip lgi lci; do
+    o=$(smi mig -$l 2>&1); printf '@@mig %s %s\n%s\n' "$l" "$?" "$o"; done;; esac
+  o=$(smi --query-compute-apps=gpu_uuid,pid,process_name --format=csv,noheader 2>&1)
+  printf '@@mig apps %s\n%s\n' "$?" "$o"
+}
+quick mig mig
 file nvidia-proc /proc/driver/nvidia/version
 sec containerd-version containerd --version
 sec containerd-active systemctl is-active containerd
@@ -39,6 +60,11 @@ file containerd-config /etc/containerd/config.toml
 # on its own: files concatenated may define the same table twice.
 dropins() { for f in /etc/containerd/conf.d/*.toml; do [ -f "$f" ] || continue; printf '@@file %s\n' "$f"; cat "$f" 2>/dev/null; echo; done; true; }
 quick containerd-dropins dropins
+# nvidia-ctk 1.18.0 wrote its drop-in to config.d/ instead of conf.d/ (toolkit issue 1404): list what is there
+configd() { for f in /etc/containerd/config.d/*.toml; do [ -f "$f" ] && echo "$f"; done; true; }
+quick containerd-configd configd
+# cgroup2fs on cgroup v2, tmpfs on v1 or hybrid (kubernetes.io "Identify the cgroup version on Linux nodes")
+quick cgroupfs stat -fc %T /sys/fs/cgroup/
 sec docker-version docker version --format '{{.Server.Version}}'
 sec docker-active systemctl is-active docker
 file docker-daemon /etc/docker/daemon.json
@@ -56,3 +82,11 @@ file machine-id /etc/machine-id
 kube_files() { ls /etc/kubernetes/admin.conf /etc/kubernetes/kubelet.conf 2>/dev/null; true; }
 quick kube-files kube_files
 quick time date +%s.%N
+# sources: each URL of $GK_SOURCES (set by gpuk8s in front of this script: the package repositories, image
+# registries and CNI manifest the inventory names, gpuk8s/mirrors.py sources), asked once, all at the same time,
+# with short timeouts: "CURL_EXIT HTTP_CODE URL" per line. Any HTTP answer counts as reached (a registry's /v2/
+# answers 401 without credentials); curl is not told about proxies apt or containerd may be configured with.
+sources() { set -f; for u in $GK_SOURCES; do
+  ( c=$(curl -sS -o /dev/null --connect-timeout 3 -m 6 -w '%{http_code}' "$u" 2>/dev/null); echo "$? ${c:-000} $u" ) &
+done; wait; }
+[ -z "${GK_SOURCES:-}" ] || quick sources sources

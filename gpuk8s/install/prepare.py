@@ -29,12 +29,22 @@ log = logging.getLogger("gpuk8s.install")
 # Preflight findings that the playbooks themselves fix: they never keep a host from being prepared.
 FIXED_BY_INSTALL = frozenset({
     "runtime.active", "runtime.cri-plugin", "runtime.cgroup-driver", "toolkit.installed", "toolkit.default-runtime",
+    "toolkit.dropin-path",
     "k8s.swap", "k8s.modules", "k8s.sysctl", "k8s.tools",
 })
 
 
 def playbooks_for(inv: Inventory) -> list[str]:
-    return ["kubernetes-prerequisites", "nvidia-container-toolkit", inv.cluster.container_runtime]
+    # Docker: Kubernetes >= 1.24 reaches it only through cri-dockerd (playbooks/cri-dockerd.yaml)
+    return ["kubernetes-prerequisites", "nvidia-container-toolkit", inv.cluster.container_runtime,
+            *(["cri-dockerd"] if inv.cluster.container_runtime == "docker" else []),
+            # the inventory's registry mirror (docs/mirrors.md): containerd's hosts.toml and sandbox image
+            *(["registry-mirrors"] if inv.registry.enabled and inv.cluster.container_runtime == "containerd"
+              else [])]
+
+
+# lines of a changed step's output that are shown (playbooks/containerd.yaml: dated copies, a reused apt source)
+NOTE_PREFIXES = ("kept the previous ", "using the existing source ")
 
 
 @dataclass
@@ -42,12 +52,21 @@ class StepRun:
     step: RenderedStep
     outcome: StepOutcome
 
+    @property
+    def notes(self) -> list[str]:
+        """What a changed step says the user should know: a file kept beside its replacement, a source used."""
+        if self.outcome.status != "changed":
+            return []
+        return [ln.strip()[:300] for ln in self.outcome.output.splitlines() if ln.startswith(NOTE_PREFIXES)][:5]
+
     def to_json(self, with_commands: bool) -> dict[str, Any]:
         d: dict[str, Any] = {"playbook": self.step.playbook, "name": self.step.name, "title": self.step.title,
                              "status": self.outcome.status, "exit_status": self.outcome.exit_status,
                              "changes": list(self.step.changes)}
         if self.outcome.status in ("failed", "not-converged"):
             d["output"] = lines_that_matter(self.outcome.output, 20)
+        if self.notes:
+            d["notes"] = self.notes
         if with_commands and self.outcome.status == "would-change":
             d["commands"] = self.step.run
             if self.step.file_path:
@@ -213,6 +232,8 @@ def _run_script(session: Session, run: HostRun, steps: list[RenderedStep], dry_r
     for i, step in enumerate(steps):
         oc = out.steps.get(i, StepOutcome(i, "not-run"))
         run.steps.append(StepRun(step, oc))
+        for note in run.steps[-1].notes:
+            log.warning("%s: %s: %s", name, step.name, note)
         log.debug("%s: step %s/%s -> %s (exit %d)%s", name, step.playbook, step.name, oc.status, oc.exit_status,
                   "".join(f"\n    {ln}" for ln in oc.output.splitlines()))
     if out.lock.startswith("stale"):

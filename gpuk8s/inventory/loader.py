@@ -22,17 +22,26 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from gpuk8s import versions
 from gpuk8s.inventory.model import (
+    MAX_REPLICAS,
+    MIG_STRATEGIES,
+    SHARING_STRATEGIES,
     Bastion,
     Cluster,
+    GPUSharing,
     Host,
     InstallSettings,
     Inventory,
+    MIGSettings,
+    MonitoringSettings,
+    NodeGPUSettings,
     PreflightSettings,
     Problem,
+    RegistrySettings,
     SSHSettings,
     Sudo,
     Taint,
 )
+from gpuk8s.mig import layout as miglayout
 from gpuk8s.text import ascii_int
 
 ENV_VAR = "GPUK8S_INVENTORY"
@@ -52,6 +61,7 @@ _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 _TAINT = re.compile(r"^(?P<key>[^=:\s]+)(=(?P<value>[^:\s]*))?:(?P<effect>[A-Za-z]+)$")
 _TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 _CHECK_ID = re.compile(r"^[a-z0-9][a-z0-9.-]*$")
+_SSH_ALIAS = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,252}$")
 
 _CLUSTER_KEYS = (
     "name", "kubernetes_version", "pod_cidr", "service_cidr", "cni", "container_runtime",
@@ -59,22 +69,46 @@ _CLUSTER_KEYS = (
 )
 _SSH_KEYS = (
     "user", "port", "identity_file", "known_hosts", "connect_timeout", "command_timeout",
-    "host_key_policy", "bastion", "sudo",
+    "host_key_policy", "bastion", "sudo", "config_file", "alias",
 )
 _SUDO_KEYS = ("mode", "password_env", "prompt")
 _BASTION_KEYS = ("address", "user", "port", "identity_file")
-_HOST_KEYS = ("name", "address", "role", "ssh", "labels", "taints", "gpus")
+# Per-node GPU settings: each key may be written on a host, in a gpu_groups entry or in gpu_defaults, and is
+# taken whole from the first of those that sets it. A new per-node GPU setting (issue 18's `mig`) adds its key
+# here, its field to model.NodeGPUSettings, and its reader to _Reader.node_gpu_readers.
+_NODE_GPU_KEYS = ("gpu_sharing", "mig")
+_NODE_GPU_FIELDS = {"gpu_sharing": "sharing", "mig": "mig"}  # inventory key -> NodeGPUSettings field
+_MIG_KEYS = ("strategy", "config")
+_MIG_ENTRY_KEYS = ("devices", "mig-enabled", "mig-devices")  # nvidia-mig-parted's names
+_SHARING_KEYS = ("strategy", "replicas", "rename", "fail_requests_greater_than_one", "pod_memory_mib")
+_HOST_KEYS = ("name", "address", "role", "ssh", "labels", "taints", "gpus", "gpu_group", *_NODE_GPU_KEYS)
 _PREFLIGHT_KEYS = ("min_bandwidth_gbit", "max_rtt_ms", "max_clock_skew_s", "network_test_seconds", "ignore")
-_INSTALL_KEYS = ("toolkit_version", "toolkit_repo", "kubernetes_repo", "package_lock_timeout",
+_INSTALL_KEYS: tuple[str, ...] = ("toolkit_version", "toolkit_repo", "kubernetes_repo", "package_lock_timeout",
                  "device_plugin_version", "calico_manifest", "flannel_manifest", "calico_manifest_sha256",
-                 "flannel_manifest_sha256", "verify_image")
+                 "flannel_manifest_sha256", "verify_image", "containerd_version", "containerd_repo")
 # A repository written as a mapping: a mirror without TLS is allowed only with the signing key pinned.
 _REPO_KEYS = ("url", "insecure_http", "key_fingerprint")
-_REPOS = ("toolkit_repo", "kubernetes_repo")
+_REPOS = ("toolkit_repo", "kubernetes_repo", "containerd_repo")
 _MANIFESTS = ("calico_manifest", "flannel_manifest")
+# cri-dockerd on Docker hosts: a mirror of its release directory (plain http too: the archive's sha256 is
+# always checked on the host) and the sha256 per architecture, {amd64: ..., arm64: ...}
+_INSTALL_KEYS += ("cri_dockerd_url", "cri_dockerd_sha256")
 _IMAGE_TAG = re.compile(r"^v?[0-9][A-Za-z0-9._-]{0,63}$")
 _IMAGE = re.compile(r"^[a-z0-9][a-z0-9._/-]*(:[0-9]+)?(/[a-z0-9._-]+)*(:[A-Za-z0-9._-]{1,128})?$")
-_TOP_KEYS = ("cluster", "ssh", "hosts", "preflight", "install")
+_TOP_KEYS: tuple[str, ...] = ("cluster", "ssh", "hosts", "preflight", "install", "gpu_defaults", "gpu_groups")
+_TOP_KEYS += ("monitoring",)
+_TOP_KEYS += ("registry",)
+# registry: (docs/mirrors.md; gpuk8s/mirrors.py turns it into image references and manifest URLs)
+_REGISTRY_KEYS = ("mirror", "overrides", "manifests", "credentials", "insecure_http", "ca_file")
+_CREDENTIAL_KEYS = ("env", "file")
+# host[:port][/path] of a registry (a mirror's repository prefix): no scheme, lowercase path, no tag
+_REGISTRY_REPO = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?(:[0-9]{1,5})?(/[a-z0-9]+([._-][a-z0-9]+)*)*$")
+_REGISTRY_HOST = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?(:[0-9]{1,5})?$")
+_HOST_PATH = re.compile(r"^/[A-Za-z0-9._/-]{0,255}$")
+_MONITORING_KEYS = ("enabled", "namespace", "prometheus", "retention", "storage_class", "storage_size", "grafana")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")  # a namespace name (RFC 1123 label)
+_DURATION = re.compile(r"^([0-9]{1,6}(ms|s|m|h|d|w|y))+$")  # a Prometheus duration: 15d, 12h, 1y
+_QUANTITY = re.compile(r"^[0-9]{1,9}(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$")  # a storage quantity: 20Gi
 # Repository URLs reach a shell and files on every host: a strict subset of URL syntax, no shell metacharacters.
 _REPO_URL = re.compile(r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[A-Za-z0-9._~:/%+@=-]*)?$")
 _PKG_VERSION = re.compile(r"^[0-9][A-Za-z0-9.+~-]{0,63}$")
@@ -85,6 +119,7 @@ MAX_BYTES = 4 << 20
 _SECRET_KEYS = ("password", "sudo_password", "passphrase", "token")
 
 _MISSING = object()
+_Layer = dict[str, tuple[Any, Node]]  # per-node GPU settings of one layer: key -> (value, where it was read)
 
 
 class InventoryError(Exception):
@@ -316,8 +351,15 @@ class _Reader:
             self.report(node, "hosts", "no hosts are listed",
                         "add a 'hosts:' list with at least one host whose role is control-plane")
             return None
-        hosts = self.hosts(top["hosts"][1], ssh)
-        return Inventory(Path(self.filename), cluster, ssh, tuple(hosts), preflight, install)
+        defaults = self.node_gpu(top["gpu_defaults"][1], "gpu_defaults") if "gpu_defaults" in top else {}
+        groups = self.gpu_groups(top["gpu_groups"][1]) if "gpu_groups" in top else {}
+        hosts = self.hosts(top["hosts"][1], ssh, defaults, groups)
+        self.ssh_configs(hosts)
+        self.sharing_across(hosts, install)
+        monitoring = self.monitoring(top["monitoring"][1]) if "monitoring" in top else MonitoringSettings()
+        registry = self.registry(top["registry"][1], cluster, install) if "registry" in top else RegistrySettings()
+        return Inventory(Path(self.filename), cluster, ssh, tuple(hosts), preflight, install,
+                         monitoring=monitoring, registry=registry)
 
     def cluster(self, node: Node) -> Cluster:
         readers: dict[str, Callable[[Node, str], Any]] = {
@@ -415,8 +457,43 @@ class _Reader:
             "host_key_policy": lambda n, k: self.choice(n, k, ("strict", "accept-new")),
             "bastion": self.bastion,
             "sudo": lambda n, k: self.sudo(n, k, base.sudo),
+            "config_file": self.ssh_config_file,
+            "alias": lambda n, k: self.string(n, k, _SSH_ALIAS, "a name of your ssh config's Host lines, e.g. gpu-01",
+                                              "ssh alias"),
         }
-        return replace(base, **self.fields(node, key, _SSH_KEYS, readers))
+        got = self.fields(node, key, _SSH_KEYS, readers)
+        return replace(base, **got, explicit=base.explicit | frozenset(got))
+
+    def ssh_config_file(self, node: Node, key: str) -> str | None:
+        """An OpenSSH client config to read, or none; a file named here must exist."""
+        s = self.path(node, key)
+        if s is None or s.lower() == "none":
+            return s
+        if not os.path.isfile(os.path.expanduser(s)):
+            self.report(node, key, f"the ssh config {s!r} does not exist",
+                        "name an existing file, or write config_file: none to read no ssh config")
+            return None
+        return s
+
+    def ssh_configs(self, hosts: list[Host]) -> None:
+        """Each host's ssh config (~/.ssh/config unless ssh.config_file says otherwise): its errors, and the
+        keywords that apply to a host but that gpuk8s does not honour, as problems at the config's file:line."""
+        from gpuk8s import sshconfig
+
+        seen: set[tuple[str, int, str]] = set()
+        for h in hosts:
+            try:
+                notes: tuple[Any, ...] = sshconfig.resolve(h.address, h.ssh, h.ssh.alias).notes
+            except sshconfig.SSHConfigError as e:
+                if (e.file, e.line, e.message) not in seen:
+                    seen.add((e.file, e.line, e.message))
+                    self.problems.append(Problem(e.file or self.filename, e.line, 1, "", e.message,
+                                                 e.remedy or "fix the ssh config"))
+                continue
+            for n in notes:
+                if (n.file, n.line, n.key) not in seen:
+                    seen.add((n.file, n.line, n.key))
+                    self.problems.append(Problem(n.file, n.line, 1, n.key, n.message, n.fix, "warning"))
 
     def sudo(self, node: Node, key: str, base: Sudo) -> Sudo:
         readers: dict[str, Callable[[Node, str], Any]] = {
@@ -454,6 +531,22 @@ class _Reader:
         }
         return PreflightSettings(**self.fields(node, "preflight", _PREFLIGHT_KEYS, readers))
 
+    def monitoring(self, node: Node) -> MonitoringSettings:
+        """The monitoring section (docs/monitoring.md): every value reaches manifests or kubectl's argv."""
+        readers: dict[str, Callable[[Node, str], Any]] = {
+            "enabled": self.boolean,
+            "namespace": lambda n, k: self.string(n, k, _DNS_LABEL, "a namespace name: lowercase letters, digits "
+                                                  "and '-', at most 63, e.g. gpu-monitoring", "namespace"),
+            "prometheus": lambda n, k: self.choice(n, k, ("auto", "deploy", "servicemonitor", "none")),
+            "retention": lambda n, k: self.string(n, k, _DURATION, "a Prometheus duration, e.g. 15d or 12h",
+                                                  "duration"),
+            "storage_class": lambda n, k: self.string(n, k, _NODE_NAME, "the name of a StorageClass "
+                                                      "(kubectl get storageclass)", "storage class name"),
+            "storage_size": lambda n, k: self.string(n, k, _QUANTITY, "a size, e.g. 20Gi", "size"),
+            "grafana": self.boolean,
+        }
+        return MonitoringSettings(**self.fields(node, "monitoring", _MONITORING_KEYS, readers))
+
     def install(self, node: Node, pins: versions.InstallPins) -> InstallSettings:
         """The install section; `pins` are the defaults of the cluster's minor (versions.install_defaults)."""
         url_fix = "write an https URL without spaces or quotes, e.g. https://mirror.example.com/libnvidia-container"
@@ -464,6 +557,12 @@ class _Reader:
                 "package version"),
             "toolkit_repo": lambda n, k: self.repo(n, k, url_fix),
             "kubernetes_repo": lambda n, k: self.repo(n, k, "write e.g. https://pkgs.k8s.io/core:/stable:"),
+            "containerd_version": lambda n, k: self.string(
+                n, k, _PKG_VERSION,
+                f"a containerd.io package version, e.g. \"{versions.matrix().containerd_version}\"",
+                "package version"),
+            "containerd_repo": lambda n, k: self.repo(
+                n, k, "write e.g. https://download.docker.com/linux (a mirror with ubuntu/ and rhel/ below it)"),
             "package_lock_timeout": lambda n, k: self.integer(n, k, 0, 3600),
             "device_plugin_version": lambda n, k: self.string(n, k, _IMAGE_TAG,
                                                               f"an image tag, e.g. {pins['device_plugin_version']}",
@@ -474,6 +573,9 @@ class _Reader:
             "flannel_manifest_sha256": self.sha256,
             "verify_image": lambda n, k: self.string(n, k, _IMAGE, "an image reference, e.g. "
                                                      f"{versions.matrix().cuda_test_images[0]}", "image"),
+            "cri_dockerd_url": lambda n, k: self.url(n, k, "the URL of a directory holding cri-dockerd's release "
+                                                     f"archives, e.g. {versions.cri_dockerd().url}"),
+            "cri_dockerd_sha256": self.arch_sha256,
         }
         m = self.mapping(node, "install", _INSTALL_KEYS)
         got = self.fields(node, "install", _INSTALL_KEYS, readers, m)
@@ -491,6 +593,115 @@ class _Reader:
                             "of the file (64 hex digits, from sha256sum)")
                 del got[name]
         return InstallSettings(**{**pins, **got})
+
+    def registry(self, node: Node, cluster: Cluster, install: InstallSettings) -> RegistrySettings:
+        """The registry section (docs/mirrors.md): mirrors of the image registries and of the CNI manifests.
+
+        Every value reaches files and shells on the hosts; the credentials are only named here (an
+        environment variable or a local file), never written.
+        """
+        repo_fix = ("write host[:port][/path] without https://, e.g. registry.example.cn/k8s (lowercase path, "
+                    "no tag)")
+        readers: dict[str, Callable[[Node, str], Any]] = {
+            "mirror": lambda n, k: self.registry_repo(n, k, repo_fix),
+            "overrides": self.registry_overrides,
+            "manifests": lambda n, k: self.url(n, k, "the URL of a directory holding the manifests as "
+                                               "HOST/PATH below it, e.g. https://mirror.example.cn/manifests"),
+            "credentials": self.registry_credentials,
+            "insecure_http": self.boolean,
+            "ca_file": lambda n, k: self.string(n, k, _HOST_PATH, "an absolute path on the hosts, e.g. "
+                                                "/etc/pki/ca-trust/source/anchors/mirror.crt", "path"),
+        }
+        before = len(self.problems)
+        m = self.mapping(node, "registry", _REGISTRY_KEYS)
+        got = self.fields(node, "registry", _REGISTRY_KEYS, readers, m)
+        creds = got.pop("credentials", (None, None))
+        out = RegistrySettings(**got, credentials_env=creds[0], credentials_file=creds[1],
+                               line=node.start_mark.line + 1)
+        if m is None:
+            return out
+        if len(self.problems) == before and not out.enabled and any(
+                k in m for k in ("credentials", "insecure_http", "ca_file")):
+            self.report(node, "registry", "credentials, insecure_http and ca_file apply to a mirror, and none "
+                        "is set", "add 'mirror: registry.example.cn/k8s' (or overrides:)")
+        if out.insecure_http and out.ca_file:
+            self.report(m["ca_file"][1], "registry.ca_file", "has no effect with insecure_http (plain http)",
+                        "remove ca_file, or insecure_http", severity="warning")
+        base = out.manifests
+        if base and not base.startswith("https://"):
+            url = install.calico_manifest if cluster.cni == "calico" else install.flannel_manifest
+            pinned = (getattr(install, f"{cluster.cni}_manifest_sha256")
+                      or versions.DEFAULT_MANIFEST_SHA256.get(url))
+            if not pinned:
+                self.report(m["manifests"][1], "registry.manifests",
+                            f"{base!r} is plain http and the {cluster.cni} manifest has no sha256 pin: it is "
+                            "applied as cluster-admin, and anyone on the network path could change it",
+                            f"use https://...; or set install.{cluster.cni}_manifest_sha256")
+        return out
+
+    def registry_repo(self, node: Node, key: str, fix: str) -> str | None:
+        s = self.string(node, key, _REGISTRY_REPO, fix, "registry host[:port][/path]")
+        if s is None:
+            return None
+        host = s.split("/", 1)[0]
+        if "." not in host and ":" not in host and host != "localhost":
+            self.report(node, key, f"{host!r} is not a registry host name (it would be read as a Docker Hub "
+                        "user)", "write the registry's full name, e.g. registry.example.cn or 10.0.0.5:5000")
+            return None
+        return s.rstrip("/")
+
+    def registry_overrides(self, node: Node, key: str) -> dict[str, str] | None:
+        """{upstream registry: host[:port][/path]}: where that registry's images are taken from instead."""
+        if not isinstance(node, MappingNode):
+            self.report(node, key, f"expected a mapping of registry: mirror, got {_kind(node)}",
+                        "write e.g. overrides: {nvcr.io: registry.example.cn/nvcr}")
+            return None
+        out: dict[str, str] = {}
+        ok = True
+        for knode, vnode in node.value:
+            up = self.string(knode, key, _REGISTRY_HOST, "an upstream registry's host name, e.g. nvcr.io",
+                             "registry host")
+            if up is None:
+                ok = False
+                continue
+            if "." not in up and ":" not in up and up != "localhost":
+                self.report(knode, key, f"{up!r} is not a registry host name",
+                            "write e.g. registry.k8s.io, nvcr.io, docker.io, quay.io or ghcr.io")
+                ok = False
+                continue
+            if up in out:
+                self.report(knode, f"{key}.{up}", "duplicate registry", "keep only one of them")
+                ok = False
+                continue
+            v = self.registry_repo(vnode, f"{key}.{up}", "write host[:port][/path], e.g. registry.example.cn/nvcr")
+            if v is None:
+                ok = False
+            else:
+                out[up] = v
+        return out if ok else None
+
+    def registry_credentials(self, node: Node, key: str) -> tuple[str | None, str | None] | None:
+        """{env: NAME} or {file: PATH}: where gpuk8s reads the mirror's user:password (never from here)."""
+        fix = ("write credentials: {env: GPUK8S_REGISTRY_AUTH} (a variable holding user:password) or "
+               "credentials: {file: ~/.config/gpuk8s/registry-auth}")
+        if isinstance(node, ScalarNode):
+            self.report(node, key, "credentials are never written in the inventory", fix)
+            return None
+        readers: dict[str, Callable[[Node, str], Any]] = {
+            "env": lambda n, k: self.string(n, k, _ENV_NAME, "an environment variable's name, e.g. "
+                                            "GPUK8S_REGISTRY_AUTH", "variable name"),
+            "file": lambda n, k: self.string(n, k, None, fix),
+        }
+        m = self.mapping(node, key, _CREDENTIAL_KEYS)
+        got = self.fields(node, key, _CREDENTIAL_KEYS, readers, m)
+        if m is None:
+            return None
+        if len(m) != 1:
+            self.report(node, key, "name exactly one of env and file", fix)
+            return None
+        if not got:
+            return None
+        return got.get("env"), got.get("file")
 
     def url(self, node: Node, key: str, fix: str) -> str | None:
         """The syntax of a URL (http or https); whether plain http is allowed is the caller's decision."""
@@ -576,6 +787,31 @@ class _Reader:
             return None
         return h
 
+    def arch_sha256(self, node: Node, key: str) -> dict[str, str] | None:
+        """{architecture: sha256} for the cri-dockerd archives; an architecture not written keeps the pin."""
+        if not isinstance(node, MappingNode):
+            self.report(node, key, f"expected a mapping of architecture: sha256, got {_kind(node)}",
+                        "write e.g. cri_dockerd_sha256: {amd64: <64 hex digits from sha256sum>}")
+            return None
+        out = dict(versions.cri_dockerd().sha256)
+        ok = True
+        for knode, vnode in node.value:
+            arch = self.string(knode, key)
+            if arch is None:
+                ok = False
+                continue
+            if arch not in versions.CRI_DOCKERD_ARCHES:
+                self.report(knode, key, f"{arch!r} is not an architecture cri-dockerd publishes an archive for",
+                            f"use {' or '.join(versions.CRI_DOCKERD_ARCHES)}")
+                ok = False
+                continue
+            h = self.sha256(vnode, f"{key}.{arch}")
+            if h is None:
+                ok = False
+            else:
+                out[arch] = h
+        return out if ok else None
+
     def check_ids(self, node: Node, key: str) -> tuple[str, ...] | None:
         if not isinstance(node, SequenceNode):
             self.report(node, key, f"expected a list of check ids, got {_kind(node)}", "write e.g. [gpu.count]")
@@ -633,7 +869,262 @@ class _Reader:
             out.append(Taint(m.group("key"), m.group("value") or "", m.group("effect")))
         return tuple(out)
 
-    def hosts(self, node: Node, ssh: SSHSettings) -> list[Host]:
+    # -- per-node GPU settings (gpu_defaults < gpu_groups.NAME < the host's own keys) ---------------
+    def node_gpu_readers(self) -> dict[str, Callable[[Node, str], Any]]:
+        """One reader per key of _NODE_GPU_KEYS."""
+        return {"gpu_sharing": self.gpu_sharing, "mig": self.mig}
+
+    def node_gpu(self, node: Node, key: str, m: dict[str, tuple[Node, Node]] | None = None) -> _Layer:
+        """One layer of per-node GPU settings: inventory key -> (value, the node it was read from)."""
+        if m is None:
+            m = self.mapping(node, key, _NODE_GPU_KEYS)
+        readers = self.node_gpu_readers()
+        out: _Layer = {}
+        for name, (_k, v) in (m or {}).items():
+            if name not in _NODE_GPU_KEYS or _is_null(v):
+                continue
+            got = readers[name](v, f"{key}.{name}")
+            if got is not None:
+                out[name] = (got, v)
+        return out
+
+    def gpu_groups(self, node: Node) -> dict[str, _Layer]:
+        if not isinstance(node, MappingNode):
+            self.report(node, "gpu_groups", f"expected a mapping of group name: settings, got {_kind(node)}",
+                        "write e.g. gpu_groups: {inference: {gpu_sharing: {strategy: time-slicing, replicas: 10}}}")
+            return {}
+        out: dict[str, _Layer] = {}
+        for knode, vnode in node.value:
+            name = self.string(knode, "gpu_groups", _NODE_NAME, "a group name: lowercase letters, digits and '-'",
+                               "group name")
+            if name is None:
+                continue
+            if name in out:
+                self.report(knode, f"gpu_groups.{name}", "duplicate group", "keep only one of them")
+                continue
+            out[name] = self.node_gpu(vnode, f"gpu_groups.{name}")
+        return out
+
+    def gpu_sharing(self, node: Node, key: str) -> GPUSharing | None:
+        readers: dict[str, Callable[[Node, str], Any]] = {
+            "strategy": lambda n, k: self.choice(n, k, SHARING_STRATEGIES),
+            "replicas": lambda n, k: self.integer(n, k, -(1 << 31), 1 << 31),
+            "rename": self.boolean,
+            "fail_requests_greater_than_one": self.boolean,
+            "pod_memory_mib": lambda n, k: self.integer(n, k, 1, 1 << 24),
+        }
+        m = self.mapping(node, key, _SHARING_KEYS)
+        if m is None:
+            return None
+        got = self.fields(node, key, _SHARING_KEYS, readers, m)
+        if any(k not in got and not _is_null(v) for k, (_, v) in m.items()):
+            return None  # an invalid value: reported by its reader
+        strategy = got.get("strategy", "none")
+        if "strategy" not in got:
+            self.report(node, f"{key}.strategy", "no strategy given",
+                        f"add strategy: one of {', '.join(SHARING_STRATEGIES)}")
+            return None
+        replicas = got.get("replicas")
+        limit_fix = (f"write replicas: 2 to {MAX_REPLICAS} (pods per GPU; {MAX_REPLICAS} is gpuk8s's limit, "
+                     "the seed's 'at most 20 pods per GPU'), or strategy: none for whole GPUs")
+        if strategy == "none":
+            if replicas not in (None, 1):
+                self.report(m["replicas"][1], f"{key}.replicas", "has no effect with strategy: none",
+                            "remove replicas, or choose a strategy: time-slicing, mps or hami")
+                return None
+            return GPUSharing(line=node.start_mark.line + 1, **{k: v for k, v in got.items() if k != "replicas"})
+        if replicas is None:
+            if strategy != "hami":
+                self.report(node, f"{key}.replicas", f"strategy {strategy} needs replicas", limit_fix)
+                return None
+            replicas = 10  # HAMi's own default deviceSplitCount (charts/hami/values.yaml)
+        elif replicas == 1:
+            self.report(m["replicas"][1], f"{key}.replicas", "1 replica per GPU is no sharing", limit_fix)
+            return None
+        elif not 2 <= replicas <= MAX_REPLICAS:
+            self.report(m["replicas"][1], f"{key}.replicas",
+                        f"{replicas} is out of range: the device plugin needs at least 2 and gpuk8s allows at most "
+                        f"{MAX_REPLICAS} pods per GPU", limit_fix)
+            return None
+        if strategy == "hami" and got.get("rename"):
+            self.report(m["rename"][1], f"{key}.rename", "HAMi has its own resource names (nvidia.com/gpu, "
+                        "nvidia.com/gpumem, nvidia.com/gpucores)", "remove rename, or use time-slicing or mps")
+            return None
+        got["replicas"] = replicas
+        return GPUSharing(line=node.start_mark.line + 1, **got)
+
+    def mig(self, node: Node, key: str) -> MIGSettings | None:
+        """`mig: {strategy: none|single|mixed, config: NAME | [{devices, mig-enabled, mig-devices}]}`."""
+        m = self.mapping(node, key, _MIG_KEYS)
+        if m is None:
+            return None
+        strategy = self.choice(m["strategy"][1], f"{key}.strategy", MIG_STRATEGIES) if "strategy" in m else None
+        if "strategy" not in m:
+            self.report(node, f"{key}.strategy", "no strategy given",
+                        f"add strategy: one of {', '.join(MIG_STRATEGIES)} (the device plugin's MIG strategies)")
+        if strategy is None:
+            return None
+        line = node.start_mark.line + 1
+        cnode = m["config"][1] if "config" in m and not _is_null(m["config"][1]) else None
+        if strategy == "none":
+            if cnode is not None:
+                self.report(cnode, f"{key}.config", "has no effect with strategy: none (MIG is turned off)",
+                            "remove config, or choose strategy: single or mixed")
+                return None
+            return MIGSettings("none", line=line)
+        if cnode is None:
+            self.report(node, f"{key}.config", f"strategy {strategy} needs a layout",
+                        "add config: all-1g.10gb (a named layout) or [{devices: all, mig-devices: {\"3g.40gb\": 2}}]")
+            return None
+        if isinstance(cnode, SequenceNode):
+            layout = self.mig_entries(cnode, f"{key}.config")
+        else:
+            name = self.string(cnode, f"{key}.config")
+            if name is None:
+                return None
+            try:
+                layout = miglayout.named(name)
+            except miglayout.LayoutError as e:
+                self.report(cnode, f"{key}.config", e.message, e.fix)
+                return None
+        if layout is None:
+            return None
+        if strategy == "single":
+            profiles = {p for e in layout.entries if e.enabled for p, _n in e.mig_devices}
+            if layout.balanced or len(profiles) > 1 or any(not e.enabled for e in layout.entries):
+                self.report(cnode, f"{key}.config", "the single strategy needs every GPU in MIG mode with one "
+                            "profile", "use strategy: mixed for this layout, or one profile (e.g. all-1g.10gb)")
+                return None
+        return MIGSettings(strategy, layout.name, layout, line)
+
+    def mig_entries(self, node: SequenceNode, key: str) -> miglayout.Layout | None:
+        entries: list[miglayout.Entry] = []
+        ok = True
+        if not node.value:
+            self.report(node, key, "the layout list is empty", "add [{devices: all, mig-devices: {\"1g.10gb\": 7}}]")
+            return None
+        for i, enode in enumerate(node.value):
+            k = f"{key}[{i}]"
+            before = len(self.problems)
+            m = self.mapping(enode, k, _MIG_ENTRY_KEYS)
+            if m is None:
+                ok = False
+                continue
+            devices: Any = "all"
+            if "devices" in m:
+                dnode = m["devices"][1]
+                if isinstance(dnode, SequenceNode):
+                    got_idx = [self.integer(d, f"{k}.devices", 0, 63) for d in dnode.value]
+                    idx = [n for n in got_idx if n is not None]
+                    if len(idx) < len(got_idx) or not idx:
+                        if not got_idx:
+                            self.report(dnode, f"{k}.devices", "no GPU listed", "write devices: all or [0, 1]")
+                        ok = False
+                        continue
+                    devices = tuple(sorted(set(idx)))
+                elif self.value(dnode, f"{k}.devices") != "all":
+                    self.report(dnode, f"{k}.devices", f"{dnode.value!r} is not a GPU list",
+                                "write devices: all or a list of GPU indexes such as [0, 1]")
+                    ok = False
+                    continue
+            enabled = True
+            if "mig-enabled" in m:
+                got = self.boolean(m["mig-enabled"][1], f"{k}.mig-enabled")
+                if got is None:
+                    ok = False
+                    continue
+                enabled = got
+            counts: list[tuple[str, int]] = []
+            if "mig-devices" in m:
+                mnode = m["mig-devices"][1]
+                if not isinstance(mnode, MappingNode):
+                    self.report(mnode, f"{k}.mig-devices", "expected profile: count pairs",
+                                'write mig-devices: {"3g.40gb": 2}')
+                    ok = False
+                    continue
+                for pk, pv in mnode.value:
+                    pname = self.string(pk, f"{k}.mig-devices")
+                    n = self.integer(pv, f"{k}.mig-devices.{pname}", 1, 7)
+                    if pname is None or n is None:
+                        ok = False
+                        continue
+                    try:
+                        miglayout.check_profile(pname)
+                    except miglayout.LayoutError as e:
+                        self.report(pk, f"{k}.mig-devices", e.message, e.fix)
+                        ok = False
+                        continue
+                    if pname not in miglayout.known_profiles():
+                        near = difflib.get_close_matches(pname, sorted(miglayout.known_profiles()), n=1, cutoff=0.6)
+                        self.report(pk, f"{k}.mig-devices", f"no GPU gpuk8s knows has the MIG profile {pname}",
+                                    f"did you mean {near[0]}?" if near else "see nvidia-smi mig -lgip on the host")
+                        ok = False
+                        continue
+                    counts.append((pname, n))
+            if len(self.problems) > before:
+                ok = False
+                continue
+            if enabled and not counts:
+                self.report(enode, f"{k}.mig-devices", "no MIG devices for these GPUs",
+                            'add mig-devices: {"1g.10gb": 7}, or mig-enabled: false to leave them whole')
+                ok = False
+                continue
+            entries.append(miglayout.Entry(devices, enabled, tuple(counts) if enabled else ()))
+        return miglayout.explicit(entries) if ok else None
+
+    def host_gpu(self, host_node: Node, key: str, gpu_node: bool, own: _Layer, group: _Layer,
+                 defaults: _Layer) -> NodeGPUSettings:
+        """A host's per-node GPU settings: its own keys, else its group's, else gpu_defaults."""
+        if not gpu_node:
+            for name, (_v, vnode) in {**group, **own}.items():
+                self.report(vnode, f"{key}.{name}", "has no effect: this host is not a GPU node",
+                            "remove it, or set gpus: N on the host", severity="warning")
+            return NodeGPUSettings()
+        chosen = {**defaults, **group, **own}
+        settings = NodeGPUSettings(**{_NODE_GPU_FIELDS[k]: v for k, (v, _n) in chosen.items()})
+        # Combinations across keys are checked here, on the settings a node really gets.
+        if settings.sharing.strategy == "mps" and settings.mig.enabled:
+            # the device plugin's MPS does not combine with MIG (k8s-device-plugin README, "Shared Access to GPUs")
+            self.report(chosen["mig"][1], f"{key}.mig", "MPS sharing cannot be combined with MIG on one node",
+                        "use gpu_sharing.strategy: time-slicing on MIG nodes (with mig.strategy: mixed), or "
+                        "remove mig")
+        if settings.sharing.strategy == "hami" and settings.mig.enabled:
+            # NVIDIA's plugin serves MIG (migStrategy) and keeps off HAMi nodes (gpu=on): nothing would
+            # advertise the MIG devices gpuk8s creates
+            self.report(chosen["mig"][1], f"{key}.mig", "HAMi sharing cannot be combined with MIG on one node",
+                        "use gpu_sharing.strategy: time-slicing on MIG nodes (with mig.strategy: mixed), or "
+                        "remove mig")
+        return settings
+
+    def sharing_across(self, hosts: list[Host], install: InstallSettings) -> None:
+        """Sharing settings that must agree across nodes, or with the cluster's device plugin version."""
+        hami: tuple[int, int] | None = None  # (replicas, line) of the first HAMi node
+        plugin = re.match(r"v?(\d+)\.(\d+)", install.device_plugin_version or "")
+        old_plugin = plugin is not None and (int(plugin.group(1)), int(plugin.group(2))) < (0, 20)
+        for i, h in enumerate(hosts):
+            sh = h.gpu.sharing
+            if sh.strategy == "hami":
+                if hami is None:
+                    hami = (sh.replicas, sh.line)
+                elif sh.replicas != hami[0]:
+                    # HAMi's deviceSplitCount is one value in its device ConfigMap (charts/hami device-config.yaml)
+                    self.problems.append(Problem(
+                        self.filename, sh.line or 1, 1, f"hosts[{i}].gpu_sharing.replicas",
+                        f"HAMi replicas {sh.replicas} differ from {hami[0]} (line {hami[1]}): HAMi's "
+                        "deviceSplitCount is one value for the cluster",
+                        f"write the same replicas for every HAMi node (e.g. replicas: {hami[0]})"))
+            if sh.strategy == "mps" and not sh.fail_requests_greater_than_one and old_plugin:
+                # k8s-device-plugin api/config/v1/config.go before v0.20.0: "We explicitly set
+                # sharing.mps.failRequestsGreaterThanOne = true"; v0.20.0 keeps an explicit false
+                self.problems.append(Problem(
+                    self.filename, sh.line or 1, 1, f"hosts[{i}].gpu_sharing.fail_requests_greater_than_one",
+                    "fail_requests_greater_than_one: false is ignored by the device plugin "
+                    f"{install.device_plugin_version} (before v0.20.0 MPS always refuses requests above 1)",
+                    "remove fail_requests_greater_than_one, or use Kubernetes 1.32 or later (device plugin "
+                    "v0.20.x), or set install.device_plugin_version to v0.20.0 or later"))
+
+    def hosts(self, node: Node, ssh: SSHSettings, defaults: _Layer | None = None,
+              groups: dict[str, _Layer] | None = None) -> list[Host]:
         if not isinstance(node, SequenceNode):
             self.report(node, "hosts", f"expected a list of hosts, got {_kind(node)}",
                         "write each host as '- name: ...' under 'hosts:'")
@@ -657,8 +1148,24 @@ class _Reader:
                 "labels": self.labels,
                 "taints": self.taints,
                 "gpus": lambda n, k: self.integer(n, k, 0, 64),
+                "gpu_group": lambda n, k: self.string(n, k),
+                **{g: (lambda n, k: None) for g in _NODE_GPU_KEYS},  # read below, by node_gpu
             }
             got = self.fields(hnode, key, _HOST_KEYS, readers, m)
+            own = self.node_gpu(hnode, key, m)
+            group: _Layer = {}
+            if "gpu_group" in got:
+                if got["gpu_group"] in (groups or {}):
+                    group = (groups or {})[got["gpu_group"]]
+                else:
+                    known = list(groups or {})
+                    near = difflib.get_close_matches(got["gpu_group"], known, n=1, cutoff=0.6)
+                    self.report(m["gpu_group"][1], f"{key}.gpu_group", f"no gpu_groups entry {got['gpu_group']!r}",
+                                f"did you mean '{near[0]}'?" if near else
+                                (f"write one of: {', '.join(known)}" if known else
+                                 "define it under the top-level gpu_groups: key"))
+            gpu_node = got["gpus"] > 0 if "gpus" in got else got.get("role", "worker") != "control-plane"
+            got["gpu"] = self.host_gpu(hnode, key, gpu_node, own, group, defaults or {})
             line = hnode.start_mark.line + 1
             bad = False
             for required in ("name", "address"):

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Literal
 
 from gpuk8s import versions
+from gpuk8s.mig.layout import Layout
 
 Role = Literal["control-plane", "worker"]
 SudoMode = Literal["nopasswd", "password"]
@@ -39,6 +40,11 @@ class SSHSettings:
     host_key_policy: HostKeyPolicy = "strict"
     bastion: Bastion | None = None
     sudo: Sudo = field(default_factory=Sudo)
+    # the OpenSSH client config read for this host ("none": none); see gpuk8s/sshconfig.py
+    config_file: str = "~/.ssh/config"
+    alias: str | None = None  # the name looked up in that config (Host patterns); default: the host's address
+    # the keys written in the inventory: those win over the ssh config
+    explicit: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -51,6 +57,52 @@ class Taint:
         return f"{self.key}={self.value}:{self.effect}" if self.value else f"{self.key}:{self.effect}"
 
 
+SharingStrategy = Literal["none", "time-slicing", "mps", "hami"]
+SHARING_STRATEGIES: tuple[str, ...] = ("none", "time-slicing", "mps", "hami")
+MAX_REPLICAS = 20  # the seed's limit: at most 20 pods per GPU (the device plugin sets none)
+
+
+@dataclass(frozen=True)
+class GPUSharing:
+    """How one node shares its GPUs (inventory `gpu_sharing:`); docs/sharing.md."""
+
+    strategy: SharingStrategy = "none"
+    replicas: int = 1  # pods per GPU: 1 without sharing, 2..MAX_REPLICAS with it (HAMi: its deviceSplitCount)
+    rename: bool = False  # advertise nvidia.com/gpu.shared instead of nvidia.com/gpu
+    fail_requests_greater_than_one: bool = True
+    pod_memory_mib: int | None = None  # the GPU memory one pod needs, for preflight's time-slicing warning
+    line: int = 0  # where it was written in the inventory (0: the default)
+
+
+MIG_STRATEGIES: tuple[str, ...] = ("none", "single", "mixed")  # the device plugin's --mig-strategy values
+
+
+@dataclass(frozen=True)
+class MIGSettings:
+    """How one node partitions its GPUs with MIG (inventory `mig:`); docs/mig.md."""
+
+    strategy: str = "none"  # none | single | mixed
+    config: str = ""  # the named layout (all-1g.10gb), "custom" for an explicit list, "" with strategy none
+    layout: Layout | None = None  # gpuk8s.mig.layout: resolved per GPU by the MIG phase and the GPU plan
+    line: int = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.strategy != "none" and self.layout is not None
+
+
+@dataclass(frozen=True)
+class NodeGPUSettings:
+    """Per-node GPU settings, each from the host's own key, else its `gpu_group`, else `gpu_defaults`.
+
+    One inventory key per field (loader._NODE_GPU_KEYS); a key is taken whole from the first layer that
+    sets it, never merged. Issue 18 adds `mig` here the same way.
+    """
+
+    sharing: GPUSharing = field(default_factory=GPUSharing)
+    mig: MIGSettings = field(default_factory=MIGSettings)
+
+
 @dataclass(frozen=True)
 class Host:
     name: str
@@ -61,6 +113,8 @@ class Host:
     taints: tuple[Taint, ...] = ()
     gpus: int | None = None
     line: int = 0
+    gpu_group: str | None = None  # a name of the inventory's gpu_groups
+    gpu: NodeGPUSettings = field(default_factory=NodeGPUSettings)
 
     @property
     def is_control_plane(self) -> bool:
@@ -113,10 +167,56 @@ class InstallSettings:
     toolkit_repo_key_fingerprint: str | None = None
     kubernetes_repo_insecure_http: bool = False
     kubernetes_repo_key_fingerprint: str | None = None
+    # containerd below the floor of the cluster's minor: install brings it to this containerd.io version
+    # from Docker's repositories (or a mirror of them: ubuntu/ and rhel/ under the URL), version matrix
+    containerd_version: str = versions.matrix().containerd_version
+    containerd_repo: str = "https://download.docker.com/linux"
+    containerd_repo_insecure_http: bool = False
+    containerd_repo_key_fingerprint: str | None = None
+    # cri-dockerd (Docker hosts): the directory its release archives are downloaded from (the release's, or
+    # a mirror of it) and their sha256 per architecture (amd64, arm64), checked on the host before the archive
+    # is unpacked; both default to the version matrix's pin
+    cri_dockerd_url: str = versions.cri_dockerd().url
+    cri_dockerd_sha256: dict[str, str] = field(default_factory=lambda: dict(versions.cri_dockerd().sha256))
     # sha256 (64 lowercase hex digits) the CNI manifest must have; required for a plain http URL.
     # None: gpuk8s.versions.manifest_sha256 falls back to the pin of the default URL, if any.
     calico_manifest_sha256: str | None = None
     flannel_manifest_sha256: str | None = None
+
+
+@dataclass(frozen=True)
+class MonitoringSettings:
+    """The monitoring section: the DCGM exporter, and how Prometheus (and Grafana) get its metrics."""
+
+    enabled: bool = False
+    namespace: str = "gpu-monitoring"
+    # auto: servicemonitor when the Prometheus Operator's CRDs exist, else deploy; none: print the scrape config
+    prometheus: Literal["auto", "deploy", "servicemonitor", "none"] = "auto"
+    retention: str = "15d"  # --storage.tsdb.retention.time of the Prometheus gpuk8s deploys
+    storage_class: str | None = None  # None: emptyDir (the data is lost when the pod restarts)
+    storage_size: str = "20Gi"
+    grafana: bool = False
+
+
+@dataclass(frozen=True)
+class RegistrySettings:
+    """Where container images and CNI manifests come from (inventory `registry:`); docs/mirrors.md.
+
+    gpuk8s/mirrors.py is the one place that turns these into image references and manifest URLs.
+    """
+
+    mirror: str | None = None  # host[:port][/path]: every upstream registry's images under it
+    overrides: dict[str, str] = field(default_factory=dict)  # upstream registry -> host[:port][/path]
+    manifests: str | None = None  # base URL: a manifest URL https://H/P is fetched from BASE/H/P
+    credentials_env: str | None = None  # the environment variable holding user:password for the mirror
+    credentials_file: str | None = None  # or a local file holding it (never the inventory)
+    insecure_http: bool = False  # the mirror speaks plain http (hosts.toml: http://...)
+    ca_file: str | None = None  # a CA certificate on each host that signs the mirror's certificate
+    line: int = 0
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.mirror or self.overrides)
 
 
 @dataclass(frozen=True)
@@ -128,6 +228,8 @@ class Inventory:
     preflight: PreflightSettings = field(default_factory=PreflightSettings)
     install: InstallSettings = field(default_factory=InstallSettings)
     warnings: tuple[Problem, ...] = ()
+    monitoring: MonitoringSettings = field(default_factory=MonitoringSettings)
+    registry: RegistrySettings = field(default_factory=RegistrySettings)
 
     @property
     def control_planes(self) -> list[Host]:

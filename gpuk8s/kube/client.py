@@ -50,14 +50,16 @@ class KubeClient(Protocol):
     where: str  # for messages: "kubectl on cp-1" or "kubectl with ./lab.kubeconfig"
 
     def get(self, kind: str, name: str | None = None, namespace: str | None = None) -> list[dict[str, Any]]:
-        """Objects of `kind` (all namespaces when namespace is None and the kind is namespaced, '*' for -A);
-        with `name`, the one object or [] when it does not exist."""
+        """Objects of `kind`: in namespace `namespace`, in every namespace with '*' (-A), and with None as
+        kubectl without -n does (the kubeconfig context's namespace, `default`; cluster-scoped kinds are
+        unaffected); with `name`, the one object or [] when it does not exist."""
         ...
 
     def apply(self, text: str) -> str:
         ...
 
-    def label(self, node: str, labels: dict[str, str]) -> None:
+    def label(self, node: str, labels: dict[str, str | None]) -> None:
+        """Set labels; a value None removes the label."""
         ...
 
     def taint(self, node: str, taints: list[str]) -> None:
@@ -72,9 +74,37 @@ class KubeClient(Protocol):
     def events(self, namespace: str | None = None) -> list[dict[str, Any]]:
         ...
 
+    def raw_get(self, path: str) -> str:
+        """`kubectl get --raw PATH`: an API server path, e.g. a pod's proxy
+        /api/v1/namespaces/NS/pods/POD:9400/proxy/metrics; the body as text."""
+        ...
 
-def label_args(node: str, labels: dict[str, str]) -> list[str]:
-    return ["label", "node", node, *(f"{k}={v}" for k, v in sorted(labels.items())), "--overwrite"]
+    def drain(self, node: str, timeout_s: int) -> str:
+        """Cordon the node and evict its pods (DaemonSets' ignored, emptyDir data deleted), respecting
+        PodDisruptionBudgets, within timeout_s; kubectl's output. Raises KubeError when it cannot."""
+        ...
+
+    def delete_node(self, node: str) -> None:
+        """Delete the Node object (no error when it is gone already)."""
+        ...
+
+    def uncordon(self, node: str) -> None:
+        """Make the node schedulable again (after a drain)."""
+        ...
+
+    def cordon(self, node: str) -> None:
+        """Mark the node unschedulable: no new pod lands on it."""
+        ...
+
+
+def drain_args(node: str, timeout_s: int) -> list[str]:
+    return ["drain", node, "--ignore-daemonsets", "--delete-emptydir-data", f"--timeout={timeout_s}s"]
+
+
+def label_args(node: str, labels: dict[str, str | None] | dict[str, str]) -> list[str]:
+    """kubectl label's argv; a value None removes the label (`key-`)."""
+    return ["label", "node", node, *(f"{k}-" if v is None else f"{k}={v}" for k, v in sorted(labels.items())),
+            "--overwrite"]
 
 
 def taint_args(node: str, taints: list[str]) -> list[str]:
@@ -86,7 +116,8 @@ class Kubectl:
 
     where = "kubectl"
 
-    def _kubectl(self, args: list[str], stdin: str | None = None) -> Output:
+    def _kubectl(self, args: list[str], stdin: str | None = None, timeout: float | None = None) -> Output:
+        """kubectl ARGS; `timeout`: seconds it may take where kubectl has its own, longer bound (drain)."""
         raise NotImplementedError
 
     def _checked(self, args: list[str], stdin: str | None = None) -> Output:
@@ -120,7 +151,7 @@ class Kubectl:
     def apply(self, text: str) -> str:
         return self._checked(["apply", "-f", "-"], stdin=text).stdout
 
-    def label(self, node: str, labels: dict[str, str]) -> None:
+    def label(self, node: str, labels: dict[str, str | None]) -> None:
         self._checked(label_args(node, labels))
 
     def taint(self, node: str, taints: list[str]) -> None:
@@ -137,6 +168,32 @@ class Kubectl:
     def events(self, namespace: str | None = None) -> list[dict[str, Any]]:
         return self.get("events", namespace=namespace if namespace is not None else "*")
 
+    def raw_get(self, path: str) -> str:
+        if not path.startswith("/"):
+            raise ValueError(f"an API path starts with '/': {path!r}")
+        out = self._kubectl(["get", "--raw", path])
+        if not out.ok:
+            raise KubeError(f"kubectl get --raw {path} ({self.where}) failed: {out.tail()}",
+                            "check that the pod is Running and serves the port (kubectl get pods -o wide)")
+        return out.stdout
+
+    def drain(self, node: str, timeout_s: int) -> str:
+        # kubectl's --timeout bounds the drain; the command's own limit leaves it a minute more to report
+        out = self._kubectl(drain_args(node, timeout_s), timeout=timeout_s + 60)
+        if not out.ok:
+            raise KubeError(f"kubectl drain {node} ({self.where}) failed: {out.tail()}",
+                            f"see why the pods cannot leave; 'kubectl uncordon {node}' undoes the cordon")
+        return out.stdout
+
+    def delete_node(self, node: str) -> None:
+        self._checked(["delete", "node", node, "--ignore-not-found"])
+
+    def uncordon(self, node: str) -> None:
+        self._checked(["uncordon", node])
+
+    def cordon(self, node: str) -> None:
+        self._checked(["cordon", node])
+
 
 class SSHKubectl(Kubectl):
     """kubectl with admin.conf on a control plane, over the run's SSH session (the default)."""
@@ -145,9 +202,10 @@ class SSHKubectl(Kubectl):
         self.session = session
         self.where = f"kubectl on {session.host.name}"
 
-    def _kubectl(self, args: list[str], stdin: str | None = None) -> Output:
+    def _kubectl(self, args: list[str], stdin: str | None = None, timeout: float | None = None) -> Output:
         line = shlex.join(["kubectl", "--kubeconfig", ADMIN, *args])
-        res = self.session.run(line, sudo=True, stdin=stdin.encode() if stdin is not None else None)
+        res = self.session.run(line, sudo=True, stdin=stdin.encode() if stdin is not None else None,
+                               timeout=timeout)
         return Output(res.ok, res.stdout, res.stderr)
 
 
@@ -165,12 +223,13 @@ class LocalKubectl(Kubectl):
         self.timeout = timeout
         self.where = f"kubectl with {kubeconfig}"
 
-    def _kubectl(self, args: list[str], stdin: str | None = None) -> Output:
+    def _kubectl(self, args: list[str], stdin: str | None = None, timeout: float | None = None) -> Output:
+        timeout = max(timeout or 0, self.timeout)
         argv = [self.exe, "--kubeconfig", self.kubeconfig, *(["--context", self.context] if self.context else []),
                 *args]
         try:
-            p = subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=self.timeout,
+            p = subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=timeout,
                                errors="replace")
         except subprocess.TimeoutExpired:
-            return Output(False, "", f"kubectl did not finish within {self.timeout:g} s")
+            return Output(False, "", f"kubectl did not finish within {timeout:g} s")
         return Output(p.returncode == 0, clean(p.stdout), clean(p.stderr))

@@ -16,12 +16,17 @@ from typing import Any
 import jinja2
 import yaml
 
-from gpuk8s.gpuplan import RUNTIME_HANDLER, GPUPlan
+from gpuk8s import mirrors, versions
+from gpuk8s.gpuplan import CONFIG_LABEL, RUNTIME_HANDLER, GPUPlan, PluginSettings
 from gpuk8s.inventory.model import Inventory
 from gpuk8s.kube.client import KubeClient
 
 ANNOTATION = "gpuk8s.io/manifest-sha256"
 DEVICE_PLUGIN = "nvidia-device-plugin-daemonset"
+MPS_DAEMON = "nvidia-device-plugin-mps-control-daemon"
+PLUGIN_CONFIGS = "nvidia-device-plugin-configs"  # the ConfigMap of named configs the config-manager reads
+PLUGIN_ACCOUNT = "nvidia-device-plugin"
+MPS_ROOT = "/run/nvidia/mps"  # the helm chart's mps.root
 
 
 @dataclass(frozen=True)
@@ -41,7 +46,7 @@ class Manifest:
         docs = self.objects()
         for d in docs:
             d.setdefault("metadata", {}).setdefault("annotations", {})[ANNOTATION] = self.sha256
-        return yaml.safe_dump_all(docs, sort_keys=False)
+        return yaml.dump_all(docs, Dumper=_BlockDumper, sort_keys=False)
 
     def anchor(self) -> tuple[str, str, str | None]:
         """(kind, name, namespace) of the first object: where the applied hash is read back."""
@@ -51,13 +56,117 @@ class Manifest:
 
 
 def device_plugin_template() -> str:
-    return resources.files("gpuk8s").joinpath("data/nvidia-device-plugin.yaml.j2").read_text()
+    return _template("nvidia-device-plugin.yaml.j2")
+
+
+def _template(name: str) -> str:
+    return resources.files("gpuk8s").joinpath(f"data/{name}").read_text()
+
+
+def _config_manager_env(oneshot: bool, process: str) -> str:
+    """The env of a config-manager container, as the chart sets it (indented for the templates' env: key)."""
+    env: list[tuple[str, str | None]] = [
+        ("ONESHOT", "true" if oneshot else "false"), ("KUBECONFIG", ""), ("NODE_NAME", None),
+        ("NODE_LABEL", CONFIG_LABEL), ("CONFIG_FILE_SRCDIR", "/available-configs"),
+        ("CONFIG_FILE_DST", "/config/config.yaml"),
+        # a GPU node without the label (joined, not yet labelled by gpuk8s) gets whole GPUs
+        ("DEFAULT_CONFIG", PluginSettings().config_name), ("FALLBACK_STRATEGIES", "named,single"),
+        ("SEND_SIGNAL", "false" if oneshot else "true"), ("SIGNAL", "" if oneshot else "1"),  # 1: SIGHUP
+        ("PROCESS_TO_SIGNAL", process)]
+    items = []
+    for k, v in env:
+        if v is None:
+            items.append({"name": k, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}})
+        else:
+            items.append({"name": k, "value": v})
+    text = yaml.safe_dump(items, sort_keys=False, default_flow_style=False)
+    return "".join("\n" + " " * 12 + line for line in text.splitlines())
+
+
+def _render(template: str, **values: Any) -> str:
+    """Render a template's text with the values every device plugin template uses."""
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=True)
+    return env.from_string(template).render(
+        config_manager_env=_config_manager_env, config_map=PLUGIN_CONFIGS, service_account=PLUGIN_ACCOUNT,
+        mps_root=MPS_ROOT, **values)
 
 
 def device_plugin(inv: Inventory) -> Manifest:
-    env = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=True)
-    return Manifest("nvidia-device-plugin.yaml", env.from_string(device_plugin_template()).render(
-        version=inv.install.device_plugin_version))
+    """The plugin DaemonSet with its config-manager, and the RBAC that lets config-manager read node labels."""
+    return Manifest("nvidia-device-plugin.yaml", mirrors.rewrite_images(inv, _render(
+        device_plugin_template(), version=inv.install.device_plugin_version)))
+
+
+def mps_control_daemon(inv: Inventory) -> Manifest:
+    """The MPS control daemon DaemonSet: pods only on nodes labelled nvidia.com/mps.capable=true."""
+    return Manifest("nvidia-device-plugin-mps-control-daemon.yaml", mirrors.rewrite_images(inv, _render(
+        _template("nvidia-device-plugin-mps.yaml.j2"), version=inv.install.device_plugin_version, name=MPS_DAEMON)))
+
+
+def hami(inv: Inventory, plans: dict[str, GPUPlan]) -> Manifest:
+    """HAMi's scheduler and device plugin (pods only on nodes labelled gpu=on); deviceSplitCount is one
+    value for the cluster (HAMi's device ConfigMap): the HAMi nodes' replicas, which the loader requires to agree."""
+    split = max((p.replicas for p in plans.values() if p.sharing == "hami"), default=10)
+    v = inv.cluster.kubernetes_version
+    pin = versions.hami()
+    return Manifest("hami.yaml", mirrors.rewrite_images(inv, _render(
+        _template("hami.yaml.j2"), chart_version=pin.chart_version, image=pin.image, split=split,
+        # the cluster's own scheduler version, as kubeadm init runs it (kube/render.full_version)
+        kube_scheduler_image=f"registry.k8s.io/kube-scheduler:v{v}" + ("" if v.count(".") == 2 else ".0"))))
+
+
+def plugin_config(settings: PluginSettings) -> dict[str, Any]:
+    """The device plugin's config file (version v1, api/config/v1) for one per-node setting: the ONE function
+    that renders it. flags.migStrategy is the node's MIG strategy (docs/mig.md); under the mixed strategy
+    time-slicing names each nvidia.com/mig-<profile> it replicates (api/config/v1 ReplicatedResource)."""
+    config: dict[str, Any] = {"version": "v1", "flags": {"migStrategy": settings.mig_strategy}}
+    if settings.strategy in ("time-slicing", "mps"):
+        key = "timeSlicing" if settings.strategy == "time-slicing" else "mps"
+        names = list(settings.mig_resources) if settings.mig_strategy == "mixed" else ["nvidia.com/gpu"]
+        config["sharing"] = {key: {
+            "renameByDefault": settings.rename,
+            "failRequestsGreaterThanOne": settings.fail_requests_greater_than_one,
+            "resources": [{"name": n, "replicas": settings.replicas} for n in names]}}
+    return config
+
+
+def plugin_settings(plans: dict[str, GPUPlan]) -> list[PluginSettings]:
+    """Every distinct per-node setting the plans use, and the default (whole GPUs), by config name."""
+    found = {PluginSettings().config_name: PluginSettings()}
+    for p in plans.values():
+        if p.plugin is not None:
+            found[p.plugin.config_name] = p.plugin
+    return [found[k] for k in sorted(found)]
+
+
+def plugin_configs(plans: dict[str, GPUPlan], keep: dict[str, str] | None = None) -> Manifest:
+    """ConfigMap nvidia-device-plugin-configs: one named config per distinct per-node setting, and `keep`: the
+    configs (name -> text, as the cluster has them) of nodes whose plan cannot decide theirs (no facts)."""
+    data = {k: _Block(v) for k, v in (keep or {}).items()}
+    data.update({st.config_name: _Block(yaml.safe_dump(plugin_config(st), sort_keys=False))
+                 for st in plugin_settings(plans)})
+    data = {k: data[k] for k in sorted(data)}
+    return Manifest("nvidia-device-plugin-configs.yaml", yaml.dump(
+        {"apiVersion": "v1", "kind": "ConfigMap",
+         "metadata": {"name": PLUGIN_CONFIGS, "namespace": "kube-system",
+                      "labels": {"app.kubernetes.io/managed-by": "gpuk8s"}},
+         "data": data}, Dumper=_BlockDumper, sort_keys=False))
+
+
+class _Block(str):
+    """A multi-line string written as a YAML literal block (|), as the chart writes the configs."""
+
+
+class _BlockDumper(yaml.SafeDumper):
+    pass
+
+
+def _str(d: yaml.SafeDumper, v: str) -> yaml.Node:
+    return d.represent_scalar("tag:yaml.org,2002:str", str(v), style="|" if "\n" in v else None)
+
+
+_BlockDumper.add_representer(_Block, _str)
+_BlockDumper.add_representer(str, _str)
 
 
 def runtime_class() -> Manifest:
@@ -67,11 +176,42 @@ def runtime_class() -> Manifest:
          "handler": RUNTIME_HANDLER}, sort_keys=False))
 
 
-def wanted(inv: Inventory, plans: dict[str, GPUPlan]) -> list[Manifest]:
-    """The manifests a cluster with these nodes must have: the GPU ones where there is a GPU node."""
+def wanted(inv: Inventory, plans: dict[str, GPUPlan], keep: dict[str, str] | None = None) -> list[Manifest]:
+    """The manifests a cluster with these nodes must have: the GPU ones where there is a GPU node (`keep`: as
+    plugin_configs)."""
     if not any(p.gpu_node for p in plans.values()):
         return []
-    return [runtime_class(), device_plugin(inv)]
+    # the ConfigMap before the DaemonSets that mount it; the MPS daemon always (no pod without an MPS node),
+    # so that turning MPS on or off on a node changes only the ConfigMap and the node's labels
+    out = [runtime_class(), plugin_configs(plans, keep), device_plugin(inv), mps_control_daemon(inv)]
+    if any(p.sharing == "hami" for p in plans.values()):
+        out.append(hami(inv, plans))
+    return out
+
+
+def unwanted(inv: Inventory, plans: dict[str, GPUPlan]) -> list[Manifest]:
+    """Manifests gpuk8s deploys only on demand, not wanted now: their objects are deleted where present."""
+    return [] if any(p.sharing == "hami" for p in plans.values()) else [hami(inv, plans)]
+
+
+def present(kube: KubeClient, m: Manifest) -> bool:
+    kind, name, namespace = m.anchor()
+    return bool(kube.get(kind.lower(), name, namespace))
+
+
+def remove(kube: KubeClient, manifests: list[Manifest]) -> list[str]:
+    """Delete the objects of the manifests whose first object exists; the names of those removed."""
+    done = []
+    for m in manifests:
+        if not present(kube, m):
+            continue
+        for d in reversed(m.objects()):
+            md = d.get("metadata", {})
+            # a cluster-scoped object: kubectl ignores -n
+            kube.delete(str(d.get("kind", "")).lower(), [str(md.get("name", ""))],
+                        str(md.get("namespace") or "kube-system"))
+        done.append(m.name)
+    return done
 
 
 def applied_hash(kube: KubeClient, m: Manifest) -> str:

@@ -12,13 +12,18 @@ from typing import Any
 
 import yaml
 
-from gpuk8s import gpuplan, versions
+from gpuk8s import gpuplan, mirrors, versions
 from gpuk8s.gpuplan import GPU_RESOURCE
 from gpuk8s.inventory.model import Host, Inventory
 from gpuk8s.kube import manifests as kube_manifests
 from gpuk8s.kube.client import label_args, taint_args
 from gpuk8s.versions import Release
 
+# nodeRegistration.criSocket per cluster.container_runtime: kubeadm's own names for the endpoints
+# (cmd/kubeadm/app/constants/constants_unix.go: CRISocketContainerd, CRISocketDocker). Docker is reached
+# through cri-dockerd (playbooks/cri-dockerd.yaml), whose socket unit listens on %t/cri-dockerd.sock, i.e.
+# /run/cri-dockerd.sock: the same socket, /var/run being a link to /run. Always written: on a Docker host
+# containerd's socket exists too, and kubeadm refuses to guess ("found multiple CRI endpoints on the host").
 CRI_SOCKETS = {"containerd": "unix:///var/run/containerd/containerd.sock",
                "docker": "unix:///var/run/cri-dockerd.sock"}
 
@@ -65,6 +70,11 @@ def kubeadm_init_config(inv: Inventory, cp: Host, version: str, token: str | Non
     }
     if c.control_plane_endpoint or len(inv.control_planes) > 1:
         cluster["controlPlaneEndpoint"] = endpoint(inv)
+    repo = mirrors.kubeadm_repository(inv)  # the inventory's registry mirror (docs/mirrors.md)
+    if repo:
+        # kubeadm's images from there; its coredns from REPO/coredns:TAG (kubeadm drops coredns' own path for
+        # any repository but its default, as `kubeadm config images list --image-repository` prints it)
+        cluster["imageRepository"] = repo
     kubelet = {"apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
                "cgroupDriver": "systemd"}
     return yaml.safe_dump_all([init, cluster, kubelet], sort_keys=False)
@@ -98,8 +108,8 @@ def join_config(inv: Inventory, host: Host, api_endpoint: str, token: str, ca_ha
 def verify_image(inv: Inventory, driver: Release | None) -> str:
     """install.verify_image, else the newest GPU test image of the version matrix that the driver can run."""
     if inv.install.verify_image:
-        return inv.install.verify_image
-    return versions.cuda_test_image(driver)
+        return mirrors.image(inv, inv.install.verify_image)
+    return mirrors.image(inv, versions.cuda_test_image(driver))
 
 
 def test_pod(name: str, node: str, image: str) -> str:

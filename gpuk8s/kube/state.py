@@ -21,6 +21,8 @@ from gpuk8s.gpuplan import GPU_PRESENT
 GPU_RESOURCE = "nvidia.com/gpu"
 DEVICE_PLUGIN = "nvidia-device-plugin-daemonset"
 DEVICE_PLUGIN_POD_PREFIX = "nvidia-device-plugin"
+MPS_DAEMON_POD_PREFIX = "nvidia-device-plugin-mps-control-daemon"
+HAMI_PLUGIN_POD_PREFIX = "hami-device-plugin"
 
 
 class StateError(Exception):
@@ -101,6 +103,11 @@ class NodeState:
     allocatable_gpus: int
     labels: dict[str, str] = field(default_factory=dict)
     taints: set[tuple[str, str, str]] = field(default_factory=set)
+    allocatable: dict[str, str] = field(default_factory=dict)  # every resource, as the API spells the amounts
+    annotations: dict[str, str] = field(default_factory=dict)
+
+    def allocatable_of(self, resource: str) -> int:
+        return _int(self.allocatable.get(resource))
 
 
 def node_state(node: Any) -> NodeState:
@@ -120,6 +127,8 @@ def node_state(node: Any) -> NodeState:
         allocatable_gpus=_int(_sub(status, "allocatable").get(GPU_RESOURCE)),
         labels=_str_map(_sub(node, "metadata").get("labels")),
         taints=taints,
+        allocatable=_str_map(_sub(status, "allocatable")),
+        annotations=_str_map(_sub(node, "metadata").get("annotations")),
     )
 
 
@@ -139,7 +148,8 @@ def pod_state(pod: Any) -> PodState:
     pod = _dict(pod, "a pod")
     status = _sub(pod, "status")
     waiting, restarts = "", 0
-    for cs in _list(status.get("containerStatuses")):
+    # an init container that keeps failing (config-manager without its config) shows as Init:CrashLoopBackOff
+    for cs in _list(status.get("initContainerStatuses")) + _list(status.get("containerStatuses")):
         if not isinstance(cs, dict):
             continue
         restarts += _int(cs.get("restartCount"))
@@ -225,6 +235,8 @@ class NodeCheck:
     cause_id: str = ""
     evidence: list[str] = field(default_factory=list)
     remedy: str = ""
+    resource: str = GPU_RESOURCE  # what expected_gpus and allocatable_gpus count (nvidia.com/gpu.shared, ...)
+    proof: str = ""  # on a shared node: what the sharing proof showed
 
     def __post_init__(self) -> None:
         if not self.ok and not self.cause_id:
@@ -242,6 +254,10 @@ class NodeCheck:
                                if self.expected_gpus else "no GPU expected")
             if self.pod:
                 msg += f", test pod {self.pod} succeeded"
+            if self.resource != GPU_RESOURCE or self.proof:
+                msg = msg.replace("GPU(s) schedulable", f"{self.resource} schedulable")
+            if self.proof:
+                msg += f"; {self.proof}"
             return findings.passed("node.verified", msg, subject=subject, evidence=self._facts())
         cid = self.cause_id or "node.failed"
         remedy = self.remedy or REMEDIES.get(cid, "").format(node=self.node, pod=self.pod or "-")
@@ -253,18 +269,20 @@ class NodeCheck:
             return []
         out = [f"Ready: {'yes' if self.ready else 'no'}"]
         if self.expected_gpus or self.allocatable_gpus:
-            out.append(f"{GPU_RESOURCE} allocatable: {self.allocatable_gpus}, expected: {self.expected_gpus}")
+            out.append(f"{self.resource} allocatable: {self.allocatable_gpus}, expected: {self.expected_gpus}")
         if self.pod:
             out.append(f"test pod: {self.pod}")
         return out
 
 
 def device_plugin_pod(pods: list[PodState], node: str) -> PodState | None:
-    return next((p for p in pods if p.node == node and p.name.startswith(DEVICE_PLUGIN_POD_PREFIX)), None)
+    return next((p for p in pods if p.node == node and p.name.startswith(DEVICE_PLUGIN_POD_PREFIX)
+                 and not p.name.startswith(MPS_DAEMON_POD_PREFIX)), None)
 
 
 def check_node(name: str, want: int, node: Any, pods: list[PodState], plugin: DaemonSetState | None, *,
-               driver_problem: str = "", runtime_default: str | None = None) -> NodeCheck:
+               driver_problem: str = "", runtime_default: str | None = None, resource: str = GPU_RESOURCE,
+               sharing: Sharing | None = None) -> NodeCheck:
     """The verdict on one inventory host: in the cluster, Ready, and `want` GPUs allocatable; else why not.
 
     `driver_problem` and `runtime_default` come from the host's facts when gpuk8s could read them
@@ -281,12 +299,84 @@ def check_node(name: str, want: int, node: Any, pods: list[PodState], plugin: Da
     if not ns.ready:
         return NodeCheck(name, False, False, want, ns.allocatable_gpus, f"NotReady: {ns.ready_message}",
                          cause_id="node.not-ready", evidence=[f"condition Ready: {ns.ready_message}"])
-    if want and ns.allocatable_gpus != want:
-        c = diagnose_gpus(name, want, ns.allocatable_gpus, pods, plugin, driver_problem=driver_problem,
-                          runtime_default=runtime_default, node=ns)
-        return NodeCheck(name, False, True, want, ns.allocatable_gpus, c.message, cause_id=c.id,
-                         evidence=list(c.evidence), remedy=c.remedy)
-    return NodeCheck(name, True, True, want, ns.allocatable_gpus)
+    alloc = ns.allocatable_of(resource)
+    if want and alloc != want:
+        c = None
+        if sharing is not None and sharing.strategy != "none" and not driver_problem:
+            c = diagnose_sharing(name, want, alloc, resource, sharing, pods, plugin, ns)
+        if c is None:
+            c = diagnose_gpus(name, want, alloc, pods, plugin, driver_problem=driver_problem,
+                              runtime_default=runtime_default, node=ns)
+        return NodeCheck(name, False, True, want, alloc, c.message, cause_id=c.id,
+                         evidence=list(c.evidence), remedy=c.remedy, resource=resource)
+    return NodeCheck(name, True, True, want, alloc, resource=resource)
+
+
+@dataclass(frozen=True)
+class Sharing:
+    """What verify needs of a node's sharing plan (gpuk8s/gpuplan.py), and what the cluster has for it."""
+
+    strategy: str  # time-slicing | mps | hami
+    replicas: int
+    gpus: int
+    config: str = ""  # the config name the node's nvidia.com/device-plugin.config must select
+    configs: tuple[str, ...] | None = None  # the names in the plugin's ConfigMap; None: the ConfigMap is missing
+
+
+CONFIG_LABEL = "nvidia.com/device-plugin.config"
+
+
+def diagnose_sharing(name: str, want: int, alloc: int, resource: str, sh: Sharing, pods: list[PodState],
+                     plugin: DaemonSetState | None, node: NodeState) -> Cause | None:
+    """Why a shared node does not advertise GPUs x replicas under `resource`; None: not a sharing cause."""
+    head = f"{alloc} of {want} {resource} schedulable: "
+    on_node = [p for p in pods if p.node == name]
+    if sh.strategy == "hami":
+        mine = next((p for p in on_node if p.name.startswith(HAMI_PLUGIN_POD_PREFIX)), None)
+        if mine is None or mine.phase != "Running" or mine.waiting:
+            return Cause("gpu.hami-missing", head + "HAMi's device plugin is not running on this node",
+                         (f"pod {HAMI_PLUGIN_POD_PREFIX}-* on {name}: "
+                          + (f"{mine.phase} {mine.waiting}".strip() if mine else "none"),
+                          f"node label gpu: {node.labels.get('gpu', 'missing')}"),
+                         "re-run gpuk8s install (it deploys HAMi and labels the node gpu=on); see "
+                         f"kubectl -n kube-system get pods -o wide | grep {HAMI_PLUGIN_POD_PREFIX}")
+        return None
+    label = node.labels.get(CONFIG_LABEL, "")
+    evidence = [f"node label {CONFIG_LABEL}: {label or 'missing'} (planned: {sh.config})",
+                "allocatable: " + ", ".join(f"{k}={v}" for k, v in sorted(node.allocatable.items())
+                                            if k.startswith("nvidia.com/")) or "allocatable: no nvidia.com/ resource"]
+    if sh.configs is None:
+        return Cause("gpu.sharing-config", head + "the device plugin's ConfigMap of sharing configs is missing",
+                     (*evidence, "kubectl -n kube-system get configmap nvidia-device-plugin-configs: not found"),
+                     "re-run gpuk8s install: it applies the ConfigMap")
+    if label and label not in sh.configs:
+        return Cause("gpu.sharing-config", head + (f"the node selects config {label!r}, which the plugin's ConfigMap "
+                                                   f"does not have (config-manager: specified config {label} does not "
+                                                   "exist)"),
+                     (*evidence, "configs in the ConfigMap: " + ", ".join(sh.configs)),
+                     f"re-run gpuk8s install (it labels the node {CONFIG_LABEL}={sh.config}), or add the config")
+    if sh.strategy == "mps":
+        daemon = next((p for p in on_node if p.name.startswith(MPS_DAEMON_POD_PREFIX)), None)
+        if daemon is None or daemon.phase != "Running" or daemon.waiting:
+            return Cause("gpu.mps-daemon-missing",
+                         head + ("the MPS control daemon is not running on this node, so the device plugin cannot "
+                                 "start MPS sharing (its log: error waiting for MPS daemon)"),
+                         (f"pod {MPS_DAEMON_POD_PREFIX}-* on {name}: "
+                          + (f"{daemon.phase} {daemon.waiting}".strip() if daemon else "none"),
+                          f"node label nvidia.com/mps.capable: {node.labels.get('nvidia.com/mps.capable', 'missing')}",
+                          *evidence),
+                         "re-run gpuk8s install: it deploys the daemonset nvidia-device-plugin-mps-control-daemon and "
+                         "labels MPS nodes nvidia.com/mps.capable=true; then see kubectl -n kube-system logs of the "
+                         "daemon's pod on this node")
+    if label != sh.config or alloc == 0 and any(node.allocatable_of(k) for k in node.allocatable
+                                                if k.startswith("nvidia.com/gpu") and k != resource) \
+            or alloc == sh.gpus:
+        return Cause("gpu.sharing-not-applied",
+                     head + (f"the node advertises {alloc} instead of {sh.gpus} GPU(s) x {sh.replicas} replicas: "
+                             f"its {CONFIG_LABEL} label or the config it selects is not the plan's"),
+                     tuple(evidence), f"re-run gpuk8s install; kubectl -n kube-system logs the plugin's "
+                     f"config-manager sidecar on {name} says which config it applied")
+    return None
 
 
 def _logs(pod: str) -> str:
@@ -414,8 +504,14 @@ def summary(checks: list[NodeCheck]) -> str:
             + (": " + "; ".join(f"{c.node}: {c.cause}" for c in bad) if bad else ""))
 
 
-def label_changes(want: dict[str, str], node: NodeState) -> dict[str, str]:
-    return {k: v for k, v in want.items() if node.labels.get(k) != v}
+def label_changes(want: dict[str, str], node: NodeState,
+                  owned: tuple[str, ...] = ()) -> dict[str, str | None]:
+    """The labels to set, and (value None) those of `owned` the node has but `want` no longer names."""
+    out: dict[str, str | None] = {k: v for k, v in want.items() if node.labels.get(k) != v}
+    for k in owned:
+        if k in node.labels and k not in want:
+            out[k] = None
+    return out
 
 
 def missing_taints(want: list[tuple[str, str, str]], node: NodeState) -> list[tuple[str, str, str]]:

@@ -86,6 +86,8 @@ class Options:
     test_pods: bool = True
     test_pod_timeout: float = 300
     only: list[Host] | None = None  # join: the hosts to join (else every host of the inventory)
+    allow_reboot: bool = False  # the mig phase may reboot a host whose GPU reset was refused (--allow-reboot)
+    reboot_timeout: float = 900  # how long a rebooted host may take to answer SSH again
 
 
 @dataclass
@@ -103,8 +105,12 @@ class Context:
     nodes: list[NodeCheck] = field(default_factory=list)  # verify's verdicts
     kubeconfig: str = ""  # where the admin kubeconfig was written
     locked: bool = False  # this run holds the cluster lock
+    # nodes whose device plugin config or sharing labels the gpu phase changed in this run: verify waits (up to
+    # the test pod timeout) for their allocatable to reflect it, as config-manager applies it a while later
+    relabelled: set[str] = field(default_factory=set)
     on_exit: list[Callable[[], None]] = field(default_factory=list)
     initialized_cache: bool | None = None
+    api_problem: str = ""  # admin.conf exists but the API server did not answer (initialized())
     prepare_report: Any = None  # install.prepare.PrepareReport, when the flow prepared hosts
 
     def close(self) -> None:
@@ -134,9 +140,20 @@ class Context:
         return self.kube_client
 
     def initialized(self) -> bool:
-        """Whether the first control plane runs a control plane already (admin.conf exists)."""
+        """Whether the first control plane runs a control plane already (admin.conf exists).
+
+        In the same round trip, whether its API server answers (/readyz): kubeadm writes admin.conf before it
+        waits for the control plane, so a kubeadm init that failed half-way leaves one behind
+        (`api_problem` then says what kubectl answered, and the init phase reports it instead of skipping).
+        """
         if self.initialized_cache is None:
-            self.initialized_cache = self.cp_session().run(f"test -s {ADMIN}", sudo=True).ok
+            res = self.cp_session().run(
+                f"test -s {ADMIN} || exit 3; kubectl --kubeconfig {ADMIN} get --raw /readyz --request-timeout=10s",
+                sudo=True)
+            self.initialized_cache = res.exit_status != 3
+            if self.initialized_cache and not res.ok:
+                lines = (res.stderr or res.stdout).strip().splitlines()
+                self.api_problem = clean(lines[-1] if lines else f"exit status {res.exit_status}")[:300]
         return self.initialized_cache
 
     def hosts_to_join(self) -> list[Host]:

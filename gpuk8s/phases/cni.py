@@ -7,6 +7,7 @@ applied as cluster-admin (playbooks/cluster/cni-apply.sh).
 
 from __future__ import annotations
 
+from gpuk8s import mirrors
 from gpuk8s.kube import state
 from gpuk8s.phases import shell
 from gpuk8s.phases.base import Change, Context, Phase, PhaseError, PhasePlan, PhaseResult
@@ -17,7 +18,8 @@ DAEMONSETS = {"calico": "calico-node", "flannel": "kube-flannel-ds"}
 
 
 def manifest_url(ctx: Context) -> str:
-    return ctx.inv.install.calico_manifest if ctx.inv.cluster.cni == "calico" else ctx.inv.install.flannel_manifest
+    """Where the manifest is fetched from: install.*_manifest, below registry.manifests when set (gpuk8s/mirrors.py)."""
+    return mirrors.cni_manifest_url(ctx.inv)
 
 
 def cni_values(ctx: Context) -> dict[str, object]:
@@ -27,7 +29,9 @@ def cni_values(ctx: Context) -> dict[str, object]:
     if not url.startswith("https://") and not pin:  # the inventory refuses it; never applied unchecked
         raise PhaseError(f"{url} is plain http and has no sha256 pin", f"set install.{c.cni}_manifest_sha256")
     return {"url": url, "https": url.startswith("https://"), "sha256": pin,
-            "pod_cidr": c.pod_cidr if c.cni == "flannel" else ""}
+            "pod_cidr": c.pod_cidr if c.cni == "flannel" else "",
+            # its image: lines taken to the inventory's registry mirror (gpuk8s/mirrors.py), after the sha256 check
+            "rewrites": mirrors.sed_rewrites(ctx.inv)}
 
 
 class CNI(Phase):

@@ -9,17 +9,37 @@ from __future__ import annotations
 
 import shlex
 
-from gpuk8s.gpuplan import GPUPlan
+from gpuk8s.gpuplan import (
+    CONFIG_LABEL,
+    HAMI_NODE_LABEL,
+    HAMI_NODE_VALUE,
+    MANAGED_LABELS,
+    MANAGED_PREFIXES,
+    REPLICAS_LABEL,
+    STRATEGY_LABEL,
+    GPUPlan,
+)
 from gpuk8s.kube import manifests, state
 from gpuk8s.kube.client import label_args, taint_args
 from gpuk8s.kube.state import StateError
 from gpuk8s.phases.base import Change, Context, Phase, PhaseError, PhasePlan, PhaseResult
 
 
-def node_changes(plan: GPUPlan, node: state.NodeState) -> tuple[dict[str, str], list[str]]:
-    """The labels to set and the taints to add so that the node matches its plan."""
+def owned_labels(node: state.NodeState) -> tuple[str, ...]:
+    """The labels gpuk8s removes when the plan no longer has them: the sharing and GFD-named ones, and
+    HAMi's gpu=on (only with that value: `gpu` may be a user's own label), and the MIG labels of a node's
+    former layout (nvidia.com/mig-<profile>.*)."""
+    return tuple(k for k in MANAGED_LABELS
+                 if k != HAMI_NODE_LABEL or node.labels.get(k) == HAMI_NODE_VALUE) + tuple(
+        k for k in sorted(node.labels) if k.startswith(MANAGED_PREFIXES))
+
+
+def node_changes(plan: GPUPlan, node: state.NodeState) -> tuple[dict[str, str | None], list[str]]:
+    """The labels to set (None: to remove) and the taints to add so that the node matches its plan; a label the
+    plan cannot decide (no facts for the host) is neither set nor removed."""
     missing = state.missing_taints([(t.key, t.value, t.effect) for t in plan.taints], node)
-    return (state.label_changes(plan.labels, node),
+    owned = tuple(k for k in owned_labels(node) if plan.decides(k))
+    return (state.label_changes({k: v for k, v in plan.labels.items() if plan.decides(k)}, node, owned),
             [str(t) for t in plan.taints if (t.key, t.value, t.effect) in missing])
 
 
@@ -27,22 +47,43 @@ class GPUNodes(Phase):
     name = "gpu"
     title = "NVIDIA device plugin, labels, taints"
 
-    def _node_diffs(self, ctx: Context) -> dict[str, tuple[dict[str, str], list[str]]]:
+    def _node_diffs(self, ctx: Context) -> dict[str, tuple[dict[str, str | None], list[str]]]:
         nodes = state.by_name(ctx.kube.get("nodes"))
+        self._was_shared: dict[str, bool] = {}
+        # join labels only the nodes it joins: the others keep what the last install gave them
+        only = None if ctx.options.only is None else {h.name for h in ctx.options.only}
         out = {}
         for name, plan in ctx.plans.items():
-            if name not in nodes:
+            if name not in nodes or (only is not None and name not in only):
                 continue
             try:
-                diff = node_changes(plan, state.node_state(nodes[name]))
+                ns = state.node_state(nodes[name])
+                diff = node_changes(plan, ns)
+                self._was_shared[name] = ns.labels.get(STRATEGY_LABEL, "none") != "none"
             except StateError as e:
                 raise PhaseError(f"the node object of {name} is unreadable: {e}", "see the log file") from None
             if diff[0] or diff[1]:
                 out[name] = diff
         return out
 
+    @staticmethod
+    def _wanted(ctx: Context) -> list[manifests.Manifest]:
+        """The manifests; the ConfigMap keeps the config each node selects whose plan cannot decide it."""
+        keep: dict[str, str] = {}
+        blind = [n for n, p in ctx.plans.items() if not p.decides(CONFIG_LABEL)]
+        if blind and ctx.initialized():
+            nodes = state.by_name(ctx.kube.get("nodes"))
+            found = ctx.kube.get("configmap", manifests.PLUGIN_CONFIGS, "kube-system")
+            data = found[0].get("data") if found else None
+            for n in blind:
+                labels = (nodes.get(n) or {}).get("metadata", {}).get("labels") or {}
+                name = labels.get(CONFIG_LABEL) if isinstance(labels, dict) else None
+                if isinstance(data, dict) and isinstance(name, str) and isinstance(data.get(name), str):
+                    keep[name] = data[name]
+        return manifests.wanted(ctx.inv, ctx.plans, keep)
+
     def plan(self, ctx: Context) -> PhasePlan:
-        wanted = manifests.wanted(ctx.inv, ctx.plans)
+        wanted = self._wanted(ctx)
         if not ctx.initialized():
             todo, diffs = wanted, {}
             reason = "no cluster yet: every manifest; labels and taints as each node joins"
@@ -50,6 +91,12 @@ class GPUNodes(Phase):
             todo, diffs = manifests.out_of_date(ctx.kube, wanted), self._node_diffs(ctx)
             reason = "what differs from the cluster"
         changes = [Change(f"apply {m.name} (sha256 {m.sha256[:12]})", manifest=m.applied_text()) for m in todo]
+        gone = manifests.unwanted(ctx.inv, ctx.plans)
+        if ctx.initialized():
+            changes += [Change(f"delete the objects of {m.name} (no node asks for it)",
+                               commands="\n".join(f"kubectl delete {d['kind'].lower()} {d['metadata']['name']}"
+                                                   for d in reversed(m.objects())))
+                        for m in gone if manifests.present(ctx.kube, m)]
         for name, (labels, taints) in diffs.items():
             if labels:
                 changes.append(Change(f"label {name}", commands="kubectl " + shlex.join(label_args(name, labels))))
@@ -61,10 +108,16 @@ class GPUNodes(Phase):
 
     def run(self, ctx: Context) -> PhaseResult:
         r = self.result("unchanged", "manifests, labels and taints as wanted")
-        done = [f"applied {name}" for name in manifests.apply(ctx.kube, manifests.wanted(ctx.inv, ctx.plans))]
+        done = [f"applied {name}" for name in manifests.apply(ctx.kube, self._wanted(ctx))]
+        done += [f"removed {name}" for name in manifests.remove(ctx.kube, manifests.unwanted(ctx.inv, ctx.plans))]
         for name, (labels, taints) in self._node_diffs(ctx).items():
             if labels:
                 ctx.kube.label(name, labels)
+                # a node whose sharing changes (to, from or between strategies): its plugin reflects the new
+                # config a while later, and verify waits for it; first labels of a whole-GPU node need no wait
+                if {CONFIG_LABEL, HAMI_NODE_LABEL, STRATEGY_LABEL, REPLICAS_LABEL} & set(labels) and (
+                        ctx.plans[name].sharing != "none" or self._was_shared.get(name, False)):
+                    ctx.relabelled.add(name)
                 r.hosts[name] = "labelled " + ", ".join(sorted(labels))
                 done.append(f"labels on {name}")
             if taints:

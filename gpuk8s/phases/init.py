@@ -28,6 +28,9 @@ class Init(Phase):
     title = "kubeadm init"
 
     def plan(self, ctx: Context) -> PhasePlan:
+        if ctx.initialized() and ctx.api_problem:
+            return self.planned("unknown", f"{ADMIN} exists on {ctx.cp.name} but its API server does not "
+                                f"answer ({ctx.api_problem}): install will stop here and say what to do")
         if ctx.initialized():
             return self.planned("unchanged", f"{ctx.cp.name} already runs a control plane ({ADMIN} exists)")
         inv, cp = ctx.inv, ctx.cp
@@ -45,6 +48,12 @@ class Init(Phase):
 
     def run(self, ctx: Context) -> PhaseResult:
         cp = ctx.cp
+        if ctx.initialized() and ctx.api_problem:
+            raise PhaseError(f"{ADMIN} exists on {cp.name} but its API server does not answer ({ctx.api_problem}): "
+                             "an earlier kubeadm init may have stopped half-way",
+                             f"on {cp.name}: 'journalctl -u kubelet' says why the control plane is not up; if it "
+                             "cannot be mended, 'kubeadm reset -f' there (gpuk8s reset --all), then re-run gpuk8s "
+                             "install")
         if ctx.initialized():
             return self.result("unchanged", f"{cp.name} already runs a control plane ({ADMIN} exists)")
         s = ctx.cp_session()

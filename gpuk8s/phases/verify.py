@@ -1,17 +1,31 @@
 """Phase verify: every node Ready and every resource of its GPU plan allocatable, then one test pod per GPU
 node through the scheduler. The verdicts are decided by gpuk8s/kube/state.py from the cluster's JSON.
+
+On a node whose plan shares its GPUs (docs/sharing.md) allocatable must be GPUs x replicas under the plan's
+resource name, and with test pods the sharing proof runs: GPUs x replicas one-slice pods pinned to the node (all
+must be bound) and one more (it must stay Pending: Insufficient ...), then, under failRequestsGreaterThanOne, a
+pod asking for 2 (the plugin must refuse it: UnexpectedAdmissionError); on a HAMi node a pod asking for GPU
+memory (nvidia.com/gpumem) must be bound. Every proof pod is deleted afterwards.
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
+from collections import Counter
+from typing import Any
 
-from gpuk8s.gpuplan import GPU_RESOURCE
-from gpuk8s.kube import render, state
+import yaml
+
+from gpuk8s.gpuplan import GPU_RESOURCE, HAMI_CORES, HAMI_MEMORY, GPUPlan
+from gpuk8s.kube import allocation, manifests, render, state
+from gpuk8s.kube.client import KubeError
 from gpuk8s.kube.state import DaemonSetState, NodeCheck, StateError
+from gpuk8s.mig import layout as miglayout
 from gpuk8s.phases.base import Change, Context, Phase, PhasePlan, PhaseResult
 
 TEST_NAMESPACE = "default"
+POLL_S = 2.0  # how often verify reads the nodes again while a relabelled node's plugin catches up
 
 
 def device_plugin(ctx: Context) -> DaemonSetState | None:
@@ -22,8 +36,66 @@ def device_plugin(ctx: Context) -> DaemonSetState | None:
         return None
 
 
+def _pod_name(prefix: str, node: str, suffix: str = "") -> str:
+    """PREFIX-NODE[-SUFFIX], valid as a pod name (at most 63 characters, a DNS subdomain): a node name too long
+    for it is cut (never ending in '.' or '-') and followed by a short hash of the whole name, so two nodes alike
+    in their first characters get different pods."""
+    tail = f"-{suffix}" if suffix else ""
+    name = f"{prefix}-{node}{tail}"
+    if len(name) <= 63:
+        return name
+    digest = hashlib.sha256(node.encode()).hexdigest()[:8]
+    cut = node[:63 - len(prefix) - len(digest) - len(tail) - 2].rstrip(".-")
+    return f"{prefix}-{cut}-{digest}{tail}"
+
+
 def test_pod_name(node: str) -> str:
-    return f"gpuk8s-verify-{node}"[:63]
+    return _pod_name("gpuk8s-verify", node)
+
+
+def proof_pod_name(node: str, suffix: str) -> str:
+    return _pod_name("gpuk8s-share", node, suffix)
+
+
+def mig_devices(ctx: Context, node: str) -> Counter[str] | None:
+    """The MIG devices (profile -> count) the host's facts list, or None without facts."""
+    f = ctx.facts.get(node)
+    if f is None or f.mig.state != "ok":
+        return None
+    return Counter(p for g in f.mig.gpus if g.current == "Enabled" for p in miglayout.state_of(g).instances)
+
+
+def mig_check(ctx: Context, plan: GPUPlan, c: NodeCheck, node: Any) -> None:
+    """A MIG node: every resource of its plan allocatable (mixed: each nvidia.com/mig-<profile>), and when it is
+    not, the cause told from the host's MIG devices (docs/mig.md)."""
+    if not c.ready or not plan.resources:
+        return
+    try:
+        alloc = state.node_state(node).allocatable if node is not None else {}
+    except StateError:
+        return
+    short = {r: (n, int(alloc.get(r, 0) or 0)) for r, n in sorted(plan.resources.items())
+             if int(alloc.get(r, 0) or 0) != n}
+    if c.ok and not short:
+        c.proof = (c.proof + "; " if c.proof else "") + "MIG " + plan.mig_strategy + ": " + ", ".join(
+            f"{n} {r}" for r, n in sorted(plan.resources.items()))
+        return
+    # the plugin runs but registered another count (0 reads as "no NVML" without MIG): the MIG devices tell why;
+    # a missing or crashing plugin, a driver or runtime problem keeps its own cause
+    if not c.ok and c.cause_id not in ("gpu.fewer-registered", "gpu.plugin-no-nvml"):
+        return
+    have = mig_devices(ctx, plan.node)
+    layout = ", ".join(f"{n} {r}" for r, n in sorted(plan.resources.items()))
+    got = ", ".join(f"{a} of {n} {r}" for r, (n, a) in short.items())
+    seen = "its MIG devices unknown (no facts)"
+    if have is not None:
+        seen = ", ".join(miglayout.counted(list(have.elements()))) or "no MIG devices"
+    c.ok, c.cause_id = False, "gpu.mig-resources"
+    c.cause = f"{got} schedulable (MIG {plan.mig_strategy}; the plan: {layout}); the host has {seen}"
+    c.evidence = [*c.evidence, f"nvidia-smi -L on {plan.node}: {seen}",
+                  "node allocatable: " + ", ".join(f"{r}={a}" for r, (_n, a) in short.items())]
+    c.remedy = ("re-run gpuk8s install (its mig phase re-creates the layout; --allow-reboot where a reset is "
+                "refused); on the host: systemctl status gpuk8s-mig, nvidia-smi -L; docs/mig.md")
 
 
 class Verify(Phase):
@@ -37,6 +109,15 @@ class Verify(Phase):
         if ctx.options.test_pods:
             changes = [Change(f"test pod on {n} (created, then deleted)", manifest=self._pod(ctx, n))
                        for n in gpu_nodes]
+            for p in ctx.plans.values():
+                if p.expected_gpus and p.sharing != "none":
+                    what = (f"{p.expected_gpus} + 1 one-slice pods" if p.sharing != "hami"
+                            else "one pod asking for GPU memory")
+                    limits = ({p.resource_name: 1} if p.sharing != "hami"
+                              else {GPU_RESOURCE: 1, HAMI_MEMORY: 4096, HAMI_CORES: 10})
+                    changes.append(Change(f"sharing proof on {p.node}: {what} (created, then deleted)",
+                                          manifest=self._proof_pod(ctx, proof_pod_name(p.node, "0"), p.node,
+                                                                   limits, hami=p.sharing == "hami")))
         return self.planned("would-change" if changes else "unchanged",
                             "every node Ready, every GPU of each node's plan allocatable" +
                             (", one nvidia-smi test pod per GPU node" if changes else ""), changes)
@@ -44,9 +125,19 @@ class Verify(Phase):
     def _pod(self, ctx: Context, node: str) -> str:
         f = ctx.facts.get(node)
         image = render.verify_image(ctx.inv, f.gpu.driver_release if f else None)
-        return render.test_pod(test_pod_name(node), node, image)
+        text = render.test_pod(test_pod_name(node), node, image)
+        plan = ctx.plans.get(node)
+        if plan is None or (plan.resource_name == GPU_RESOURCE and plan.sharing != "hami"):
+            return text
+        doc = yaml.safe_load(text)  # one GPU, or one slice of one, under the plan's name
+        doc["spec"]["containers"][0]["resources"] = {"limits": {plan.resource_name: 1}}
+        if plan.sharing == "hami":
+            doc["spec"]["schedulerName"] = "hami-scheduler"
+        return yaml.safe_dump(doc, sort_keys=False)
 
     def run(self, ctx: Context) -> PhaseResult:
+        self._configs = False
+        self._settle(ctx)
         nodes = state.by_name(ctx.kube.get("nodes"))
         pods = state.pod_states(ctx.kube.get("pods", namespace="*"))
         plugin = device_plugin(ctx)
@@ -60,16 +151,175 @@ class Verify(Phase):
                                    if ctx.inv.cluster.container_runtime == "containerd"
                                    else f.docker_daemon.default_runtime) or ""
             problem = (f.gpu.error or f.gpu.state) if f is not None and f.gpu.state != "ok" else ""
-            checks.append(state.check_node(h.name, plan.resources.get(GPU_RESOURCE, 0), nodes.get(h.name), pods,
-                                           plugin, driver_problem=problem, runtime_default=runtime_default))
+            checks.append(state.check_node(h.name, plan.expected_gpus, nodes.get(h.name), pods,
+                                           plugin, driver_problem=problem, runtime_default=runtime_default,
+                                           resource=plan.resource_name, sharing=self._sharing(ctx, plan)))
+        for c in checks:
+            if ctx.plans[c.node].mig_strategy != "none":
+                mig_check(ctx, ctx.plans[c.node], c, nodes.get(c.node))
         if ctx.options.test_pods:
             self._test_pods(ctx, [c for c in checks if c.ok and c.expected_gpus])
+            self._sharing_proofs(ctx, [c for c in checks if c.ok and c.expected_gpus
+                                       and ctx.plans[c.node].sharing != "none"])
         ctx.nodes = checks
         bad = [c for c in checks if not c.ok]
         r = self.result("failed" if bad else "passed", state.summary(checks))
         if bad:
             r.remedy = "fix the named cause on each node, then run gpuk8s verify (or gpuk8s install) again"
         return r
+
+    _configs: tuple[str, ...] | None | bool = False  # the plugin ConfigMap's config names, read once per run
+
+    def _sharing(self, ctx: Context, plan: GPUPlan) -> state.Sharing | None:
+        if plan.sharing == "none" or not plan.gpus:
+            return None
+        if self._configs is False:
+            found = ctx.kube.get("configmap", manifests.PLUGIN_CONFIGS, "kube-system")
+            data = found[0].get("data") if found else None
+            self._configs = tuple(sorted(data)) if isinstance(data, dict) else None
+        return state.Sharing(plan.sharing, plan.replicas, plan.gpus, plan.plugin.config_name if plan.plugin else "",
+                             self._configs if self._configs is not False else None)  # type: ignore[arg-type]
+
+    def _proof_pod(self, ctx: Context, name: str, node: str, limits: dict[str, int], hami: bool = False) -> str:
+        f = ctx.facts.get(node)
+        doc: dict[str, Any] = yaml.safe_load(render.test_pod(name, node, render.verify_image(
+            ctx.inv, f.gpu.driver_release if f else None)))
+        doc["metadata"]["labels"]["gpuk8s.io/proof"] = "sharing"
+        c = doc["spec"]["containers"][0]
+        c["name"], c["command"], c["resources"] = "slice", ["sleep", "3600"], {"limits": limits}
+        doc["spec"]["terminationGracePeriodSeconds"] = 0
+        if hami:
+            doc["spec"]["schedulerName"] = "hami-scheduler"  # no HAMi webhook: the pod names HAMi's scheduler
+        return yaml.safe_dump(doc, sort_keys=False)
+
+    def _wait(self, ctx: Context, names: list[str], done: Any) -> dict[str, state.PodState]:
+        """Poll the pods until done(pods by name) or the test pod timeout; the last pods seen."""
+        deadline = time.monotonic() + ctx.options.test_pod_timeout
+        while True:
+            pods = {p.name: p for p in state.pod_states(ctx.kube.get("pods", namespace=TEST_NAMESPACE))
+                    if p.name in names}
+            if done(pods) or time.monotonic() > deadline:
+                return pods
+            time.sleep(1)
+
+    def _sharing_proofs(self, ctx: Context, checks: list[NodeCheck]) -> None:
+        for c in checks:
+            plan = ctx.plans[c.node]
+            try:
+                ok, proof = (self._hami_proof(ctx, plan) if plan.sharing == "hami"
+                             else self._slice_proof(ctx, plan, c.expected_gpus))
+            except state.StateError as e:
+                ok, proof = False, f"the proof pods could not be read: {e}"
+            except KubeError as e:  # the API refused a proof pod (or kubectl failed): a verdict, not a crash
+                ok, proof = False, f"sharing proof: {e}"
+            if ok:
+                c.proof = proof
+            else:
+                c.ok, c.cause, c.cause_id = False, proof, "gpu.sharing-proof"
+                c.remedy = (f"see kubectl describe pod of the proof pods (label gpuk8s.io/proof=sharing) on {c.node} "
+                            "and docs/sharing.md (debugging)")
+
+    def _slice_proof(self, ctx: Context, plan: GPUPlan, slices: int) -> tuple[bool, str]:
+        res = plan.resource_name
+        two = proof_pod_name(plan.node, "two")
+        # a previous run's leftovers first, then what other pods hold now: the proof uses only the free slices
+        ctx.kube.delete("pod", [proof_pod_name(plan.node, str(i)) for i in range(slices + 1)] + [two], TEST_NAMESPACE)
+        used, room = self._in_use(ctx, plan)
+        free = slices - used
+        if free <= 0:
+            return True, (f"skipped: every slice is in use ({used} of {slices} {res} held by other pods); the proof "
+                          "runs when some are free")
+        if room is not None and room < free + 1:
+            return True, (f"skipped: the node has room for {room} more pod(s) (the kubelet's maxPods), the proof "
+                          f"needs {free + 1}; docs/sharing.md (pods per node)")
+        names = [proof_pod_name(plan.node, str(i)) for i in range(free + 1)]
+        try:
+            ctx.kube.apply("---\n".join(self._proof_pod(ctx, n, plan.node, {res: 1}) for n in names))
+
+            def settled(pods: dict[str, state.PodState]) -> bool:
+                bound = [p for p in pods.values() if p.phase == "Running"]
+                return len(bound) >= free and any(p.unschedulable for p in pods.values())
+
+            pods = self._wait(ctx, names, settled)
+            bound = sorted(p.name for p in pods.values() if p.phase == "Running")
+            pending = [p for p in pods.values() if p.unschedulable]
+            if len(bound) != free or len(pending) != 1 or f"Insufficient {res}" not in pending[0].unschedulable:
+                return False, (f"sharing proof: {len(bound)} of {free} one-slice pods bound, "
+                               f"{len(pending)} Pending" + (f" ({pending[0].unschedulable})" if pending else "")
+                               + f"; wanted {free} bound and 1 Pending with Insufficient {res}")
+        finally:
+            ctx.kube.delete("pod", names, TEST_NAMESPACE)
+        proof = (f"{free} one-slice pods bound" + (f" ({used} of {slices} slices in use by other pods)" if used else "")
+                 + f", 1 more Pending (Insufficient {res})")
+        if plan.plugin is None or not plan.plugin.fail_requests_greater_than_one:
+            return True, proof
+        if free < 2:  # a pod asking for 2 would stay Pending, never reach the plugin
+            return True, proof + "; the pod asking for 2 skipped (fewer than 2 slices free)"
+        try:
+            ctx.kube.apply(self._proof_pod(ctx, two, plan.node, {res: 2}))
+            pod = self._wait(ctx, [two], lambda p: two in p and p[two].phase in ("Failed", "Running", "Succeeded")
+                             ).get(two)
+        finally:
+            ctx.kube.delete("pod", [two], TEST_NAMESPACE)
+        if pod is None or pod.reason != "UnexpectedAdmissionError":
+            got = f"{pod.phase} {pod.reason}".strip() if pod else "not found"
+            return False, (f"sharing proof: a pod asking for 2 {res} was {got}, not rejected by the device plugin "
+                           "(failRequestsGreaterThanOne: UnexpectedAdmissionError)")
+        return True, proof + f"; a pod asking for 2 rejected: {pod.reason} ({pod.message})"
+
+    @staticmethod
+    def _in_use(ctx: Context, plan: GPUPlan) -> tuple[int, int | None]:
+        """(slices of the plan's resource other pods hold on the node, how many more pods the node takes: its
+        allocatable pods, the kubelet's maxPods, less the pods bound to it; None when the node does not say)."""
+        pods = ctx.kube.get("pods", namespace="*")
+        held = allocation.holding_pods(pods).get(plan.node, [])
+        used = sum(req.get(plan.resource_name, 0) for _p, req in held)
+        found = ctx.kube.get("nodes", plan.node)
+        limit = state.node_state(found[0]).allocatable_of("pods") if found else 0
+        if not limit:
+            return used, None
+        bound = sum(1 for p in state.pod_states(pods)
+                    if p.node == plan.node and p.phase not in allocation.DONE_PHASES)
+        return used, max(limit - bound, 0)
+
+    @staticmethod
+    def _settle(ctx: Context) -> None:
+        """Wait, up to the test pod timeout, until each node whose sharing labels the gpu phase changed in this
+        run advertises its plan: config-manager applies a new config label a while later (the ConfigMap volume
+        and the plugin's restart), and judging at once would report gpu.sharing-not-applied."""
+        waiting = {n for n in ctx.relabelled if n in ctx.plans and ctx.plans[n].resources}
+        deadline = time.monotonic() + ctx.options.test_pod_timeout
+        while waiting:
+            nodes = state.by_name(ctx.kube.get("nodes"))
+            for n in sorted(waiting):
+                try:
+                    ns = state.node_state(nodes[n]) if n in nodes else None
+                except StateError:
+                    ns = None
+                # not Ready (or gone): no use waiting, its check says why
+                if ns is None or not ns.ready or all(ns.allocatable_of(r) == v
+                                                     for r, v in ctx.plans[n].resources.items()):
+                    waiting.discard(n)
+            if not waiting or time.monotonic() > deadline:
+                return
+            time.sleep(POLL_S)
+
+    def _hami_proof(self, ctx: Context, plan: GPUPlan) -> tuple[bool, str]:
+        mem = min(4096, (plan.gpu_memory_mib or 8192) // 2)
+        name = proof_pod_name(plan.node, "mem")
+        ctx.kube.delete("pod", [name], TEST_NAMESPACE)
+        try:
+            ctx.kube.apply(self._proof_pod(ctx, name, plan.node, {GPU_RESOURCE: 1, HAMI_MEMORY: mem,
+                                                                  HAMI_CORES: 10}, hami=True))
+            pod = self._wait(ctx, [name], lambda p: name in p and (p[name].phase in ("Running", "Failed")
+                                                                     or bool(p[name].unschedulable))).get(name)
+        finally:
+            ctx.kube.delete("pod", [name], TEST_NAMESPACE)
+        if pod is None or pod.phase != "Running" or not pod.node:
+            why = (pod.unschedulable or f"{pod.phase} {pod.reason}".strip()) if pod else "not found"
+            return False, (f"sharing proof: a pod asking for {mem} MiB of {HAMI_MEMORY} through hami-scheduler was "
+                           f"not bound ({why or 'Pending: no scheduler bound it'})")
+        return True, f"a pod asking for {mem} MiB {HAMI_MEMORY} bound by hami-scheduler"
 
     def _test_pods(self, ctx: Context, checks: list[NodeCheck]) -> None:
         """One pod per GPU node, all applied at once and polled together: a few kubectl calls in all."""

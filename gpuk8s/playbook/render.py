@@ -14,10 +14,13 @@ from typing import Any
 
 import jinja2
 
+from gpuk8s import mirrors, versions
 from gpuk8s.facts.model import HostFacts
 from gpuk8s.gpuplan import is_gpu_node
 from gpuk8s.inventory.model import Host, Inventory
 from gpuk8s.playbook.model import Playbook, PlaybookError, Step
+from gpuk8s.preflight.host_checks import SUPPORTED_OS
+from gpuk8s.versions import at_least, release
 
 _DEB_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}
 
@@ -49,8 +52,7 @@ def context(inv: Inventory, host: Host, facts: HostFacts) -> dict[str, Any]:
     c = inv.cluster
     minor = ".".join(c.kubernetes_version.split(".")[:2])
     patch = c.kubernetes_version if c.kubernetes_version.count(".") == 2 else ""
-    cd = facts.containerd
-    containerd_major = cd.release[0] if cd and cd.release else 1
+    cd = containerd_plan(inv, facts)
     return {
         "host": {"name": host.name, "address": host.address, "role": host.role},
         "os": {"family": facts.os.family, "id": facts.os.id, "version_id": facts.os.version_id},
@@ -58,8 +60,22 @@ def context(inv: Inventory, host: Host, facts: HostFacts) -> dict[str, Any]:
         "deb_arch": _DEB_ARCH.get(facts.arch, facts.arch),
         "gpu": is_gpu_node(host),  # the GPU plan decides (gpuk8s/gpuplan.py), nothing else
         "runtime": c.container_runtime,
-        # containerd 2.x reads config version 3, where the CRI runtime plugin has another name
-        "cri_plugin": "io.containerd.cri.v1.runtime" if containerd_major >= 2 else "io.containerd.grpc.v1.cri",
+        # containerd 2.x reads config version 3, where the CRI runtime plugin has another name (the containerd
+        # the host will have: after the upgrade, where install upgrades it)
+        "cri_plugin": cd["cri_plugin"],
+        "containerd": cd,
+        # the inventory's registry: block (playbooks/registry-mirrors.yaml; gpuk8s/mirrors.py decides)
+        "registry": mirrors.playbook_context(inv),
+        # cri-dockerd (Docker hosts): the release archive for this host's architecture and the sha256 it must
+        # have (version matrix; install.cri_dockerd_url and install.cri_dockerd_sha256 override them)
+        "cri_dockerd": {
+            "version": versions.cri_dockerd().version,
+            "archive": f"{inv.install.cri_dockerd_url}/"
+                       f"{versions.cri_dockerd().archive(_DEB_ARCH.get(facts.arch, facts.arch))}",
+            "sha256": inv.install.cri_dockerd_sha256.get(_DEB_ARCH.get(facts.arch, facts.arch), ""),
+        },
+        # nvidia-ctk >= 1.18 writes nvidia's runtime into a drop-in and an imports line (--drop-in-config)
+        "toolkit_dropin": at_least(release(inv.install.toolkit_version) or (0,), TOOLKIT_DROPIN),
         "kubernetes": {"minor": minor, "version": c.kubernetes_version, "patch": patch,
                        # what an installed package's version starts with: 1.30.2-1.1 (deb), 1.30.2 (rpm)
                        "deb_prefix": f"{patch}-" if patch else f"{minor}.",
@@ -75,7 +91,43 @@ def context(inv: Inventory, host: Host, facts: HostFacts) -> dict[str, Any]:
             "toolkit_repo_key_fingerprint": inv.install.toolkit_repo_key_fingerprint or "",
             "kubernetes_repo_insecure_http": inv.install.kubernetes_repo_insecure_http,
             "kubernetes_repo_key_fingerprint": inv.install.kubernetes_repo_key_fingerprint or "",
+            "containerd_version": inv.install.containerd_version,
+            "containerd_repo": inv.install.containerd_repo,
+            "containerd_repo_insecure_http": inv.install.containerd_repo_insecure_http,
+            "containerd_repo_key_fingerprint": inv.install.containerd_repo_key_fingerprint or "",
         },
+    }
+
+
+TOOLKIT_DROPIN = (1, 18)  # the first nvidia-container-toolkit release that writes a drop-in (conf.d/99-nvidia.toml)
+_DEB_CODENAMES = {"22.04": "jammy", "24.04": "noble", "20.04": "focal"}
+
+
+def containerd_plan(inv: Inventory, facts: HostFacts) -> dict[str, Any]:
+    """What the containerd playbook does about containerd itself on this host.
+
+    `upgrade`: the host's containerd is below the floor of the cluster's minor (version matrix) and install can
+    meet the floor: it installs containerd.io at install.containerd_version. `major`: the containerd major the
+    host has once the playbook ran; `config_version` and `cri_plugin` follow from it (3 and
+    io.containerd.cri.v1.runtime for containerd 2.x)."""
+    cd = facts.containerd
+    have = cd.release if cd and cd.release else None
+    minor = versions.kubernetes_or_default(inv.cluster.kubernetes_version)
+    floor = release(minor.containerd_floor) or (0,)
+    target = release(inv.install.containerd_version.split("-")[0]) or (0,)
+    # only where preflight promises it (Ubuntu 22.04, Alibaba Cloud Linux 3: Docker's jammy and rhel/8 packages);
+    # elsewhere runtime.kubernetes-compat fails, and an --ignore'd failure must not install another OS's packages
+    upgrade = (inv.cluster.container_runtime == "containerd" and have is not None and not at_least(have, floor)
+               and at_least(target, floor) and (facts.os.id, facts.os.version_id) in SUPPORTED_OS)
+    major = target[0] if upgrade else (have[0] if have else 1)
+    return {
+        "upgrade": upgrade,
+        "major": major,
+        "config_version": 3 if major >= 2 else 2,
+        "cri_plugin": "io.containerd.cri.v1.runtime" if major >= 2 else "io.containerd.grpc.v1.cri",
+        # Docker's repositories: linux/ubuntu CODENAME, linux/rhel/8 (the RHEL 8 family: Alibaba Cloud Linux 3)
+        "deb_codename": _DEB_CODENAMES.get(facts.os.version_id, "jammy"),
+        "rpm_version": inv.install.containerd_version.split("-")[0],
     }
 
 

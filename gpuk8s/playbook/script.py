@@ -60,12 +60,13 @@ gk_step() { # N RESTARTS
   if ( "gk_check_$1" ) >/dev/null 2>&1 </dev/null; then echo "@@gpuk8s-step $1 unchanged 0"; return 0; fi
   if [ "$GK_DRY" = 1 ]; then echo "@@gpuk8s-step $1 would-change 0"; return 0; fi
   o=$(mktemp) || { echo "@@gpuk8s-step $1 failed 1"; exit 1; }
+  # the restart is owed from before the change: a run killed between the change and its end still restarts
+  if [ -n "$2" ]; then mkdir -p "$GK_DIR" && touch "$GK_DIR/restart-$2"; fi
   ( set -e; "gk_run_$1" ) > "$o" 2>&1 </dev/null
   rc=$?
   gk_out "$1" "$o"; rm -f "$o"
   if [ "$rc" != 0 ]; then echo "@@gpuk8s-step $1 failed $rc"; exit 1; fi
   if ! ( "gk_check_$1" ) >/dev/null 2>&1 </dev/null; then echo "@@gpuk8s-step $1 not-converged 0"; exit 1; fi
-  if [ -n "$2" ]; then mkdir -p "$GK_DIR" && touch "$GK_DIR/restart-$2"; fi
   echo "@@gpuk8s-step $1 changed 0"
 }
 if [ "$GK_DRY" != 1 ]; then

@@ -3,22 +3,29 @@
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from datetime import date
 
-from gpuk8s import versions
+from gpuk8s import mirrors, versions
 from gpuk8s.facts.model import HostFacts
 from gpuk8s.facts.parse import CONTAINERD_CONFIG, TOO_LARGE
 from gpuk8s.gpuplan import is_gpu_node
-from gpuk8s.inventory.model import Cluster, Host
+from gpuk8s.inventory.model import Cluster, Host, Inventory
+from gpuk8s.preflight.mig_checks import mig_checks
 from gpuk8s.preflight.result import CheckResult, failed, passed, skipped
 from gpuk8s.versions import at_least, cuda_versions_supported, fmt, release
 
 DRIVER_FLOOR = (418, 87, 1)
 DRIVER_FLOOR_TEXT = "418.87.01"
 DOCKER_FLOOR = (19, 3, 5)
+DOCKER_FLOOR_TEXT = "19.03.5"  # as Docker spells its versions
 CONTAINERD_FLOOR = (1, 4, 3)
 SUPPORTED_OS = {("ubuntu", "22.04"): "Ubuntu 22.04 LTS", ("alinux", "3"): "Alibaba Cloud Linux 3"}
 SUPPORTED_ARCH = ("x86_64", "aarch64")
+# The CRI plugin's ids in containerd config versions 1, 2 and 3 (disabling any of them disables CRI)
+CRI_PLUGIN_IDS = ("cri", "io.containerd.grpc.v1.cri", "io.containerd.cri.v1.runtime", "io.containerd.cri.v1.images")
+# nvidia-ctk 1.18.0's drop-in directory (NVIDIA/nvidia-container-toolkit issue 1404; PR 1407 moved it to conf.d)
+TOOLKIT_BAD_DROPIN_DIR = "/etc/containerd/config.d/"
 CONTROL_PLANE_PORTS = (6443, 2379, 2380, 10250, 10257, 10259)
 WORKER_PORTS = (10250,)
 REQUIRED_TOOLS = ("conntrack", "socat", "ebtables", "ethtool")
@@ -26,14 +33,19 @@ SYSCTLS = ("net.ipv4.ip_forward", "net.bridge.bridge-nf-call-iptables", "net.bri
 _NODE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
-def check_host(host: Host, facts: HostFacts, cluster: Cluster, today: date | None = None) -> list[CheckResult]:
+def check_host(host: Host, facts: HostFacts, cluster: Cluster, today: date | None = None,
+               device_plugin_version: str | None = None) -> list[CheckResult]:
     """Every check of one host; `today` (default: the date) decides whether the Kubernetes minor is past its
-    end of life."""
+    end of life; `device_plugin_version` (default: the pin of the cluster's minor) is the plugin install uses."""
     results: list[CheckResult] = []
     results += _os(facts)
     results += _gpu(host, facts)
+    results += gpu_sharing(host, facts,
+                           device_plugin_version or versions.pins(cluster.kubernetes_version).device_plugin)
+    results += mig_checks(host, facts)
     results += _runtime(facts, cluster, is_gpu_node(host))
     results.append(_kubernetes_version(cluster, today or versions.today()))
+    results.append(_cgroup(cluster, facts))
     results += _kubernetes(host, facts)
     return results
 
@@ -54,8 +66,12 @@ def _kubernetes_version(cluster: Cluster, today: date) -> CheckResult:
                   f"supported until {default.end_of_life.isoformat()}); 'gpuk8s versions' lists them")
 
 
-def _containerd_compat(rt_release: tuple[int, ...], cluster: Cluster) -> CheckResult:
-    """runtime.kubernetes-compat for containerd: the containerd floor of the cluster's minor (version matrix)."""
+def _containerd_compat(rt_release: tuple[int, ...], cluster: Cluster, f: HostFacts | None = None) -> CheckResult:
+    """runtime.kubernetes-compat for containerd: the containerd floor of the cluster's minor (version matrix).
+
+    Below a floor that the matrix's containerd.io pin meets, on an OS that install upgrades (Ubuntu 22.04,
+    Alibaba Cloud Linux 3), `gpuk8s install` brings containerd there: a warning naming what it will do, so that
+    preflight passes a host that install can fix."""
     k = versions.kubernetes_or_default(cluster.kubernetes_version)
     floor = release(k.containerd_floor) or (0,)
     tested = f" (containerd recommends {', '.join(t + '+' for t in k.containerd_tested)})" \
@@ -68,12 +84,25 @@ def _containerd_compat(rt_release: tuple[int, ...], cluster: Cluster) -> CheckRe
                                                                          or (0,))]
     instead = f"; or choose cluster.kubernetes_version: \"{runs_here[0].minor}\", the newest minor that runs on " \
         f"containerd {fmt(rt_release)}" if runs_here else ""
+    pin = versions.matrix()
+    target = versions.containerd_install_release()
+    if f is not None and (f.os.id, f.os.version_id) in SUPPORTED_OS and at_least(target, floor):
+        repo = "Docker's apt repository (linux/ubuntu)" if f.os.family == "debian" else \
+            "Docker's yum repository (linux/rhel/8)"
+        return replace(failed(
+            "runtime.kubernetes-compat",
+            f"Kubernetes {k.minor} needs containerd >= {k.containerd_floor}, found {fmt(rt_release)}{tested}",
+            f"gpuk8s install upgrades it: {pin.containerd_package} {pin.containerd_version} (containerd "
+            f"{fmt(target)}) from {repo} or install.containerd_repo, replacing the distribution's containerd and "
+            "runc; the old /etc/containerd/config.toml is kept in /var/lib/gpuk8s/backup and replaced by a "
+            "version 3 configuration" + instead), status="warn")
     if floor[0] >= 2 and rt_release[0] < 2:
         return failed("runtime.kubernetes-compat",
                       f"Kubernetes {k.minor} needs containerd >= {k.containerd_floor}, found {fmt(rt_release)}: "
                       f"{_last_minor_on(rt_release[0])} is the last minor that runs on containerd "
                       f"{rt_release[0]}.x{tested}",
-                      "gpuk8s install cannot upgrade containerd to 2.x yet: upgrade it by hand (containerd's "
+                      "gpuk8s install upgrades containerd only on Ubuntu 22.04 and Alibaba Cloud Linux 3: "
+                      "upgrade it by hand (containerd's "
                       "release from github.com/containerd/containerd/releases, or a 2.x package of your "
                       "distribution), write a version 3 config (containerd config default > "
                       "/etc/containerd/config.toml) and restart containerd, then run gpuk8s install" + instead)
@@ -82,6 +111,30 @@ def _containerd_compat(rt_release: tuple[int, ...], cluster: Cluster) -> CheckRe
                   f"{tested}",
                   f"upgrade containerd to {k.containerd_floor} or newer (Ubuntu: apt-get install containerd; "
                   "RHEL-like: dnf install containerd.io)" + instead)
+
+
+_CRI_DOCKERD_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}  # uname -m -> cri-dockerd's archive names
+
+
+def _docker_compat(rt_release: tuple[int, ...] | None, arch: str, cluster: Cluster) -> CheckResult:
+    """runtime.kubernetes-compat for Docker: every minor of the matrix is >= 1.24, which removed dockershim, so
+    the kubelet reaches Docker only through cri-dockerd, which install sets up (playbooks/cri-dockerd.yaml)."""
+    from gpuk8s.kube.render import CRI_SOCKETS
+
+    k = versions.kubernetes_or_default(cluster.kubernetes_version)
+    pin = versions.cri_dockerd()
+    if rt_release is None:
+        return skipped("runtime.kubernetes-compat", "cannot read Docker's version")
+    if _CRI_DOCKERD_ARCH.get(arch) not in pin.sha256:
+        return failed("runtime.kubernetes-compat",
+                      f"Kubernetes {k.minor} has no dockershim and reaches Docker only through cri-dockerd, and "
+                      f"cri-dockerd publishes no release archive for {arch or 'this architecture'} (only "
+                      f"{' and '.join(pin.sha256)}): gpuk8s install cannot set it up",
+                      "use containerd (cluster.container_runtime: containerd), or install cri-dockerd yourself "
+                      f"with its socket at {CRI_SOCKETS['docker']}")
+    return passed("runtime.kubernetes-compat",
+                  f"Docker {fmt(rt_release)}: Kubernetes {k.minor} has no dockershim and reaches Docker through "
+                  f"cri-dockerd; gpuk8s install sets up cri-dockerd {pin.version} ({CRI_SOCKETS['docker']})")
 
 
 def _last_minor_on(containerd_major: int) -> str:
@@ -161,6 +214,89 @@ def _gpu(host: Host, f: HostFacts) -> list[CheckResult]:
     return out
 
 
+# The device plugin release that brought each sharing strategy (NVIDIA/k8s-device-plugin CHANGELOG: time-slicing
+# with the config file and config-manager in v0.12.0, MPS in v0.15.0)
+SHARING_SINCE = {"time-slicing": (0, 12, 0), "mps": (0, 15, 0)}
+# MPS clients per GPU below compute capability 7.5 (48 from 7.5 on): the limit of the device plugin's MPS control
+# daemon, which refuses more replicas ("maximum allowed replicas exceeded: N > 16"; k8s-device-plugin
+# cmd/mps-control-daemon/mps/device.go maxClients, v7.5 compared). NVIDIA's MPS documentation gives 48 from Volta
+# (7.0), but the daemon gpuk8s deploys applies 16 to 7.0 (V100), and it is what fails.
+MPS_CLIENTS_OLD_GPU = 16
+# The kubelet's default maxPods (KubeletConfiguration), which gpuk8s does not change, and what a node's own pods
+# take of it (kube-proxy, the CNI, the device plugin, the MPS daemon, the exporters)
+KUBELET_MAX_PODS = 110
+NODE_PODS = 10
+
+
+def gpu_sharing(host: Host, f: HostFacts, plugin_version: str) -> list[CheckResult]:
+    """What users trip on with shared GPUs (docs/sharing.md); nothing on a node without sharing."""
+    sh = host.gpu.sharing
+    if not is_gpu_node(host) or sh.strategy == "none":
+        return []
+    out: list[CheckResult] = []
+    where = f"gpu_sharing (inventory line {sh.line})" if sh.line else "gpu_sharing"
+    gpus = f.gpu.gpus if f.gpu.state == "ok" else ()
+    memory = min((g.memory_mib for g in gpus if g.memory_mib), default=None)
+    if sh.strategy == "time-slicing":
+        if sh.pod_memory_mib is None:
+            out.append(skipped("gpu.sharing-memory", f"time-slicing with {sh.replicas} replicas: no memory "
+                               "isolation, and no per-pod size stated to check it against",
+                               f"state what one pod needs: {where}.pod_memory_mib"))
+        elif memory is None:
+            out.append(skipped("gpu.sharing-memory", "the GPUs' memory is unknown (nvidia-smi did not answer)"))
+        elif sh.replicas * sh.pod_memory_mib > memory:
+            fits = memory // sh.pod_memory_mib
+            out.append(failed("gpu.sharing-memory",
+                              f"{sh.replicas} replicas x {sh.pod_memory_mib} MiB = {sh.replicas * sh.pod_memory_mib} "
+                              f"MiB > {memory} MiB of one GPU: time-slicing has no memory isolation, so pods beyond "
+                              f"the {fits}th on a GPU fail with CUDA out of memory",
+                              f"set {where}.replicas to at most {max(fits, 2)}, or use strategy: hami (memory "
+                              "limits enforced) or mps (memory divided between clients)"))
+        else:
+            out.append(passed("gpu.sharing-memory", f"{sh.replicas} x {sh.pod_memory_mib} MiB fits in {memory} MiB"))
+    if sh.strategy == "mps":
+        caps = f.compute_caps
+        if not caps:
+            out.append(skipped("gpu.mps-clients", "compute capability unknown (nvidia-smi before R510 cannot tell)",
+                               f"MPS serves at most {MPS_CLIENTS_OLD_GPU} clients per GPU below compute capability "
+                               "7.5: keep replicas at 16 or fewer there"))
+        else:
+            old = sorted({c for c in caps if release(c) is not None and not at_least(release(c) or (), (7, 5))})
+            if old and sh.replicas > MPS_CLIENTS_OLD_GPU:
+                out.append(failed("gpu.mps-clients",
+                                  f"{sh.replicas} MPS replicas per GPU, but compute capability {', '.join(old)} "
+                                  f"(< 7.5) serves at most {MPS_CLIENTS_OLD_GPU} MPS clients per GPU: the device "
+                                  "plugin's MPS daemon refuses more (maximum allowed replicas exceeded)",
+                                  f"set {where}.replicas to {MPS_CLIENTS_OLD_GPU} or fewer, or use time-slicing"))
+            else:
+                out.append(passed("gpu.mps-clients", f"{sh.replicas} MPS clients per GPU, compute capability "
+                                  f"{', '.join(sorted(set(caps)))}"))
+    count = len(gpus) or host.gpus
+    if count:
+        slices, usable = count * sh.replicas, KUBELET_MAX_PODS - NODE_PODS
+        if slices > usable:
+            out.append(failed("gpu.sharing-max-pods",
+                              f"{count} GPUs x {sh.replicas} replicas = {slices} slices, but the kubelet runs at most "
+                              f"{KUBELET_MAX_PODS} pods per node (its default maxPods), about {usable} of them for "
+                              f"workloads: pods beyond that stay Pending with 'Too many pods'",
+                              f"set {where}.replicas to at most {max(usable // count, 2)}, or raise maxPods in "
+                              "this node's /var/lib/kubelet/config.yaml (docs/sharing.md, pods per node)"))
+        else:
+            out.append(passed("gpu.sharing-max-pods", f"{slices} slices within the kubelet's {KUBELET_MAX_PODS} "
+                              "pods per node"))
+    since = SHARING_SINCE.get(sh.strategy)
+    if since is not None:
+        rel = release(plugin_version)
+        if rel is None or at_least(rel, since):
+            out.append(passed("gpu.sharing-plugin-version", f"device plugin {plugin_version} supports {sh.strategy}"))
+        else:
+            out.append(failed("gpu.sharing-plugin-version",
+                              f"device plugin {plugin_version} predates {sh.strategy} (since v{fmt(since)})",
+                              "remove install.device_plugin_version to use the version matrix's plugin, or set one "
+                              f">= v{fmt(since)}"))
+    return out
+
+
 def _gpu_summary(f: HostFacts) -> str:
     models: dict[str, int] = {}
     for gpu in f.gpu.gpus:
@@ -188,20 +324,22 @@ def _runtime(f: HostFacts, cluster: Cluster, gpu_host: bool) -> list[CheckResult
     name = cluster.container_runtime
     rt = f.containerd if name == "containerd" else f.docker
     floor = CONTAINERD_FLOOR if name == "containerd" else DOCKER_FLOOR
+    floor_text = fmt(floor) if name == "containerd" else DOCKER_FLOOR_TEXT
     if rt is None:
         other = f.docker if name == "containerd" else f.containerd
         hint = f" ({other.name} {other.raw} is installed: set cluster.container_runtime: {other.name}?)" if other \
             else ""
         out.append(failed("runtime.installed", f"{name} is not installed{hint}",
-                          f"install {name} >= {fmt(floor)} (Ubuntu: apt-get install containerd; "
-                          "RHEL-like: dnf install containerd.io)"))
+                          f"install {name} >= {floor_text} " + ("(Ubuntu: apt-get install containerd; RHEL-like: "
+                                                                 "dnf install containerd.io)" if name == "containerd"
+                                                                 else "(docs.docker.com/engine/install)")))
         return out
     out.append(passed("runtime.installed", f"{rt.raw}"))
     if rt.release is None or not at_least(rt.release, floor):
-        out.append(failed("runtime.version", f"{name} {rt.raw} is older than {fmt(floor)}",
-                          f"upgrade {name} to >= {fmt(floor)}"))
+        out.append(failed("runtime.version", f"{name} {rt.raw} is older than {floor_text}",
+                          f"upgrade {name} to >= {floor_text}"))
     else:
-        out.append(passed("runtime.version", f"{name} {fmt(rt.release)} >= {fmt(floor)}"))
+        out.append(passed("runtime.version", f"{name} {fmt(rt.release)} >= {floor_text}"))
     if rt.active is False:
         out.append(failed("runtime.active", f"{name} is installed but not running",
                           f"systemctl enable --now {name}"))
@@ -219,7 +357,7 @@ def _runtime(f: HostFacts, cluster: Cluster, gpu_host: bool) -> list[CheckResult
                               f"fix the TOML syntax of {bad_file} (containerd config dump shows what containerd "
                               "reads)"))
             out.append(skipped("runtime.cri-plugin", unreadable))
-        elif "cri" in cfg.disabled_plugins or "io.containerd.grpc.v1.cri" in cfg.disabled_plugins:
+        elif any(p in cfg.disabled_plugins for p in CRI_PLUGIN_IDS):
             out.append(failed("runtime.cri-plugin", "/etc/containerd/config.toml has disabled_plugins = [\"cri\"] "
                               "(Docker's containerd.io default): kubeadm fails with 'unknown service "
                               "runtime.v1.RuntimeService' and nvidia-ctk changes nothing",
@@ -230,7 +368,7 @@ def _runtime(f: HostFacts, cluster: Cluster, gpu_host: bool) -> list[CheckResult
         if rt.release is None:
             out.append(skipped("runtime.kubernetes-compat", f"cannot read containerd's version from {rt.raw!r}"))
         else:
-            out.append(_containerd_compat(rt.release, cluster))
+            out.append(_containerd_compat(rt.release, cluster, f))
         if cfg.error:
             out.append(skipped("runtime.cgroup-driver", unreadable))
         elif cfg.systemd_cgroup:
@@ -240,11 +378,7 @@ def _runtime(f: HostFacts, cluster: Cluster, gpu_host: bool) -> list[CheckResult
                               "(SystemdCgroup is not true); kubelet uses systemd", "gpuk8s install sets it"))
         default_rt = cfg.default_runtime
     else:
-        # every minor of the version matrix is >= 1.24, which removed dockershim
-        out.append(failed("runtime.kubernetes-compat",
-                          f"Kubernetes {cluster.kubernetes_version} has no dockershim: "
-                          "Docker needs cri-dockerd (unix:///run/cri-dockerd.sock)",
-                          "install cri-dockerd, or use containerd (cluster.container_runtime: containerd)"))
+        out.append(_docker_compat(rt.release, f.arch, cluster))
         d = f.docker_daemon
         if d.cgroup_driver == "systemd":
             out.append(passed("runtime.cgroup-driver", "native.cgroupdriver=systemd"))
@@ -254,6 +388,8 @@ def _runtime(f: HostFacts, cluster: Cluster, gpu_host: bool) -> list[CheckResult
         default_rt = d.default_runtime
     if not gpu_host:
         return out
+    if name == "containerd":
+        out.append(_toolkit_dropin_path(f))
     if f.nvidia_ctk:
         out.append(passed("toolkit.installed", f.nvidia_ctk))
     else:
@@ -269,6 +405,42 @@ def _runtime(f: HostFacts, cluster: Cluster, gpu_host: bool) -> list[CheckResult
                           "pods would not see the GPUs", f"gpuk8s install runs nvidia-ctk runtime configure "
                           f"--runtime={name} --set-as-default"))
     return out
+
+
+def _toolkit_dropin_path(f: HostFacts) -> CheckResult:
+    """toolkit.dropin-path: nvidia-ctk 1.18.0 wrote /etc/containerd/config.d/99-nvidia.toml (and imported
+    config.d/*.toml) instead of conf.d/ (toolkit issue 1404, fixed by PR 1407 in the next release)."""
+    bad_imports = [i for i in f.containerd_config.imports if i.startswith(TOOLKIT_BAD_DROPIN_DIR)]
+    if not f.containerd_configd and not bad_imports:
+        return passed("toolkit.dropin-path", f"no drop-in in {TOOLKIT_BAD_DROPIN_DIR}")
+    found = ", ".join([*f.containerd_configd, *(f"imports = {i!r}" for i in bad_imports)])
+    return failed("toolkit.dropin-path",
+                  f"nvidia-container-toolkit 1.18.0's drop-in is in {TOOLKIT_BAD_DROPIN_DIR} ({found}): that release "
+                  "wrote it there instead of /etc/containerd/conf.d/ (NVIDIA/nvidia-container-toolkit issue 1404, "
+                  "fixed by PR 1407), where containerd does not look unless config.toml imports it",
+                  "gpuk8s install moves it to /var/lib/gpuk8s/backup, removes its import and writes "
+                  "/etc/containerd/conf.d/99-nvidia.toml with the pinned toolkit; by hand: upgrade the toolkit, "
+                  "remove /etc/containerd/config.d/99-nvidia.toml and run nvidia-ctk runtime configure "
+                  "--runtime=containerd --set-as-default")
+
+
+def _cgroup(cluster: Cluster, f: HostFacts) -> CheckResult:
+    """k8s.cgroup-v2: from the matrix's cgroup_v2_from on, the kubelet refuses cgroup v1 (failCgroupV1: true)."""
+    minor = versions.minor_of(cluster.kubernetes_version)
+    if f.cgroup_version is None:
+        return skipped("k8s.cgroup-v2", "cannot tell the cgroup version (stat -fc %T /sys/fs/cgroup/)")
+    if f.cgroup_version == 2:
+        return passed("k8s.cgroup-v2", "cgroup v2")
+    if not versions.needs_cgroup_v2(minor):
+        return passed("k8s.cgroup-v2", f"cgroup v1: Kubernetes {minor} still runs on it (deprecated; from "
+                      f"{versions.matrix().cgroup_v2_from} on the kubelet refuses it)")
+    return failed("k8s.cgroup-v2",
+                  f"the host runs cgroup v1 (/sys/fs/cgroup is a tmpfs): the kubelet of Kubernetes {minor} refuses "
+                  "to start there (\"kubelet is configured to not run on a host using cgroup v1\"; failCgroupV1 "
+                  f"defaults to true from {versions.matrix().cgroup_v2_from} on, KEP-5573)",
+                  "boot with cgroup v2: add systemd.unified_cgroup_hierarchy=1 to the kernel command line (grubby "
+                  "--update-kernel=ALL --args=systemd.unified_cgroup_hierarchy=1 on Alibaba Cloud Linux 3) and "
+                  "reboot; or choose an older minor (cluster.kubernetes_version)")
 
 
 def _kubernetes(host: Host, f: HostFacts) -> list[CheckResult]:
@@ -337,3 +509,30 @@ def _kubernetes(host: Host, f: HostFacts) -> list[CheckResult]:
                           "open them (firewall-cmd --add-port=6443/tcp --add-port=10250/tcp --permanent) "
                           "or stop firewalld"))
     return out
+
+
+_CURL_EXIT = {6: "the name does not resolve", 7: "the connection was refused", 28: "no answer in time",
+              35: "the TLS handshake failed", 60: "its certificate is not trusted", 127: "curl is not installed"}
+
+
+def sources_check(inv: Inventory, host: Host, f: HostFacts) -> CheckResult:
+    """net.sources: the host reaches each source install fetches from (gpuk8s/mirrors.py sources); the message
+    names the first one it cannot. Only the URLs gpuk8s asked for are read from the probe's output."""
+    wanted = mirrors.sources(inv, host.name)
+    got = {s.url: s for s in f.sources}
+    if not wanted:
+        return skipped("net.sources", "no source to check")
+    if all(got.get(s.url) is None or got[s.url].exit_status == 127 for s in wanted):
+        return skipped("net.sources", "curl is not installed or the probe did not check the sources",
+                       "install curl (install needs it too)")
+    bad = [s for s in wanted if got.get(s.url) is not None and not got[s.url].reached]
+    if not bad:
+        return passed("net.sources", f"reaches {len(wanted)} sources: " + ", ".join(s.url for s in wanted))
+    first = bad[0]
+    e = got[first.url].exit_status
+    why = _CURL_EXIT.get(e, f"curl exit status {e}")
+    return failed("net.sources", f"cannot reach {first.what} at {first.url} ({why})"
+                  + (f"; {len(bad) - 1} more unreachable" if len(bad) > 1 else ""),
+                  f"point {first.fix} at a mirror this host reaches (docs/mirrors.md), or fix its DNS, firewall or "
+                  "proxy", evidence=[f"{s.url}: {_CURL_EXIT.get(got[s.url].exit_status, got[s.url].exit_status)}"
+                                     for s in bad])

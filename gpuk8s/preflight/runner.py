@@ -9,12 +9,13 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
+from gpuk8s import mirrors
 from gpuk8s.facts.model import HostFacts
 from gpuk8s.facts.parse import ParseError, parse_probe
 from gpuk8s.inventory.model import Host, Inventory
 from gpuk8s.preflight import network
 from gpuk8s.preflight.cluster_checks import check_cluster
-from gpuk8s.preflight.host_checks import check_host
+from gpuk8s.preflight.host_checks import check_host, sources_check
 from gpuk8s.preflight.result import CheckResult, apply_ignores, failed, passed, skipped
 from gpuk8s.remote import RemoteError, Session, for_each_host
 
@@ -78,15 +79,16 @@ class Report:
         }
 
 
-def gather(session: Session) -> tuple[HostFacts, list[CheckResult], float]:
-    """Connect, run the probe once as root (once more unprivileged if sudo fails); facts and sudo result."""
+def gather(session: Session, prelude: str = "") -> tuple[HostFacts, list[CheckResult], float]:
+    """Connect, run the probe once as root (once more unprivileged if sudo fails); facts and sudo result.
+    `prelude`: shell assignments in front of the probe (the sources it checks: mirrors.probe_prelude)."""
     session.connect()
     checks = [passed("ssh.reachable", f"{session.settings.user}@{session.host.address}:{session.settings.port}")]
-    res = session.run(PROBE, sudo=True, timeout=120, display="gpuk8s fact probe (read-only)")
+    res = session.run(prelude + PROBE, sudo=True, timeout=120, display="gpuk8s fact probe (read-only)")
     now = time.time()
     if "@@gpuk8s-begin" not in res.stdout:
         checks.append(failed("ssh.sudo", _sudo_problem(res.stderr, session), _sudo_remedy(res.stderr, session)))
-        res = session.run(PROBE, timeout=120, display="gpuk8s fact probe (read-only, without sudo)")
+        res = session.run(prelude + PROBE, timeout=120, display="gpuk8s fact probe (read-only, without sudo)")
         now = time.time()
     else:
         checks.append(passed("ssh.sudo", "root" if session.is_root else f"sudo ({session.settings.sudo.mode})"))
@@ -144,7 +146,7 @@ def run_preflight(inv: Inventory, *, concurrency: int, ignore: set[str], sudo_pa
         stage = "gathering its facts"
         checks: list[CheckResult] = []
         try:
-            facts, checks, now = gather(s)
+            facts, checks, now = gather(s, mirrors.probe_prelude(inv, host))
             if keep_all:
                 sessions[host.name] = s
             else:
@@ -153,7 +155,7 @@ def run_preflight(inv: Inventory, *, concurrency: int, ignore: set[str], sudo_pa
             rep.facts = facts
             rep.local_time = now
             stage = "checking its facts"
-            rep.checks = checks + check_host(host, facts, inv.cluster)
+            rep.checks = checks + check_host(host, facts, inv.cluster) + [sources_check(inv, host, facts)]
         except RemoteError as e:
             if mine:
                 s.close()

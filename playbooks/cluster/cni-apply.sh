@@ -15,4 +15,7 @@ fi
 cidr={{ pod_cidr }}
 sed -i "s#\"Network\": \"10.244.0.0/16\"#\"Network\": \"$cidr\"#" "$f"
 {%- endif %}
+{%- for e in rewrites %}
+sed -E -i -e {{ e }} "$f"
+{%- endfor %}
 kubectl --kubeconfig /etc/kubernetes/admin.conf apply -f "$f"

@@ -48,7 +48,9 @@ def rendered(kind, tmp_path_factory) -> tuple[Path, Any]:
     text = yaml.safe_dump({
         "cluster": {"name": "kind-smoke", "kubernetes_version": minor},
         "hosts": [{"name": kind.control_plane, "address": "127.0.0.1", "role": "control-plane"},
-                  {"name": kind.worker, "address": "127.0.0.2", "gpus": 1, "labels": LABELS, "taints": [TAINT]}],
+                  {"name": kind.worker, "address": "127.0.0.2", "gpus": 1, "labels": LABELS, "taints": [TAINT],
+                   # shared (docs/sharing.md): the ConfigMap and the config label reach a real API server
+                   "gpu_sharing": {"strategy": "time-slicing", "replicas": 4}}],
     })
     d = tmp_path_factory.mktemp("render")
     (d / "inventory.yaml").write_text(text)
@@ -75,16 +77,19 @@ def plugin_pods(kind) -> list[state.PodState]:
 def test_every_rendered_object_is_accepted_by_the_api_server(kind, rendered):
     out, _ = rendered
     objs = api_objects(out)
-    assert {d["kind"] for _, d in objs} == {"DaemonSet", "RuntimeClass", "Pod"}
+    assert {d["kind"] for _, d in objs} >= {"DaemonSet", "RuntimeClass", "Pod", "ConfigMap", "ServiceAccount",
+                                             "ClusterRole", "ClusterRoleBinding"}
     for name, d in objs:
         r = kind.kubectl("apply", "--dry-run=server", "-f", "-", stdin=json.dumps(d), check=False)
         assert r.returncode == 0, f"{name}: {r.stderr}"
-    kind.kubectl("apply", "-f", str(out / "nvidia-device-plugin.yaml"), "-f", str(out / "runtimeclass-nvidia.yaml"))
+    kind.kubectl("apply", "-f", str(out / "nvidia-device-plugin-configs.yaml"), "-f",
+                 str(out / "nvidia-device-plugin.yaml"), "-f", str(out / "runtimeclass-nvidia.yaml"), "-f",
+                 str(out / "nvidia-device-plugin-mps-control-daemon.yaml"))
     rc = json.loads(kind.kubectl("get", "runtimeclass", "nvidia", "-o", "json").stdout)
     assert rc["handler"] == "nvidia"
     ds = state.daemonset_state(state.load(kind.kubectl("get", "ds", "-n", "kube-system", state.DEVICE_PLUGIN, "-o",
                                                        "json").stdout))
-    want = yaml.safe_load((out / "nvidia-device-plugin.yaml").read_text())["metadata"]["annotations"]
+    want = next(yaml.safe_load_all((out / "nvidia-device-plugin.yaml").read_text()))["metadata"]["annotations"]
     assert ds.annotations[manifests.ANNOTATION] == want[manifests.ANNOTATION]
 
 
@@ -100,6 +105,23 @@ def test_labels_and_taints_are_set_as_install_sets_them(kind, rendered):
     # what install's gpu phase would still change on this node: nothing
     assert node_changes(gpuplan.plan_for(inv.host(kind.worker)), worker) == ({}, [])
     assert "nvidia.com/gpu.present" not in state.node_state(nodes[kind.control_plane]).labels
+
+
+def test_the_sharing_configmap_and_labels_on_a_real_api_server(kind, rendered):
+    """The worker's config label names a config the applied ConfigMap has, in the plugin's format."""
+    out, inv = rendered
+    kind.kubectl("apply", "-f", str(out / "nvidia-device-plugin-configs.yaml"))
+    env = {**os.environ, "KUBECONFIG": str(kind.kubeconfig)}
+    assert subprocess.run(["sh", str(out / "node-labels-taints.sh")], env=env).returncode == 0
+    cm = json.loads(kind.kubectl("get", "configmap", "-n", "kube-system", manifests.PLUGIN_CONFIGS, "-o",
+                                 "json").stdout)
+    worker = state.node_state(state.by_name(state.items(kind.kubectl("get", "nodes", "-o", "json").stdout))[
+        kind.worker])
+    name = worker.labels["nvidia.com/device-plugin.config"]
+    assert name == "time-slicing-4" and worker.labels["nvidia.com/gpu.replicas"] == "4"
+    assert yaml.safe_load(cm["data"][name])["sharing"]["timeSlicing"]["resources"] == [
+        {"name": "nvidia.com/gpu", "replicas": 4}]
+    assert worker.labels["nvidia.com/gpu.sharing-strategy"] == "time-slicing"
 
 
 def test_the_device_plugin_gets_a_pod_on_the_gpu_node_only(kind):
@@ -163,4 +185,37 @@ def test_gpuk8s_verify_with_a_local_kubeconfig(kind, rendered):
     nodes = {n["node"]: n for n in json.loads(r.stdout)["nodes"]}
     assert nodes[kind.control_plane]["ok"] and nodes[kind.control_plane]["ready"]
     assert nodes[kind.worker]["ready"] and not nodes[kind.worker]["ok"]
-    assert nodes[kind.worker]["cause"].startswith("0 of 1 GPU(s) schedulable: "), nodes[kind.worker]["cause"]
+    # the worker shares its GPU (time-slicing, 4 replicas): 4 slices expected
+    assert nodes[kind.worker]["cause"].startswith("0 of 4 GPU(s) schedulable: "), nodes[kind.worker]["cause"]
+
+
+def test_the_monitoring_manifests_are_accepted_by_the_api_server(kind, tmp_path):
+    """Issue 20: every object `gpuk8s monitoring` applies (deploy, with Grafana and a storage class), applied to
+    a real API server with a server-side dry run; the ServiceMonitor too where the Operator's CRD exists."""
+    from gpuk8s.kube import monitoring
+
+    ver = json.loads(kind.kubectl("version", "-o", "json").stdout)["serverVersion"]
+    inv = loads(yaml.safe_dump({
+        "cluster": {"name": "kind-smoke", "kubernetes_version": f"{ver['major']}.{ver['minor'].rstrip('+')}"},
+        "hosts": [{"name": kind.control_plane, "address": "127.0.0.1", "role": "control-plane"},
+                  {"name": kind.worker, "address": "127.0.0.2", "gpus": 1, "labels": LABELS, "taints": [TAINT]}],
+        "monitoring": {"enabled": True, "namespace": "gpuk8s-kind-monitoring", "grafana": True,
+                       "storage_class": "standard"}}), str(tmp_path / "inventory.yaml"))
+    plans = gpuplan.plans(inv)
+    ms = monitoring.wanted(inv, plans, "deploy")
+    crd = kind.kubectl("get", "crd", monitoring.SERVICEMONITOR_CRD, check=False).returncode == 0
+    if crd:
+        ms.append(monitoring.service_monitor(inv))
+    ns, rest = ms[0], ms[1:]
+    assert ns.objects()[0]["kind"] == "Namespace"
+    kind.kubectl("apply", "-f", "-", stdin=ns.applied_text())  # namespaced objects need it to exist
+    try:
+        checked = 0
+        for m in rest:
+            for d in m.objects():
+                r = kind.kubectl("apply", "--dry-run=server", "-f", "-", stdin=json.dumps(d), check=False)
+                assert r.returncode == 0, f"{m.name} {d['kind']}: {r.stderr}"
+                checked += 1
+        assert checked == 13 + (1 if crd else 0)  # DaemonSet, Service; 7 of Prometheus; 4 of Grafana
+    finally:
+        kind.kubectl("delete", "namespace", inv.monitoring.namespace, "--wait=false", check=False)

@@ -47,10 +47,13 @@ DEFAULTS: dict[str, Any] = {
     "gpu_model": "NVIDIA A100-SXM4-80GB",
     "gpu_memory_mib": 81920,
     "mig": "Disabled",
+    # MIG mode changes: "reset" (pending until nvidia-smi -r or a reboot) or "auto" (the driver resets an idle GPU)
+    "mig_activation": "reset",
     "driver": "535.104.05",
     "runtime": "containerd",
     "runtime_version": "debian",  # 'debian': Debian's real containerd binary; else a faked version string
     "runtime_active": True,
+    "cgroup": 2,  # what /sys/fs/cgroup is in the host: 2 (cgroup2fs), 1 (tmpfs: v1), 0 (left as ip netns makes it)
     "containerd_config": None,  # verbatim config.toml; None: none at all
     "swap": True,
     "modules": ["overlay"],
@@ -61,6 +64,9 @@ DEFAULTS: dict[str, Any] = {
     "sudo_password": None,
     "link": {"rate": "10gbit", "delay_ms": 0.02},
     "overrides": {},  # command -> {stdout, stderr, exit}
+    "gpu_sharing": None,  # copied to the host's inventory entry (docs/sharing.md), e.g. {strategy: mps, replicas: 4}
+    "mig_layout": None,  # copied as the host's inventory `mig:` (docs/mig.md): {strategy: single, config: all-1g.10gb}
+    "compute_cap": None,  # what nvidia-smi reports as compute_cap; None: the GPU model's
     "faults": [],  # sshd-stopped, drop-packets, unknown-hostkey, changed-hostkey, auth-refused, repo-unreachable
 }
 

@@ -180,6 +180,37 @@ class LabHost:
         st.get("overrides", {}).pop(command, None)
         self.update_state(overrides=st.get("overrides", {}))
 
+    # -- GPUs (MIG) ------------------------------------------------------
+    def hold_gpu(self, index: int, pid: int = 4242, name: str = "python3") -> None:
+        """A faked CUDA process on GPU `index`: listed by --query-compute-apps; a GPU reset is refused."""
+        procs = self.state().get("gpu_procs", {})
+        procs.setdefault(str(index), []).append([pid, name])
+        self.update_state(gpu_procs=procs)
+
+    def release_gpus(self) -> None:
+        self.update_state(gpu_procs={})
+
+    def mig_state(self) -> dict[str, Any]:
+        """The faked GPUs' MIG state: {index: {current, pending, gis: [...]}} (tests/lab/fakes/fake.py)."""
+        return self.state().get("mig", {})
+
+    def reboot(self, timeout: float = 30.0) -> None:
+        """The lab's simulated reboot, as `systemctl reboot` on the host makes it (fakes/fake.py _reboot): the
+        pending MIG mode becomes current, every GPU and compute instance is gone (they do not persist), faked
+        GPU processes end; every SSH connection drops and sshd is away for a while; the enabled oneshot unit
+        gpuk8s-mig.service runs its ExecStart, as systemd would at boot. Returns once sshd answers again."""
+        old = self.sshd_pid()
+        self.exec("systemctl reboot")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            pid = self.sshd_pid()
+            if pid is not None and pid != old:
+                break
+            time.sleep(0.05)
+        else:
+            raise LabError(f"{self.name}: sshd did not come back within {timeout:g} s of the simulated reboot")
+        self.wait_ready(max(1.0, deadline - time.monotonic()))
+
     # -- processes and network ------------------------------------------
     def exec(self, command: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         """Run a command inside the host's namespaces (as root), as a test would on the console."""
@@ -225,6 +256,12 @@ class LabHost:
                           f"workdir={d}/work/{key} /{ov}")
         mounts += ["mount -t tmpfs -o mode=755 tmpfs /run", "mkdir -p /run/sshd /run/lock",
                    "mount -t tmpfs -o mode=1777 tmpfs /tmp", f"hostname {self.name}"]
+        # the cgroup version the host shows (`stat -fc %T /sys/fs/cgroup/`): cgroup2fs for v2, tmpfs for v1, as
+        # the fleet says; ip netns exec gives the host a fresh sysfs, where it would read "sysfs" (unknown)
+        cgroup = self.spec.spec.get("cgroup", 2)
+        if cgroup in (1, 2):
+            fs = "cgroup2 cgroup2" if cgroup == 2 else "tmpfs -o mode=755 tmpfs"
+            mounts.append(f"{{ mount -t {fs} /sys/fs/cgroup || true; }}")
         script = " && ".join(mounts) + f" && exec /usr/sbin/sshd -D -e -f {d}/sshd_config"
         log = open(d / "sshd.log", "ab")  # noqa: SIM115 (handed to the sshd process)
         p = subprocess.Popen(["ip", "netns", "exec", self.netns, "unshare", "--mount", "--uts",
@@ -693,6 +730,10 @@ class Lab:
             entry: dict[str, Any] = {"name": h.name, "address": h.address, "role": spec["role"]}
             if spec["role"] == "worker" or spec["gpus"]:
                 entry["gpus"] = spec.get("inventory_gpus", spec["gpus"])
+            if spec.get("gpu_sharing"):
+                entry["gpu_sharing"] = spec["gpu_sharing"]
+            if spec.get("mig_layout"):
+                entry["mig"] = spec["mig_layout"]
             user = spec["login"]
             if user != "gpuk8s" or spec["sudo"] == "password":
                 entry["ssh"] = {"user": user}
@@ -701,10 +742,11 @@ class Lab:
             hosts.append(entry)
         inv = {
             "cluster": {"name": "lab", "kubernetes_version": "1.30", **self.fleet.cluster},
+            # config_file none: the lab's runs never depend on the ~/.ssh/config of the machine running them
             "ssh": {"user": LAB_USER, "identity_file": str(self.key), "known_hosts": str(self.known_hosts),
-                    "connect_timeout": 5},
+                    "connect_timeout": 5, "config_file": "none"},
             "preflight": {"network_test_seconds": 1},
-            "install": cni_stand_ins(),
+            "install": {**cni_stand_ins(), **cri_dockerd_stand_in(self.root)},
             "hosts": hosts,
         }
         self.inventory.write_text("# written by the gpuk8s lab (python -m tests.lab up)\n"
@@ -793,6 +835,17 @@ def _fake_module() -> Any:
             spec.loader.exec_module(mod)
             _fake_mod = mod
         return _fake_mod
+
+
+def cri_dockerd_stand_in(root: Path) -> dict[str, Any]:
+    """install.cri_dockerd_sha256 for the archive the lab serves in place of cri-dockerd's release
+    (fakes/fake.py: cri_dockerd_archive; gpuk8s checks the archive's sha256 before unpacking it, and the real
+    archives' sha256 are pinned in gpuk8s/data/versions.yaml). The lab's hosts are x86_64 or aarch64."""
+    from gpuk8s import versions
+
+    fake, pin = _fake_module(), versions.cri_dockerd()
+    return {"cri_dockerd_sha256": {arch: hashlib.sha256(fake.cri_dockerd_archive(pin.version, arch, root)).hexdigest()
+                                   for arch in pin.sha256}}
 
 
 def cni_stand_ins() -> dict[str, str]:

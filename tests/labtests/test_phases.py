@@ -31,7 +31,8 @@ def test_dry_run_plans_every_cluster_phase_and_changes_nothing(lab_up, run_cli, 
     assert r.returncode == 0, r.stdout + r.stderr
     rep = json.loads(r.stdout)
     plans = {p["name"]: p for p in rep["plans"]}
-    assert list(plans) == ["prepare", "init", "kubeconfig", "cni", "join", "gpu", "verify"]
+    assert list(plans) == ["prepare", "mig", "init", "kubeconfig", "cni", "join", "gpu", "verify"]
+    assert plans["mig"]["status"] == "unchanged"  # no host asks for MIG or has it on
     assert all(plans[n]["status"] == "would-change" for n in ("prepare", "init", "kubeconfig", "cni", "join", "gpu"))
     init = plans["init"]["changes"][1]
     assert init["host"] == "cp-1"
@@ -39,8 +40,10 @@ def test_dry_run_plans_every_cluster_phase_and_changes_nothing(lab_up, run_cli, 
     assert "<token minted at run time>" in init["stdin"]
     assert [c["what"] for c in plans["join"]["changes"]][1:] == ["kubeadm join gpu-1", "kubeadm join gpu-2"]
     gpu = plans["gpu"]["changes"]
-    assert [c["what"].split()[1] for c in gpu] == ["runtimeclass-nvidia.yaml", "nvidia-device-plugin.yaml"]
-    assert "kind: DaemonSet" in gpu[1]["manifest"]
+    assert [c["what"].split()[1] for c in gpu] == ["runtimeclass-nvidia.yaml", "nvidia-device-plugin-configs.yaml",
+                                                   "nvidia-device-plugin.yaml",
+                                                   "nvidia-device-plugin-mps-control-daemon.yaml"]
+    assert "kind: DaemonSet" in gpu[2]["manifest"]
     assert snapshot(lab) == before and cluster_writes(lab) == []
     assert not (tmp_path / "kc").exists()
     # the text output shows the same: every phase, the exact commands and manifests
@@ -59,8 +62,9 @@ def test_dry_run_plans_every_cluster_phase_and_changes_nothing(lab_up, run_cli, 
                 str(tmp_path / "kc"))
     assert r.returncode == 0, r.stdout + r.stderr
     statuses = {p["name"]: p["status"] for p in json.loads(r.stdout)["plans"]}
-    assert statuses == {"prepare": "unchanged", "init": "unchanged", "kubeconfig": "unchanged", "cni": "unchanged",
-                        "join": "unchanged", "gpu": "unchanged", "verify": "would-change"}  # its test pods
+    assert statuses == {"prepare": "unchanged", "mig": "unchanged", "init": "unchanged", "kubeconfig": "unchanged",
+                        "cni": "unchanged", "join": "unchanged", "gpu": "unchanged",
+                        "verify": "would-change"}  # its test pods
     assert len(cluster_writes(lab)) == writes and snapshot(lab) == before
 
 

@@ -32,7 +32,7 @@ class FakeKube:
 
     @property
     def writes(self) -> list[tuple[str, ...]]:
-        return [c for c in self.calls if c[0] in ("apply", "label", "taint", "delete")]
+        return [c for c in self.calls if c[0] in ("apply", "label", "taint", "delete", "drain")]
 
     def get(self, kind: str, name: str | None = None, namespace: str | None = None) -> list[dict[str, Any]]:
         self.calls.append(("get", kind, name or "", namespace or ""))
@@ -40,8 +40,9 @@ class FakeKube:
         if k == "node":
             items = list(self.nodes.values())
         else:
+            # as kubectl: no namespace is the namespace "default", '*' is -A; cluster-scoped objects have ""
             items = [o for (ok, ns, _), o in self.objects.items()
-                     if ok == k and (namespace in (None, "*") or ns in (namespace, ""))]
+                     if ok == k and (namespace == "*" or ns in (namespace or "default", ""))]
         if name is not None:
             return [o for o in items if o["metadata"]["name"] == name]
         return items
@@ -54,9 +55,13 @@ class FakeKube:
                 self.objects[(d["kind"].lower(), md.get("namespace", ""), md["name"])] = d
         return ""
 
-    def label(self, node: str, labels: dict[str, str]) -> None:
-        self.calls.append(("label", node, *sorted(f"{k}={v}" for k, v in labels.items())))
-        self.nodes[node]["metadata"]["labels"].update(labels)
+    def label(self, node: str, labels: dict[str, str | None]) -> None:
+        self.calls.append(("label", node, *sorted(f"{k}-" if v is None else f"{k}={v}" for k, v in labels.items())))
+        for k, v in labels.items():
+            if v is None:
+                self.nodes[node]["metadata"]["labels"].pop(k, None)
+            else:
+                self.nodes[node]["metadata"]["labels"][k] = v
 
     def taint(self, node: str, taints: list[str]) -> None:
         self.calls.append(("taint", node, *taints))
@@ -69,9 +74,52 @@ class FakeKube:
         self.calls.append(("delete", kind, *names))
         for n in names:
             self.objects.pop((kind.lower(), namespace, n), None)
+            self.objects.pop((kind.lower(), "", n), None)  # a cluster-scoped object (a Namespace)
 
     def logs(self, pod: str, namespace: str, tail: int = 50) -> str:
         return ""
 
     def events(self, namespace: str | None = None) -> list[dict[str, Any]]:
         return []
+
+    # raw_get: the API server's paths (a pod's or a service's proxy) answered from `self.raw`; a path
+    # without an entry fails as the API server does when the pod does not answer
+    raw: dict[str, str]
+
+    def raw_get(self, path: str) -> str:
+        from gpuk8s.kube.client import KubeError
+
+        self.calls.append(("raw_get", path))
+        answers = getattr(self, "raw", {})
+        if path not in answers:
+            raise KubeError(f"kubectl get --raw {path} (the fake API) failed: Error from server "
+                            "(ServiceUnavailable): the server is currently unable to handle the request")
+        return answers[path]
+
+    # drain and delete_node: a drain cordons (spec.unschedulable); `self.drain_error` makes it fail as
+    # kubectl does when a PodDisruptionBudget blocks an eviction
+    drain_error: str = ""
+
+    def drain(self, node: str, timeout_s: int) -> str:
+        from gpuk8s.kube.client import KubeError
+
+        self.calls.append(("drain", node, str(timeout_s)))
+        if node in self.nodes:
+            self.nodes[node]["spec"]["unschedulable"] = True
+        if self.drain_error:
+            raise KubeError(f"kubectl drain {node} (the fake API) failed: {self.drain_error}")
+        return f"node/{node} drained\n"
+
+    def delete_node(self, node: str) -> None:
+        self.calls.append(("delete", "node", node))
+        self.nodes.pop(node, None)
+
+    def uncordon(self, node: str) -> None:
+        self.calls.append(("uncordon", node))
+        if node in self.nodes:
+            self.nodes[node]["spec"].pop("unschedulable", None)
+
+    def cordon(self, node: str) -> None:
+        self.calls.append(("cordon", node))
+        if node in self.nodes:
+            self.nodes[node]["spec"]["unschedulable"] = True

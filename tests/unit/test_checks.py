@@ -33,7 +33,7 @@ def facts(**kw) -> HostFacts:
         kubeadm=None, kubelet=None, firewalld_active=False, tools=frozenset({"conntrack", "socat", "ebtables",
                                                                             "ethtool"}),
         listening_ports=frozenset({22}), macs=("02:00:00:00:00:01",), product_uuid=None, machine_id="m1",
-        kube_files=(), time=1000.0)
+        kube_files=(), time=1000.0, cgroup_version=2)
     return replace(base, **kw)
 
 
@@ -57,40 +57,64 @@ def test_ready_host_passes_everything():
         f"{versions.kubernetes(versions.default_minor()).end_of_life.isoformat()}"
 
 
+CENTOS_7 = OSInfo("centos", ("rhel", "fedora"), "7", "CentOS Linux 7 (Core)", "rhel")
+
+
 def test_containerd_too_old_for_kubernetes_126():
-    r = by_id(check_host(HOST, facts(containerd=Runtime("containerd", "1.5.9", (1, 5, 9), True)),
+    # on an OS gpuk8s does not upgrade containerd on: a failure that says how to do it by hand
+    r = by_id(check_host(HOST, facts(os=CENTOS_7, containerd=Runtime("containerd", "1.5.9", (1, 5, 9), True)),
                          Cluster(kubernetes_version="1.30"), today=TODAY))
     compat = r["runtime.kubernetes-compat"]
     assert compat.status == "fail" and "needs CRI v1: containerd >= 1.6.15, found 1.5.9" in compat.message
     assert compat.remedy.startswith("upgrade containerd to 1.6.15 or newer")
     assert r["runtime.version"].status == "pass"  # 1.5.9 is above the 1.4.3 floor
+    # on Ubuntu 22.04 install upgrades it (containerd.io from the matrix): a warning naming what install does
+    r = by_id(check_host(HOST, facts(containerd=Runtime("containerd", "1.5.9", (1, 5, 9), True)),
+                         Cluster(kubernetes_version="1.30"), today=TODAY))
+    compat = r["runtime.kubernetes-compat"]
+    assert compat.status == "warn" and compat.severity == "error" and "found 1.5.9" in compat.message
+    assert compat.remedy.startswith(f"gpuk8s install upgrades it: containerd.io {versions.matrix().containerd_version}")
 
 
-def test_containerd_17_fails_with_a_minor_that_needs_containerd_2():
-    """Ubuntu 22.04's containerd is 1.7; Kubernetes 1.35 was the last minor to run on containerd 1.x."""
-    needs_2 = [m for m in versions.matrix().minors.values() if m.containerd_floor.startswith("2.")]
-    assert needs_2  # 1.36 and 1.37; the default is not one of them until install can set up containerd 2.x
-    assert versions.kubernetes(versions.default_minor()) not in needs_2
+def test_containerd_17_with_a_minor_that_needs_containerd_2_is_upgraded_by_install():
+    """Ubuntu 22.04's containerd is 1.7; Kubernetes 1.35 was the last minor to run on containerd 1.x: install
+    brings it to the matrix's containerd.io 2.x, so preflight warns (naming what install will do) and passes."""
+    m = versions.matrix()
+    needs_2 = [k for k in m.minors.values() if k.containerd_floor.startswith("2.")]
+    assert needs_2  # 1.36 and 1.37; the default is one of them now that install sets up containerd 2.x
+    assert versions.kubernetes(versions.default_minor()) in needs_2 and m.containerd_installable == 2
     for k in needs_2:
-        r = by_id(check_host(HOST, facts(containerd=CONTAINERD_17), Cluster(kubernetes_version=k.minor),
-                             today=TODAY))
-        compat = r["runtime.kubernetes-compat"]
-        assert compat.status == "fail" and compat.severity == "error", k.minor
-        assert compat.message.startswith(f"Kubernetes {k.minor} needs containerd >= 2.0, found 1.7.12: "
-                                         "Kubernetes 1.35 is the last minor that runs on containerd 1.x")
-        # the remedy says what install does (nothing yet), what to do by hand, and the minor that runs as it is
-        assert compat.remedy.startswith("gpuk8s install cannot upgrade containerd to 2.x yet: upgrade it by hand")
-        assert "containerd config default > /etc/containerd/config.toml" in compat.remedy
-        assert compat.remedy.endswith('or choose cluster.kubernetes_version: "1.35", the newest minor that runs on '
-                                      "containerd 1.7.12")
+        for os_info, repo in ((facts().os, "Docker's apt repository (linux/ubuntu)"),
+                              (OSInfo("alinux", ("rhel",), "3", "Alibaba Cloud Linux 3", "rhel"),
+                               "Docker's yum repository (linux/rhel/8)")):
+            r = by_id(check_host(HOST, facts(os=os_info, containerd=CONTAINERD_17), Cluster(kubernetes_version=k.minor),
+                                 today=TODAY))
+            compat = r["runtime.kubernetes-compat"]
+            assert compat.status == "warn" and compat.severity == "error", k.minor
+            assert compat.message.startswith(f"Kubernetes {k.minor} needs containerd >= 2.0, found 1.7.12")
+            assert compat.remedy.startswith(
+                f"gpuk8s install upgrades it: containerd.io {m.containerd_version} (containerd "
+                f"{versions.fmt(versions.containerd_install_release())}) from {repo}")
+            assert "kept in /var/lib/gpuk8s/backup" in compat.remedy and "version 3" in compat.remedy
+            assert compat.remedy.endswith('or choose cluster.kubernetes_version: "1.35", the newest minor that runs '
+                                          "on containerd 1.7.12")
+        # where install does not upgrade (an OS it does not support): a failure with the by-hand way
+        bad = by_id(check_host(HOST, facts(os=CENTOS_7, containerd=CONTAINERD_17),
+                               Cluster(kubernetes_version=k.minor), today=TODAY))["runtime.kubernetes-compat"]
+        assert bad.status == "fail" and bad.message.startswith(
+            f"Kubernetes {k.minor} needs containerd >= 2.0, found 1.7.12: Kubernetes 1.35 is the last minor that "
+            "runs on containerd 1.x")
+        assert bad.remedy.startswith("gpuk8s install upgrades containerd only on Ubuntu 22.04 and Alibaba Cloud "
+                                     "Linux 3: upgrade it by hand")
+        assert "containerd config default > /etc/containerd/config.toml" in bad.remedy
     # the same host suits 1.35, and the message names what containerd recommends for it
     ok = by_id(check_host(HOST, facts(containerd=CONTAINERD_17), Cluster(kubernetes_version="1.35"), today=TODAY))
     assert ok["runtime.kubernetes-compat"].status == "pass"
     assert ok["runtime.kubernetes-compat"].message == ("containerd 1.7.12 suits Kubernetes 1.35: it needs >= 1.6.15 "
                                                        "(containerd recommends 2.2.0+, 2.1.5+, 1.7.28+)")
-    # and containerd 2.x suits every minor, containerd 1.6.20 those up to 1.35
-    for k in versions.matrix().minors.values():
-        for rt, want in ((CONTAINERD_2, "pass"), (CONTAINERD_16, "fail" if k in needs_2 else "pass")):
+    # and containerd 2.x suits every minor; containerd 1.6.20 those up to 1.35, and install upgrades it for the rest
+    for k in m.minors.values():
+        for rt, want in ((CONTAINERD_2, "pass"), (CONTAINERD_16, "warn" if k in needs_2 else "pass")):
             compat = by_id(check_host(HOST, facts(containerd=rt), Cluster(kubernetes_version=k.minor), today=TODAY))[
                 "runtime.kubernetes-compat"]
             assert compat.status == want, (k.minor, rt.raw)
@@ -125,7 +149,8 @@ def test_docker_needs_cri_dockerd_from_124():
     f = facts(docker=Runtime("docker", "20.10.24", (20, 10, 24), True), docker_daemon=DockerDaemon(True, "nvidia", True,
                                                                                                   "systemd"))
     r = by_id(check_host(HOST, f, Cluster(container_runtime="docker")))
-    assert r["runtime.kubernetes-compat"].status == "fail" and "cri-dockerd" in r["runtime.kubernetes-compat"].message
+    # no dockershim: install sets up cri-dockerd (tests/unit/test_cri_dockerd.py has the other verdicts)
+    assert r["runtime.kubernetes-compat"].status == "pass" and "cri-dockerd" in r["runtime.kubernetes-compat"].message
     assert r["toolkit.default-runtime"].status == "pass"
 
 

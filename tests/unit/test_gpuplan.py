@@ -51,7 +51,14 @@ def test_the_plan_of_a_node(role, gpus, found, gpu_node, want) -> None:
     assert plan.gpu_node is gpu_node
     assert plan.resources == ({"nvidia.com/gpu": want} if want else {})
     assert plan.expected_gpus == want
-    want_labels = {"example.com/team": "ml", **({"nvidia.com/gpu.present": "true"} if gpu_node else {})}
+    want_labels = {"example.com/team": "ml"}
+    if gpu_node:  # whole GPUs: the plugin's default config, and GFD's labels from what gpuk8s knows
+        want_labels |= {"nvidia.com/gpu.present": "true", "nvidia.com/device-plugin.config": "none",
+                        "nvidia.com/gpu.replicas": "1", "nvidia.com/gpu.sharing-strategy": "none"}
+        if want:
+            want_labels["nvidia.com/gpu.count"] = str(want)
+        if found:
+            want_labels |= {"nvidia.com/gpu.product": "NVIDIA-H200", "nvidia.com/gpu.memory": "143771"}
     assert plan.labels == want_labels
     assert [str(t) for t in plan.taints] == ["dedicated=gpu:NoSchedule"]
     assert plan.runtime_handler == ("nvidia" if gpu_node else "")
@@ -75,7 +82,11 @@ def test_render_and_install_and_the_playbooks_agree(role, gpus, found, gpu_node,
     ctx = Context(inv, facts={"node-1": f}, plans=gpuplan.plans(inv, {"node-1": f}), kube_client=kube,
                   initialized_cache=True)
     GPUNodes().run(ctx)
-    assert kube.nodes["node-1"]["metadata"]["labels"] == rendered
+    # render has no facts: install adds (or corrects) exactly the labels read from nvidia-smi
+    from_facts = {k: v for k, v in ctx.plans["node-1"].labels.items()
+                  if k in ("nvidia.com/gpu.product", "nvidia.com/gpu.memory", "nvidia.com/gpu.count")}
+    assert kube.nodes["node-1"]["metadata"]["labels"] == {**rendered, **from_facts}
+    assert ({"nvidia.com/gpu.product", "nvidia.com/gpu.memory"} <= set(from_facts)) is bool(found and gpu_node)
     assert context(inv, inv.host("node-1"), f)["gpu"] is gpu_node
 
 

@@ -35,8 +35,18 @@ FIELDS = [
     "ssh.bastion.user", "install.toolkit_version", "install.toolkit_repo", "install.kubernetes_repo",
     "install.device_plugin_version", "install.calico_manifest", "install.flannel_manifest", "install.verify_image",
     "install.toolkit_repo.url", "install.kubernetes_repo.url", "install.calico_manifest_sha256",
-    "install.flannel_manifest_sha256",
+    "install.flannel_manifest_sha256", "install.containerd_version", "install.containerd_repo",
+    "install.containerd_repo.url", "hosts.1.mig.config", "install.cri_dockerd_url",
+    "install.cri_dockerd_sha256.amd64",
 ]
+FIELDS += ["monitoring.namespace", "monitoring.retention", "monitoring.storage_class", "monitoring.storage_size"]
+FIELDS += ["hosts.1.gpu_sharing.strategy", "hosts.1.gpu_group", "gpu_defaults.gpu_sharing.strategy"]
+# issue 21: the registry block reaches hosts.toml, containerd's config, kubeadm's and curl's command lines
+FIELDS += ["registry.mirror", "registry.overrides.localhost", "registry.overrides.KEY", "registry.manifests",
+           "registry.ca_file", "registry.credentials.env"]
+# review 2: keys that reach a shell or a label too (each was already refused; listed so that it stays so)
+FIELDS += ["install.containerd_repo.key_fingerprint", "install.cri_dockerd_sha256.KEY", "gpu_groups.KEY",
+           "hosts.1.mig.config.0.mig-devices.KEY"]
 LOCAL_PATHS = ["ssh.identity_file", "ssh.known_hosts"]
 
 
@@ -44,13 +54,19 @@ def with_value(field: str, value: str) -> dict[str, Any]:
     d = copy.deepcopy(BASE)
     if field == "ssh.bastion.address" or field == "ssh.bastion.user":
         d["ssh"]["bastion"] = {"address": "jump.example.com", "user": "ops"}
+    if field == "install.containerd_repo.key_fingerprint":
+        d["install"] = {"containerd_repo": {"url": "https://mirror.lan/docker"}}
+    if field == "gpu_groups.KEY":
+        d["gpu_groups"] = {"a": {"gpu_sharing": {"strategy": "time-slicing", "replicas": 2}}}
+    if field.startswith("hosts.1.mig.config"):
+        d["hosts"][1]["mig"] = {"strategy": "mixed", "config": [{"devices": "all", "mig-devices": {"1g.10gb": 1}}]}
     *path, last = field.split(".")
     cur: Any = d
     for k in path:
         cur = cur[int(k)] if k.isdigit() else cur.setdefault(k, {})
     if last == "KEY":
         cur.clear()
-        cur[value] = "a"
+        cur[value] = 1 if path[-1] == "mig-devices" else "a"  # a MIG profile's count
     elif last.isdigit():
         cur[int(last)] = value
     else:

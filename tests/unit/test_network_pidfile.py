@@ -59,8 +59,8 @@ def test_a_planted_pid_kills_nothing(server_dir: str, planted: str) -> None:
 def test_the_iperf3_server_it_started_is_stopped(server_dir: str) -> None:
     port = "52917"
     subprocess.run(["iperf3", "-s", "-D", "-B", "127.0.0.1", "-p", port, "-I", f"{server_dir}/pid"], check=True)
-    for _ in range(50):
-        if os.path.exists(f"{server_dir}/pid"):
+    for _ in range(400):  # the daemon writes its pid file after forking: slow on a busy machine
+        if os.path.exists(f"{server_dir}/pid") and Path(f"{server_dir}/pid").read_text().strip():
             break
         time.sleep(0.05)
     pid = int(Path(f"{server_dir}/pid").read_text().split()[0])

@@ -231,7 +231,7 @@ def _inventory() -> Inventory:
     return Inventory(Path("inventory.yaml"), Cluster(), SSHSettings(), (WORKER,))
 
 
-def _run(monkeypatch: pytest.MonkeyPatch, gather: Callable[[object], object],
+def _run(monkeypatch: pytest.MonkeyPatch, gather: Callable[..., object],
          check: Callable[..., object] | None = None) -> runner.Report:
     monkeypatch.setattr(runner, "Session", _DummySession)
     monkeypatch.setattr(runner, "gather", gather)
@@ -262,7 +262,7 @@ def test_a_check_that_raises_fails_its_host(monkeypatch: pytest.MonkeyPatch) -> 
     records = _Records()
     logging.getLogger("gpuk8s.preflight").addHandler(records)
     try:
-        rep = _run(monkeypatch, lambda s: (facts, reached, time.time()), boom)
+        rep = _run(monkeypatch, lambda s, *prelude: (facts, reached, time.time()), boom)
     finally:
         logging.getLogger("gpuk8s.preflight").removeHandler(records)
     (host,) = rep.hosts
@@ -277,7 +277,7 @@ def test_a_check_that_raises_fails_its_host(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_a_parser_that_raises_fails_its_host(monkeypatch: pytest.MonkeyPatch) -> None:
-    def gather(_: object) -> object:
+    def gather(_: object, *prelude: object) -> object:
         raise KeyError("sysctl")
 
     _DummySession.closed = 0

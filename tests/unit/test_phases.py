@@ -80,7 +80,8 @@ def test_a_fresh_cluster_plans_every_phase_and_writes_nothing(tmp_path) -> None:
     assert [c.what for c in plans["join"].changes] == ["a bootstrap token for this run", "kubeadm join gpu-1",
                                                        "kubeadm join gpu-2"]
     applied = [c.what.split()[1] for c in plans["gpu"].changes]
-    assert applied == ["runtimeclass-nvidia.yaml", "nvidia-device-plugin.yaml"]
+    assert applied == ["runtimeclass-nvidia.yaml", "nvidia-device-plugin-configs.yaml", "nvidia-device-plugin.yaml",
+                       "nvidia-device-plugin-mps-control-daemon.yaml"]
     assert kube.writes == []
     assert not (tmp_path / "ml.kubeconfig").exists()
 
@@ -103,9 +104,14 @@ def test_a_node_missing_its_labels_is_the_only_change(tmp_path) -> None:
     gpu = GPUNodes().plan(ctx)
     assert gpu.status == "would-change"
     assert [c.commands for c in gpu.changes] == [
-        "kubectl label node gpu-1 nvidia.com/gpu.present=true team=vision --overwrite"]
+        "kubectl label node gpu-1 nvidia.com/device-plugin.config=none nvidia.com/gpu.count=8 "
+        "nvidia.com/gpu.memory=143771 nvidia.com/gpu.present=true nvidia.com/gpu.product=NVIDIA-H200 "
+        "nvidia.com/gpu.replicas=1 nvidia.com/gpu.sharing-strategy=none team=vision --overwrite"]
     res = GPUNodes().run(ctx)
-    assert res.status == "changed" and res.hosts == {"gpu-1": "labelled nvidia.com/gpu.present, team"}
+    assert res.status == "changed" and res.hosts == {"gpu-1": "labelled nvidia.com/device-plugin.config, "
+                                                     "nvidia.com/gpu.count, nvidia.com/gpu.memory, "
+                                                     "nvidia.com/gpu.present, nvidia.com/gpu.product, "
+                                                     "nvidia.com/gpu.replicas, nvidia.com/gpu.sharing-strategy, team"}
     assert [c[0] for c in kube.writes] == ["label"]  # no manifest applied again
     assert GPUNodes().run(ctx).status == "unchanged"
 
@@ -128,7 +134,8 @@ def test_the_gpu_manifests_exist_only_with_a_gpu_node(cpu_only: bool) -> None:
     inv = loads("hosts:\n  - {name: cp-1, address: 10.0.0.10, role: control-plane}\n"
                 f"  - {{name: w-1, address: 10.0.0.11, gpus: {0 if cpu_only else 2}}}\n")
     names = [m.name for m in manifests.wanted(inv, gpuplan.plans(inv))]
-    assert names == ([] if cpu_only else ["runtimeclass-nvidia.yaml", "nvidia-device-plugin.yaml"])
+    assert names == ([] if cpu_only else ["runtimeclass-nvidia.yaml", "nvidia-device-plugin-configs.yaml",
+                                          "nvidia-device-plugin.yaml", "nvidia-device-plugin-mps-control-daemon.yaml"])
 
 
 def test_the_applied_hash_is_the_sha256_of_the_rendered_text() -> None:

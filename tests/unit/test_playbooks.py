@@ -34,7 +34,8 @@ def steps_for(inv=INV, f=None, host=HOST) -> list[RenderedStep]:
 
 
 def test_shipped_playbooks_parse():
-    assert playbook_names() == ["containerd", "docker", "kubernetes-prerequisites", "nvidia-container-toolkit"]
+    assert playbook_names() == ["containerd", "cri-dockerd", "docker", "kubernetes-prerequisites",
+                              "nvidia-container-toolkit", "registry-mirrors"]
     for name in playbook_names():
         pb = load_playbook(name)
         assert pb.steps and pb.description
@@ -345,3 +346,46 @@ def test_unpinned_apt_key_keeps_the_old_behaviour_over_https(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "--proto =https --proto-redir =https" in (tmp_path / "curl.log").read_text()
     assert run_key_step(s, tmp_path, KEY_A, "check").returncode == 0  # no pin: any installed keyring is kept
+
+
+def test_a_run_killed_after_its_change_still_restarts_on_the_next_run(tmp_path: Path) -> None:
+    """The restart marker is set before a step's commands run: a kill between writing the new configuration
+    and the end of the step must not leave a service on its old configuration for good."""
+    root = tmp_path
+    pb = parse_playbook(f"""
+name: t
+steps:
+  - name: conf
+    check: grep -q new {root}/app.conf
+    run: |
+      echo new > {root}/app.conf
+      kill -KILL $$  # the whole script ($$ in a subshell is the script)
+    restarts: app
+  - name: app-restarted
+    check: "! gk_restart_pending app"
+    run: echo restarted >> {root}/restarts && rm -f {root}/state/restart-app
+""", "t.yaml")
+    script = build_script(render_playbook(pb, {}), owner="unit test", dry_run=False).replace(
+        "/var/lib/gpuk8s", str(root / "state"))
+    first = subprocess.run(["sh", "-c", script], capture_output=True, text=True)
+    assert first.returncode != 0 and (root / "app.conf").read_text() == "new\n"  # killed after the change
+    second = subprocess.run(["sh", "-c", script], capture_output=True, text=True)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert (root / "restarts").read_text() == "restarted\n"
+    assert not (root / "state/restart-app").exists()
+
+
+def test_docker_daemon_json_created_by_gpuk8s_is_backed_up_as_absent(tmp_path: Path) -> None:
+    """A host without /etc/docker/daemon.json: the backup says there was none (so --purge removes the file),
+    not a `{}` written before the backup was taken."""
+    if shutil.which("python3") is None:
+        pytest.skip("python3 is not installed here")
+    [step] = render_playbook(load_playbook("docker"), {"gpu": False})[:1]
+    assert step.name == "daemon-json"
+    script = build_script([step], owner="unit test", dry_run=False).replace(
+        "/var/lib/gpuk8s", str(tmp_path / "state")).replace("/etc/docker", str(tmp_path / "etc/docker"))
+    p = subprocess.run(["sh", "-c", script], capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "native.cgroupdriver=systemd" in (tmp_path / "etc/docker/daemon.json").read_text()
+    backup = tmp_path / f"state/backup{tmp_path}/etc/docker/daemon.json"
+    assert Path(f"{backup}.absent").exists() and not backup.exists()

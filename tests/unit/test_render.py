@@ -64,7 +64,8 @@ def test_every_rendered_manifest_is_valid_for_every_minor_of_the_matrix(version)
                 continue  # not API objects: checked field by field below
             kubernetes_validate.validate(d, schema_for(version), strict=True)
             checked += 1
-    assert checked == 3  # DaemonSet, RuntimeClass, Pod
+    # RuntimeClass, the plugin's ConfigMap, DaemonSet, ServiceAccount, ClusterRole(Binding), MPS daemon, Pod
+    assert checked == 8
     # the device plugin of this minor's pins
     image = f"nvcr.io/nvidia/k8s-device-plugin:{versions.pins(version).device_plugin}"
     assert image in docs["nvidia-device-plugin.yaml"]
@@ -76,7 +77,7 @@ def test_kubernetes_validate_knows_the_default_minor():
 
 
 def test_the_validator_would_catch_a_mistake():
-    bad = yaml.safe_load(manifests.device_plugin(INV).applied_text())
+    bad = next(yaml.safe_load_all(manifests.device_plugin(INV).applied_text()))
     bad["spec"]["template"]["spec"]["tolerations"][0]["effekt"] = "NoSchedule"
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(bad, "1.30", strict=True)
@@ -149,7 +150,8 @@ def test_render_shows_no_secret(run_cli, tmp_path):
     assert "<minted at join time>" in r.stdout and not re.search(r"[a-z0-9]{6}\.[a-z0-9]{16}", r.stdout)
     r = run_cli("render", "-i", str(inv), "--output-dir", str(tmp_path / "out"))
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
-        "kubeadm-init.yaml", "kubeadm-join-worker.yaml", "node-labels-taints.sh", "nvidia-device-plugin.yaml",
+        "kubeadm-init.yaml", "kubeadm-join-worker.yaml", "node-labels-taints.sh", "nvidia-device-plugin-configs.yaml",
+        "nvidia-device-plugin-mps-control-daemon.yaml", "nvidia-device-plugin.yaml",
         "runtimeclass-nvidia.yaml", "verify-pod.yaml"]
 
 
@@ -165,7 +167,8 @@ hosts:
 """)
     text = render.node_commands(inv)
     assert text.splitlines()[3:] == [
-        "kubectl label node gpu-1 example.com/team=vision nvidia.com/gpu.present=true --overwrite",
+        "kubectl label node gpu-1 example.com/team=vision nvidia.com/device-plugin.config=none nvidia.com/gpu.count=8 "
+        "nvidia.com/gpu.present=true nvidia.com/gpu.replicas=1 nvidia.com/gpu.sharing-strategy=none --overwrite",
         "kubectl taint node gpu-1 nvidia.com/gpu=present:NoSchedule dedicated:NoExecute --overwrite"]
     script = tmp_path / "n.sh"
     script.write_text(text)

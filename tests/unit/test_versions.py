@@ -159,6 +159,7 @@ def matrix_strings() -> set[str]:
     for p in M.pin_sets().values():
         out |= {p.device_plugin, p.toolkit, p.calico.version, p.flannel.version, p.dcgm_exporter}
     out |= {img.rpartition(":")[2] for img in M.cuda_test_images}
+    out.add(versions.cri_dockerd().version)
     return out
 
 
@@ -174,6 +175,7 @@ def _texts(path: Path) -> list[tuple[int, str]]:
 def violations(rel: str) -> list[str]:
     strings = matrix_strings()
     hashes = {pin.sha256 for p in M.pin_sets().values() for pin in (p.calico, p.flannel)}
+    hashes |= set(versions.cri_dockerd().sha256.values())
     apis = {k.kubeadm_api for k in M.minors.values()}
     out = []
     for line, text in _texts(ROOT / rel):

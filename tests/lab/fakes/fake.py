@@ -10,15 +10,20 @@ status can be replaced verbatim through the state's "overrides".
 
 from __future__ import annotations
 
+import copy
 import fcntl
 import fnmatch
+import gzip
 import hashlib
+import io
 import json
 import os
 import re
+import socket
 import struct
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
@@ -68,6 +73,264 @@ def record(argv: list[str]) -> None:
 CUDA_FOR_DRIVER = ((580, "13.0"), (525, "12.0"), (450, "11.0"), (440, "10.2"), (418, "10.1"), (410, "10.0"))
 
 
+# MIG, modelled from NVIDIA's MIG user guide (docs.nvidia.com/datacenter/tesla/mig-user-guide: "Supported MIG
+# Profiles", "Getting Started with MIG") and nvidia-smi's messages quoted there; no MIG output of a real
+# device was captured for the lab (tests/fixtures/mig/README.md says which are modelled). State per GPU in
+# state["mig"][INDEX]: current/pending mode (0/1), GPU instances [{id, profile, start, cis}]; processes
+# holding a GPU in state["gpu_procs"][INDEX] = [[pid, name]] (LabHost.hold_gpu). A GPU reset (-r) is refused
+# while a process holds the GPU; LabHost.reboot() activates the pending mode and clears every instance.
+# Profiles: (name, GI profile id, instances, compute slices, memory GiB as -lgip prints it, SMs, CI profile
+# id, placements on the memory axis, memory slices).
+_MIG_8 = {  # name suffixes per board: 1g, 1g with 2 memory slices / 2g, 3g / 4g, 7g
+    "A100-80GB": (("10gb", "20gb", "40gb", "80gb"), ("9.75", "19.50", "39.25", "78.50"), (14, 14, 28, 42, 56, 98)),
+    "A100-40GB": (("5gb", "10gb", "20gb", "40gb"), ("4.75", "9.75", "19.62", "39.50"), (14, 14, 28, 42, 56, 98)),
+    "H100-80GB": (("10gb", "20gb", "40gb", "80gb"), ("9.75", "19.62", "39.50", "79.25"), (16, 26, 32, 60, 64, 132)),
+    "H200-141GB": (("18gb", "35gb", "71gb", "141gb"), ("16.50", "32.50", "69.75", "139.62"), (16, 26, 32, 60, 64, 132)),
+}
+
+
+def _mig_profiles(model: str, mem_mib: int) -> list[tuple] | None:
+    """The -lgip table of a board, or None where the GPU has no MIG (L4, T4, V100, ...)."""
+    m = model.upper()
+    key = ("A100-80GB" if mem_mib > 60000 else "A100-40GB") if "A100" in m else (
+        "H100-80GB" if "H100" in m else "H200-141GB" if "H200" in m else None)
+    if key is None:
+        return None
+    (a, b, c, d), mem, sm = _MIG_8[key]
+    one = (0, 1, 2, 3, 4, 5, 6)
+    return [(f"1g.{a}", 19, 7, 1, mem[0], sm[0], 0, one, 1), (f"1g.{a}+me", 20, 1, 1, mem[0], sm[0], 0, one, 1),
+            (f"1g.{b}", 15, 4, 1, mem[1], sm[1], 0, (0, 2, 4, 6), 2),
+            (f"2g.{b}", 14, 3, 2, mem[1], sm[2], 1, (0, 2, 4), 2),
+            (f"3g.{c}", 9, 2, 3, mem[2], sm[3], 2, (0, 4), 4), (f"4g.{c}", 5, 1, 4, mem[2], sm[4], 3, (0,), 4),
+            (f"7g.{d}", 0, 1, 7, mem[3], sm[5], 4, (0,), 8)]
+
+
+def _bus(i: int) -> str:
+    return f"00000000:{0x10 + i:02X}:00.0"
+
+
+def _mig_gpu(h: Host, i: int) -> dict:
+    st = h.state.setdefault("mig", {})
+    if str(i) not in st:
+        on = 1 if h.spec["mig"] == "Enabled" else 0
+        st[str(i)] = {"current": on, "pending": on, "gis": []}
+    return st[str(i)]
+
+
+def _mig_mode(h: Host, i: int) -> tuple[str, str]:
+    if _mig_profiles(h.spec["gpu_model"], int(h.spec["gpu_memory_mib"])) is None:
+        return "[N/A]", "[N/A]"
+    g = _mig_gpu(h, i)
+    return ("Enabled" if g["current"] else "Disabled"), ("Enabled" if g["pending"] else "Disabled")
+
+
+def _held(h: Host, i: int) -> list:
+    return h.state.get("gpu_procs", {}).get(str(i), [])
+
+
+def _free_start(g: dict, prof: tuple) -> int | None:
+    used = {s for gi in g["gis"] for s in range(gi["start"], gi["start"] + gi["size"])}
+    compute = sum(gi["slices"] for gi in g["gis"])
+    if compute + prof[3] > 7 or sum(1 for gi in g["gis"] if gi["profile"] == prof[0]) >= prof[2]:
+        return None
+    return next((s for s in prof[7] if s + prof[8] <= 8 and not used & set(range(s, s + prof[8]))), None)
+
+
+# DEC / CE / JPEG / OFA per profile row (the A100-80GB table of the MIG user guide)
+_MIG_ENGINES = ((0, 1, 0, 0), (1, 1, 1, 1), (1, 1, 0, 0), (1, 2, 0, 0), (2, 3, 0, 0), (2, 4, 0, 0), (5, 7, 1, 1))
+
+
+def _row(text: str, width: int) -> str:
+    return "|" + text.ljust(width) + "|\n"
+
+
+def _box(title: str, head: list[str], rows: list[str], width: int) -> None:
+    rule = "+" + "-" * width + "+\n"
+    out(rule + _row(" " + title, width))
+    for line in head:
+        out(_row(" " + line, width))
+    out("|" + "=" * width + "|\n")
+    for r in rows:
+        out(r)
+    if not rows or not rows[-1].startswith("+"):
+        out(rule)
+
+
+def _nvidia_smi_mig(h: Host, args: list[str], gpus: list[int]) -> int:
+    """`nvidia-smi mig ...`: -lgip, -lgi, -lci, -cgi LIST [-C], -dci, -dgi (each optionally with -i N)."""
+    table = _mig_profiles(h.spec["gpu_model"], int(h.spec["gpu_memory_mib"]))
+    on = [i for i in gpus if table is not None and _mig_gpu(h, i)["current"]]
+    if not on:
+        out("No MIG-enabled devices found.\n")
+        return 0 if any(a in args for a in ("-lgip", "-lgi", "-lci")) else 6
+    assert table is not None
+    if "-lgip" in args:
+        rows = []
+        for i in on:
+            g = _mig_gpu(h, i)
+            for n, p in enumerate(table):
+                trial, free = {"gis": list(g["gis"])}, 0  # how many more of this profile still fit
+                while (s := _free_start(trial, p)) is not None:
+                    trial["gis"].append({"profile": p[0], "start": s, "size": p[8], "slices": p[3]})
+                    free += 1
+                dec, ce, jpeg, ofa = _MIG_ENGINES[n]
+                rows.append(_row(f"   {i}  MIG {p[0]:<14}{p[1]:>2}     {free}/{p[2]:<9}{p[4]:<11}No     "
+                                 f"{p[5]:<7}{dec:<6}0", 77))
+                rows.append(_row(f"{'':61}{ce:<6}{jpeg:<6}{ofa}", 77))
+                rows.append("+" + "-" * 77 + "+\n")
+        _box("GPU instance profiles:", ["GPU   Name             ID    Instances   Memory     P2P    SM    DEC   ENC",
+                                        "                             Free/Total   GiB              CE    JPEG  OFA"],
+             rows, 77)
+        return 0
+    if "-lgi" in args:
+        rows = [_row(f"   {i}  MIG {gi['profile']:<12}{gi['pid']:>4}{gi['id']:>9}{gi['start']:>11}:{gi['size']}", 55)
+                for i in on for gi in _mig_gpu(h, i)["gis"]]
+        if not rows:
+            out("No GPU instances found: Not Found\n")
+            return 6
+        _box("GPU instances:", ["GPU   Name          Profile  Instance   Placement    ",
+                                "                     ID       ID       Start:Size   "], rows, 55)
+        return 0
+    if "-lci" in args:
+        rows = [_row(f"   {i}{gi['id']:>7}     MIG {gi['profile']:<12}{gi['cipid']:>5}{ci:>9}", 56)
+                for i in on for gi in _mig_gpu(h, i)["gis"] for ci in gi["cis"]]
+        if not rows:
+            out("No compute instances found: Not Found\n")
+            return 6
+        _box("Compute instances:", ["GPU     GPU       Name         Profile  Instance      ",
+                                    "     Instance                   ID       ID          ",
+                                    "       ID                                            "], rows, 56)
+        return 0
+    if "-cgi" in args:
+        wanted = args[args.index("-cgi") + 1].split(",") if args.index("-cgi") + 1 < len(args) else []
+        rc = 0
+        for i in on:
+            g = _mig_gpu(h, i)
+            for w in wanted:
+                p = next((p for p in table if w in (p[0], str(p[1]))), None)
+                start = None if p is None else _free_start(g, p)
+                if p is None or start is None:
+                    why = "Not Found" if p is None else "Insufficient Resources"
+                    out(f"Unable to create a GPU instance on GPU {i:>2} using profile {w}: {why}\n")
+                    err(f"Failed to create GPU instances: {why}\n")
+                    h.save()
+                    return 3 if p is None else 255
+                gid = next(n for n in range(1, 64) if all(gi["id"] != n for gi in g["gis"]))
+                gi = {"id": gid, "profile": p[0], "pid": p[1], "start": start, "size": p[8], "slices": p[3],
+                      "cipid": p[6], "cis": []}
+                g["gis"].append(gi)
+                out(f"Successfully created GPU instance ID {gid:>2} on GPU {i:>2} using profile MIG {p[0]} "
+                    f"(ID {p[1]:>2})\n")
+                if "-C" in args:
+                    gi["cis"].append(0)
+                    out(f"Successfully created compute instance ID  0 on GPU {i:>2} GPU instance ID {gid:>2} using "
+                        f"profile MIG {p[0]} (ID {p[6]:>2})\n")
+        h.save()
+        return rc
+    if "-dci" in args or "-dgi" in args:
+        ci = "-dci" in args
+        what = "compute instance" if ci else "GPU instance"
+        found = False
+        for i in on:
+            g = _mig_gpu(h, i)
+            for gi in list(g["gis"]):
+                if ci and not gi["cis"]:
+                    continue
+                found = True
+                busy = "In use by another client" if _held(h, i) or (not ci and gi["cis"]) else ""
+                if busy:
+                    out(f"Unable to destroy {what} ID {gi['cis'][0] if ci else gi['id']} from GPU {i:>2}"
+                        + (f" GPU instance ID {gi['id']:>2}" if ci else "") + f": {busy}\n")
+                    err(f"Failed to destroy {what}s: {busy}\n")
+                    h.save()
+                    return 255
+                if ci:
+                    for c in gi["cis"]:
+                        out(f"Successfully destroyed compute instance ID {c:>2} from GPU {i:>2} "
+                            f"GPU instance ID {gi['id']:>2}\n")
+                    gi["cis"] = []
+                else:
+                    out(f"Successfully destroyed GPU instance ID {gi['id']:>2} from GPU {i:>2}\n")
+                    g["gis"].remove(gi)
+        h.save()
+        if not found:
+            out(f"No {what}s found: Not Found\n")
+            return 6
+        return 0
+    err("Invalid combination of input arguments. Please run 'nvidia-smi mig -h' for help.\n")
+    return 2
+
+
+def _nvidia_smi_set_mig(h: Host, gpus: list[int], on: int) -> int:
+    """`nvidia-smi [-i N] -mig 1|0`: the mode becomes pending; the lab activates it only by a GPU reset or a
+    reboot (the MIG user guide: the driver may reset the GPU itself; where it cannot, "Reboot the system or try
+    nvidia-smi --gpu-reset to make MIG mode effective"). The fleet key mig_activation: auto lets the lab's
+    driver reset an idle GPU on its own, as the guide's bare-metal A100 example shows."""
+    if _mig_profiles(h.spec["gpu_model"], int(h.spec["gpu_memory_mib"])) is None:
+        for i in gpus:
+            out(f"Unable to {'enable' if on else 'disable'} MIG Mode for GPU {_bus(i)}: Not Supported\n")
+        out("Treating as warning and moving on.\nAll done.\n")
+        return 3
+    word = "Enabled" if on else "Disabled"
+    for i in gpus:
+        g = _mig_gpu(h, i)
+        if not on and g["gis"]:
+            out(f"Unable to disable MIG Mode for GPU {_bus(i)}: In use by another client\n")
+            h.save()
+            return 255
+        g["pending"] = on
+        if g["current"] == on:
+            out(f"{word} MIG Mode for GPU {_bus(i)}\n")
+        elif _held(h, i):
+            out(f"Warning: MIG mode is in pending {'enable' if on else 'disable'} state for GPU {_bus(i)}:In use by "
+                f"another client\n{_bus(i)} is currently being used by one or more other processes (e.g. CUDA "
+                "application or a monitoring application such as another instance of nvidia-smi). Please first kill "
+                "all processes using the device and retry the command or reboot the system to make MIG mode "
+                "effective.\n")
+        elif h.spec.get("mig_activation", "reset") == "auto":
+            g["current"] = on
+            out(f"{word} MIG Mode for GPU {_bus(i)}\n")
+        else:
+            out(f"Warning: MIG mode is in pending {'enable' if on else 'disable'} state for GPU {_bus(i)}:"
+                "Not Supported\n"
+                f"Reboot the system or try nvidia-smi --gpu-reset to make MIG mode effective on GPU {_bus(i)}\n")
+    out("All done.\n")
+    h.save()
+    return 0
+
+
+def _nvidia_smi_reset(h: Host, gpus: list[int]) -> int:
+    """`nvidia-smi -i N -r`: refused while a process holds the GPU (the message of nvidia-smi's reset)."""
+    busy = [i for i in gpus if _held(h, i)]
+    if busy:
+        for i in busy:
+            out(f"GPU {_bus(i)} is currently in use by another process.\n\n")
+        out(f"{len(busy)} device{'s are' if len(busy) > 1 else ' is'} currently being used by one or more other "
+            "processes (e.g., Fabric Manager, CUDA application, graphics application such as an X server, or a "
+            "monitoring application such as another instance of nvidia-smi). Please first kill all processes using "
+            "this device and all compute applications running in the system.\n")
+        return 255
+    for i in gpus:
+        if _mig_profiles(h.spec["gpu_model"], int(h.spec["gpu_memory_mib"])) is not None:
+            g = _mig_gpu(h, i)
+            g["current"] = g["pending"]
+            g["gis"] = []
+        out(f"GPU {_bus(i)} was successfully reset.\n")
+    out("All done.\n")
+    h.save()
+    return 0
+
+
+def _compute_cap(model: str) -> str:
+    """Compute capability of a GPU model (developer.nvidia.com/cuda-gpus): V100 7.0, T4 7.5, A100/A30 8.0,
+    L4 8.9, H100/H200 9.0."""
+    for key, cc in (("V100", "7.0"), ("P100", "6.0"), ("T4", "7.5"), ("A100", "8.0"), ("A30", "8.0"),
+                    ("A10", "8.6"), ("L4", "8.9"), ("L40", "8.9"), ("H100", "9.0"), ("H200", "9.0"), ("H20", "9.0")):
+        if key in model:
+            return cc
+    return "8.0"
+
+
 def nvidia_smi(h: Host, args: list[str]) -> int:
     s = h.spec
     n = int(s["gpus"])
@@ -77,20 +340,58 @@ def nvidia_smi(h: Host, args: list[str]) -> int:
         return 6
     major = int(driver.split(".")[0])
     cuda = next((c for d, c in CUDA_FOR_DRIVER if major >= d), "9.0")
-    gpus = [(i, s["gpu_model"], f"GPU-{h.spec['name']}-{i:04d}-lab", s["gpu_memory_mib"], s["mig"]) for i in range(n)]
+    gpus = [(i, s["gpu_model"], f"GPU-{h.spec['name']}-{i:04d}-lab", s["gpu_memory_mib"], _mig_mode(h, i)[0])
+            for i in range(n)]
     if args and args[0] == "--version":
         out(f"NVIDIA-SMI version  : {driver}\nDRIVER version      : {driver}\nCUDA Version        : {cuda}\n")
         return 0
+    sel = list(range(n))
+    if "-i" in args[:-1]:
+        want = args[args.index("-i") + 1].split(",")
+        if any(not w.isdigit() or int(w) >= n for w in want):
+            err("No devices were found\n" if all(w.isdigit() for w in want) else "Invalid GPU id\n")
+            return 6
+        sel = [int(w) for w in want]
+    if args and args[0] == "mig":
+        return _nvidia_smi_mig(h, args[1:], sel)
+    if "-mig" in args[:-1] or "--multi-instance-gpu" in args[:-1]:
+        flag = "-mig" if "-mig" in args else "--multi-instance-gpu"
+        return _nvidia_smi_set_mig(h, sel, 1 if args[args.index(flag) + 1] in ("1", "ENABLED") else 0)
+    if "-r" in args or "--gpu-reset" in args:
+        return _nvidia_smi_reset(h, sel)
     if args and args[0] == "-L":
         for i, name, uid, _, _ in gpus:
             out(f"GPU {i}: {name} (UUID: {uid})\n")
+            if _mig_mode(h, i)[0] == "Enabled":
+                devs = [gi for gi in _mig_gpu(h, i)["gis"] if gi["cis"]]
+                for d, gi in enumerate(devs):
+                    mig_uid = f"MIG-{h.spec['name']}-{i:04d}-{gi['id']:02d}-lab"
+                    out(f"  MIG {gi['profile']:<12}Device {d:>2}: (UUID: {mig_uid})\n")
+        return 0
+    apps = next((a.split("=", 1)[1] for a in args if a.startswith("--query-compute-apps=")), None)
+    if apps is not None:
+        fields = apps.split(",")
+        for i, _, uid, _, _ in gpus:
+            for pid, pname in _held(h, i):
+                vals = {"gpu_uuid": uid, "pid": str(pid), "process_name": pname, "gpu_bus_id": _bus(i)}
+                if any(f not in vals for f in fields):
+                    out(f'Field "{next(f for f in fields if f not in vals)}" is not a valid field to query.\n\n')
+                    return 2
+                out(", ".join(vals[f] for f in fields) + "\n")
         return 0
     q = next((a.split("=", 1)[1] for a in args if a.startswith("--query-gpu=")), None)
     if q is not None:
         fields = q.split(",")
         for i, name, uid, mem, mig in gpus:
+            if i not in sel:
+                continue
             vals = {"index": str(i), "name": name, "uuid": uid, "driver_version": driver,
-                    "memory.total": str(mem), "mig.mode.current": mig}
+                    "memory.total": str(mem), "mig.mode.current": mig, "mig.mode.pending": _mig_mode(h, i)[1],
+                    "pci.bus_id": _bus(i),
+                    # the fleet's compute_cap, else the model's (NVIDIA's CUDA GPUs table): known from R510 on
+                    "compute_cap": str(h.spec.get("compute_cap") or _compute_cap(name))}
+            if int(driver.split(".")[0]) < 510:
+                vals.pop("compute_cap")
             if any(f not in vals for f in fields):
                 bad = next(f for f in fields if f not in vals)
                 out(f'Field "{bad}" is not a valid field to query.\n\n')
@@ -185,6 +486,8 @@ def systemctl(h: Host, args: list[str]) -> int:
     words = [a for a in args if not a.startswith("-")]
     if not words:
         return 0
+    if words[0] == "reboot":
+        return _reboot(h)
     verb, units = words[0], [u.removesuffix(".service") for u in words[1:]]
     svc = h.state.setdefault("services", {})
     enabled = h.state.setdefault("enabled", [])
@@ -202,13 +505,18 @@ def systemctl(h: Host, args: list[str]) -> int:
             if u in ("containerd", "docker", "kubelet") and not _installed(h, u):
                 err(f"Failed to {verb} {u}.service: Unit {u}.service not found.\n")
                 return 5
+            if u.startswith("cri-docker") and not _unit_file(u).exists():  # only units gpuk8s writes
+                unit = _unit_file(u).name
+                err(f"Failed to enable unit: Unit file {unit} does not exist.\n" if verb == "enable" else
+                    f"Failed to {verb} {unit}: Unit {unit} not found.\n")
+                return 1 if verb == "enable" else 5
         if verb == "enable":
             enabled.extend(u for u in units if u not in enabled)
             if "--now" not in args:
                 h.save()
                 return 0
         for u in units:
-            problem = _config_problem(u)
+            problem = _config_problem(u) or (_cri_docker_problem(h) if u == "cri-docker" else "")
             if problem:
                 svc[u] = "failed"
                 h.save()
@@ -218,16 +526,108 @@ def systemctl(h: Host, args: list[str]) -> int:
                 h.save()
                 return 1
             svc[u] = "active"
+            if u == "cri-docker.socket":
+                _listen(CRI_DOCKERD_SOCKET)
     elif verb == "stop":
         for u in units:
             svc[u] = "inactive"
+            if u == "cri-docker.socket":
+                Path(CRI_DOCKERD_SOCKET).unlink(missing_ok=True)
+    elif verb == "disable":
+        for u in units:
+            if u in enabled:
+                enabled.remove(u)
+            if "--now" in args:
+                svc[u] = "inactive"
+                if u == "cri-docker.socket":
+                    Path(CRI_DOCKERD_SOCKET).unlink(missing_ok=True)
     h.save()
     return 0
 
 
+# The lab's simulated reboot (`systemctl reboot` on a host, LabHost.reboot()): what the GPUs keep and lose is
+# changed at once (the pending MIG mode becomes current; GPU and compute instances and GPU processes are gone:
+# NVIDIA's MIG user guide, "persistence"); then a detached process, in the host's namespaces, ends every sshd of
+# the host (the listener and each session: clients see their connection drop), runs the enabled
+# gpuk8s-mig.service's ExecStart as systemd would at boot, and after REBOOT_DOWN seconds starts sshd again with
+# the lab's own command line (the host answers SSH again). Other processes, files, /run and /tmp are kept.
+REBOOT_DOWN = 2.0
+_REBOOT_HELPER = r"""
+import os, signal, subprocess, sys, time
+hostdir, start, down = sys.argv[1], sys.argv[2], float(sys.argv[3])
+time.sleep(0.3)  # the systemctl client gets its exit status first, as from systemd
+me = os.readlink("/proc/self/ns/net")
+for pid in [p for p in os.listdir("/proc") if p.isdigit()]:
+    try:
+        comm = open(f"/proc/{pid}/comm").read().strip()
+        if comm in ("sshd", "sshd-session") and os.readlink(f"/proc/{pid}/ns/net") == me:
+            os.kill(int(pid), signal.SIGKILL)
+    except OSError:
+        pass
+t0 = time.monotonic()
+if start:
+    subprocess.run(["sh", "-c", start], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL)
+time.sleep(max(0.0, down - (time.monotonic() - t0)))
+log = open(os.path.join(hostdir, "sshd.log"), "ab")
+p = subprocess.Popen(["/usr/sbin/sshd", "-D", "-e", "-f", os.path.join(hostdir, "sshd_config")],
+                     stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+open(os.path.join(hostdir, "sshd.pid"), "w").write(str(p.pid))
+"""
+
+
+def _reboot(h: Host) -> int:
+    for g in (h.state.get("mig") or {}).values():
+        g["current"], g["gis"] = g["pending"], []
+    h.state["gpu_procs"] = {}
+    h.state["boots"] = int(h.state.get("boots", 0)) + 1
+    start = ""
+    if "gpuk8s-mig" in h.state.get("enabled", []):
+        unit = _unit_file("gpuk8s-mig")
+        text = unit.read_text() if unit.exists() else ""
+        start = next((ln.split("=", 1)[1] for ln in text.splitlines() if ln.startswith("ExecStart=")), "")
+    h.save()
+    h.release()  # the boot unit's nvidia-smi takes the state lock
+    hostdir = LAB_ROOT / "hosts" / h.spec["name"]
+    subprocess.Popen(["/usr/bin/python3", "-c", _REBOOT_HELPER, str(hostdir), start, str(REBOOT_DOWN)],
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                     start_new_session=True, close_fds=True)
+    return 0
+
+
+# cri-dockerd's socket unit: ListenStream=%t/cri-dockerd.sock (cri-dockerd packaging/systemd/cri-docker.socket);
+# systemd creates the socket when the unit starts, and removes it when the unit stops
+CRI_DOCKERD_SOCKET = "/run/cri-dockerd.sock"
+
+
+def _unit_file(unit: str) -> Path:
+    return Path("/etc/systemd/system") / (unit if "." in unit else unit + ".service")
+
+
+def _listen(path: str) -> None:
+    """A real unix socket at `path` (as systemd's socket activation leaves it: bound, owned by systemd)."""
+    Path(path).unlink(missing_ok=True)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.bind(path)
+    os.chmod(path, 0o660)
+
+
+def _cri_docker_problem(h: Host) -> str:
+    """Why cri-docker.service would not start: its binary missing, or no Docker to talk to."""
+    if not Path("/usr/local/bin/cri-dockerd").exists():
+        return "cri-docker.service: Failed to locate executable /usr/local/bin/cri-dockerd: No such file or directory"
+    if h.state.get("services", {}).get("docker") != "active":
+        return ("level=fatal msg=\"Cannot connect to the Docker daemon at unix:///var/run/docker.sock. "
+                "Is the docker daemon running?\"")
+    return ""
+
+
 def _config_problem(unit: str) -> str:
-    """What the real daemon would refuse at start: containerd's config, checked by the real binary."""
+    """What the real daemon would refuse at start: containerd's config, checked by the real binary (containerd
+    1.x) or as containerd 2.x reads it (containerd2_config)."""
     real = LAB_ROOT / "real" / "containerd"
+    if unit == "containerd" and (v := containerd_version()) != "debian" and _major(v) >= 2:
+        return containerd2_config()[1] if Path("/etc/containerd/config.toml").exists() else ""
     if unit == "containerd" and real.exists() and Path("/etc/containerd/config.toml").exists():
         p = subprocess.run([str(real), "config", "dump"], capture_output=True, text=True)
         return p.stderr.strip() if p.returncode else ""
@@ -283,17 +683,290 @@ def docker(h: Host, args: list[str]) -> int:
     return 0
 
 
+def cri_dockerd_archive(version: str, arch: str, lab_root: Path = LAB_ROOT) -> bytes:
+    """What the lab serves as cri-dockerd's release archive cri-dockerd-VERSION.ARCH.tgz: the binary at
+    cri-dockerd/cri-dockerd, as in the real archive, here the lab's faked command naming its version. The same
+    bytes every time (tests pin their sha256, as gpuk8s pins the real archive's)."""
+    body = (wrapper("cri-dockerd", lab_root) + f"# cri-dockerd-version: {version} {arch}\n").encode()
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        for name, data in (("cri-dockerd", None), ("cri-dockerd/cri-dockerd", body)):
+            ti = tarfile.TarInfo(name)
+            ti.mode, ti.mtime, ti.uid, ti.gid, ti.uname, ti.gname = 0o755, 0, 0, 0, "root", "root"
+            ti.type = tarfile.DIRTYPE if data is None else tarfile.REGTYPE
+            ti.size = len(data) if data is not None else 0
+            tar.addfile(ti, io.BytesIO(data) if data is not None else None)
+    return gzip.compress(buf.getvalue(), mtime=0)
+
+
+def cri_dockerd(h: Host, args: list[str]) -> int:
+    """cri-dockerd as gpuk8s installs it (/usr/local/bin): --version prints "cri-dockerd VERSION (COMMIT)"
+    (cmd/server.go: version.PlatformName, version.FullVersion()); the daemon itself is faked by systemctl."""
+    try:
+        m = re.search(r"^# cri-dockerd-version: (\S+)", Path("/usr/local/bin/cri-dockerd").read_text(), re.M)
+    except OSError:
+        m = None
+    version = m.group(1) if m else "0.0.0"
+    if args[:1] in (["--version"], ["version"]):
+        out(f"cri-dockerd {version} ({hashlib.sha1(version.encode()).hexdigest()[:7]})\n")
+        return 0
+    err("cri-dockerd: the lab runs cri-dockerd only through systemctl (cri-docker.socket, cri-docker.service)\n")
+    return 1
+
+
+def containerd_version(h: Host | None = None) -> str:
+    """The containerd the host runs: containerd.io's once that package is installed, else the fleet's
+    runtime_version ('debian': the machine's real binary). Without `h`, read without the state lock."""
+    if h is None:
+        spec = json.loads((STATE_DIR / "host.json").read_text())
+        state = json.loads((STATE_DIR / "state.json").read_text() or "{}")
+    else:
+        spec, state = h.spec, h.state
+    pkg = state.get("packages", {}).get("containerd.io")
+    return pkg.split("-")[0] if pkg else spec["runtime_version"]
+
+
+def _major(v: str) -> int:
+    m = re.match(r"v?([0-9]+)\.", v)
+    return int(m.group(1)) if m else 1
+
+
 def containerd(h: Host, args: list[str]) -> int:
-    v = h.spec["runtime_version"]
+    v = containerd_version(h)
     if args[:1] in (["--version"], ["-v"]):
         if v.startswith("v"):
-            out(f"containerd github.com/containerd/containerd {v} 0cae528dd6cb557f7201036e9f43420650207b58\n")
-        else:
+            path = "github.com/containerd/containerd/v2" if _major(v) >= 2 else "github.com/containerd/containerd"
+            out(f"containerd {path} {v} 0cae528dd6cb557f7201036e9f43420650207b58\n")
+        else:  # containerd.io's: "containerd containerd.io 1.3.2 ff48f57f..." (docker/containerd-packaging PR 124)
             out(f"containerd containerd.io {v} 3dce8eb055cbb6872793272b4f20ed16117344f8\n")
         return 0
+    if v != "debian" and _major(v) >= 2:
+        return _containerd2(args)
     real = LAB_ROOT / "real" / "containerd"
     if real.exists():
         os.execv(str(real), [str(real), *args])
+    err("containerd: not available in the lab for these arguments\n")
+    return 1
+
+
+# `containerd config default` of containerd 2.2.1 (version 3: CRI split into io.containerd.cri.v1.images and
+# io.containerd.cri.v1.runtime, strings in single quotes, conf.d imported by default), as printed on Ubuntu
+# 24.04 (a public install log); plugins gpuk8s never reads are left out. Debian's real containerd 1.6
+# (tests/lab real/containerd) keeps judging version 2 configs.
+CONTAINERD2_DEFAULT = """version = 3
+root = '/var/lib/containerd'
+state = '/run/containerd'
+temp = ''
+disabled_plugins = []
+required_plugins = []
+oom_score = 0
+imports = ['/etc/containerd/conf.d/*.toml']
+
+[grpc]
+  address = '/run/containerd/containerd.sock'
+  tcp_address = ''
+  uid = 0
+  gid = 0
+  max_recv_message_size = 16777216
+  max_send_message_size = 16777216
+
+[ttrpc]
+  address = ''
+  uid = 0
+  gid = 0
+
+[debug]
+  address = ''
+  uid = 0
+  gid = 0
+  level = ''
+  format = ''
+
+[metrics]
+  address = ''
+  grpc_histogram = false
+
+[plugins]
+  [plugins.'io.containerd.cri.v1.images']
+    snapshotter = 'overlayfs'
+    disable_snapshot_annotations = true
+    discard_unpacked_layers = false
+    max_concurrent_downloads = 3
+    image_pull_progress_timeout = '5m0s'
+    image_pull_with_sync_fs = false
+    stats_collect_period = 10
+    use_local_image_pull = false
+
+    [plugins.'io.containerd.cri.v1.images'.pinned_images]
+      sandbox = 'registry.k8s.io/pause:3.10.1'
+
+    [plugins.'io.containerd.cri.v1.images'.registry]
+      config_path = '/etc/containerd/certs.d:/etc/docker/certs.d'
+
+  [plugins.'io.containerd.cri.v1.runtime']
+    enable_selinux = false
+    selinux_category_range = 1024
+    max_container_log_line_size = 16384
+    disable_apparmor = false
+    restrict_oom_score_adj = false
+    disable_proc_mount = false
+    unset_seccomp_profile = ''
+    tolerate_missing_hugetlb_controller = true
+    disable_hugetlb_controller = true
+    device_ownership_from_security_context = false
+    ignore_image_defined_volumes = false
+    netns_mounts_under_state_dir = false
+    enable_unprivileged_ports = true
+    enable_unprivileged_icmp = true
+    enable_cdi = true
+    cdi_spec_dirs = ['/etc/cdi', '/var/run/cdi']
+    drain_exec_sync_io_timeout = '0s'
+    ignore_deprecation_warnings = []
+
+    [plugins.'io.containerd.cri.v1.runtime'.containerd]
+      default_runtime_name = 'runc'
+      ignore_blockio_not_enabled_errors = false
+      ignore_rdt_not_enabled_errors = false
+
+      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes]
+        [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+          runtime_type = 'io.containerd.runc.v2'
+          runtime_path = ''
+          pod_annotations = []
+          container_annotations = []
+          privileged_without_host_devices = false
+          privileged_without_host_devices_all_devices_allowed = false
+          cgroup_writable = false
+          base_runtime_spec = ''
+          cni_conf_dir = ''
+          cni_max_conf_num = 0
+          snapshotter = ''
+          sandboxer = 'podsandbox'
+          io_type = ''
+
+          [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+            BinaryName = ''
+            CriuImagePath = ''
+            CriuWorkPath = ''
+            IoGid = 0
+            IoUid = 0
+            NoNewKeyring = false
+            Root = ''
+            ShimCgroup = ''
+            SystemdCgroup = false
+
+    [plugins.'io.containerd.cri.v1.runtime'.cni]
+      bin_dir = ''
+      bin_dirs = ['/opt/cni/bin']
+      conf_dir = '/etc/cni/net.d'
+      max_conf_num = 1
+      setup_serially = false
+      conf_template = ''
+      ip_pref = ''
+      use_internal_loopback = false
+
+  [plugins.'io.containerd.gc.v1.scheduler']
+    pause_threshold = 0.02
+    deletion_threshold = 0
+    mutation_threshold = 100
+    schedule_delay = '0s'
+    startup_delay = '100ms'
+
+  [plugins.'io.containerd.grpc.v1.cri']
+    disable_tcp_service = true
+    stream_server_address = '127.0.0.1'
+    stream_server_port = '0'
+    stream_idle_timeout = '4h0m0s'
+    enable_tls_streaming = false
+
+  [plugins.'io.containerd.internal.v1.opt']
+    path = '/opt/containerd'
+
+  [plugins.'io.containerd.metadata.v1.bolt']
+    content_sharing_policy = 'shared'
+    no_sync = false
+
+[cgroup]
+  path = ''
+
+[timeouts]
+  'io.containerd.timeout.bolt.open' = '0s'
+  'io.containerd.timeout.shim.cleanup' = '5s'
+  'io.containerd.timeout.shim.load' = '5s'
+  'io.containerd.timeout.shim.shutdown' = '3s'
+  'io.containerd.timeout.task.state' = '2s'
+"""
+_PLUGIN_URI = re.compile(r"^io\.containerd\.[^.]+\.v[0-9]+\.[^.]+$")
+
+
+def _deep_merge(into: dict, other: dict) -> dict:
+    """containerd 2.x merges an import into the config table by table (a later value wins; imports and
+    disabled_plugins accumulate)."""
+    for k, v in other.items():
+        if isinstance(v, dict) and isinstance(into.get(k), dict):
+            _deep_merge(into[k], v)
+        elif k in ("imports", "disabled_plugins", "required_plugins") and isinstance(v, list):
+            into[k] = [*into.get(k, []), *[x for x in v if x not in into.get(k, [])]]
+        else:
+            into[k] = copy.deepcopy(v)
+    return into
+
+
+def _migrate_v2(cfg: dict) -> dict:
+    """containerd 2.x reads a version 2 file by migrating it: the CRI plugin's runtime settings move to
+    io.containerd.cri.v1.runtime (only what gpuk8s reads is moved here)."""
+    plugins = cfg.get("plugins", {})
+    old = plugins.pop("io.containerd.grpc.v1.cri", None)
+    if isinstance(old, dict) and "containerd" in old:
+        plugins.setdefault("io.containerd.cri.v1.runtime", {})["containerd"] = old.pop("containerd")
+    cfg["version"] = 3
+    return cfg
+
+
+def containerd2_config(root: Path = Path("/"), path: str = "/etc/containerd/config.toml",
+                       defaults: bool = True) -> tuple[dict, str]:
+    """What containerd 2.x reads: config.toml over its defaults, then each import (a glob, in order) merged
+    into it. (config, error): the error is containerd's message where it would refuse the files (its
+    disabled_plugins check: containerd/containerd issue 10905)."""
+    def load(p: str) -> dict:
+        f = root / p.lstrip("/")
+        d = tomllib.loads(f.read_text()) if f.is_file() else {}
+        for name in d.get("disabled_plugins", []):
+            if not _PLUGIN_URI.match(str(name)):
+                raise ValueError(f'invalid disabled plugin URI "{name}" expect io.containerd.x.vx')
+        return _migrate_v2(d) if d.get("version") == 2 else d
+
+    try:
+        cfg = tomllib.loads(CONTAINERD2_DEFAULT) if defaults else {}
+        top = load(path)
+        _deep_merge(cfg, {k: v for k, v in top.items() if k != "imports"})
+        imported = [path]
+        for pattern in top.get("imports", []):
+            base = root / str(pattern).lstrip("/")
+            for f in sorted(base.parent.glob(base.name)) if base.parent.is_dir() else []:
+                host_path = "/" + str(f.relative_to(root))
+                imported.append(host_path)
+                _deep_merge(cfg, {k: v for k, v in load(host_path).items() if k != "imports"})
+        cfg["imports"] = imported
+        cfg["version"] = 3
+        return cfg, ""
+    except (OSError, ValueError) as e:
+        return {}, f"containerd: failed to load TOML from {path}: {e}"
+
+
+def _containerd2(args: list[str]) -> int:
+    path = _opt(args, "--config") or _opt(args, "-c") or "/etc/containerd/config.toml"
+    words = [a for i, a in enumerate(args) if not a.startswith("-") and not (i and args[i - 1] in ("-c", "--config"))]
+    if words[:2] == ["config", "default"]:
+        out(CONTAINERD2_DEFAULT)
+        return 0
+    if words[:2] == ["config", "dump"]:
+        cfg, problem = containerd2_config(Path("/"), path)
+        if problem:
+            err(problem + "\n")
+            return 1
+        out(toml_dump(cfg, single_quotes=True))
+        return 0
     err("containerd: not available in the lab for these arguments\n")
     return 1
 
@@ -302,10 +975,23 @@ def containerd(h: Host, args: list[str]) -> int:
 # Packages each repository serves, by URL fragment: what the real repositories hold, in small.
 TOOLKIT_PKGS = ("nvidia-container-toolkit", "nvidia-container-toolkit-base", "libnvidia-container-tools",
                 "libnvidia-container1")
-TOOLKIT_VERSIONS = ("1.17.7-1", "1.17.8-1", "1.18.0-1")
+TOOLKIT_VERSIONS = ("1.17.7-1", "1.17.8-1", "1.18.0-1", "1.20.0-1")
+CONTAINERD_IO_VERSIONS = ("1.7.28-1", "2.2.6-1")
+# containerd.io's /etc/containerd/config.toml (a conffile; docker/containerd-packaging common/containerd.toml)
+CONTAINERD_IO_CONFIG = """#   Copyright 2018-2022 Docker Inc.
+
+#   Licensed under the Apache License, Version 2.0 (the "License");
+
+disabled_plugins = ["cri"]
+
+#root = "/var/lib/containerd"
+#state = "/run/containerd"
+#subreaper = true
+#oom_score = 0
+"""
 K8S_PKGS = ("kubelet", "kubeadm", "kubectl", "cri-tools", "kubernetes-cni")
 BINARIES = {"nvidia-container-toolkit-base": "nvidia-ctk", "kubeadm": "kubeadm", "kubelet": "kubelet",
-            "kubectl": "kubectl"}
+            "kubectl": "kubectl", "containerd.io": "containerd"}
 
 
 def _url_host(url: str) -> str:
@@ -320,6 +1006,11 @@ def _serves(url: str) -> dict[str, list[str]]:
     """Package name -> versions (oldest first) that a repository URL serves."""
     if "libnvidia-container" in url:
         return {p: list(TOOLKIT_VERSIONS) for p in TOOLKIT_PKGS}
+    # Docker's containerd.io: deb versions VERSION~ubuntu.RELEASE~CODENAME, rpm VERSION.el8 (Docker's pools)
+    if re.search(r"/linux/ubuntu/?$", url):
+        return {"containerd.io": [f"{v}~ubuntu.22.04~jammy" for v in CONTAINERD_IO_VERSIONS]}
+    if "/linux/rhel/8/" in url:
+        return {"containerd.io": [f"{v}.el8" for v in CONTAINERD_IO_VERSIONS]}
     m = re.search(r"/v1\.(\d+)/(deb|rpm)", url)
     if m:
         minor = int(m.group(1))
@@ -339,6 +1030,47 @@ def _apt_sources() -> list[tuple[str, str]]:
                 key = re.search(r"signed-by=(\S+)", m.group(1) or "")
                 out.append((m.group(2), key.group(1) if key else ""))
     return out
+
+
+def _apt_conflict() -> str:
+    """apt's refusal of two entries for the same URI and suite with different signed-by keyrings (one-line .list
+    files and deb822 .sources), in apt's words (apt 2.6, Debian 12, run on such files):
+    "E: Conflicting values set for option Signed-By regarding source URI/ SUITE: A != B" and
+    "E: The list of sources could not be read."; "" where apt reads the sources."""
+    seen: dict[tuple[str, str], str] = {}
+    d = Path("/etc/apt/sources.list.d")
+    entries: list[tuple[str, str, str]] = []
+    for f in sorted(d.glob("*.list")) if d.is_dir() else []:
+        for line in f.read_text().splitlines():
+            m = re.match(r"^deb\s+(?:\[([^]]*)\]\s+)?(\S+)\s+(\S+)", line.split("#", 1)[0].strip())
+            if m:
+                key = re.search(r"signed-by=(\S+)", m.group(1) or "")
+                entries.append((m.group(2), m.group(3), key.group(1) if key else ""))
+    for f in sorted(d.glob("*.sources")) if d.is_dir() else []:
+        for stanza in re.split(r"\n\s*\n", f.read_text()):
+            fields = {k.strip().lower(): v.strip() for k, _, v in
+                      (ln.partition(":") for ln in stanza.splitlines() if ":" in ln and not ln.startswith("#"))}
+            for uri in fields.get("uris", "").split():
+                for suite in fields.get("suites", "").split():
+                    entries.append((uri, suite, fields.get("signed-by", "")))
+    for uri, suite, key in entries:
+        k = (uri.rstrip("/") + "/", suite)
+        if k in seen and seen[k] != key:
+            return (f"E: Conflicting values set for option Signed-By regarding source {k[0]} {suite}: "
+                    f"{seen[k]} != {key}\nE: The list of sources could not be read.\n")
+        seen.setdefault(k, key)
+    return ""
+
+
+# What installing containerd.io takes away besides containerd and runc (which it Replaces/Conflicts): the packages
+# that depend on them. Ubuntu's docker.io depends on containerd; el8's podman and buildah went with runc in a real
+# dnf transaction (docker-ce on el8: "Removing dependent packages: buildah, cockpit-podman, podman").
+CONTAINERD_IO_TAKES = {"containerd": "", "runc": "", "docker.io": "containerd", "podman": "runc", "buildah": "runc"}
+
+
+def _taken_by(h: Host, chosen: dict[str, str]) -> list[str]:
+    pkgs = h.state.get("packages", {})
+    return [p for p in CONTAINERD_IO_TAKES if p in pkgs] if "containerd.io" in chosen else []
 
 
 def _yum_repos() -> list[tuple[str, str]]:
@@ -400,7 +1132,18 @@ def wrapper(name: str, lab_root: Path = LAB_ROOT) -> str:
     return f"#!/bin/sh\nexec /usr/bin/python3 {fakes}/fake.py {name} \"$@\"\n"
 
 
-def _install_binaries(pkg: str) -> None:
+def _install_binaries(pkg: str, h: Host | None = None) -> None:
+    if pkg == "containerd.io" and h is not None:
+        # containerd.io Replaces/Conflicts containerd and runc; its config.toml is a conffile: an existing
+        # file is kept (apt-get -o Dpkg::Options::=--force-confold; dnf keeps a changed one)
+        for gone in ("containerd", "runc"):
+            h.state.get("packages", {}).pop(gone, None)
+        cfg = Path("/etc/containerd/config.toml")
+        if not cfg.is_file():
+            cfg.parent.mkdir(parents=True, exist_ok=True)
+            if cfg.is_char_device():
+                cfg.unlink()
+            cfg.write_text(CONTAINERD_IO_CONFIG)
     binary = BINARIES.get(pkg)
     if binary:
         for d in ("/usr/bin", "/usr/sbin"):
@@ -414,9 +1157,18 @@ def _install_binaries(pkg: str) -> None:
 def apt_get(h: Host, args: list[str]) -> int:
     words = [a for i, a in enumerate(args) if not a.startswith("-") and not (i and args[i - 1] == "-o")]
     verb = words[0] if words else ""
+    if verb in ("remove", "purge"):
+        if _dpkg_lock(h, args) is None:
+            return 100
+        return _remove_packages(h, words[1:], "apt")
     if verb not in ("update", "install"):
         return 0
-    lock = _dpkg_lock(h, args)
+    conflict = _apt_conflict()
+    if conflict:
+        err(conflict)
+        return 100
+    simulate = "-s" in args or "--simulate" in args or "--dry-run" in args
+    lock = _dpkg_lock(h, args) if not simulate else True
     if lock is None:
         return 100
     if verb == "update":
@@ -457,11 +1209,49 @@ def apt_get(h: Host, args: list[str]) -> int:
     if held and "--allow-change-held-packages" not in args:
         err("E: Held packages were changed and -y was used without --allow-change-held-packages.\n")
         return 100
+    taken = _taken_by(h, chosen)
+    if simulate:  # apt-get -s: "Remv NAME [VERSION]", "Inst NAME (VERSION ...)"; nothing changes
+        out("NOTE: This is only a simulation!\n")
+        for p in taken:
+            out(f"Remv {p} [{h.state['packages'][p]}]\n")
+        for name, v in chosen.items():
+            out(f"Inst {name} ({v} lab [amd64])\n")
+        return 0
+    if taken:
+        out("The following packages will be REMOVED:\n  " + " ".join(taken) + "\n")
+        for p in taken:
+            out(f"Removing {p} ({h.state['packages'].pop(p)}) ...\n")
     for name, v in chosen.items():
         out(f"Setting up {name} ({v}) ...\n")
         h.state.setdefault("packages", {})[name] = v
-        _install_binaries(name)
+        _install_binaries(name, h)
     h.save()
+    return 0
+
+
+def _remove_packages(h: Host, names: list[str], tool: str) -> int:
+    """apt-get remove/purge and dnf remove: the packages leave the state, their commands leave /usr/bin."""
+    pkgs = h.state.setdefault("packages", {})
+    missing = [n for n in names if n not in pkgs]
+    if missing and tool == "dnf":
+        err(f"No match for argument: {missing[0]}\nError: No packages marked for removal.\n")
+        return 1
+    for n in names:
+        if n not in pkgs:
+            out(f"Package '{n}' is not installed, so not removed\n")
+            continue
+        v = pkgs.pop(n)
+        if n in h.state.get("holds", []):
+            h.state["holds"].remove(n)
+        binary = BINARIES.get(n)
+        if binary:
+            for d in ("/usr/bin", "/usr/sbin"):
+                if (Path(d) / binary).is_file():
+                    (Path(d) / binary).unlink()
+        out(f"Removing {n} ({v}) ...\n" if tool == "apt" else f"  Erasing          : {n}-{v}.x86_64\n")
+    h.save()
+    if tool == "dnf":
+        out("Complete!\n")
     return 0
 
 
@@ -476,6 +1266,8 @@ def _dnf_lock_holder() -> int | None:
 
 def dnf(h: Host, args: list[str]) -> int:
     words = [a for a in args if not a.startswith("-")]
+    if words[:1] in (["remove"], ["erase"]):
+        return _remove_packages(h, words[1:], "dnf")
     if words[:1] != ["install"]:
         return 0
     holder = _dnf_lock_holder()
@@ -509,9 +1301,27 @@ def dnf(h: Host, args: list[str]) -> int:
             err(f"No match for argument: {spec}\nError: Unable to find a match: {spec}\n")
             return 1
         chosen[name] = ok[-1]
+    taken = _taken_by(h, chosen) if "--allowerasing" in args else []
+    if "--assumeno" in args:  # the transaction table (dnf/cli/output.py), then dnf's answer to "no"
+        out("Dependencies resolved.\n" + "=" * 80 + "\n Package  Architecture  Version  Repository  Size\n"
+            + "=" * 80 + "\nInstalling:\n")
+        for name, v in chosen.items():
+            out(f" {name}  x86_64  {v}  lab  1 M\n")
+        for p in taken:
+            if not CONTAINERD_IO_TAKES[p]:
+                out(f"     replacing  {p}.x86_64 {h.state['packages'][p]}\n")
+        dependents = [p for p in taken if CONTAINERD_IO_TAKES[p]]
+        if dependents:
+            out("Removing dependent packages:\n")
+            for p in dependents:
+                out(f" {p}  x86_64  {h.state['packages'][p]}  @AppStream  1 M\n")
+        out("\nTransaction Summary\n" + "=" * 80 + "\n\nOperation aborted.\n")
+        return 1
+    for p in taken:
+        h.state["packages"].pop(p, None)
     for name, v in chosen.items():
         h.state.setdefault("packages", {})[name] = v
-        _install_binaries(name)
+        _install_binaries(name, h)
     h.save()
     out("Complete!\n")
     return 0
@@ -553,6 +1363,15 @@ def rpm(h: Host, args: list[str]) -> int:
 def apt_mark(h: Host, args: list[str]) -> int:
     words = [a for a in args if not a.startswith("-")]
     holds = h.state.setdefault("holds", [])
+    if words[:1] == ["unhold"]:
+        for p in words[1:]:
+            if p in holds:
+                holds.remove(p)
+                out(f"Canceled hold on {p}.\n")
+            else:
+                out(f"{p} was already not on hold.\n")
+        h.save()
+        return 0
     if words[:1] == ["hold"]:
         for p in words[1:]:
             if p not in holds:
@@ -642,12 +1461,22 @@ def curl(h: Host, args: list[str]) -> int:
     body = "".join(f"-----BEGIN PGP PUBLIC KEY BLOCK-----\n\nlab signing key served at {url}\n"
                    f"lab-fingerprint: {fpr}\n-----END PGP PUBLIC KEY BLOCK-----\n"
                    for fpr in served_key_fingerprints(h, _url_host(url)))
+    m = re.search(r"/cri-dockerd-([0-9][0-9.]*)\.(amd64|arm64)\.tgz$", url)
+    if m:  # cri-dockerd's release archive (github.com/Mirantis/cri-dockerd/releases/download/vV/...)
+        data = cri_dockerd_archive(m.group(1), m.group(2))
+        if dest:
+            Path(dest).write_bytes(data)
+        else:
+            sys.stdout.buffer.write(data)
+        return 0
     if url.endswith((".yaml", ".yml")):
         body = CNI_MANIFESTS["flannel" if "flannel" in url else "calico"]
     if dest:
         Path(dest).write_text(body)
     else:
         out(body)
+    if _opt(args, "-w") == "%{http_code}":  # preflight's net.sources: any answer (a registry's /v2/: 401)
+        out("401" if "/v2/" in url else "200")
     return 0
 
 
@@ -744,35 +1573,41 @@ def gpg(h: Host, args: list[str]) -> int:
 
 
 # -- the NVIDIA container toolkit CLI -------------------------------------------------
-def _toml_key(k: str) -> str:
-    return k if re.match(r"^[A-Za-z0-9_-]+$", k) else json.dumps(k)
+def _toml_str(s: str, single: bool = False) -> str:
+    # containerd 2.x (go-toml v2) writes strings in single quotes where it can; nvidia-ctk in double quotes
+    return f"'{s}'" if single and "'" not in s and "\n" not in s else json.dumps(s)
 
 
-def _toml_value(v: object) -> str:
+def _toml_key(k: str, single: bool = False) -> str:
+    return k if re.match(r"^[A-Za-z0-9_-]+$", k) else _toml_str(k, single)
+
+
+def _toml_value(v: object, single: bool = False) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, (int, float)):
         return str(v)
     if isinstance(v, list):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+        return "[" + ", ".join(_toml_value(x, single) for x in v) + "]"
     if isinstance(v, dict):
-        return "{" + ", ".join(f"{_toml_key(k)} = {_toml_value(x)}" for k, x in v.items()) + "}"
-    return json.dumps(v)
+        return "{" + ", ".join(f"{_toml_key(k, single)} = {_toml_value(x, single)}" for k, x in v.items()) + "}"
+    return _toml_str(str(v), single)
 
 
-def toml_dump(d: dict, prefix: tuple[str, ...] = ()) -> str:
-    """A TOML writer for containerd's config (tables, scalars, arrays), as nvidia-ctk rewrites the file."""
+def toml_dump(d: dict, prefix: tuple[str, ...] = (), single_quotes: bool = False) -> str:
+    """A TOML writer for containerd's config (tables, scalars, arrays), as nvidia-ctk rewrites the file (or,
+    with single_quotes, as containerd 2.x prints it)."""
     lines = []
     scalars = {k: v for k, v in d.items() if not isinstance(v, dict)}
     tables = {k: v for k, v in d.items() if isinstance(v, dict)}
     if prefix:
         lines.append("")
-        lines.append("[" + ".".join(_toml_key(k) for k in prefix) + "]")
+        lines.append("[" + ".".join(_toml_key(k, single_quotes) for k in prefix) + "]")
     for k, v in scalars.items():
-        lines.append(f"{'  ' * len(prefix)}{_toml_key(k)} = {_toml_value(v)}")
+        lines.append(f"{'  ' * len(prefix)}{_toml_key(k, single_quotes)} = {_toml_value(v, single_quotes)}")
     text = "\n".join(lines) + ("\n" if lines else "")
     for k, v in tables.items():
-        text += toml_dump(v, (*prefix, k))
+        text += toml_dump(v, (*prefix, k), single_quotes)
     return text
 
 
@@ -788,26 +1623,66 @@ def nvidia_ctk(h: Host, args: list[str]) -> int:
     default = "--set-as-default" in args
     rt = opts.get("runtime", "docker")
     if rt == "containerd":
-        path = Path(opts.get("config", "/etc/containerd/config.toml"))
-        cfg = tomllib.loads(path.read_text()) if path.exists() else {}
-        version = cfg.get("version", 1)
-        plugin = {2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime"}.get(version, "cri")
-        c = cfg.setdefault("plugins", {}).setdefault(plugin, {}).setdefault("containerd", {})
-        runc = c.get("runtimes", {}).get("runc", {})
-        nv = {"runtime_type": "io.containerd.runc.v2", "privileged_without_host_devices": False,
-              "options": {**runc.get("options", {}), "BinaryName": "/usr/bin/nvidia-container-runtime"}}
-        c.setdefault("runtimes", {})["nvidia"] = nv
-        if default:
-            c["default_runtime_name"] = "nvidia"
-        path.write_text(toml_dump(cfg))
-        err(f"INFO[0000] Wrote updated config to {path}\n")
-        return 0
+        return _nvidia_ctk_containerd(h, opts, default)
     path = Path(opts.get("config", "/etc/docker/daemon.json"))
     d = json.loads(path.read_text()) if path.exists() and path.read_text().strip() else {}
     d.setdefault("runtimes", {})["nvidia"] = {"path": "nvidia-container-runtime", "args": []}
     if default:
         d["default-runtime"] = "nvidia"
     path.write_text(json.dumps(d, indent=4) + "\n")
+    return 0
+
+
+def _toolkit_release(h: Host) -> tuple[int, ...]:
+    v = h.state.get("packages", {}).get("nvidia-container-toolkit-base", "1.17.8-1").split("-")[0]
+    return tuple(int(x) for x in v.split("."))
+
+
+def _nvidia_ctk_containerd(h: Host, opts: dict[str, str], default: bool) -> int:
+    """`nvidia-ctk runtime configure --runtime=containerd`. Before 1.18 it rewrites --config; from 1.18 on it
+    writes its settings to a drop-in (--drop-in-config, default /etc/containerd/conf.d/99-nvidia.toml; 1.18.0
+    wrote /etc/containerd/config.d/99-nvidia.toml: NVIDIA/nvidia-container-toolkit issue 1404, PR 1407), with the
+    CRI plugin's other settings copied in (PR 1311: containerd 1.x replaces a plugin's table with an import's),
+    and adds the drop-in's directory + /*.toml to --config's imports (pkg/config/engine/containerd/
+    config_drop_in.go, ensureImports). --drop-in-config="" does NOT keep the old behaviour in 1.18-1.20.0: the
+    opt-out (PR 1331, WithDisableDropInConfig) was never merged; the drop-in's content is written over --config,
+    then the old --config with an import of its own directory over that (ConfigWithDropIn.Save), so nvidia's
+    runtime is lost. A version 1 config gets no drop-in. Its log lines are the real ones (issue 1404's output)."""
+    path = Path(opts.get("config", "/etc/containerd/config.toml"))
+    cfg = tomllib.loads(path.read_text()) if path.exists() and path.read_text().strip() else {}
+    rel = _toolkit_release(h)
+    version = cfg.get("version", 1) if cfg else 2
+    plugin = {2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime"}.get(version, "cri")
+    err(f"INFO[0000] Using config version {version}\n")
+    err(f'INFO[0000] Using CRI runtime plugin name "{plugin}"\n')
+    bad_dir = rel[:2] == (1, 18) and rel < (1, 18, 1)
+    drop = opts.get("drop-in-config", "/etc/containerd/config.d/99-nvidia.toml" if bad_dir
+                    else "/etc/containerd/conf.d/99-nvidia.toml") if rel >= (1, 18) and version >= 2 else ""
+    if rel >= (1, 18) and version >= 2 and opts.get("drop-in-config") == "":
+        drop = str(path)  # getOutputConfigPath(): the config itself is the drop-in's output path
+    source = cfg.get("plugins", {}).get(plugin, {})
+    target = {"version": version, "plugins": {plugin: copy.deepcopy(source)}} if drop else cfg
+    c = target.setdefault("plugins", {}).setdefault(plugin, {}).setdefault("containerd", {})
+    runc = source.get("containerd", {}).get("runtimes", {}).get("runc", {})
+    nv = {"runtime_type": "io.containerd.runc.v2", "privileged_without_host_devices": False,
+          "options": {**runc.get("options", {}), "BinaryName": "/usr/bin/nvidia-container-runtime"}}
+    c.setdefault("runtimes", {})["nvidia"] = nv
+    if default:
+        c["default_runtime_name"] = "nvidia"
+    if not drop:
+        path.write_text(toml_dump(cfg))
+        err(f"INFO[0000] Wrote updated config to {path}\n")
+        return 0
+    Path(drop).parent.mkdir(parents=True, exist_ok=True)
+    Path(drop).write_text(toml_dump(target))
+    pattern = str(Path(drop).parent) + "/*.toml"
+    if pattern not in cfg.get("imports", []):
+        if not cfg:
+            cfg["version"] = version
+        cfg["imports"] = [*cfg.get("imports", []), pattern]
+    path.write_text(toml_dump(cfg))
+    err(f"INFO[0000] Wrote updated config to {drop}\n"
+        "INFO[0000] It is recommended that containerd daemon be restarted.\n")
     return 0
 
 
@@ -842,7 +1717,7 @@ COMMANDS = {
     "swapoff": swapoff, "systemctl": systemctl, "uname": uname, "nproc": nproc, "docker": docker,
     "containerd": containerd, "apt-get": apt_get, "dnf": dnf, "yum": dnf, "dpkg-query": dpkg_query,
     "dpkg": noop, "apt-mark": apt_mark, "rpm": rpm, "curl": curl, "gpg": gpg, "nvidia-ctk": nvidia_ctk,
-    "kubelet": kubelet, "kubeadm": kubeadm, "kubectl": kubectl,
+    "kubelet": kubelet, "kubeadm": kubeadm, "kubectl": kubectl, "cri-dockerd": cri_dockerd,
     "conntrack": noop, "socat": noop, "ebtables": noop, "ethtool": noop,
 }
 
@@ -853,7 +1728,12 @@ def read_only(name: str, args: list[str]) -> bool:
     any command with a delay or a slow or huge override, run as a process of their own. Keep this in step
     with the functions above: a command listed here that touches anything else would see the wrong host."""
     words = [a for a in args if not a.startswith("-")]
-    if name in ("nvidia-smi", "lsmod", "swapon", "uname", "nproc", "dpkg-query", "rpm", "conntrack", "socat",
+    if name == "nvidia-smi":  # MIG changes (mode, reset, creating/destroying instances) write state.json
+        return not ({"-mig", "--multi-instance-gpu", "-r", "--gpu-reset"} & set(args)) and not (
+            args[:1] == ["mig"] and {"-cgi", "-dgi", "-cci", "-dci", "--create-gpu-instance",
+                                     "--destroy-gpu-instance", "--create-compute-instance",
+                                     "--destroy-compute-instance"} & set(args))
+    if name in ("lsmod", "swapon", "uname", "nproc", "dpkg-query", "rpm", "conntrack", "socat",
                 "ebtables", "ethtool", "dpkg"):
         return True
     if name == "sysctl":

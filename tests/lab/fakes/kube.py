@@ -96,12 +96,34 @@ def _preflight(h: Any, args: list[str], control_plane: bool) -> list[str]:
     if h.state.get("sysctl", {}).get("net.ipv4.ip_forward") != "1":
         errors.append(("FileContent--proc-sys-net-ipv4-ip_forward",
                        "/proc/sys/net/ipv4/ip_forward contents are not set to 1"))
-    runtime = h.spec["runtime"]
-    if h.state.get("services", {}).get("containerd" if runtime == "containerd" else "cri-docker") != "active":
+    socket = _cri_socket(args)
+    if socket == CRI_DOCKERD:
+        problem = _cri_dockerd_problem(h)
+        if problem:
+            # kubeadm >= 1.31 talks CRI itself (cmd/kubeadm/app/util/runtime/runtime.go: Connect wraps the error
+            # as "failed to create new CRI runtime service"); a socket that is not there, as real kubeadm prints it:
+            #   W1008 ... checks.go:1080] [preflight] WARNING: Couldn't create the interface used for talking to
+            #   the container runtime: failed to create new CRI runtime service: validate service connection:
+            #   validate CRI v1 runtime API for endpoint "unix:///...": rpc error: code = Unavailable desc =
+            #   connection error: desc = "transport: Error while dialing: dial unix /...: connect: no such file
+            #   or directory"   (quoted in public kubeadm 1.31/1.32 transcripts)
+            path = socket.removeprefix("unix://")
+            why = (f"failed to create new CRI runtime service: validate service connection: validate CRI v1 runtime "
+                   f"API for endpoint \"{socket}\": rpc error: code = Unavailable desc = connection error: desc = "
+                   f"\"transport: Error while dialing: dial unix {path}: connect: {problem}\"")
+            err(f"W0101 00:00:00.000000    4242 checks.go:1080] [preflight] WARNING: Couldn't create the interface "
+                f"used for talking to the container runtime: {why}\n")
+            errors.append(("", why))
+    elif socket != CRI_CONTAINERD:
+        errors.append(("", f"failed to create new CRI runtime service: validate service connection: validate CRI v1 "
+                       f"runtime API for endpoint \"{socket}\": rpc error: code = Unavailable desc = connection error: "
+                       f"desc = \"transport: Error while dialing: dial unix {socket.removeprefix('unix://')}: connect: "
+                       "no such file or directory\""))
+    elif h.state.get("services", {}).get("containerd") != "active":
         errors.append(("CRI", "container runtime is not running: output: time=\"now\" level=fatal "
                        "msg=\"validate service connection: validate CRI v1 runtime API for endpoint "
                        "\\\"unix:///var/run/containerd/containerd.sock\\\": rpc error: code = Unavailable\""))
-    elif runtime == "containerd" and _cri_disabled():
+    elif _cri_disabled():
         errors.append(("CRI", "container runtime is not running: output: rpc error: code = Unimplemented desc = "
                        "unknown service runtime.v1.RuntimeService"))
     if control_plane and int(h.spec.get("cpus", 2)) < 2:
@@ -110,7 +132,53 @@ def _preflight(h: Any, args: list[str], control_plane: bool) -> list[str]:
                          ("manifests-kube-apiserver.yaml", "/etc/kubernetes/manifests/kube-apiserver.yaml")):
         if Path(target).exists() and (control_plane or name == "kubelet.conf"):
             errors.append((f"FileAvailable--etc-kubernetes-{name}", f"{target} already exists"))
-    return [f"\t[ERROR {n}]: {m}" for n, m in errors if n.lower() not in ignored and "all" not in ignored]
+    return [f"\t[ERROR {n}]: {m}" if n else m for n, m in errors
+            if (n or "cri").lower() not in ignored and "all" not in ignored]
+
+
+# kubeadm's known CRI endpoints (cmd/kubeadm/app/constants/constants_unix.go: CRISocketContainerd,
+# CRISocketDocker); cri-dockerd's socket unit listens on %t/cri-dockerd.sock, /var/run links to /run
+CRI_CONTAINERD = "unix:///var/run/containerd/containerd.sock"
+CRI_DOCKERD = "unix:///var/run/cri-dockerd.sock"
+
+
+class MultipleCRIEndpoints(Exception):
+    pass
+
+
+def _cri_socket(args: list[str]) -> str:
+    """The CRI endpoint kubeadm uses: nodeRegistration.criSocket of --config, --cri-socket, else the one it
+    finds (containerd's while containerd runs, cri-dockerd's where its socket exists; both: an error)."""
+    cfg = _load_config(_flag(args, "--config"))
+    given = next((d.get("nodeRegistration", {}).get("criSocket") for d in cfg.values()
+                  if d.get("nodeRegistration", {}).get("criSocket")), None) or _flag(args, "--cri-socket")
+    if given:
+        return str(given) if str(given).startswith("unix://") else "unix://" + str(given)
+    found = [s for s, there in ((CRI_CONTAINERD, _service("containerd") == "active"),
+                                (CRI_DOCKERD, Path("/var/run/cri-dockerd.sock").is_socket())) if there]
+    if len(found) > 1:
+        raise MultipleCRIEndpoints(", ".join(found))
+    return found[0] if found else CRI_CONTAINERD
+
+
+def _service(unit: str) -> str:
+    try:
+        st = json.loads(Path("/var/lib/gpuk8s-lab/state.json").read_text())
+    except (OSError, ValueError):
+        return "inactive"
+    return str(st.get("services", {}).get(unit, "inactive"))
+
+
+def _cri_dockerd_problem(h: Any) -> str:
+    """Why a CRI client cannot talk to cri-dockerd here ("" when it can): its socket is missing, or nothing
+    answers on it (socket activation starts cri-docker.service, which needs its binary and a running Docker)."""
+    if not Path("/var/run/cri-dockerd.sock").is_socket():
+        return "no such file or directory"
+    svc = h.state.get("services", {})
+    if (svc.get("cri-docker.socket") != "active" or svc.get("docker") != "active"
+            or not Path("/usr/local/bin/cri-dockerd").exists()):
+        return "connection refused"
+    return ""
 
 
 def _cri_disabled() -> bool:
@@ -159,10 +227,18 @@ def kubeadm(h: Any, args: list[str]) -> int:
         out("[upload-certs] Storing the certificates in Secret \"kubeadm-certs\" in the \"kube-system\" Namespace\n"
             f"[upload-certs] Using certificate key:\n{key}\n")
         return 0
-    if verb == "init":
-        return _init(h, args[1:])
-    if verb == "join":
-        return _join(h, args[1:])
+    if verb in ("init", "join"):
+        try:
+            return _init(h, args[1:]) if verb == "init" else _join(h, args[1:])
+        except MultipleCRIEndpoints as e:
+            # cmd/kubeadm/app/util/runtime: DetectCRISocket with more than one known socket on the host, as
+            # kubeadm prints it ("found multiple CRI endpoints on the host. Please define which one ...")
+            err(f"found multiple CRI endpoints on the host. Please define which one do you wish to use by setting "
+                f"the 'criSocket' field in the kubeadm configuration file: {e}\n"
+                "To see the stack trace of this error execute with --v=5 or higher\n")
+            return 1
+    if verb == "config" and args[1:3] == ["images", "list"]:
+        return _images_list(h, args[3:])
     if verb == "token" and args[1:2] == ["create"]:
         if not Path("/etc/kubernetes/admin.conf").exists():
             err("failed to load admin kubeconfig: open /etc/kubernetes/admin.conf: no such file or directory\n")
@@ -179,16 +255,48 @@ def kubeadm(h: Any, args: list[str]) -> int:
         return 0
     if verb == "init" or verb == "upload-certs":
         return 0
+    if verb == "upgrade":
+        return _upgrade(h, args[1:])
     if verb == "reset":
-        for p in ("/etc/kubernetes/admin.conf", "/etc/kubernetes/kubelet.conf",
-                  "/etc/kubernetes/manifests/kube-apiserver.yaml"):
-            with contextlib.suppress(OSError):
-                os.unlink(p)
-        with cluster_state() as s:
-            s.get("nodes", {}).pop(me()["name"], None)
-        return 0
+        return _reset(h, args[1:])
     err(f"kubeadm {verb}: not simulated in the lab\n")
     return 1
+
+
+def _pause_version(minor: int) -> str:
+    """The pause image tag kubeadm of a minor uses (cmd/kubeadm/app/constants: PauseVersion): 3.9 up to 1.30,
+    3.10 from 1.31 (kubernetes/minikube constants_kubeadm_images.go: v1.30.x "3.9", v1.31.x and 1.32 betas
+    "3.10"), 3.10.1 from 1.34 (kubeadm 1.34.1's image list names registry.k8s.io/pause:3.10.1; 1.35's
+    constants.go: PauseVersion = "3.10.1")."""
+    return "3.9" if minor <= 30 else "3.10" if minor <= 33 else "3.10.1"
+
+
+def _images_list(h: Any, args: list[str]) -> int:
+    """kubeadm config images list [--kubernetes-version vX.Y.Z]: the images of that version, one a line."""
+    version = _flag(args, "--kubernetes-version") or "v" + h.state.get("packages", {}).get(
+        "kubeadm", "1.30.0-1.1").split("-")[0]
+    m = re.match(r"^v?1\.([0-9]+)\.[0-9]+$", version)
+    if not m:
+        err(f"could not fetch a Kubernetes version from the internet: unable to get URL "
+            f"\"https://dl.k8s.io/release/{version}.txt\"\n")
+        return 1
+    cc = _load_config(_flag(args, "--config")).get("ClusterConfiguration", {})
+    repo = _flag(args, "--image-repository") or cc.get("imageRepository") or "registry.k8s.io"
+    out("".join(f"{i}\n" for i in kubeadm_images(version, repo, (cc.get("dns") or {}).get("imageRepository"))))
+    return 0
+
+
+def kubeadm_images(version: str, repo: str = "registry.k8s.io", dns_repo: str | None = None) -> list[str]:
+    """kubeadm's images of `version` from imageRepository `repo`: coredns from dns.imageRepository, else from
+    REPO/coredns for registry.k8s.io and REPO itself for another repository (kubeadm's images.go renames only
+    the official image; "do not include coredns in the repository, kubeadm already adds it")."""
+    m = re.match(r"^v?1\.([0-9]+)", version)
+    minor = int(m.group(1)) if m else 30
+    v = version if version.startswith("v") else "v" + version
+    dns = dns_repo or (f"{repo}/coredns" if repo == "registry.k8s.io" else repo)
+    return [*(f"{repo}/{n}:{v}" for n in ("kube-apiserver", "kube-controller-manager", "kube-scheduler",
+                                          "kube-proxy")),
+            f"{dns}/coredns:v1.11.3", f"{repo}/pause:{_pause_version(minor)}", f"{repo}/etcd:3.5.15-0"]
 
 
 def _init(h: Any, args: list[str]) -> int:
@@ -196,6 +304,16 @@ def _init(h: Any, args: list[str]) -> int:
     init, cc = cfg.get("InitConfiguration", {}), cfg.get("ClusterConfiguration", {})
     spec = me()
     errors = _preflight(h, args, control_plane=True)
+    version0 = cc.get("kubernetesVersion", "v1.30.0")
+    repo = cc.get("imageRepository") or "registry.k8s.io"
+    images = kubeadm_images(version0, repo, (cc.get("dns") or {}).get("imageRepository"))
+    if not errors:
+        # kubeadm's ImagePull preflight check (kubernetes/kubeadm issue 2936 quotes its output)
+        for img in images:
+            e = pull_error(spec["name"], img)
+            if e:
+                errors.append(f"\t[ERROR ImagePull]: failed to pull image {img}: output: time=\"2026-11-30T09:00:00Z\" "
+                              f"level=fatal msg=\"pulling image: {e}\"\n, error: exit status 1")
     if errors:
         return _fail_preflight(errors)
     addr = init.get("localAPIEndpoint", {}).get("advertiseAddress") or spec["address"]
@@ -218,6 +336,7 @@ def _init(h: Any, args: list[str]) -> int:
         "spec": {"containers": [{"name": "kube-apiserver", "command": [
             "kube-apiserver", f"--advertise-address={addr}",
             f"--service-cluster-ip-range={cc.get('networking', {}).get('serviceSubnet', '10.96.0.0/12')}"]}]}}))
+    _etcd_manifest()
     for f, user in (("admin.conf", "kubernetes-admin"), ("kubelet.conf", f"system:node:{name}")):
         Path(f"/etc/kubernetes/{f}").write_text(_kubeconfig(endpoint, user))
         os.chmod(f"/etc/kubernetes/{f}", 0o600)
@@ -226,6 +345,7 @@ def _init(h: Any, args: list[str]) -> int:
         s.update({"endpoint": endpoint, "apiserver": f"{addr}:{PORT}", "ca_hash": ca_hash, "tokens": [token],
                   "certificate_key": cert_key, "version": version,
                   "pod_subnet": cc.get("networking", {}).get("podSubnet", ""), "objects": {},
+                  "kube_proxy_image": images[3],
                   "nodes": {name: {"host": spec["name"], "role": "control-plane", "labels": {
                       "node-role.kubernetes.io/control-plane": ""},
                       "taints": [{"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}]}}})
@@ -296,6 +416,17 @@ def _admit(req: dict[str, Any]) -> dict[str, Any]:
         return {"ok": True}
 
 
+def _etcd_manifest() -> None:
+    """The stacked etcd's static pod and data directory, as kubeadm writes them on a control plane (its
+    --data-dir is where kubeadm reset finds the directory to clean)."""
+    Path("/etc/kubernetes/manifests").mkdir(parents=True, exist_ok=True)
+    Path("/etc/kubernetes/manifests/etcd.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "etcd", "namespace": "kube-system"},
+        "spec": {"containers": [{"name": "etcd", "command": ["etcd", "--data-dir=/var/lib/etcd"]}]}}))
+    Path("/var/lib/etcd/member").mkdir(parents=True, exist_ok=True)
+    Path("/var/lib/etcd/member/db").write_text("lab etcd data\n")
+
+
 def _join(h: Any, args: list[str]) -> int:
     cfg = _load_config(_flag(args, "--config")).get("JoinConfiguration", {})
     bt = cfg.get("discovery", {}).get("bootstrapToken", {})
@@ -335,6 +466,7 @@ def _join(h: Any, args: list[str]) -> int:
     if control_plane:
         Path("/etc/kubernetes/admin.conf").write_text(_kubeconfig(endpoint, "kubernetes-admin"))
         os.chmod("/etc/kubernetes/admin.conf", 0o600)
+        _etcd_manifest()
     h.state.setdefault("services", {})["kubelet"] = "active"
     h.save()
     out("[preflight] Running pre-flight checks\n[kubelet-start] Starting the kubelet\n\n"
@@ -350,9 +482,33 @@ def _server_from_kubeconfig(args: list[str]) -> str | None:
         path = "/etc/kubernetes/admin.conf" if os.geteuid() == 0 and _flag(args, "--kubeconfig") is None else path
     try:
         cfg = yaml.safe_load(Path(path).read_text())
-        return str(cfg["clusters"][0]["cluster"]["server"]).removeprefix("https://")
+        cluster = _context_cluster(cfg, _flag(args, "--context"))
+        return str(cluster["cluster"]["server"]).removeprefix("https://")
     except (OSError, ValueError, KeyError, TypeError, IndexError):
         return None
+
+
+def _context_cluster(cfg: dict[str, Any], context: str | None) -> dict[str, Any]:
+    """The cluster entry of the context kubectl uses: --context, else current-context, else the first cluster."""
+    name = context or cfg.get("current-context")
+    ctx = next((c for c in cfg.get("contexts") or [] if c.get("name") == name), None)
+    if ctx is None:
+        if context:
+            raise KeyError(context)
+        return cfg["clusters"][0]
+    return next(c for c in cfg["clusters"] if c.get("name") == ctx["context"]["cluster"])
+
+
+def _missing_context(args: list[str]) -> str | None:
+    """The --context named that the kubeconfig does not have."""
+    name = _flag(args, "--context")
+    path = _flag(args, "--kubeconfig") or os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
+    try:
+        cfg = yaml.safe_load(Path(path).read_text())
+        names = {c.get("name") for c in cfg.get("contexts") or []}
+    except (OSError, ValueError, AttributeError):
+        return None
+    return name if name and name not in names else None
 
 
 def _host_dir(host: str) -> Path:
@@ -373,10 +529,150 @@ def _runtime_handlers(host: str) -> tuple[str | None, set[str]]:
         cfg = tomllib.loads((up / "etc/containerd/config.toml").read_text())
     except (OSError, ValueError):
         return "runc", {"runc"}
-    plugins = cfg.get("plugins", {})
-    c = (plugins.get("io.containerd.grpc.v1.cri") or plugins.get("io.containerd.cri.v1.runtime") or {}).get(
-        "containerd", {})
-    return c.get("default_runtime_name", "runc"), {"runc", *c.get("runtimes", {})}
+    # config.toml, then its imports in order (the toolkit's drop-in /etc/containerd/conf.d/99-nvidia.toml
+    # since 1.18): a later file's value wins, as containerd merges them
+    docs = [cfg]
+    for pattern in cfg.get("imports", []):
+        base = up / str(pattern).lstrip("/")
+        for f in sorted(base.parent.glob(base.name)) if str(pattern).startswith("/etc/") and base.parent.is_dir() \
+                else []:
+            with contextlib.suppress(OSError, ValueError):
+                docs.append(tomllib.loads(f.read_text()))
+    default, handlers = "runc", {"runc"}
+    for d in docs:
+        plugins = d.get("plugins", {})
+        c = (plugins.get("io.containerd.grpc.v1.cri") or plugins.get("io.containerd.cri.v1.runtime") or {}).get(
+            "containerd", {})
+        default = c.get("default_runtime_name", default)
+        handlers |= set(c.get("runtimes", {}))
+    return default, handlers
+
+
+# -- image pulls (issue 21: mirrors) ---------------------------------------------------------------------
+# The kubelet asks containerd to pull each image of a pod (and the sandbox image first). containerd resolves
+# the image's registry through /etc/containerd/certs.d/REGISTRY/hosts.toml when the CRI images service's
+# registry config_path points there (containerd docs/hosts.md: the [host."URL"] entries in order, then
+# `server`; override_path: the URL's path is the API root), else straight from the registry. A registry host in
+# the node's unreachable_hosts does not resolve; a lab registry (LAB_ROOT/registries.json: {host: [image
+# references it holds]}) serves only what was copied into it; any other registry serves every image.
+REGISTRIES = LAB_ROOT / "registries.json"
+
+
+def _ref_parts(ref: str) -> tuple[str, str, str]:
+    """(registry, path, tag with its separator) as containerd's reference.ParseDockerRef reads a name."""
+    name, tag = ref, ""
+    if "@" in name:
+        name, digest = name.split("@", 1)
+        tag = "@" + digest
+    if ":" in name.rsplit("/", 1)[-1]:
+        name, t = name.rsplit(":", 1)
+        tag = f":{t}{tag}"
+    first, _, rest = name.partition("/")
+    if rest and ("." in first or ":" in first or first == "localhost"):
+        return first, rest, tag
+    return "docker.io", (name if rest else f"library/{name}"), tag
+
+
+def _containerd_cfg(host: str) -> dict[str, Any]:
+    with contextlib.suppress(OSError, ValueError):
+        return tomllib.loads((_host_dir(host) / "etc/containerd/config.toml").read_text())
+    return {}
+
+
+def sandbox_image(host: str) -> str:
+    """The pause image the node's containerd runs each pod sandbox with (its own default where unset:
+    registry.k8s.io/pause:3.8 in containerd 1.7, 3.10 in 2.x)."""
+    plugins = _containerd_cfg(host).get("plugins", {})
+    v3 = plugins.get("io.containerd.cri.v1.images", {}).get("pinned_images", {}).get("sandbox")
+    v2 = plugins.get("io.containerd.grpc.v1.cri", {}).get("sandbox_image")
+    return v3 or v2 or "registry.k8s.io/pause:3.8"
+
+
+def _hosts_dir(host: str) -> str | None:
+    plugins = _containerd_cfg(host).get("plugins", {})
+    for pid in ("io.containerd.cri.v1.images", "io.containerd.grpc.v1.cri"):
+        cp = plugins.get(pid, {}).get("registry", {}).get("config_path")
+        if cp:
+            return str(cp)
+    return None
+
+
+def _endpoints(host: str, registry: str) -> list[tuple[str, bool]]:
+    """(URL, override_path) containerd tries for `registry` on this node, in order."""
+    server = "https://registry-1.docker.io" if registry == "docker.io" else f"https://{registry}"
+    d = _hosts_dir(host)
+    if not d:
+        return [(server, False)]
+    f = _host_dir(host) / d.lstrip("/") / registry / "hosts.toml"
+    try:
+        cfg = tomllib.loads(f.read_text())
+    except (OSError, ValueError):
+        return [(server, False)]
+    out = [(str(u), bool(h.get("override_path"))) for u, h in (cfg.get("host") or {}).items()
+           if "pull" in h.get("capabilities", ["pull", "resolve", "push"])]
+    return [*out, (str(cfg.get("server", server)), False)]
+
+
+def pull_error(host: str, ref: str) -> str | None:
+    """containerd's error pulling `ref` on the node of lab host `host`, or None when the pull succeeds."""
+    registry, path, tag = _ref_parts(ref)
+    state = json.loads((_host_dir(host) / "var_lib/gpuk8s-lab/state.json").read_text())
+    unreachable = set(state.get("unreachable_hosts", []))
+    try:
+        held = json.loads(REGISTRIES.read_text())
+    except (OSError, ValueError):
+        held = {}
+    full = f"{registry}/{path}{tag}"
+    problem = None
+    for url, override in _endpoints(host, registry):
+        netloc = re.sub(r"^[a-z]+://", "", url).split("/", 1)[0]
+        name = netloc.split(":", 1)[0]
+        prefix = re.sub(r"^[a-z]+://[^/]*", "", url).strip("/")
+        prefix = prefix[3:] if override and prefix.startswith("v2/") else prefix
+        repo = f"{prefix}/{path}" if prefix else path
+        manifest = f"{url.rstrip('/')}{'' if override else '/v2'}/{repo}/manifests/{tag.lstrip(':@') or 'latest'}"
+        if name in unreachable:
+            # containerd (kubernetes/kubeadm issue 2936; rancher/k3os issue 431: "dial tcp: lookup HOST")
+            problem = f'failed to do request: Head "{manifest}": dial tcp: lookup {name}: no such host'
+            continue
+        if netloc in held and f"{netloc}/{repo}{tag}" not in held[netloc]:
+            problem = f"{full}: not found"  # containerd's resolver: "<ref>: not found" (errdefs.ErrNotFound)
+            continue
+        problem = None
+        break
+    return (f'failed to pull and unpack image "{full}": failed to resolve reference "{full}": {problem}'
+            if problem else None)
+
+
+def pod_pull_error(host: str, spec: dict[str, Any]) -> tuple[str, str] | None:
+    """(image, error) of the first image of a pod spec (sandbox first) that this node cannot pull."""
+    sandbox = sandbox_image(host)
+    e = pull_error(host, sandbox)
+    if e:
+        return sandbox, e
+    for c in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
+        img = str(c.get("image", ""))
+        e = pull_error(host, img) if img else None
+        if e:
+            return img, e
+    return None
+
+
+def pull_backoff_status(image: str, node: str | None = None) -> dict[str, Any]:
+    """A pod whose image cannot be pulled: Pending, its container waiting in ImagePullBackOff with the kubelet's
+    message (kubernetes-sigs/node-feature-discovery issue 1229: 'Back-off pulling image "..."')."""
+    st: dict[str, Any] = {"phase": "Pending", "containerStatuses": [{
+        "name": "main", "ready": False, "restartCount": 0, "image": image,
+        "state": {"waiting": {"reason": "ImagePullBackOff", "message": f'Back-off pulling image "{image}"'}}}]}
+    if node:
+        st["hostIP"] = node
+    return st
+
+
+def _ds_pull(s: dict[str, Any], ds: dict[str, Any] | None, node: dict[str, Any]) -> tuple[str, str] | None:
+    if ds is None:
+        return None
+    return pod_pull_error(node["host"], ds.get("spec", {}).get("template", {}).get("spec", {}))
 
 
 def _daemonsets(s: dict[str, Any]) -> list[dict[str, Any]]:
@@ -386,9 +682,166 @@ def _daemonsets(s: dict[str, Any]) -> list[dict[str, Any]]:
 def _device_plugin(s: dict[str, Any]) -> dict[str, Any] | None:
     for ds in _daemonsets(s):
         containers = ds.get("spec", {}).get("template", {}).get("spec", {}).get("containers", [])
-        if any("k8s-device-plugin" in str(c.get("image", "")) for c in containers):
+        if any("k8s-device-plugin" in str(c.get("image", "")) and c.get("command", ["nvidia-device-plugin"])[:1]
+               in (["nvidia-device-plugin"], ["config-manager"]) for c in containers) and not _is_mps_daemon(ds):
             return ds
     return None
+
+
+# -- shared GPUs: the plugin's config-manager and named configs, its MPS control daemon, HAMi -----------------
+# What decides (so that the lab proves gpuk8s's manifests, not itself): a node runs a DaemonSet's pod only where
+# its nodeSelector and required node affinity match the node's labels; the plugin's config-manager selects the
+# config named by the node's label (NODE_LABEL, else DEFAULT_CONFIG) from the ConfigMap mounted as
+# available-configs; that config's sharing.timeSlicing / sharing.mps (replicas, renameByDefault) decides what the
+# node advertises; an MPS config without an MPS control daemon pod on the node leaves the plugin crash-looping.
+def _pod_spec(ds: dict[str, Any]) -> dict[str, Any]:
+    return dict(ds.get("spec", {}).get("template", {}).get("spec", {}) or {})
+
+
+def _is_mps_daemon(ds: dict[str, Any]) -> bool:
+    return any(c.get("command", [])[:1] == ["mps-control-daemon"] for c in _pod_spec(ds).get("containers", []))
+
+
+def _is_hami_plugin(ds: dict[str, Any]) -> bool:
+    return any("projecthami/hami" in str(c.get("image", "")) and c.get("command", [])[:1] == ["nvidia-device-plugin"]
+               for c in _pod_spec(ds).get("containers", []))
+
+
+def _runs_on(ds: dict[str, Any], labels: dict[str, str]) -> bool:
+    """Whether the DaemonSet's pods land on a node with these labels (nodeSelector, required affinity)."""
+    spec = _pod_spec(ds)
+    if any(labels.get(k) != str(v) for k, v in (spec.get("nodeSelector") or {}).items()):
+        return False
+    terms = (spec.get("affinity", {}).get("nodeAffinity", {}).get("requiredDuringSchedulingIgnoredDuringExecution",
+                                                                   {}).get("nodeSelectorTerms", []))
+
+    def match(e: dict[str, Any]) -> bool:
+        op, key, values = e.get("operator"), e.get("key"), [str(v) for v in e.get("values", [])]
+        return {"In": labels.get(key) in values, "NotIn": labels.get(key) not in values,
+                "Exists": key in labels, "DoesNotExist": key not in labels}.get(str(op), False)
+
+    return not terms or any(all(match(e) for e in t.get("matchExpressions", [])) for t in terms)
+
+
+def _node_labels(name: str, n: dict[str, Any]) -> dict[str, str]:
+    return {"kubernetes.io/hostname": name, **n.get("labels", {})}
+
+
+def _selected_config(s: dict[str, Any], ds: dict[str, Any],
+                     labels: dict[str, str]) -> tuple[dict[str, Any] | None, str]:
+    """(the config file config-manager writes for this node, why it cannot); (None, "") without config-manager."""
+    spec = _pod_spec(ds)
+    managers = [c for c in spec.get("initContainers", []) + spec.get("containers", [])
+                if c.get("command", [])[:1] == ["config-manager"]]
+    if not managers:
+        return None, ""
+    env = {e["name"]: str(e.get("value", "")) for e in managers[0].get("env", []) if "value" in e}
+    cm_name = next((v["configMap"].get("name") for v in spec.get("volumes", [])
+                    if v.get("name") == "available-configs" and isinstance(v.get("configMap"), dict)), "")
+    ns = ds["metadata"].get("namespace", "default")
+    cm = s.get("objects", {}).get(f"ConfigMap/{ns}/{cm_name}")
+    if cm is None:  # the kubelet cannot mount the volume (kubelet volume manager's message)
+        return {}, f"MountVolume.SetUp failed for volume \"available-configs\" : configmap \"{cm_name}\" not found"
+    name = labels.get(env.get("NODE_LABEL", "")) or env.get("DEFAULT_CONFIG", "")
+    data = cm.get("data") or {}
+    if name not in data:  # cmd/config-manager/main.go updateConfigName
+        return {}, f"error setting up config: specified config {name} does not exist"
+    return yaml.safe_load(data[name]) or {}, ""
+
+
+def _sharing(config: dict[str, Any] | None) -> dict[str, Any]:
+    """strategy, replicas, renamed resource name, failRequestsGreaterThanOne of a plugin config file."""
+    sharing = (config or {}).get("sharing") or {}
+    for key, strategy in (("timeSlicing", "time-slicing"), ("mps", "mps")):
+        rr = sharing.get(key) or {}
+        listed = rr.get("resources") or []
+        # nvidia.com/gpu, else (migStrategy mixed) the first nvidia.com/mig-* it names; `names`: all it replicates
+        res = next((r for r in listed if r.get("name") == "nvidia.com/gpu"), None) or next(
+            (r for r in listed if str(r.get("name", "")).startswith("nvidia.com/mig-")), None)
+        if res:
+            name = str(res.get("name"))
+            return {"strategy": strategy, "replicas": int(res.get("replicas", 1)),
+                    "resource": "nvidia.com/gpu.shared" if rr.get("renameByDefault") and name == "nvidia.com/gpu"
+                    else name, "names": [str(r.get("name")) for r in listed],
+                    "fail_gt1": bool(rr.get("failRequestsGreaterThanOne"))}
+    return {"strategy": "none", "replicas": 1, "resource": "nvidia.com/gpu", "fail_gt1": False}
+
+
+def _mps_daemon_on(s: dict[str, Any], labels: dict[str, str]) -> bool:
+    return any(_is_mps_daemon(ds) and _runs_on(ds, labels) and _pod_spec(ds).get("hostPID") for ds in _daemonsets(s))
+
+
+def _plugin_on_node(s: dict[str, Any], name: str, n: dict[str, Any]) -> dict[str, Any]:
+    """What the NVIDIA plugin does on this node: runs?, the resource and count it registers, its failure."""
+    plugin = _device_plugin(s)
+    labels = _node_labels(name, n)
+    if plugin is None or not _runs_on(plugin, labels):
+        return {"runs": False}
+    if _ds_pull(s, plugin, n):  # its image cannot be pulled: the pod waits in ImagePullBackOff
+        return {"runs": False}
+    config, error = _selected_config(s, plugin, labels)
+    sh = _sharing(config)
+    if not error and sh["strategy"] == "mps" and not _mps_daemon_on(s, labels):
+        # internal/plugin/mps.go waitForDaemon and cmd/mps-control-daemon/mps/daemon.go AssertHealthy
+        error = ("error waiting for MPS daemon: error checking MPS daemon health: failed to send command to MPS "
+                 "daemon: exit status 1")
+    return {"runs": True, "error": error, **sh, "mig": str(((config or {}).get("flags") or {}).get("migStrategy")
+                                                          or "none"), "config": config or {}}
+
+
+def _mig_devices(host: str) -> dict[int, list[str] | None]:
+    """Per GPU of the host: None when MIG mode is off (a whole GPU), else the profiles of its MIG devices (GPU
+    instances with a compute instance), as the faked nvidia-smi keeps them (fakes/fake.py state["mig"])."""
+    spec = json.loads((_host_dir(host) / "var_lib/gpuk8s-lab/host.json").read_text())
+    state = json.loads((_host_dir(host) / "var_lib/gpuk8s-lab/state.json").read_text())
+    on = 1 if spec.get("mig") == "Enabled" else 0
+    out: dict[int, list[str] | None] = {}
+    for i in range(int(spec.get("gpus", 0))):
+        g = (state.get("mig") or {}).get(str(i)) or {"current": on, "gis": []}
+        out[i] = [gi["profile"] for gi in g.get("gis", []) if gi.get("cis")] if g.get("current") else None
+    return out
+
+
+def _mig_capacity(host: str, p: dict[str, Any]) -> dict[str, str]:
+    """What the plugin registers under migStrategy single or mixed (k8s-device-plugin internal/rm, as its labeler
+    internal/lm/mig-strategy.go reads the devices): single: every GPU in MIG mode with one profile and no empty
+    MIG GPU, else nothing (the plugin refuses the node's devices); with no MIG GPU at all, whole GPUs. mixed:
+    nvidia.com/mig-<profile> per MIG device (MIG GPUs without devices are ignored), whole GPUs as nvidia.com/gpu.
+    Time-slicing multiplies the resources its config names."""
+    devs = _mig_devices(host)
+    ts = ((p.get("config") or {}).get("sharing") or {}).get("timeSlicing") or {}
+    replicas = {r.get("name"): int(r.get("replicas", 1)) for r in ts.get("resources") or []}
+    migs = [d for d in devs.values() if d is not None]
+    whole = sum(1 for d in devs.values() if d is None)
+    if p["mig"] == "single":
+        profiles = {x for d in migs for x in d}
+        if not migs:
+            return {"nvidia.com/gpu": str(whole * replicas.get("nvidia.com/gpu", 1))}
+        if whole or len(profiles) != 1 or any(not d for d in migs):
+            return {"nvidia.com/gpu": "0"}
+        return {"nvidia.com/gpu": str(sum(len(d) for d in migs) * replicas.get("nvidia.com/gpu", 1))}
+    out: dict[str, int] = {}
+    for d in migs:
+        for x in d:
+            name = "nvidia.com/mig-" + x.replace("+", ".")
+            out[name] = out.get(name, 0) + 1
+    if whole:
+        out["nvidia.com/gpu"] = whole
+    return {k: str(v * replicas.get(k, 1)) for k, v in out.items()}
+
+
+def _hami_split(s: dict[str, Any]) -> int:
+    cm = next((o for o in s.get("objects", {}).values() if o.get("kind") == "ConfigMap"
+               and o["metadata"]["name"] == "hami-scheduler-device"), None)
+    try:
+        return int(yaml.safe_load(cm["data"]["device-config.yaml"])["nvidia"]["deviceSplitCount"])  # type: ignore[index]
+    except (TypeError, KeyError, ValueError):
+        return 10  # HAMi's default (charts/hami/values.yaml)
+
+
+def _hami_on(s: dict[str, Any], name: str, n: dict[str, Any]) -> bool:
+    return any(_is_hami_plugin(ds) and _runs_on(ds, _node_labels(name, n)) and not _ds_pull(s, ds, n)
+               for ds in _daemonsets(s))
 
 
 def _cni_ready(s: dict[str, Any]) -> bool:
@@ -420,20 +873,34 @@ def node_json(s: dict[str, Any], name: str) -> dict[str, Any]:
     capacity = {"cpu": "16", "memory": "65536Mi", "pods": "110"}
     gpus = _node_gpus(s, n)
     if _device_plugin(s) is not None and _gpus_on(n["host"]):
-        capacity["nvidia.com/gpu"] = str(gpus)
-    ready = _cni_ready(s)
+        p = _plugin_on_node(s, name, n)
+        if p["runs"] and p.get("mig", "none") != "none" and gpus and not p["error"]:
+            capacity.update(_mig_capacity(n["host"], p))
+        elif p["runs"]:
+            capacity[p["resource"]] = "0" if p["error"] else str(gpus * p["replicas"])
+    if _hami_on(s, name, n) and _gpus_on(n["host"]):  # HAMi's plugin registers GPUs x deviceSplitCount
+        capacity["nvidia.com/gpu"] = str(_gpus_on(n["host"]) * _hami_split(s))
+    # the CNI's pod on this node (and kube-proxy's) must pull its images: else no network plugin there
+    ready = _cni_ready(s) and not any(_ds_pull(s, ds, n) for ds in _daemonsets(s)
+                                      if re.search(r"calico-node|flannel", ds["metadata"]["name"]))
+    ready = ready and not (s.get("kube_proxy_image") and pull_error(n["host"], s["kube_proxy_image"]))
+    down = bool(n.get("down"))  # a test's powered-off host: its kubelet stopped posting status
     return {
         "apiVersion": "v1", "kind": "Node",
         "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, **n.get("labels", {})}},
-        "spec": {"taints": n.get("taints", [])} if n.get("taints") else {},
+        "spec": {**({"taints": n["taints"]} if n.get("taints") else {}),
+                 **({"unschedulable": True} if n.get("unschedulable") else {})},
         "status": {
             "capacity": capacity, "allocatable": dict(capacity),
-            "conditions": [{"type": "Ready", "status": "True" if ready else "False",
+            # a node that stopped posting: the node lifecycle controller's Unknown (node_lifecycle_controller.go)
+            "conditions": [{"type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown",
+                            "message": "Kubelet stopped posting node status."}] if down else
+                           [{"type": "Ready", "status": "True" if ready else "False",
                             "reason": "KubeletReady" if ready else "KubeletNotReady",
                             "message": "kubelet is posting ready status" if ready else
                             "container runtime network not ready: NetworkReady=false reason:NetworkPluginNotReady "
                             "message:Network plugin returns error: cni plugin not initialized"}],
-            "nodeInfo": {"kubeletVersion": s.get("version", "v1.30.0")},
+            "nodeInfo": {"kubeletVersion": _kubelet_version(n["host"]) or s.get("version", "v1.30.0")},
         },
     }
 
@@ -443,22 +910,87 @@ def _pods(s: dict[str, Any]) -> list[dict[str, Any]]:
     for ds in _daemonsets(s):
         md = ds["metadata"]
         for name, n in s.get("nodes", {}).items():
-            phase = "Running"
+            if not _runs_on(ds, _node_labels(name, n)) or not _ds_places(s, ds, name, n):
+                continue
+            status: dict[str, Any] = {"phase": "Running"}
             if ds is _device_plugin(s) and _gpus_on(n["host"]) and not _node_gpus(s, n):
-                phase = "Running"  # it runs, but registers no GPU (logs say NVML could not load)
+                status = {"phase": "Running"}  # it runs, but registers no GPU (logs say NVML could not load)
+            elif ds is _device_plugin(s) and _plugin_on_node(s, name, n).get("error"):
+                error = _plugin_on_node(s, name, n)["error"]
+                where = "initContainerStatuses" if "config" in error else "containerStatuses"
+                status = {"phase": "Pending" if where == "initContainerStatuses" else "Running",
+                          where: [{"name": "nvidia-device-plugin-init" if where == "initContainerStatuses"
+                                   else "nvidia-device-plugin-ctr", "restartCount": 4,
+                                   "state": {"waiting": {"reason": "CrashLoopBackOff", "message": error}}}]}
+            pulled = _ds_pull(s, ds, n)
+            if pulled:
+                status = pull_backoff_status(pulled[0], name)
             pods.append({"apiVersion": "v1", "kind": "Pod",
                          "metadata": {"name": f"{md['name']}-{name}", "namespace": md.get("namespace", "default"),
                                       "labels": ds.get("spec", {}).get("selector", {}).get("matchLabels", {}),
                                       "ownerReferences": [{"kind": "DaemonSet", "name": md["name"]}]},
-                         "spec": {"nodeName": name}, "status": {"phase": phase}})
+                         "spec": {"nodeName": name},
+                         "status": _ds_pod_status(s, ds, n, "Running") if _is_exporter(ds) and not pulled
+                         else status})
     for o in s.get("objects", {}).values():
         if o.get("kind") == "Pod":
-            pods.append({**o, "status": _pod_status(s, o)})
+            st = _pod_status(s, o)
+            where = st.get("hostIP")
+            if where in s.get("nodes", {}) and st.get("phase") in ("Running", "Succeeded"):
+                pulled = pod_pull_error(s["nodes"][where]["host"], o.get("spec", {}))
+                if pulled:
+                    st = {**pull_backoff_status(pulled[0], where), **({"bound": True} if st.get("bound") else {})}
+            if st.get("bound"):  # the scheduler binds it: spec.nodeName is set
+                pods.append({**o, "spec": {**o.get("spec", {}), "nodeName": st["hostIP"]}, "status": st})
+            else:
+                pods.append({**o, "status": st})
     return pods
+
+
+_EXTENDED = ("nvidia.com/", "hami.io/")
+_MEMO: dict[int, dict[str, dict[str, Any]]] = {}  # one kubectl call's pod verdicts, by id of its state
+
+
+def _requests(pod: dict[str, Any]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for c in pod.get("spec", {}).get("containers", []):
+        for k, v in (c.get("resources", {}).get("limits", {}) or {}).items():
+            if k.startswith(_EXTENDED):
+                out[k] = out.get(k, 0) + int(v)
+    return out
+
+
+def _used_before(s: dict[str, Any], pod: dict[str, Any], node: str) -> dict[str, int]:
+    """What the pods created before this one hold on the node: those bound and not finished."""
+    used: dict[str, int] = {}
+    for o in s.get("objects", {}).values():
+        if o is pod:
+            break
+        if o.get("kind") != "Pod":
+            continue
+        memo = _MEMO.setdefault(id(s), {})
+        key = _key(o)
+        if key not in memo:
+            memo[key] = _pod_status(s, o)
+        st = memo[key]
+        if st.get("hostIP") == node and st.get("phase") in ("Running", "Pending") and st.get("bound"):
+            for k, v in _requests(o).items():
+                used[k] = used.get(k, 0) + v
+    return used
+
+
+def _runs_forever(pod: dict[str, Any]) -> bool:
+    return any(c.get("command", [])[:1] == ["sleep"] for c in pod.get("spec", {}).get("containers", []))
 
 
 def _pod_status(s: dict[str, Any], pod: dict[str, Any]) -> dict[str, Any]:
     """A GPU test pod runs to completion only on a Ready node with enough allocatable nvidia.com/gpu."""
+    running = _lab_running(s, pod)
+    if running is not None:
+        return running
+    placed = _schedule(s, pod)  # a pod not pinned to a node: the scheduler's filters (gpuk8s doctor, issue 19)
+    if placed is not None:
+        return placed
     spec = pod.get("spec", {})
     terms = (spec.get("affinity", {}).get("nodeAffinity", {}).get("requiredDuringSchedulingIgnoredDuringExecution", {})
              .get("nodeSelectorTerms", []))
@@ -474,6 +1006,9 @@ def _pod_status(s: dict[str, Any], pod: dict[str, Any]) -> dict[str, Any]:
                 "didn't match Pod's node affinity/selector."}]}
     n = node_json(s, node)
     have = int(n["status"]["allocatable"].get("nvidia.com/gpu", 0))
+    wants = _requests(pod)
+    if set(wants) - {"nvidia.com/gpu"} or _runs_forever(pod) or spec.get("schedulerName"):
+        return _shared_pod_status(s, pod, node, n, wants)
     if spec.get("nodeName") and have < want:  # bound without the scheduler: the kubelet's admission rejects it
         return {"phase": "Failed", "reason": "OutOfnvidia.com/gpu", "message": "Pod was rejected: Node didn't have "
                 f"enough resource: nvidia.com/gpu, requested: {want}, used: 0, capacity: {have}"}
@@ -482,6 +1017,47 @@ def _pod_status(s: dict[str, Any], pod: dict[str, Any]) -> dict[str, Any]:
         return {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False",
                 "reason": "Unschedulable", "message": f"0/{len(s['nodes'])} nodes are available: 1 {why}."}]}
     return {"phase": "Succeeded", "hostIP": node}
+
+
+def _shared_pod_status(s: dict[str, Any], pod: dict[str, Any], node: str, n: dict[str, Any],
+                       wants: dict[str, int]) -> dict[str, Any]:
+    """A pod of the sharing proof (it sleeps, holding its slice) or asking for HAMi's or renamed resources: the
+    scheduler counts what the pods before it hold; the kubelet asks the plugin to Allocate, which may refuse."""
+    spec = pod.get("spec", {})
+    alloc = n["status"]["allocatable"]
+    if spec.get("schedulerName") == "hami-scheduler":
+        if not any(o.get("kind") == "Deployment" and o["metadata"]["name"] == "hami-scheduler"
+                   for o in s.get("objects", {}).values()):
+            return {"phase": "Pending"}  # no scheduler of that name: nobody binds it, no event either
+        if not _hami_on(s, node, s["nodes"][node]):
+            return {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False",
+                    "reason": "Unschedulable", "message": f"0/{len(s['nodes'])} nodes are available: 1 "
+                    "NodeUnfitPod."}]}
+        mem = int(json.loads((_host_dir(s["nodes"][node]["host"]) / "var_lib/gpuk8s-lab/host.json")
+                             .read_text()).get("gpu_memory_mib", 0))
+        used = _used_before(s, pod, node)
+        gpus = _gpus_on(s["nodes"][node]["host"])
+        if (wants.get("nvidia.com/gpumem", 0) > mem
+                or used.get("nvidia.com/gpumem", 0) + wants.get("nvidia.com/gpumem", 0) > gpus * mem):
+            return {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False",
+                    "reason": "Unschedulable", "message": f"0/{len(s['nodes'])} nodes are available: 1 "
+                    "CardInsufficientMemory."}]}
+        return {"phase": "Running" if _runs_forever(pod) else "Succeeded", "hostIP": node, "bound": True}
+    used = _used_before(s, pod, node)
+    short = sorted(k for k, v in wants.items() if k.startswith(("nvidia.com/gpu", "nvidia.com/mig-"))
+                   and int(alloc.get(k, 0)) - used.get(k, 0) < v)
+    if n["status"]["conditions"][0]["status"] != "True" or short:
+        why = ", ".join(f"1 Insufficient {k}" for k in short) or "1 node(s) had untolerated taint"
+        return {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False",
+                "reason": "Unschedulable", "message": f"0/{len(s['nodes'])} nodes are available: {why}."}]}
+    p = _plugin_on_node(s, node, s["nodes"][node])
+    big = next((k for k in (p.get("resource"), *p.get("names", [])) if k and wants.get(k, 0) > 1), None)
+    if p.get("runs") and p.get("fail_gt1") and big:
+        # kubelet pkg/kubelet/cm/admission/errors.go wraps the plugin's Allocate error (internal/rm/rm.go)
+        return {"phase": "Failed", "reason": "UnexpectedAdmissionError", "hostIP": node,
+                "message": "Pod was rejected: Allocate failed due to rpc error: code = Unknown desc = invalid request: "
+                f"maximum request size for shared resources is 1; found {wants[big]}, which is unexpected"}
+    return {"phase": "Running" if _runs_forever(pod) else "Succeeded", "hostIP": node, "bound": True}
 
 
 def _key(o: dict[str, Any]) -> str:
@@ -494,6 +1070,11 @@ def kubectl(h: Any, args: list[str]) -> int:
     if args[:1] == ["version"]:
         out("Client Version: v" + h.state.get("packages", {}).get("kubectl", "1.30.0-1.1").split("-")[0] + "\n")
         return 0
+    missing = _missing_context(args)
+    if missing:
+        # client-go tools/clientcmd/validation.go (errContextNotFound), as kubectl prints it
+        err(f"Error in configuration: context was not found for specified context: {missing}\n")
+        return 1
     server = _server_from_kubeconfig(args)
     if server is None:
         err("E1129 memcache.go:265] couldn't get current server API group list: Get \"http://localhost:8080/api\": "
@@ -507,7 +1088,8 @@ def kubectl(h: Any, args: list[str]) -> int:
         err(f"The connection to the server {server} was refused - did you specify the right host or port?\n")
         return 1
     words = [a for i, a in enumerate(args) if not a.startswith("-")
-             and not (i and args[i - 1] in ("-o", "-n", "-f", "--namespace", "--kubeconfig", "--output"))]
+             and not (i and args[i - 1] in ("-o", "-n", "-f", "--namespace", "--kubeconfig", "--output",
+                                             "--context"))]
     verb = words[0] if words else ""
     output = _flag(args, "-o") or _flag(args, "--output") or ""
     if verb == "apply":
@@ -543,22 +1125,44 @@ def kubectl(h: Any, args: list[str]) -> int:
                         node["taints"].append({"key": m.group(1), "value": m.group(2) or "", "effect": m.group(3)})
         out(f"node/{words[2]} {'labeled' if verb == 'label' else 'tainted'}\n")
         return 0
+    handled = _monitoring_kubectl(verb, words, args)
+    if handled is not None:
+        return handled
+    handled = _doctor_kubectl(verb, words, args)
+    if handled is not None:
+        return handled
     if verb == "logs" and len(words) >= 2:
         s = read_state()
         pod = next((p for p in _pods(s) if p["metadata"]["name"] == words[1]), None)
         if pod is None or pod["status"].get("phase") != "Succeeded":
             err(f"Error from server (BadRequest): container in pod \"{words[1]}\" is waiting to start\n")
             return 1
-        host = s["nodes"][pod["status"]["hostIP"]]["host"]
+        node = pod["status"]["hostIP"]
+        host = s["nodes"][node]["host"]
+        p = _plugin_on_node(s, node, s["nodes"][node])
+        if p.get("mig", "none") != "none":
+            # inside a container given one MIG device, nvidia-smi -L lists its parent GPU and that device only
+            # (the MIG user guide's "Running CUDA Applications as Containers" example)
+            want = next(iter(_requests(pod)), "nvidia.com/gpu")
+            for i, d in _mig_devices(host).items():
+                hit = next((x for x in d or [] if want in ("nvidia.com/gpu", "nvidia.com/mig-" + x.replace("+", "."))),
+                           None)
+                if hit:
+                    out(f"GPU {i}: NVIDIA (UUID: GPU-{host}-{i:04d}-lab)\n"
+                        f"  MIG {hit:<12}Device  0: (UUID: MIG-{host}-{i:04d}-01-lab)\n")
+                    return 0
         for i in range(_gpus_on(host)):
             out(f"GPU {i}: NVIDIA (UUID: GPU-{host}-{i:04d}-lab)\n")
         return 0
+    if verb in ("drain", "cordon", "uncordon") or (verb == "delete" and words[1:2] in (["node"], ["nodes"])):
+        return _node_verb(verb, words, args)
     if verb == "delete" and len(words) >= 3:
         ns = _flag(args, "-n") or "default"
         with cluster_state() as s:
             kind = {"pod": "Pod", "pods": "Pod"}.get(words[1], words[1])
             for name in words[2:]:
-                if s.get("objects", {}).pop(f"{kind}/{ns}/{name}", None) is not None:
+                if s.get("objects", {}).pop(f"{kind}/{ns}/{name}", None) is not None or \
+                        _delete_any(s, kind, ns, name):
                     out(f"{words[1]} \"{name}\" deleted\n")
         return 0
     if verb == "get" and len(words) >= 2:
@@ -596,3 +1200,848 @@ def kubectl(h: Any, args: list[str]) -> int:
         return 0
     err(f"kubectl {verb}: not simulated in the lab\n")
     return 1
+
+
+# -- reset, drain, node deletion, etcd members (gpuk8s reset) -------------------------------------------
+# etcd runs stacked on every control plane (kubeadm's default topology): the members are the control-plane
+# nodes, plus those whose Node object was deleted without a kubeadm reset (their member stays in etcd),
+# minus those kubeadm reset removed (its remove-etcd-member phase) while their Node object is still there.
+def etcd_members(s: dict[str, Any]) -> list[str]:
+    cps = {n for n, v in s.get("nodes", {}).items() if v.get("role") == "control-plane"}
+    return sorted((cps | set(s.get("etcd_left", []))) - set(s.get("etcd_removed", [])))
+
+
+# The text of kubeadm reset (kubernetes cmd/kubeadm/app/cmd/reset.go and phases/reset/cleanupnode.go, as
+# kubeadm 1.29+ prints it; the three closing paragraphs are reset.go's iptablesCleanupInstructions and
+# cniCleanupInstructions, verbatim).
+_RESET_TAIL = """
+The reset process does not clean CNI configuration. To do so, you must remove /etc/cni/net.d
+
+The reset process does not reset or clean up iptables rules or IPVS tables.
+If you wish to reset iptables, you must do so manually by using the "iptables" command.
+
+If your cluster was setup to utilize IPVS, run ipvsadm --clear (or similar)
+to reset your system's IPVS tables.
+
+The reset process does not clean your kubeconfig files and you must remove them manually.
+Please, check the contents of the $HOME/.kube/config file.
+"""
+_RESET_FILES = ("/etc/kubernetes/admin.conf", "/etc/kubernetes/super-admin.conf", "/etc/kubernetes/kubelet.conf",
+                "/etc/kubernetes/bootstrap-kubelet.conf", "/etc/kubernetes/controller-manager.conf",
+                "/etc/kubernetes/scheduler.conf")
+_RESET_DIRS = ("/etc/kubernetes/manifests", "/var/lib/kubelet", "/etc/kubernetes/pki")
+
+
+def _empty_dir(d: str) -> None:
+    p = Path(d)
+    if not p.is_dir():
+        return
+    for child in p.iterdir():
+        if child.is_dir() and not child.is_symlink():
+            import shutil
+
+            shutil.rmtree(child, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                child.unlink()
+
+
+def _stop_apiserver(addr: str) -> None:
+    """End the stand-in API server this control plane's kubeadm init started (the kubelet's static pod goes)."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"kube-apiserver" in argv and addr.encode() in argv and any(a.endswith(b"fake.py") for a in argv):
+            with contextlib.suppress(OSError):
+                os.kill(int(proc.name), 15)
+
+
+def _reset(h: Any, args: list[str]) -> int:
+    if "-f" not in args and "--force" not in args:
+        err("[reset] Are you sure you want to proceed? [y/N]: error: won't proceed; the user didn't answer "
+            "(Y|y) in order to continue\n")
+        return 1
+    spec = me()
+    name = spec["name"]
+    with cluster_state() as s:
+        node = s.get("nodes", {}).get(name)
+        control_plane = bool(node and node.get("role") == "control-plane") or \
+            Path("/etc/kubernetes/manifests/kube-apiserver.yaml").exists()
+        # a test's etcd that refuses the removal (no quorum): kubeadm only warns and keeps the data directory
+        member_kept = control_plane and node is not None and name in s.get("etcd_remove_fails", [])
+        if member_kept:
+            pass
+        elif control_plane and node is not None:  # remove-etcd-member: the member leaves etcd, the Node stays
+            removed = s.setdefault("etcd_removed", [])
+            if name not in removed:
+                removed.append(name)
+        elif control_plane and name in s.get("etcd_left", []):
+            s["etcd_left"].remove(name)
+        runs_api = s.get("apiserver", "").rpartition(":")[0] == spec["address"]
+    text = "[preflight] Running pre-flight checks\n"
+    if member_kept:  # removeetcdmember.go's klog.Warningf, verbatim but for the klog header's time and pid
+        err("W1130 10:00:00.000000    4242 removeetcdmember.go:61] [reset] Failed to remove etcd member: etcdserver: "
+            "re-configuration failed due to not enough started members, please manually remove this etcd member "
+            "using etcdctl\n")
+    elif control_plane:
+        text += "[reset] Deleted contents of the etcd data directory: /var/lib/etcd\n"
+        _empty_dir("/var/lib/etcd")
+    h.state.setdefault("services", {})["kubelet"] = "inactive"
+    h.save()
+    if runs_api:
+        _stop_apiserver(spec["address"])
+    text += ("[reset] Stopping the kubelet service\n"
+             "[reset] Unmounting mounted directories in \"/var/lib/kubelet\"\n"
+             f"[reset] Deleting contents of directories: [{' '.join(_RESET_DIRS)}]\n"
+             f"[reset] Deleting files: [{' '.join(_RESET_FILES)}]\n")
+    # "Unmounting mounted directories": what is mounted under /var/lib/kubelet/, deepest first, before the delete
+    with contextlib.suppress(OSError):
+        mounts = [ln.split()[1] for ln in Path("/proc/mounts").read_text().splitlines() if len(ln.split()) > 1]
+        for m in sorted((m for m in mounts if m.startswith("/var/lib/kubelet/")), reverse=True):
+            subprocess.run(["umount", m.replace("\\040", " ")], check=False, capture_output=True)
+    for d in _RESET_DIRS:
+        _empty_dir(d)
+    for f in _RESET_FILES:
+        with contextlib.suppress(OSError):
+            os.unlink(f)
+    out(text + _RESET_TAIL)
+    return 0
+
+
+def _timeout_seconds(args: list[str]) -> float:
+    v = _flag(args, "--timeout") or "0s"
+    m = re.fullmatch(r"(\d+)(s|m|h)?", v)
+    if not m:
+        return 0.0
+    return int(m.group(1)) * {"s": 1, "m": 60, "h": 3600}[m.group(2) or "s"]
+
+
+def _pdb_selects(pdb: dict[str, Any], pod: dict[str, Any]) -> bool:
+    want = pdb.get("spec", {}).get("selector", {}).get("matchLabels", {})
+    have = pod.get("metadata", {}).get("labels", {})
+    return bool(want) and all(have.get(k) == v for k, v in want.items())
+
+
+def _blocking_budget(s: dict[str, Any], pod: dict[str, Any]) -> dict[str, Any] | None:
+    """The PodDisruptionBudget that allows no eviction of `pod` now (disruptionsAllowed would be 0)."""
+    ns = pod["metadata"].get("namespace", "default")
+    for pdb in s.get("objects", {}).values():
+        if pdb.get("kind") != "PodDisruptionBudget" or pdb["metadata"].get("namespace", "default") != ns:
+            continue
+        if not _pdb_selects(pdb, pod):
+            continue
+        healthy = sum(1 for o in s.get("objects", {}).values() if o.get("kind") == "Pod"
+                      and o["metadata"].get("namespace", "default") == ns and _pdb_selects(pdb, o))
+        spec = pdb.get("spec", {})
+        allowed = (healthy - int(spec["minAvailable"]) if "minAvailable" in spec
+                   else int(spec.get("maxUnavailable", 1)))
+        if allowed <= 0:
+            return pdb
+    return None
+
+
+def _node_verb(verb: str, words: list[str], args: list[str]) -> int:
+    """kubectl cordon/uncordon/drain NODE and delete node NODE, with kubectl's messages."""
+    name = words[2] if verb == "delete" and len(words) >= 3 else (words[1] if len(words) >= 2 else "")
+    if verb == "delete":
+        with cluster_state() as s:
+            node = s.get("nodes", {}).pop(name, None)
+            if node is not None and node.get("role") == "control-plane":
+                removed = s.setdefault("etcd_removed", [])
+                if name in removed:
+                    removed.remove(name)  # reset first: its member is gone already
+                elif name not in s.setdefault("etcd_left", []):
+                    s["etcd_left"].append(name)  # the Node goes, its etcd member stays
+        if node is None:
+            if "--ignore-not-found" in args:
+                return 0
+            err(f"Error from server (NotFound): nodes \"{name}\" not found\n")
+            return 1
+        out(f"node \"{name}\" deleted\n")
+        return 0
+    taint = {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}
+    with cluster_state() as s:
+        node = s.get("nodes", {}).get(name)
+        if node is None:
+            err(f"Error from server (NotFound): nodes \"{name}\" not found\n")
+            return 1
+        was = bool(node.get("unschedulable"))
+        node["taints"] = [t for t in node.get("taints", []) if t.get("key") != taint["key"]]
+        node["unschedulable"] = verb != "uncordon"
+        if verb != "uncordon":
+            node["taints"].append(taint)
+        ds = [f"{d['metadata'].get('namespace', 'default')}/{d['metadata']['name']}-{name}" for d in _daemonsets(s)]
+        pods = [o for o in s.get("objects", {}).values() if o.get("kind") == "Pod"
+                and o.get("spec", {}).get("nodeName") == name]
+    if verb == "uncordon":
+        out(f"node/{name} {'uncordoned' if was else 'already uncordoned'}\n")
+        return 0
+    out(f"node/{name} {'already cordoned' if was else 'cordoned'}\n")
+    if verb == "cordon":
+        return 0
+    ref = lambda p: f"{p['metadata'].get('namespace', 'default')}/{p['metadata']['name']}"  # noqa: E731
+    problems = []
+    bare = [ref(p) for p in pods if not p["metadata"].get("ownerReferences")]
+    if bare and "--force" not in args:
+        problems.append(f"cannot delete Pods that declare no controller (use --force to override): {', '.join(bare)}")
+    local = [ref(p) for p in pods if any("emptyDir" in v for v in p.get("spec", {}).get("volumes", []))]
+    if local and "--delete-emptydir-data" not in args:
+        problems.append("cannot delete Pods with local storage (use --delete-emptydir-data to override): "
+                        + ", ".join(local))
+    if ds and "--ignore-daemonsets" not in args:
+        problems.append("cannot delete DaemonSet-managed Pods (use --ignore-daemonsets to ignore): " + ", ".join(ds))
+    if problems:
+        err(f"error: unable to drain node \"{name}\" due to error: {', '.join(problems)}, continuing command...\n"
+            f"There are pending nodes to be drained:\n {name}\n" + "\n".join(problems) + "\n")
+        return 1
+    if ds:
+        err(f"Warning: ignoring DaemonSet-managed Pods: {', '.join(ds)}\n")
+    timeout = _timeout_seconds(args) or 3600.0
+    deadline = time.monotonic() + timeout
+    for pod in pods:
+        ns, pname = pod["metadata"].get("namespace", "default"), pod["metadata"]["name"]
+        out(f"evicting pod {ns}/{pname}\n")
+        sys.stdout.flush()
+        while True:
+            with cluster_state() as s:
+                key = _key(pod)
+                if _blocking_budget(s, pod) is None:
+                    s.get("objects", {}).pop(key, None)
+                    break
+            # kubectl's eviction retry (k8s.io/kubectl/pkg/drain): "Cannot evict pod as it would violate the
+            # pod's disruption budget." is the API server's 429 message for a blocked eviction
+            err(f"error when evicting pods/\"{pname}\" -n \"{ns}\" (will retry after 5s): Cannot evict pod as it "
+                "would violate the pod's disruption budget.\n")
+            sys.stderr.flush()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                t = _flag(args, "--timeout") or f"{int(timeout)}s"
+                err(f"There are pending nodes to be drained:\n {name}\nerror: unable to drain node \"{name}\" due "
+                    f"to error: [error when evicting pods/\"{pname}\" -n \"{ns}\": global timeout reached: {t}], "
+                    "continuing command...\n")
+                return 1
+            time.sleep(min(5.0, left))
+            out(f"evicting pod {ns}/{pname}\n")
+        out(f"pod/{pname} evicted\n")
+    out(f"node/{name} drained\n")
+    return 0
+
+
+
+# -- monitoring (issue 20): the DCGM exporter's pods, its /metrics and Prometheus's targets API -----------------
+# The exporter DaemonSet's pods are placed by its nodeSelector and tolerations (_ds_places). On a node whose
+# container runtime default is not nvidia the exporter crashes (CrashLoopBackOff) and logs what
+# dcgm-exporter 4.8 logs when its container has no NVML (NVIDIA/dcgm-exporter issue 612, 2026-09-19):
+#   level=ERROR msg="Cannot init NVML library; err: ERROR_LIBRARY_NOT_FOUND"
+# Else `kubectl get --raw` of the pod's proxy path serves the Prometheus text of that node's simulated GPUs
+# (one series per GPU and metric; the pod/namespace/container labels only when the DaemonSet mounts the
+# kubelet's pod-resources directory and a GPU pod is bound to the node). A Prometheus (a Deployment and its
+# Service) answers /api/v1/targets through the service proxy from its ConfigMap's scrape jobs.
+EXPORTER_IMAGE = "dcgm-exporter"
+POD_RESOURCES = "/var/lib/kubelet/pod-resources"
+NVML_LOG = ('time=2026-11-30T09:00:00.001Z level=INFO msg="Starting dcgm-exporter" Version=4.8.3\n'
+            'time=2026-11-30T09:00:00.002Z level=INFO msg="Attempting to initialize DCGM."\n'
+            'time=2026-11-30T09:00:00.005Z level=INFO msg="DCGM successfully initialized!"\n'
+            'time=2026-11-30T09:00:00.005Z level=INFO msg="Attempting to initialize NVML library."\n'
+            'time=2026-11-30T09:00:00.005Z level=ERROR msg="Cannot init NVML library; err: ERROR_LIBRARY_NOT_FOUND"\n'
+            'time=2026-11-30T09:00:00.006Z level=ERROR msg=ERROR_LIBRARY_NOT_FOUND\n')
+# dcgm-exporter's etc/default-counters.csv: (metric, type, help) of the series the fake serves
+COUNTERS = (
+    ("DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature (in C)."),
+    ("DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W)."),
+    ("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %)."),
+    ("DCGM_FI_DEV_XID_ERRORS", "gauge", "Value of the last XID error encountered."),
+    ("DCGM_FI_DEV_FB_FREE", "gauge", "Framebuffer memory free (in MiB)."),
+    ("DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used (in MiB)."),
+)
+
+
+def _is_exporter(ds: dict[str, Any]) -> bool:
+    containers = ds.get("spec", {}).get("template", {}).get("spec", {}).get("containers", [])
+    return any(EXPORTER_IMAGE in str(c.get("image", "")) for c in containers)
+
+
+def _tolerates(tolerations: list[dict[str, Any]], taint: dict[str, Any]) -> bool:
+    for t in tolerations:
+        if t.get("effect") and t["effect"] != taint.get("effect"):
+            continue
+        if t.get("operator") == "Exists" and (not t.get("key") or t["key"] == taint.get("key")):
+            return True
+        if t.get("key") == taint.get("key") and str(t.get("value", "")) == str(taint.get("value", "")):
+            return True
+    return False
+
+
+def _ds_places(s: dict[str, Any], ds: dict[str, Any], name: str, node: dict[str, Any]) -> bool:
+    """Whether the DaemonSet runs a pod on the node: its nodeSelector matches (_runs_on) and, for the DCGM
+    exporter, it tolerates every NoSchedule/NoExecute taint of the node (the other DaemonSets keep the lab's
+    placement by selector only, which their tests rely on)."""
+    if not _runs_on(ds, _node_labels(name, node)):
+        return False
+    if not _is_exporter(ds):
+        return True
+    spec = ds.get("spec", {}).get("template", {}).get("spec", {})
+    return all(_tolerates(spec.get("tolerations") or [], t) for t in node.get("taints", [])
+               if t.get("effect") in ("NoSchedule", "NoExecute"))
+
+
+def _nvml_fails(ds: dict[str, Any], node: dict[str, Any]) -> bool:
+    """The exporter gets the driver's libraries only from the nvidia runtime (the default, or its RuntimeClass)."""
+    default, handlers = _runtime_handlers(node["host"])
+    rc = ds.get("spec", {}).get("template", {}).get("spec", {}).get("runtimeClassName")
+    return not (default == "nvidia" or (rc == "nvidia" and "nvidia" in handlers))
+
+
+def _ds_pod_status(s: dict[str, Any], ds: dict[str, Any], node: dict[str, Any], phase: str) -> dict[str, Any]:
+    status: dict[str, Any] = {"phase": phase}
+    if _is_exporter(ds) and _nvml_fails(ds, node):
+        status["containerStatuses"] = [{"name": "dcgm-exporter", "ready": False, "restartCount": 5,
+                                        "state": {"waiting": {"reason": "CrashLoopBackOff"}}}]
+    return status
+
+
+def _mounts_pod_resources(ds: dict[str, Any]) -> bool:
+    spec = ds.get("spec", {}).get("template", {}).get("spec", {})
+    vols = {v.get("name"): v for v in spec.get("volumes") or []}
+    return any((vols.get(m.get("name"), {}).get("hostPath") or {}).get("path") == POD_RESOURCES
+               for c in spec.get("containers", []) for m in c.get("volumeMounts") or [])
+
+
+def _exporter_pod(s: dict[str, Any], ns: str, pod: str) -> tuple[dict[str, Any], str] | None:
+    """(the exporter DaemonSet, its node) of an exporter pod name, as _pods names them."""
+    for ds in _daemonsets(s):
+        if _is_exporter(ds) and ds["metadata"].get("namespace", "default") == ns:
+            for name, n in s.get("nodes", {}).items():
+                if pod == f"{ds['metadata']['name']}-{name}" and _ds_places(s, ds, name, n):
+                    return ds, name
+    return None
+
+
+def _pod_ip(node: str) -> str:
+    return f"10.244.{sum(node.encode()) % 250}.{len(node) + 2}"
+
+
+def _gpu_pods(s: dict[str, Any], node: str) -> list[tuple[dict[str, Any], int]]:
+    """The pods bound to the node that hold GPUs, with how many (the kubelet's pod-resources would list them)."""
+    out = []
+    for o in s.get("objects", {}).values():
+        spec = o.get("spec", {})
+        if o.get("kind") != "Pod" or (spec.get("nodeName") or spec.get("nodeSelector", {}).get(
+                "kubernetes.io/hostname")) != node:
+            continue
+        want = sum(int(c.get("resources", {}).get("limits", {}).get("nvidia.com/gpu", 0))
+                   for c in spec.get("containers", []))
+        if want:
+            out.append((o, want))
+    return out
+
+
+def _metrics(s: dict[str, Any], ds: dict[str, Any], node: str) -> str:
+    host = s["nodes"][node]["host"]
+    spec = json.loads((_host_dir(host) / "var_lib/gpuk8s-lab/host.json").read_text())
+    model, mem = spec.get("gpu_model", "NVIDIA A100-SXM4-80GB"), int(spec.get("gpu_memory_mib", 81920))
+    owner: dict[int, tuple[str, str, str]] = {}
+    if _mounts_pod_resources(ds):
+        i = 0
+        for pod, n in _gpu_pods(s, node):
+            for _ in range(n):
+                c = pod.get("spec", {}).get("containers", [{}])[0].get("name", "")
+                owner[i] = (pod["metadata"]["name"], pod["metadata"].get("namespace", "default"), c)
+                i += 1
+    lines = []
+    for metric, kind, help_text in COUNTERS:
+        lines += [f"# HELP {metric} {help_text}", f"# TYPE {metric} {kind}"]
+        for g in range(_gpus_on(host)):
+            labels = (f'gpu="{g}",UUID="GPU-{host}-{g:04d}-lab",pci_bus_id="00000000:{0x10 + g:02X}:00.0",'
+                      f'device="nvidia{g}",modelName="{model}",Hostname="{node}",DCGM_FI_DRIVER_VERSION="'
+                      f'{spec.get("driver", "535.104.05")}"')
+            if g in owner:
+                labels += ',pod="{}",namespace="{}",container="{}"'.format(*owner[g])
+            value = {"DCGM_FI_DEV_GPU_TEMP": 34 + g, "DCGM_FI_DEV_POWER_USAGE": 61.5,
+                     "DCGM_FI_DEV_GPU_UTIL": 87 if g in owner else 0, "DCGM_FI_DEV_XID_ERRORS": 0,
+                     "DCGM_FI_DEV_FB_USED": 1024 if g in owner else 0,
+                     "DCGM_FI_DEV_FB_FREE": mem - (1024 if g in owner else 0)}[metric]
+            lines.append(f"{metric}{{{labels}}} {value}")
+    return "\n".join(lines) + "\n"
+
+
+def _targets(s: dict[str, Any], ns: str) -> dict[str, Any]:
+    """/api/v1/targets of the Prometheus in `ns`: its ConfigMap's kubernetes_sd endpoints jobs, relabelled."""
+    cm = s.get("objects", {}).get(f"ConfigMap/{ns}/prometheus-config", {})
+    cfg = yaml.safe_load((cm.get("data") or {}).get("prometheus.yml") or "{}") or {}
+    active = []
+    for job in cfg.get("scrape_configs") or []:
+        for sd in job.get("kubernetes_sd_configs") or []:
+            if sd.get("role") != "endpoints":
+                continue
+            names = (sd.get("namespaces") or {}).get("names")
+            for svc in [o for o in s.get("objects", {}).values() if o.get("kind") == "Service"]:
+                sns = svc["metadata"].get("namespace", "default")
+                sel = svc.get("spec", {}).get("selector") or {}
+                if names and sns not in names or not sel:
+                    continue
+                for ds in _daemonsets(s):
+                    pod_labels = ds.get("spec", {}).get("template", {}).get("metadata", {}).get("labels", {})
+                    if ds["metadata"].get("namespace", "default") != sns or \
+                            any(pod_labels.get(k) != v for k, v in sel.items()):
+                        continue
+                    for node, n in s.get("nodes", {}).items():
+                        if not _ds_places(s, ds, node, n):
+                            continue
+                        for port in svc.get("spec", {}).get("ports", []):
+                            meta = {"__meta_kubernetes_service_name": svc["metadata"]["name"],
+                                    "__meta_kubernetes_endpoint_port_name": str(port.get("name", "")),
+                                    "__meta_kubernetes_pod_node_name": node, "__meta_kubernetes_namespace": sns,
+                                    "__address__": f"{_pod_ip(node)}:{port.get('port')}"}
+                            labels = {"job": job["job_name"], "instance": meta["__address__"]}
+                            keep = True
+                            for rc in job.get("relabel_configs") or []:
+                                value = ";".join(meta.get(k, "") for k in rc.get("source_labels", []))
+                                if rc.get("action") == "keep":
+                                    keep = keep and re.fullmatch(rc.get("regex", "(.*)"), value) is not None
+                                elif rc.get("target_label"):
+                                    labels[rc["target_label"]] = value
+                            if not keep:
+                                continue
+                            url = f"http://{meta['__address__']}/metrics"
+                            down = _is_exporter(ds) and _nvml_fails(ds, n)
+                            active.append({"discoveredLabels": meta, "labels": labels, "scrapePool": job["job_name"],
+                                           "scrapeUrl": url, "globalUrl": url,
+                                           "lastError": f"Get \"{url}\": dial tcp {meta['__address__']}: connect: "
+                                                        "connection refused" if down else "",
+                                           "lastScrape": "2026-11-30T09:00:00Z", "lastScrapeDuration": 0.01,
+                                           "health": "down" if down else "up", "scrapeInterval": "15s",
+                                           "scrapeTimeout": "10s"})
+    return {"status": "success", "data": {"activeTargets": active, "droppedTargets": []}}
+
+
+def _raw_get(s: dict[str, Any], path: str) -> int:
+    if path in ("/readyz", "/livez"):  # the API server answers (kubectl has reached it): kube-apiserver's "ok"
+        out("ok")
+        return 0
+    m = re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods/([^/:]+):(\d+)/proxy/metrics", path)
+    if m:
+        ns, pod, port = m.groups()
+        found = _exporter_pod(s, ns, pod)
+        if found is None:
+            err(f"Error from server (NotFound): pods \"{pod}\" not found\n")
+            return 1
+        ds, node = found
+        if port != "9400" or _nvml_fails(ds, s["nodes"][node]):
+            # the API server's proxy (k8s.io/apimachinery/pkg/util/proxy): "error trying to reach service"
+            err(f"Error from server (ServiceUnavailable): error trying to reach service: dial tcp "
+                f"{_pod_ip(node)}:{port}: connect: connection refused\n")
+            return 1
+        out(_metrics(s, ds, node))
+        return 0
+    m = re.fullmatch(r"/api/v1/namespaces/([^/]+)/services/([^/:]+):(\d+)/proxy/api/v1/targets", path)
+    if m:
+        ns, svc, _port = m.groups()
+        if f"Service/{ns}/{svc}" not in s.get("objects", {}):
+            err(f"Error from server (NotFound): services \"{svc}\" not found\n")
+            return 1
+        if f"Deployment/{ns}/prometheus" not in s.get("objects", {}):
+            err(f"Error from server (ServiceUnavailable): no endpoints available for service \"{svc}\"\n")
+            return 1
+        out(json.dumps(_targets(s, ns)) + "\n")
+        return 0
+    err("Error from server (NotFound): the server could not find the requested resource\n")
+    return 1
+
+
+def _monitoring_kubectl(verb: str, words: list[str], args: list[str]) -> int | None:
+    """kubectl get --raw, and the logs of an exporter pod; None: not for this part of the fake."""
+    if verb == "get" and _flag(args, "--raw"):
+        return _raw_get(read_state(), _flag(args, "--raw") or "")
+    if verb == "logs" and len(words) >= 2:
+        s = read_state()
+        found = _exporter_pod(s, _flag(args, "-n") or "default", words[1])
+        if found is None:
+            return None
+        ds, node = found
+        out(NVML_LOG if _nvml_fails(ds, s["nodes"][node]) else
+            'time=2026-11-30T09:00:00.001Z level=INFO msg="Starting webserver"\n')
+        return 0
+    return None
+
+
+def _delete_any(s: dict[str, Any], kind: str, ns: str, name: str) -> bool:
+    """kubectl delete KIND NAME for any kind of stored object (kubectl accepts the lower-case kind)."""
+    for key in list(s.get("objects", {})):
+        k, kns, kname = key.split("/", 2)
+        if k.lower() in (kind.lower(), kind.lower().removesuffix("s")) and kname == name and kns in (ns, ""):
+            del s["objects"][key]
+            return True
+    return False
+
+
+# -- kubeadm upgrade, kubectl cordon/uncordon/drain, kubelet versions (issue 22) --------------------------
+# Messages are kubeadm's and kubectl's own: cmd/kubeadm/app/cmd/upgrade/apply.go ("[upgrade/successful]
+# SUCCESS! Your cluster was upgraded to %q. Enjoy!", "[upgrade/kubelet] Now that your control plane is
+# upgraded, ..."), node.go ("[upgrade] The configuration for this node was successfully updated!", "[upgrade]
+# Now you should go ahead and upgrade the kubelet package using your package manager."), phases/upgrade/
+# policy.go ("Specified version to upgrade to %q is too high; kubeadm can upgrade only 1 minor version at a
+# time", "... is higher than the kubeadm version %q. Upgrade kubeadm first using the tool you used to install
+# kubeadm", "... is at least one minor release higher than the kubeadm minor release (%d > %d). Such an upgrade
+# is not supported"), quoted in operators' transcripts found with `search`. kubectl cordon/drain/uncordon:
+# _node_verb above.
+_KUBEADM_VERSION_RE = re.compile(r"^v?1\.(\d+)\.(\d+)$")
+
+
+def _v(version: str) -> tuple[int, int]:
+    m = _KUBEADM_VERSION_RE.match(version)
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+
+
+def _kubeadm_version(h: Any) -> str:
+    return "v" + h.state.get("packages", {}).get("kubeadm", "1.30.0-1.1").split("-")[0]
+
+
+def _kubelet_version(host: str) -> str | None:
+    """The kubelet a node runs: the kubelet package installed on its host (the lab restarts it at once)."""
+    try:
+        st = json.loads((_host_dir(host) / "var_lib/gpuk8s-lab/state.json").read_text())
+    except (OSError, ValueError):
+        return None
+    v = st.get("packages", {}).get("kubelet")
+    return "v" + v.split("-")[0] if v else None
+
+
+def _manifest_version(version: str) -> None:
+    """The static pods of this control plane at `version` (kubeadm writes the images' tags)."""
+    d = Path("/etc/kubernetes/manifests")
+    d.mkdir(parents=True, exist_ok=True)
+    for comp in ("kube-apiserver", "kube-controller-manager", "kube-scheduler"):
+        p = d / f"{comp}.yaml"
+        try:
+            doc = yaml.safe_load(p.read_text()) or {}
+        except (OSError, ValueError):
+            doc = {}
+        doc.setdefault("apiVersion", "v1")
+        doc.setdefault("kind", "Pod")
+        doc.setdefault("metadata", {"name": comp, "namespace": "kube-system"})
+        containers = doc.setdefault("spec", {}).setdefault("containers", [{"name": comp}])
+        containers[0]["image"] = f"registry.k8s.io/{comp}:{version}"
+        p.write_text(yaml.safe_dump(doc))
+
+
+def _upgrade_fatal(lines: list[str]) -> int:
+    err("[upgrade/version] FATAL: the --version argument is invalid due to these fatal errors:\n\n"
+        + "".join(f"\t- {ln}\n\n" for ln in lines) + "Please fix the misalignments highlighted above and try "
+        "upgrading again\nTo see the stack trace of this error execute with --v=5 or higher\n")
+    return 1
+
+
+def _upgrade(h: Any, args: list[str]) -> int:
+    """kubeadm upgrade plan [VERSION] | apply VERSION [-y] | node, on the simulated cluster."""
+    verb = args[0] if args else ""
+    if not Path("/etc/kubernetes/admin.conf").exists() and verb != "node":
+        err("[upgrade/config] FATAL: failed to load admin kubeconfig: open /etc/kubernetes/admin.conf: no such "
+            "file or directory\n")
+        return 1
+    s = read_state()
+    cluster = s.get("version", "v1.30.0")
+    kubeadm_v = _kubeadm_version(h)
+    out("[upgrade/config] Reading configuration from the \"kubeadm-config\" ConfigMap in namespace \"kube-system\"...\n"
+        "[preflight] Running pre-flight checks.\n")
+    if verb == "node":
+        if Path("/etc/kubernetes/manifests/kube-apiserver.yaml").exists():
+            _manifest_version(cluster)
+            out(f"[upgrade] Upgrading your Static Pod-hosted control plane instance to version \"{cluster}\"...\n")
+        else:
+            out("[preflight] Skipping prepull. Not a control plane node.\n[upgrade] Skipping phase. Not a control "
+                "plane node.\n")
+        out("[kubelet-start] Writing kubelet configuration to file \"/var/lib/kubelet/config.yaml\"\n"
+            "[upgrade] The configuration for this node was successfully updated!\n"
+            "[upgrade] Now you should go ahead and upgrade the kubelet package using your package manager.\n")
+        return 0
+    words = [a for a in args[1:] if not a.startswith("-")]
+    target = words[0] if words else kubeadm_v
+    target = target if target.startswith("v") else "v" + target
+    kubelets = {name: _kubelet_version(n["host"]) or cluster for name, n in s.get("nodes", {}).items()}
+    if verb == "plan":
+        out(f"[upgrade] Running cluster health checks\n[upgrade] Fetching available versions to upgrade to\n"
+            f"[upgrade/versions] Cluster version: {cluster}\n[upgrade/versions] kubeadm version: {kubeadm_v}\n\n"
+            "Components that must be upgraded manually after you have upgraded the control plane with "
+            "'kubeadm upgrade apply':\nCOMPONENT   NODE      CURRENT    TARGET\n")
+        for name, v in sorted(kubelets.items()):
+            out(f"kubelet     {name}  {v}   {target}\n")
+        out("\nUpgrade to the latest stable version:\n\nCOMPONENT                 NODE      CURRENT    TARGET\n")
+        for comp in ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kube-proxy"):
+            out(f"{comp:<25} {'':<9} {cluster:<10} {target}\n")
+        out(f"\nYou can now apply the upgrade by executing the following command:\n\n\tkubeadm upgrade apply "
+            f"{target}\n\n")
+        return 0
+    if verb != "apply":
+        err(f"kubeadm upgrade {verb}: not simulated in the lab\n")
+        return 1
+    if not _KUBEADM_VERSION_RE.match(target):
+        err(f"[upgrade/version] FATAL: couldn't parse version {target!r}\n")
+        return 1
+    fatal = []
+    (tm, tp), (cm, cp_), (km, kp) = _v(target), _v(cluster), _v(kubeadm_v)
+    if tm > cm + 1:
+        fatal.append(f"Specified version to upgrade to \"{target}\" is too high; kubeadm can upgrade only 1 minor "
+                     "version at a time")
+    if tm > km:
+        fatal.append(f"Specified version to upgrade to \"{target}\" is at least one minor release higher than the "
+                     f"kubeadm minor release ({tm} > {km}). Such an upgrade is not supported")
+    if fatal:
+        return _upgrade_fatal(fatal)
+    if (tm, tp) < (cm, cp_):
+        return _upgrade_fatal([f"Specified version to upgrade to \"{target}\" is equal to or lower than the cluster "
+                               f"version \"{cluster}\". Downgrades are not supported yet"])
+    if (tm, tp) > (km, kp):
+        err(f"[upgrade/version] FATAL: the --version argument is invalid due to these errors:\n\n\t- Specified "
+            f"version to upgrade to \"{target}\" is higher than the kubeadm version \"{kubeadm_v}\". Upgrade kubeadm "
+            "first using the tool you used to install kubeadm\n\nCan be bypassed if you pass the --force flag\n")
+        return 1
+    # the kubelet version skew policy: kubelets at most three minors older than the API server
+    old = sorted(v for v in kubelets.values() if _v(v)[0] < tm - 3)
+    if old:
+        err(f"[upgrade/version] FATAL: the --version argument is invalid due to these errors:\n\n\t- There are "
+            f"kubelets in this cluster that are too old that have these versions {old}\n\n"
+            "Can be bypassed if you pass the --force flag\n")
+        return 1
+    if not ({"-y", "--yes", "-f", "--force"} & set(args)):
+        err("[upgrade/confirm] Are you sure you want to proceed with the upgrade? [y/N]: \nwon't proceed; the user "
+            "didn't answer (Y|y) in order to continue\n")
+        return 1
+    _manifest_version(target)
+    with cluster_state() as st:
+        st["version"] = target
+    out(f"[upgrade/version] You have chosen to change the cluster version to \"{target}\"\n"
+        f"[upgrade/versions] Cluster version: {cluster}\n[upgrade/versions] kubeadm version: {kubeadm_v}\n"
+        "[addons] Applied essential addon: CoreDNS\n[addons] Applied essential addon: kube-proxy\n\n"
+        f"[upgrade/successful] SUCCESS! Your cluster was upgraded to \"{target}\". Enjoy!\n\n"
+        "[upgrade/kubelet] Now that your control plane is upgraded, please proceed with upgrading your kubelets if "
+        "you haven't already done so.\n")
+    return 0
+
+
+def _lab_running(s: dict[str, Any], pod: dict[str, Any]) -> dict[str, Any] | None:
+    """A pod annotated lab.gpuk8s.io/runs-seconds: N runs for N seconds after it was created, then succeeds."""
+    ann = pod.get("metadata", {}).get("annotations", {}) or {}
+    secs = ann.get("lab.gpuk8s.io/runs-seconds")
+    created = ann.get("lab.gpuk8s.io/created")
+    if secs is None or created is None:
+        return None
+    node = pod.get("spec", {}).get("nodeName")
+    if time.time() < float(created) + float(secs):
+        return {"phase": "Running", "hostIP": node}
+    return {"phase": "Succeeded", "hostIP": node}
+
+
+# -- the scheduler for pods not pinned to a node, its events, the device plugin's logs (gpuk8s doctor, issue 19) --
+# A pod without nodeName, kubernetes.io/hostname selector, metadata.name matchFields or schedulerName is placed by
+# the default scheduler's filters, in its default plugin order (pkg/scheduler/apis/config/v1/default_plugins.go):
+# NodeUnschedulable, TaintToleration, NodeAffinity, NodeResourcesFit; the first that fails is the node's reason.
+# The texts are kube-scheduler's: "node(s) were unschedulable", "node(s) had untolerated taint {%s: %s}",
+# "node(s) didn't match Pod's node affinity/selector", "Insufficient %s"; FitError.Error() joins the sorted
+# "N reason" histogram: "0/3 nodes are available: 1 Insufficient nvidia.com/gpu, 2 node(s) didn't match Pod's node
+# affinity/selector. preemption: 0/3 nodes are available: 1 No preemption victims found for incoming pod, 2
+# Preemption is not helpful for scheduling." (as users quote it: NVIDIA/k8s-device-plugin#430, #421). A bound
+# pod's containers start only with the nvidia runtime (the node's default, or runtimeClassName nvidia), and an
+# nvidia/cuda image newer than the node driver's CUDA is refused by nvidia-container-cli's requirement check
+# ("requirement error: unsatisfied condition: cuda>=12.4, please update your driver to a newer version, or use an
+# earlier cuda container", NVIDIA/nvidia-docker#1442). `kubectl get events` lists a FailedScheduling event per
+# pod the scheduler cannot place; `kubectl logs` of a device plugin pod prints what the plugin logs on that node
+# (v0.17's factory.go lines when NVML cannot load, NVIDIA/k8s-device-plugin#1220 and awslabs/amazon-eks-ami#1744;
+# "Starting to serve 'nvidia.com/gpu' on /var/lib/kubelet/device-plugins/nvidia-gpu.sock" when it registers).
+_TAINT_FILTERED = ("NoSchedule", "NoExecute")
+
+
+def _pinned(pod: dict[str, Any]) -> bool:
+    spec = pod.get("spec", {})
+    terms = (spec.get("affinity", {}).get("nodeAffinity", {}).get("requiredDuringSchedulingIgnoredDuringExecution", {})
+             .get("nodeSelectorTerms", []))
+    by_field = any(f.get("key") == "metadata.name" for t in terms for f in t.get("matchFields", []))
+    return bool(spec.get("nodeName") or spec.get("nodeSelector", {}).get("kubernetes.io/hostname") or by_field)
+
+
+def _ext_requests(pod: dict[str, Any]) -> dict[str, int]:
+    """Every extended resource (a name with a '/') the pod's containers ask for."""
+    out: dict[str, int] = {}
+    for c in pod.get("spec", {}).get("containers", []):
+        res = c.get("resources", {}) or {}
+        mine = {**(res.get("requests") or {}), **(res.get("limits") or {})}
+        for k, v in mine.items():
+            if "/" in k and not k.startswith("kubernetes.io/"):
+                out[k] = out.get(k, 0) + int(v)
+    return out
+
+
+def _filter(s: dict[str, Any], pod: dict[str, Any], name: str, n: dict[str, Any]) -> list[str]:
+    """Why the node cannot take the pod (the first failing filter's reasons); [] when it can."""
+    spec = pod.get("spec", {})
+    if n["spec"].get("unschedulable"):
+        return ["node(s) were unschedulable"]
+    for t in n["spec"].get("taints", []):
+        if t.get("effect") in _TAINT_FILTERED and not _tolerates(spec.get("tolerations") or [], t):
+            return [f"node(s) had untolerated taint {{{t['key']}: {t.get('value', '')}}}"]
+    if not _runs_on({"spec": {"template": {"spec": spec}}}, n["metadata"]["labels"]):
+        return ["node(s) didn't match Pod's node affinity/selector"]
+    alloc = n["status"]["allocatable"]
+    used = _used_before(s, pod, name)
+    return [f"Insufficient {k}" for k, v in sorted(_ext_requests(pod).items())
+            if int(alloc.get(k, 0)) - used.get(k, 0) < v]
+
+
+def _fit_error(reasons: dict[str, list[str]]) -> str:
+    total = len(reasons)
+    hist: dict[str, int] = {}
+    pre: dict[str, int] = {}
+    for rs in reasons.values():
+        for r in rs:
+            hist[r] = hist.get(r, 0) + 1
+        p = ("No preemption victims found for incoming pod" if all(r.startswith("Insufficient") for r in rs)
+             else "Preemption is not helpful for scheduling")
+        pre[p] = pre.get(p, 0) + 1
+    body = ", ".join(sorted(f"{c} {r}" for r, c in hist.items()))
+    return (f"0/{total} nodes are available: {body}. preemption: 0/{total} nodes are available: "
+            + ", ".join(sorted(f"{c} {r}" for r, c in pre.items())) + ".")
+
+
+def _driver_cuda(host: str) -> tuple[int, ...]:
+    spec = json.loads((_host_dir(host) / "var_lib/gpuk8s-lab/host.json").read_text())
+    major = int(str(spec.get("driver", "535.104.05")).split(".")[0])
+    table = getattr(sys.modules.get("fake") or sys.modules.get("__main__"), "CUDA_FOR_DRIVER", None) or (
+        (580, "13.0"), (525, "12.0"), (450, "11.0"), (440, "10.2"), (418, "10.1"), (410, "10.0"))
+    cuda = next((c for d, c in table if major >= d), "9.0")
+    return tuple(int(x) for x in cuda.split("."))
+
+
+def _start(s: dict[str, Any], pod: dict[str, Any], node: str) -> dict[str, Any]:
+    """A bound pod's containers: started, or refused as the runtime refuses them."""
+    host = s["nodes"][node]["host"]
+    wants_gpu = any(k.startswith("nvidia.com/") for k in _ext_requests(pod))
+    ok = {"phase": "Running" if _runs_forever(pod) else "Succeeded", "hostIP": node, "bound": True}
+    if not wants_gpu:
+        return ok
+    default, handlers = _runtime_handlers(host)
+    rc = pod.get("spec", {}).get("runtimeClassName")
+    nvidia = default == "nvidia" or (rc == "nvidia" and "nvidia" in handlers)
+    for c in pod.get("spec", {}).get("containers", []):
+        cmd = (c.get("command") or [""])[0]
+        if not nvidia and cmd == "nvidia-smi":
+            # runc without the toolkit's hook: no nvidia-smi in a plain image (containerd's task error)
+            msg = ("failed to create containerd task: failed to create shim task: OCI runtime create failed: runc "
+                   "create failed: unable to start container process: exec: \"nvidia-smi\": executable file not "
+                   "found in $PATH: unknown")
+            return {**ok, "phase": "Failed", "containerStatuses": [{"name": c.get("name", ""), "restartCount": 0,
+                    "state": {"terminated": {"reason": "StartError", "exitCode": 128, "message": msg}}}]}
+        m = re.match(r"^(?:.*/)?cuda:(\d+)\.(\d+)", str(c.get("image", "")))
+        if nvidia and m and (int(m.group(1)), int(m.group(2))) > _driver_cuda(host):
+            msg = ("failed to create containerd task: failed to create shim task: OCI runtime create failed: runc "
+                   "create failed: unable to start container process: error during container init: error running "
+                   "prestart hook #0: exit status 1, stdout: , stderr: Auto-detected mode as 'legacy'\n"
+                   f"nvidia-container-cli: requirement error: unsatisfied condition: cuda>={m.group(1)}."
+                   f"{m.group(2)}, please update your driver to a newer version, or use an earlier cuda container: "
+                   "unknown")
+            return {**ok, "phase": "Failed", "containerStatuses": [{"name": c.get("name", ""), "restartCount": 0,
+                    "state": {"terminated": {"reason": "StartError", "exitCode": 128, "message": msg}}}]}
+    return ok
+
+
+def _schedule(s: dict[str, Any], pod: dict[str, Any]) -> dict[str, Any] | None:
+    """Where the default scheduler puts a pod that is not pinned (None: pinned, or another scheduler's, decided as
+    before). A pod naming a scheduler that does not run stays Pending: nobody binds it, no event says why."""
+    sched = pod.get("spec", {}).get("schedulerName")
+    if sched and sched != "default-scheduler":
+        if not _pinned(pod) and not any(o.get("kind") == "Deployment" and o["metadata"]["name"] == sched
+                                        for o in s.get("objects", {}).values()):
+            return {"phase": "Pending"}
+        return None
+    if _pinned(pod):
+        return None
+    reasons: dict[str, list[str]] = {}
+    for name in sorted(s.get("nodes", {})):
+        n = node_json(s, name)
+        why = _filter(s, pod, name, n) if n["status"]["conditions"][0]["status"] == "True" else \
+            ["node(s) had untolerated taint {node.kubernetes.io/not-ready: }"]
+        if not why:
+            return _start(s, pod, name)
+        reasons[name] = why
+    if not reasons:
+        return {"phase": "Pending"}
+    return {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                                                "message": _fit_error(reasons)}]}
+
+
+def _events(s: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    for p in _pods(s):
+        cond = next((c for c in p.get("status", {}).get("conditions", []) if c.get("reason") == "Unschedulable"),
+                    None)
+        if cond is None or p.get("spec", {}).get("nodeName"):
+            continue
+        md = p["metadata"]
+        ns = md.get("namespace", "default")
+        out.append({"apiVersion": "v1", "kind": "Event",
+                    "metadata": {"name": f"{md['name']}.{hashlib.sha1(md['name'].encode()).hexdigest()[:16]}",
+                                 "namespace": ns},
+                    "involvedObject": {"kind": "Pod", "namespace": ns, "name": md["name"]},
+                    "reason": "FailedScheduling", "type": "Warning", "count": 1, "message": cond["message"],
+                    "source": {"component": "default-scheduler"}, "reportingComponent": "default-scheduler"})
+    return out
+
+
+def _plugin_log(s: dict[str, Any], node: str) -> str:
+    n = s["nodes"][node]
+    ts = "I1130 09:00:00.000000       1"
+    if _gpus_on(n["host"]) and not _node_gpus(s, n):
+        e = "E1130 09:00:00.000300       1"
+        return (f"{ts} main.go:356] Retrieving plugins.\n"
+                f"{ts} factory.go:104] Detected non-NVML platform: could not load NVML library: libnvidia-ml.so.1: "
+                "cannot open shared object file: No such file or directory\n"
+                f"{ts} factory.go:104] Detected non-Tegra platform: /sys/devices/soc0/family file not found\n"
+                f"{e} factory.go:112] Incompatible platform detected\n"
+                f"{e} factory.go:113] If this is a GPU node, did you configure the NVIDIA Container Toolkit?\n"
+                f"{e} factory.go:114] You can check the prerequisites at: "
+                "https://github.com/NVIDIA/k8s-device-plugin#prerequisites\n"
+                f"{e} factory.go:115] You can learn how to set the runtime at: "
+                "https://github.com/NVIDIA/k8s-device-plugin#quick-start\n"
+                f"{e} factory.go:116] If this is not a GPU node, you should set up a toleration or nodeSelector to "
+                "only deploy this plugin on GPU nodes\n"
+                f"{ts} main.go:386] No devices found. Waiting indefinitely.\n")
+    p = _plugin_on_node(s, node, n)
+    if p.get("error"):
+        return f"E1130 09:00:00.000100       1 main.go:173] {p['error']}\n"
+    res = p.get("resource", "nvidia.com/gpu")
+    sock = "nvidia-gpu.sock" if res == "nvidia.com/gpu" else res.split("/", 1)[1].replace(".", "-") + ".sock"
+    return (f"{ts} main.go:356] Retrieving plugins.\n"
+            f"{ts} server.go:195] Starting GRPC server for '{res}'\n"
+            f"{ts} server.go:139] Starting to serve '{res}' on /var/lib/kubelet/device-plugins/{sock}\n"
+            f"{ts} server.go:146] Registered device plugin for '{res}' with Kubelet\n")
+
+
+def _doctor_kubectl(verb: str, words: list[str], args: list[str]) -> int | None:
+    """kubectl get events, and the logs of a device plugin pod; None: not for this part of the fake."""
+    if verb == "get" and len(words) >= 2 and words[1] in ("events", "event", "ev") and "--raw" not in " ".join(args):
+        s = read_state()
+        ns = _flag(args, "-n") or _flag(args, "--namespace")
+        items = [e for e in _events(s) if "-A" in args or not ns or e["metadata"]["namespace"] == ns]
+        out(json.dumps({"apiVersion": "v1", "kind": "List", "items": items}) + "\n")
+        return 0
+    if verb == "logs" and len(words) >= 2:
+        s = read_state()
+        # a test's override: what a workload itself prints (an application's log cannot be derived), for a pod
+        # annotated lab.gpuk8s.io/log once it is bound to a node
+        mine = s.get("objects", {}).get(f"Pod/{_flag(args, '-n') or 'default'}/{words[1]}")
+        text = ((mine or {}).get("metadata", {}).get("annotations") or {}).get("lab.gpuk8s.io/log")
+        if mine is not None and text is not None and (mine.get("spec", {}).get("nodeName")
+                                                     or _pod_status(s, mine).get("bound")):
+            out(text)
+            return 0
+        plugin = _device_plugin(s)
+        if plugin is None:
+            return None
+        for name, n in s.get("nodes", {}).items():
+            if words[1] == f"{plugin['metadata']['name']}-{name}" and _runs_on(plugin, _node_labels(name, n)):
+                out(_plugin_log(s, name))
+                return 0
+    return None

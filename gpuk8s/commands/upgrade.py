@@ -1,0 +1,92 @@
+"""`gpuk8s upgrade`: the cluster to the next Kubernetes minor (or --to 1.N, one minor at a time), in kubeadm's
+order, resumable (gpuk8s/phases/upgrade.py, docs/upgrade.md)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from gpuk8s import findings, flows, ui
+from gpuk8s.commands.common import finish, ignored_checks, passwords
+from gpuk8s.exitcodes import ExitCode
+from gpuk8s.options import InventoryOpt, Output, OutputOpt
+from gpuk8s.phases.base import Options, PhaseError
+from gpuk8s.phases.upgrade import UpgradeRefused
+from gpuk8s.remote import RemoteError
+from gpuk8s.report.cluster import phase_printer, plans, render_cluster
+
+
+def register(app: typer.Typer, load_inventory: Any) -> None:
+    @app.command()
+    def upgrade(
+        inventory: Path | None = InventoryOpt,  # noqa: UP007
+        output: Output = OutputOpt,
+        to: str | None = typer.Option(None, "--to", help="The minor to reach, 1.N (default: the next one); "  # noqa: UP007
+                                      "every minor on the way must be in gpuk8s's version matrix."),
+        dry_run: bool = typer.Option(False, "--dry-run", help="Show what the first minor's upgrade would do, "
+                                     "with the exact commands; change nothing."),
+        yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
+        max_unavailable: int = typer.Option(1, "--max-unavailable", min=1, max=512,
+                                            help="Workers upgraded (drained) at the same time."),
+        gpu_pod_timeout: float = typer.Option(3600, "--gpu-pod-timeout", min=0,
+                                              help="Seconds to wait for a worker's GPU pods to finish before its "
+                                              "drain; past it the worker is left as it was and the upgrade stops."),
+        drain_timeout: int = typer.Option(600, "--drain-timeout", min=1, help="Seconds for kubectl drain."),
+        concurrency: int = typer.Option(16, "--concurrency", "-c", min=1, max=512),
+        ignore: list[str] = typer.Option([], "--ignore", help="Preflight check id that must not block a host."),
+        test_pods: bool = typer.Option(True, "--test-pods/--no-test-pods"),
+    ) -> None:
+        """Upgrade Kubernetes one minor at a time: control planes, then workers drained one by one."""
+        inv = load_inventory(inventory, output)
+        sudo = passwords(inv)
+        con = ui.console(stderr=True)
+        if not dry_run and not yes:
+            if not sys.stdin.isatty():
+                ui.say(con, "gpuk8s upgrade changes every node of the cluster: pass --yes (or look first with "
+                            "--dry-run)")
+                raise typer.Exit(ExitCode.USAGE)
+            if not typer.confirm("Upgrade the cluster of this inventory?", default=False):
+                raise typer.Exit(ExitCode.USAGE)
+        try:
+            rep = flows.upgrade(inv, to=to, concurrency=concurrency, ignore=ignored_checks(inv, ignore),
+                                sudo_passwords=sudo, max_unavailable=max_unavailable,
+                                gpu_pod_timeout=gpu_pod_timeout, drain_timeout=drain_timeout,
+                                options=Options(test_pods=test_pods), emit=phase_printer(output), dry_run=dry_run)
+        except UpgradeRefused as e:
+            if output == Output.json:
+                ui.emit_json({"ok": False, "refused": e.message, "remedy": e.remedy,
+                              "findings": [findings.failed("upgrade.refused", e.message, e.remedy).to_json()]})
+            else:
+                ui.say(con, f"upgrade refused: {e.message}; {e.remedy}")
+            raise typer.Exit(ExitCode.USAGE) from None
+        except (PhaseError, RemoteError) as e:
+            if output == Output.json:
+                ui.emit_json({"ok": False, "error": e.message, "remedy": e.remedy})
+            else:
+                ui.say(con, f"{e.message}; {e.remedy}")
+            raise typer.Exit(ExitCode.FAILED) from None
+        if not rep.steps:
+            if output == Output.json:
+                ui.emit_json({"ok": True, "changed": False, "from": rep.start_minor, "steps": []})
+            else:
+                ui.say(ui.console(), f"every node runs Kubernetes {rep.start_minor}: nothing to upgrade")
+            raise typer.Exit(ExitCode.OK)
+
+        def render() -> None:
+            ui.say(ui.console(), f"Kubernetes {rep.start_minor} -> {' -> '.join(rep.steps)}"
+                                 + (" (dry run: the first step)" if dry_run else ""))
+            if dry_run:
+                plans(rep)
+                return
+            render_cluster(rep, "upgrade")
+            if rep.node_seconds:
+                ui.table("upgrade time per node", ["node", "seconds"],
+                         [[n, f"{s:.1f}"] for n, s in rep.node_seconds.items()])
+            if rep.ok and not dry_run:
+                ui.say(ui.console(), f"now write cluster.kubernetes_version: \"{rep.steps[-1]}\" in {inv.path}: "
+                                     "install and join use it")
+
+        finish(rep, output, render)

@@ -1,0 +1,168 @@
+"""What doctor reads, as plain data, and how it reads it: the cluster through the kube client seam, each node's
+host over SSH in one round trip (the fact probe, gpuk8s/facts/probe.sh, plus the kubelet's device-plugin
+sockets and the /dev/char links of the NVIDIA devices, framed the same way)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuk8s.facts.model import HostFacts
+from gpuk8s.facts.parse import ParseError, parse_probe, split_sections
+from gpuk8s.gpuplan import GPUPlan
+from gpuk8s.kube import manifests, state
+from gpuk8s.kube.client import KubeClient, KubeError
+from gpuk8s.kube.state import DaemonSetState, StateError
+from gpuk8s.preflight.runner import PROBE
+from gpuk8s.remote import RemoteError, Session
+from gpuk8s.text import clean
+
+DEVICE_PLUGINS = "/var/lib/kubelet/device-plugins"
+# The NVIDIA device plugin's socket for nvidia.com/gpu (its log: "Starting to serve 'nvidia.com/gpu' on
+# /var/lib/kubelet/device-plugins/nvidia-gpu.sock"); a MIG resource's is nvidia-mig-<profile>.sock
+PLUGIN_SOCKET_PREFIX = "nvidia-"
+
+HAMI_SCHEDULER = "hami-scheduler"
+
+# After the probe, in the probe's framing: the kubelet's device-plugin sockets, the /dev/char links that point at
+# NVIDIA device nodes (`nvidia-ctk system create-dev-char-symlinks` makes them), the NVIDIA device nodes.
+EXTRA = f"""
+sockets() {{ ls -1A {DEVICE_PLUGINS} 2>/dev/null; true; }}
+quick doctor-sockets sockets
+devchar() {{ ls -l /dev/char 2>/dev/null | grep -c -- '-> \\.\\./nvidia'; true; }}
+quick doctor-devchar devchar
+devnodes() {{ ls -1 /dev 2>/dev/null | grep '^nvidia' ; true; }}
+quick doctor-devnodes devnodes
+"""
+SCRIPT = PROBE + EXTRA
+
+
+@dataclass(frozen=True)
+class HostEvidence:
+    """A node's host as doctor sees it over SSH; `unreachable` says why it could not be read ('' when read)."""
+
+    facts: HostFacts | None = None
+    runtime: str = "containerd"
+    sockets: tuple[str, ...] | None = None  # names in /var/lib/kubelet/device-plugins; None: unknown
+    dev_char_links: int | None = None  # /dev/char links to NVIDIA devices
+    dev_nodes: tuple[str, ...] = ()
+    unreachable: str = ""
+
+    @property
+    def runtime_default(self) -> str | None:
+        if self.facts is None:
+            return None
+        if self.runtime == "docker":
+            return self.facts.docker_daemon.default_runtime or "runc"
+        return self.facts.containerd_config.default_runtime or "runc"
+
+    @property
+    def systemd_cgroup(self) -> bool | None:
+        if self.facts is None:
+            return None
+        if self.runtime == "docker":
+            return self.facts.docker_daemon.cgroup_driver == "systemd" if self.facts.docker_daemon.present else None
+        return self.facts.containerd_config.systemd_cgroup
+
+    @property
+    def driver_problem(self) -> str:
+        f = self.facts
+        if f is None or f.gpu.state == "ok":
+            return ""
+        return f.gpu.error or f.gpu.state
+
+    def lines(self) -> list[str]:
+        """The host's evidence, one line each."""
+        if self.unreachable:
+            return [f"over SSH: {self.unreachable}"]
+        f = self.facts
+        out = []
+        if f is not None:
+            if f.gpu.state == "ok":
+                out.append(f"nvidia-smi: {len(f.gpu.gpus)} GPU(s), driver {f.gpu.driver or '?'}"
+                           + (f", CUDA {f.gpu.cuda_version}" if f.gpu.cuda_version else ""))
+            else:
+                out.append(f"nvidia-smi: {self.driver_problem}")
+            out.append(f"{self.runtime} default runtime: {self.runtime_default}")
+            out.append(f"nvidia-container-toolkit: {f.nvidia_ctk or 'not installed (no nvidia-ctk)'}")
+        if self.sockets is not None:
+            out.append(f"{DEVICE_PLUGINS}: " + (", ".join(self.sockets) or "empty"))
+        return out
+
+
+def parse_host(stdout: str, runtime: str) -> HostEvidence:
+    try:
+        facts = parse_probe(stdout)
+    except ParseError as e:
+        return HostEvidence(unreachable=f"the probe printed nothing usable: {e}", runtime=runtime)
+    s = split_sections(stdout)
+
+    def out(name: str) -> str | None:
+        sec = s.get(name)
+        return sec.output if sec is not None else None
+
+    socks = out("doctor-sockets")
+    dc = (out("doctor-devchar") or "").strip()
+    nodes = out("doctor-devnodes") or ""
+    return HostEvidence(facts, runtime,
+                        tuple(clean(x) for x in socks.split() if x) if socks is not None else None,
+                        int(dc) if dc.isdigit() else None, tuple(clean(x) for x in nodes.split() if x))
+
+
+def read_host(session: Session, runtime: str) -> HostEvidence:
+    """One round trip: the probe and doctor's extra sections, as root."""
+    try:
+        session.connect()
+        res = session.run(SCRIPT, sudo=True, timeout=120, display="gpuk8s doctor probe (read-only)")
+    except RemoteError as e:
+        return HostEvidence(unreachable=e.message, runtime=runtime)
+    return parse_host(res.stdout, runtime)
+
+
+@dataclass
+class ClusterEvidence:
+    """What doctor read from the cluster (and the hosts) for one diagnosis."""
+
+    nodes: dict[str, dict[str, Any]]
+    pods: list[dict[str, Any]]
+    events: list[dict[str, Any]] = field(default_factory=list)
+    plans: dict[str, GPUPlan] = field(default_factory=dict)
+    plugin: DaemonSetState | None = None
+    configs: tuple[str, ...] | None = None  # the device plugin ConfigMap's config names; None: no ConfigMap
+    hami_scheduler: bool = False  # HAMi's scheduler Deployment exists
+    logs: dict[tuple[str, str], str] = field(default_factory=dict)  # (namespace, pod) -> its log tail
+    hosts: dict[str, HostEvidence] = field(default_factory=dict)
+
+    def pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return next((p for p in self.pods if (p.get("metadata") or {}).get("name") == name
+                     and (p.get("metadata") or {}).get("namespace", "default") == namespace), None)
+
+
+def read_cluster(kube: KubeClient) -> ClusterEvidence:
+    """The nodes, every pod, the events, the device plugin DaemonSet and its config names, HAMi's scheduler."""
+    nodes = state.by_name(kube.get("nodes"))
+    pods = kube.get("pods", namespace="*")
+    try:
+        events = kube.events()
+    except KubeError:
+        events = []
+    plugin = None
+    found = kube.get("daemonset", state.DEVICE_PLUGIN, "kube-system")
+    if found:
+        try:
+            plugin = state.daemonset_state(found[0])
+        except StateError:
+            plugin = None
+    cm = kube.get("configmap", manifests.PLUGIN_CONFIGS, "kube-system")
+    configs = tuple(sorted((cm[0].get("data") or {}).keys())) if cm else None
+    hami = bool(kube.get("deployment", HAMI_SCHEDULER, "kube-system"))
+    return ClusterEvidence(nodes, pods, events, plugin=plugin, configs=configs, hami_scheduler=hami)
+
+
+def read_logs(kube: KubeClient, ev: ClusterEvidence, pods: list[tuple[str, str]], tail: int = 40) -> None:
+    for ns, name in pods:
+        if (ns, name) not in ev.logs:
+            try:
+                ev.logs[(ns, name)] = kube.logs(name, ns, tail=tail)
+            except KubeError as e:
+                ev.logs[(ns, name)] = e.message

@@ -1,0 +1,215 @@
+"""Pure parsers of nvidia-smi's MIG outputs: any text in, a value or ParseError out (never anything else).
+
+The probe's `mig` section (gpuk8s/facts/probe.sh) holds sub-sections framed by lines `@@mig NAME RC`:
+`mode` (`nvidia-smi --query-gpu=index,uuid,mig.mode.current,mig.mode.pending --format=csv,noheader`),
+`lgip`, `lgi`, `lci` (`nvidia-smi mig -lgip|-lgi|-lci`: box tables, only where a GPU is in MIG mode) and
+`apps` (`nvidia-smi --query-compute-apps=gpu_uuid,pid,process_name --format=csv,noheader`). The table
+layouts are those of NVIDIA's MIG user guide; tests/fixtures/mig says which outputs are modelled from it.
+Host output is hostile data: names are kept short and printable, numbers are ASCII digits only.
+"""
+
+from __future__ import annotations
+
+import re
+
+from gpuk8s.facts.model import GpuProcess, MigComputeInstance, MigFacts, MigGPU, MigGpuInstance, MigProfile
+
+MAX_ROWS = 4096  # more rows than any board has: the rest is ignored
+_NUM = re.compile(r"^[0-9]{1,9}$")
+_PROFILE = re.compile(r"^[0-9]{1,2}[gc][.0-9a-z+]{1,24}$")
+_MODE = ("Enabled", "Disabled", "[N/A]", "N/A")
+_SUB = re.compile(r"^@@mig ([a-z]{1,8}) (-?[0-9]{1,9})$")
+_MIGDEV = re.compile(r"^\s+MIG ([0-9]{1,2}g\.[.0-9a-z+]{1,24})\s+Device\s+([0-9]{1,3}): \(UUID: ([!-~]{1,100})\)\s*$")
+_GPULINE = re.compile(r"^GPU ([0-9]{1,3}): ")
+
+
+class ParseError(ValueError):
+    """MIG output that cannot be understood."""
+
+
+def _int(s: str) -> int:
+    if not _NUM.match(s):
+        raise ParseError(f"not a number: {s[:40]!r}")
+    return int(s)
+
+
+def _printable(s: str, n: int = 120) -> str:
+    return "".join(c if c.isprintable() else "?" for c in s.strip())[:n]
+
+
+def _empty(text: str) -> bool:
+    """nvidia-smi's answers for "nothing here": No MIG-enabled devices found., No GPU instances found: ..."""
+    t = text.strip()
+    return t.startswith("No ") and "found" in t.split("\n", 1)[0]
+
+
+def _rows(text: str, title: str) -> list[list[str]]:
+    """The data rows of a box table whose first header cell reads `title` (e.g. 'GPU instances:')."""
+    if _empty(text) or not text.strip():
+        return []
+    lines = text.splitlines()
+    if not any(title in ln for ln in lines[:8]):
+        raise ParseError(f"no {title!r} table: {_printable(text, 80)!r}")
+    rows: list[list[str]] = []
+    body = False
+    for ln in lines:
+        s = ln.strip()
+        if s.startswith("|=") or s.startswith("+="):
+            body = True
+            continue
+        if not body or not s.startswith("|"):
+            continue
+        cells = s.strip("|").split()
+        if cells:
+            rows.append(cells)
+        if len(rows) >= MAX_ROWS:
+            break
+    if not body:
+        raise ParseError(f"the {title!r} table has no header rule")
+    return rows
+
+
+def _profile(cells: list[str], at: int) -> str:
+    if len(cells) <= at + 1 or cells[at] != "MIG" or not _PROFILE.match(cells[at + 1]):
+        raise ParseError(f"unexpected row: {_printable(' '.join(cells), 80)!r}")
+    return cells[at + 1]
+
+
+def parse_lgip(text: str) -> tuple[MigProfile, ...]:
+    """`nvidia-smi mig -lgip`: each profile's row (the second line of each, CE/JPEG/OFA, is skipped)."""
+    out = []
+    for cells in _rows(text, "GPU instance profiles:"):
+        if len(cells) < 6 or cells[1] != "MIG":
+            if all(_NUM.match(c) for c in cells):
+                continue  # the CE / JPEG / OFA line
+            raise ParseError(f"unexpected -lgip row: {_printable(' '.join(cells), 80)!r}")
+        free, sep, total = cells[4].partition("/")
+        if not sep:
+            raise ParseError(f"unexpected Free/Total {cells[4][:20]!r}")
+        out.append(MigProfile(_int(cells[0]), _profile(cells, 1), _int(cells[3]), _int(free), _int(total),
+                              _printable(cells[5], 12)))
+    return tuple(out)
+
+
+def parse_lgi(text: str) -> tuple[MigGpuInstance, ...]:
+    """`nvidia-smi mig -lgi`: GPU, profile name, profile ID, instance ID, placement start:size."""
+    out = []
+    for cells in _rows(text, "GPU instances:"):
+        if len(cells) != 6:
+            raise ParseError(f"unexpected -lgi row: {_printable(' '.join(cells), 80)!r}")
+        start, sep, size = cells[5].partition(":")
+        _int(start), _int(size)
+        if not sep:
+            raise ParseError(f"unexpected placement {cells[5][:20]!r}")
+        out.append(MigGpuInstance(_int(cells[0]), _profile(cells, 1), _int(cells[3]), _int(cells[4]), cells[5]))
+    return tuple(out)
+
+
+def parse_lci(text: str) -> tuple[MigComputeInstance, ...]:
+    """`nvidia-smi mig -lci`: GPU, GPU instance ID, profile name, CI profile ID, CI ID."""
+    out = []
+    for cells in _rows(text, "Compute instances:"):
+        if len(cells) != 6:
+            raise ParseError(f"unexpected -lci row: {_printable(' '.join(cells), 80)!r}")
+        out.append(MigComputeInstance(_int(cells[0]), _int(cells[1]), _profile(cells, 2), _int(cells[4]),
+                                      _int(cells[5])))
+    return tuple(out)
+
+
+def parse_modes(text: str) -> tuple[tuple[int, str, str, str], ...]:
+    """`--query-gpu=index,uuid,mig.mode.current,mig.mode.pending --format=csv,noheader`: (index, uuid,
+    current, pending) per GPU; a GPU without MIG reads [N/A]."""
+    out = []
+    for ln in text.splitlines()[:MAX_ROWS]:
+        if not ln.strip():
+            continue
+        cols = [c.strip() for c in ln.split(",")]
+        if len(cols) != 4 or cols[2] not in _MODE or cols[3] not in _MODE:
+            raise ParseError(f"unexpected MIG mode line: {_printable(ln, 80)!r}")
+        out.append((_int(cols[0]), _printable(cols[1], 100), "[N/A]" if "N/A" in cols[2] else cols[2],
+                    "[N/A]" if "N/A" in cols[3] else cols[3]))
+    if not out:
+        raise ParseError("nvidia-smi listed no GPUs")
+    return tuple(out)
+
+
+def parse_compute_apps(text: str) -> tuple[GpuProcess, ...]:
+    """`--query-compute-apps=gpu_uuid,pid,process_name --format=csv,noheader` (empty: no processes)."""
+    out = []
+    for ln in text.splitlines()[:MAX_ROWS]:
+        if not ln.strip() or ln.strip().startswith("No running"):
+            continue
+        uuid, sep, rest = ln.partition(",")
+        pid, sep2, name = rest.partition(",")
+        if not (sep and sep2):
+            raise ParseError(f"unexpected compute-apps line: {_printable(ln, 80)!r}")
+        out.append(GpuProcess(_printable(uuid, 100), _int(pid.strip()), _printable(name, 80)))
+    return tuple(out)
+
+
+def parse_list(text: str) -> dict[int, tuple[tuple[str, str], ...]]:
+    """`nvidia-smi -L`: per GPU index its MIG devices (profile, MIG UUID), in order."""
+    out: dict[int, list[tuple[str, str]]] = {}
+    gpu: int | None = None
+    for ln in text.splitlines()[:MAX_ROWS]:
+        m = _GPULINE.match(ln)
+        if m:
+            gpu = int(m.group(1))
+            out.setdefault(gpu, [])
+            continue
+        d = _MIGDEV.match(ln)
+        if d and gpu is not None:
+            out[gpu].append((d.group(1), d.group(3)))
+        elif ln.strip():
+            raise ParseError(f"unexpected nvidia-smi -L line: {_printable(ln, 80)!r}")
+    return {k: tuple(v) for k, v in out.items()}
+
+
+def split(text: str) -> dict[str, tuple[int, str]]:
+    """The `@@mig NAME RC` sub-sections of the probe's mig section."""
+    out: dict[str, tuple[int, str]] = {}
+    name: str | None = None
+    rc = 0
+    buf: list[str] = []
+    for ln in text.splitlines():
+        m = _SUB.match(ln)
+        if m:
+            if name is not None:
+                out[name] = (rc, "\n".join(buf))
+            name, rc, buf = m.group(1), int(m.group(2)), []
+        elif name is not None:
+            buf.append(ln)
+    if name is not None:
+        out[name] = (rc, "\n".join(buf))
+    return out
+
+
+def parse_section(text: str, rc: int = 0) -> MigFacts:
+    """The probe's whole `mig` section; never raises: what cannot be read is the result's error."""
+    if rc == 127:
+        return MigFacts("absent", error="nvidia-smi: command not found")
+    try:
+        parts = split(text)
+        mrc, mtext = parts.get("mode", (1, "no MIG mode query in the probe output"))
+        if mrc != 0:
+            return MigFacts("failed", error=_printable(mtext, 300) or f"exit status {mrc}")
+        modes = parse_modes(mtext)
+
+        def part(name: str) -> str:
+            prc, ptext = parts.get(name, (0, ""))
+            if prc != 0 and not _empty(ptext):
+                raise ParseError(f"nvidia-smi mig -{name}: {_printable(ptext, 200)} (exit status {prc})")
+            return ptext
+
+        profiles = parse_lgip(part("lgip"))
+        gis = parse_lgi(part("lgi"))
+        cis = parse_lci(part("lci"))
+        arc, atext = parts.get("apps", (0, ""))
+        apps = parse_compute_apps(atext) if arc == 0 else ()
+    except ParseError as e:
+        return MigFacts("failed", error=str(e)[:300])
+    gpus = tuple(MigGPU(i, uuid, cur, pend,
+                        tuple(p for p in profiles if p.gpu == i), tuple(g for g in gis if g.gpu == i),
+                        tuple(c for c in cis if c.gpu == i), tuple(a for a in apps if a.gpu_uuid == uuid))
+                 for i, uuid, cur, pend in modes)
+    return MigFacts("ok", gpus)

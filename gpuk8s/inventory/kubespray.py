@@ -1,0 +1,856 @@
+"""Kubespray/Ansible inventories (INI or YAML) read and mapped onto a gpuk8s inventory, pure and offline.
+
+`parse` reads Ansible's two static inventory formats into groups, hosts and variables, each with the line
+it was written on; `convert` maps what gpuk8s has an equivalent for (the role groups, the connection
+variables, a bastion, a few cluster variables) and returns a commented gpuk8s inventory plus one `Note`
+per thing it did not map, with its line. Nothing of the file is executed or evaluated: a `{{ }}` value is
+reported, never rendered, and a secret (a password) is reported by its name only, never copied.
+Why a parser of our own rather than ansible-core's InventoryManager: docs/import.md.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import shlex
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+from yaml.constructor import SafeConstructor
+from yaml.nodes import MappingNode, Node, ScalarNode
+
+from gpuk8s import versions
+from gpuk8s.inventory.loader import _USER, MAX_BYTES, _valid_address
+from gpuk8s.text import one_line
+
+CONTROL_PLANE_GROUPS = ("kube_control_plane", "kube-master", "kube_master")
+NODE_GROUPS = ("kube_node", "kube-node")
+ETCD_GROUPS = ("etcd",)
+CLUSTER_GROUPS = ("k8s_cluster", "k8s-cluster")
+BASTION_GROUPS = ("bastion",)
+# groups of Kubespray's layout that need no mapping of their own (their hosts get roles from the others)
+_STRUCTURAL = ("all", "ungrouped", *CLUSTER_GROUPS)
+_CALICO_RR = ("calico_rr", "calico-rr")
+
+_SECRETS = ("ansible_password", "ansible_ssh_pass", "ansible_ssh_password", "ansible_become_password",
+            "ansible_become_pass", "ansible_sudo_pass", "ansible_sudo_password",
+            "ansible_ssh_private_key_passphrase")
+_HOST_KEYS = ("ansible_host", "ansible_ssh_host")
+_USER_KEYS = ("ansible_user", "ansible_ssh_user", "ansible_remote_user")
+_PORT_KEYS = ("ansible_port", "ansible_ssh_port")
+_KEY_KEYS = ("ansible_ssh_private_key_file", "ansible_private_key_file")
+_ARGS_KEYS = ("ansible_ssh_common_args", "ansible_ssh_extra_args")
+# mapped (or checked) per host; each of these is consumed by convert()
+_CONNECTION = (*_HOST_KEYS, *_USER_KEYS, *_PORT_KEYS, *_KEY_KEYS, *_ARGS_KEYS, "ansible_become",
+               "ansible_become_user", "ansible_become_method", "ansible_connection", "ip", "access_ip",
+               "ansible_python_interpreter")
+_CLUSTER_VARS = ("kube_network_plugin", "kube_pods_subnet", "kube_service_addresses", "kube_version",
+                 "container_manager")
+_NODE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_RANGE = re.compile(r"\[([0-9]+):([0-9]+)\]")
+_SECTION = re.compile(r"^\[([^\]\s]+)\]\s*([#;].*)?$")
+_HOSTPORT = re.compile(r"^(?P<host>[^:\[\]]+):(?P<port>[0-9]{1,5})$")
+_MAX_RANGE = 4096  # hosts one pattern may expand to
+
+
+class ImportError_(Exception):
+    """The file cannot be read as an Ansible inventory at all; `line` locates the cause."""
+
+    def __init__(self, line: int, message: str) -> None:
+        super().__init__(f"line {line}: {message}")
+        self.line = line
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Note:
+    """Something of the source that was not imported (or imported with a change), located by line."""
+
+    line: int
+    key: str
+    message: str
+    kind: str = "not-imported"  # not-imported | changed | info
+
+    def to_json(self) -> dict[str, Any]:
+        return {"line": self.line, "key": self.key, "kind": self.kind, "message": self.message}
+
+
+@dataclass
+class Var:
+    key: str
+    value: Any
+    line: int
+    owner: str  # "host NAME" or "group NAME"
+
+
+@dataclass
+class Group:
+    name: str
+    line: int
+    hosts: dict[str, int] = field(default_factory=dict)  # host -> line of its membership
+    children: dict[str, int] = field(default_factory=dict)  # child group -> line
+    vars: dict[str, Var] = field(default_factory=dict)
+
+
+@dataclass
+class AHost:
+    name: str
+    line: int
+    vars: dict[str, Var] = field(default_factory=dict)
+
+
+@dataclass
+class Ansible:
+    """A static Ansible inventory as written: groups, hosts, variables, each with its line."""
+
+    fmt: str
+    groups: dict[str, Group] = field(default_factory=dict)
+    hosts: dict[str, AHost] = field(default_factory=dict)
+    notes: list[Note] = field(default_factory=list)
+
+    def group(self, name: str, line: int) -> Group:
+        if name not in self.groups:
+            self.groups[name] = Group(name, line)
+        return self.groups[name]
+
+    def host(self, name: str, line: int) -> AHost:
+        if name not in self.hosts:
+            self.hosts[name] = AHost(name, line)
+        return self.hosts[name]
+
+
+# -- parsing ------------------------------------------------------------------------------------------
+
+
+def parse(text: str, filename: str = "") -> Ansible:
+    """INI or YAML, by the file name (.yml/.yaml/.json) or else by its first meaningful line."""
+    if len(text) > MAX_BYTES:
+        raise ImportError_(1, f"the file is larger than {MAX_BYTES >> 20} MiB: not an inventory")
+    low = filename.lower()
+    if low.endswith((".yml", ".yaml", ".json")):
+        return parse_yaml(text)
+    if low.endswith(".ini"):
+        return parse_ini(text)
+    for raw in text.splitlines():
+        s = raw.strip()
+        if s and not s.startswith(("#", ";")):
+            return parse_ini(text) if s.startswith("[") or "=" in s or ":" not in s else parse_yaml(text)
+    return parse_ini(text)
+
+
+def _value(text: str) -> Any:
+    """A value as Ansible's INI parser reads it: a Python literal if it is one, else the string.
+    ast.literal_eval evaluates literals only (numbers, strings, lists...): nothing runs."""
+    try:
+        v = ast.literal_eval(text)
+    except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError):
+        return text
+    return v if isinstance(v, (int, float, bool, str, list, dict, tuple)) else text
+
+
+def _expand(pattern: str, line: int, notes: list[Note]) -> list[str]:
+    """Ansible's numeric host ranges (node[01:10]); anything else is the name itself. The number of hosts
+    (the product of every range of the pattern) is checked before anything is expanded."""
+    ranges = _RANGE.findall(pattern)
+    if any(len(b) > 9 for r in ranges for b in r):  # also keeps int() clear of Python's digit limit
+        notes.append(Note(line, pattern, f"host pattern {one_line(pattern)} has a bound of more than 9 digits: "
+                          "not imported"))
+        return []
+    total = 1
+    for lo, hi in ranges:
+        total *= max(int(hi) - int(lo) + 1, 0)
+        if total == 0 or total > _MAX_RANGE:
+            break
+    if ranges and (total == 0 or total > _MAX_RANGE):
+        size = "empty" if total == 0 else f"{_count(ranges)} hosts, more than {_MAX_RANGE}"
+        notes.append(Note(line, pattern, f"host pattern {one_line(pattern)} is {size}: not imported"))
+        return []
+    return _expand_ranges(pattern)
+
+
+def _count(ranges: list[tuple[str, str]]) -> int:
+    n = 1
+    for lo, hi in ranges:
+        n *= int(hi) - int(lo) + 1
+    return n
+
+
+def _expand_ranges(pattern: str) -> list[str]:
+    m = _RANGE.search(pattern)
+    if not m:
+        return [pattern]
+    lo, hi = m.group(1), m.group(2)
+    width = len(lo) if lo.startswith("0") and len(lo) > 1 else 0
+    out: list[str] = []
+    for i in range(int(lo), int(hi) + 1):
+        out += _expand_ranges(pattern[:m.start()] + str(i).zfill(width) + pattern[m.end():])
+    return out
+
+
+def parse_ini(text: str) -> Ansible:
+    """Ansible's INI dialect: [group], [group:vars], [group:children]; host lines `name k=v ...`
+    (shlex-split, `#` starts a comment); hosts before any section are in `ungrouped`."""
+    inv = Ansible("ini")
+    section, kind = "ungrouped", "hosts"
+    for n, raw in enumerate(text.splitlines(), 1):
+        s = raw.strip()
+        if not s or s.startswith(("#", ";")):
+            continue
+        m = _SECTION.match(s)
+        if m:
+            name, _, kind = m.group(1).partition(":")
+            kind = kind or "hosts"
+            if kind not in ("hosts", "vars", "children") or not name:
+                inv.notes.append(Note(n, m.group(1), f"section [{one_line(m.group(1))}] is not [group], "
+                                      "[group:vars] or [group:children]: its lines are not imported"))
+                section, kind = "", "skip"
+                continue
+            section = name
+            inv.group(name, n)
+            continue
+        if kind == "skip":
+            continue
+        if kind == "vars":
+            key, eq, val = s.partition("=")
+            if not eq or not key.strip():
+                inv.notes.append(Note(n, "", f"[{section}:vars] line is not key=value: not imported"))
+                continue
+            inv.groups[section].vars[key.strip()] = Var(key.strip(), _value(val.strip()), n, f"group {section}")
+            continue
+        if kind == "children":
+            child = s.split()[0]
+            inv.groups[section].children.setdefault(child, n)
+            continue
+        try:
+            tokens = shlex.split(s, comments=True)
+        except ValueError as e:
+            inv.notes.append(Note(n, "", f"host line cannot be read ({e}): not imported"))
+            continue
+        if not tokens:
+            continue
+        pattern, *pairs = tokens
+        port = None
+        hp = _HOSTPORT.match(pattern)
+        if hp:
+            pattern, port = hp.group("host"), hp.group("port")
+        hvars: dict[str, Var] = {}
+        if port:
+            hvars["ansible_port"] = Var("ansible_port", int(port), n, f"host {pattern}")
+        for t in pairs:
+            k, eq, v = t.partition("=")
+            if not eq or not k:
+                inv.notes.append(Note(n, t, f"{one_line(t)!r} after the host name is not key=value: not imported"))
+                continue
+            hvars[k] = Var(k, _value(v), n, f"host {pattern}")
+        group = inv.group(section, n)
+        for name in _expand(pattern, n, inv.notes):
+            h = inv.host(name, n)
+            for k, hv in hvars.items():
+                h.vars[k] = Var(k, hv.value, n, f"host {name}")
+            group.hosts.setdefault(name, n)
+    return inv
+
+
+class _Constructor(SafeConstructor):
+    pass
+
+
+def parse_yaml(text: str) -> Ansible:
+    """Ansible's YAML inventory: GROUP: {hosts: {NAME: {vars}}, vars: {...}, children: {GROUP: ...}}."""
+    inv = Ansible("yaml")
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        raise ImportError_(mark.line + 1 if mark else 1, f"YAML syntax error: {e.problem or e}") from None
+    except (yaml.YAMLError, RecursionError) as e:
+        raise ImportError_(1, f"not readable as YAML: {type(e).__name__}") from None
+    if root is None:
+        return inv
+    if not isinstance(root, MappingNode):
+        raise ImportError_(root.start_mark.line + 1, "the top level must be a mapping of groups (all: ...)")
+    con = _Constructor()
+
+    def line(node: Node) -> int:
+        return node.start_mark.line + 1
+
+    def pyval(node: Node) -> Any:
+        try:
+            return con.construct_object(node, deep=True)
+        except (yaml.YAMLError, RecursionError, TypeError):
+            return "<unreadable>"
+
+    def vars_of(node: Node, owner: str, where: str) -> dict[str, Var]:
+        out: dict[str, Var] = {}
+        if isinstance(node, ScalarNode) and node.value in ("", "~", "null"):
+            return out
+        if not isinstance(node, MappingNode):
+            inv.notes.append(Note(line(node), where, f"{where} must be a mapping: not imported"))
+            return out
+        for k, v in node.value:
+            key = str(k.value) if isinstance(k, ScalarNode) else "?"
+            out[key] = Var(key, pyval(v), line(k), owner)
+        return out
+
+    def group(name: str, node: Node, at: int) -> None:
+        g = inv.group(name, at)
+        if isinstance(node, ScalarNode) and node.value in ("", "~", "null"):
+            return
+        if not isinstance(node, MappingNode):
+            inv.notes.append(Note(at, name, f"group {one_line(name)} must be a mapping: not imported"))
+            return
+        for k, v in node.value:
+            key = k.value if isinstance(k, ScalarNode) else "?"
+            if key == "hosts":
+                if isinstance(v, ScalarNode) and v.value in ("", "~", "null"):
+                    continue
+                if not isinstance(v, MappingNode):
+                    inv.notes.append(Note(line(v), f"{name}.hosts", "hosts must be a mapping: not imported"))
+                    continue
+                for hk, hv in v.value:
+                    hname = str(hk.value) if isinstance(hk, ScalarNode) else "?"
+                    for expanded in _expand(hname, line(hk), inv.notes):
+                        h = inv.host(expanded, line(hk))
+                        for vk, var in vars_of(hv, f"host {expanded}", f"host {hname}").items():
+                            h.vars[vk] = var
+                        g.hosts.setdefault(expanded, line(hk))
+            elif key == "vars":
+                g.vars.update(vars_of(v, f"group {name}", f"{name}.vars"))
+            elif key == "children":
+                if isinstance(v, ScalarNode) and v.value in ("", "~", "null"):
+                    continue
+                if not isinstance(v, MappingNode):
+                    inv.notes.append(Note(line(v), f"{name}.children", "children must be a mapping: not imported"))
+                    continue
+                for ck, cv in v.value:
+                    cname = str(ck.value) if isinstance(ck, ScalarNode) else "?"
+                    g.children.setdefault(cname, line(ck))
+                    group(cname, cv, line(ck))
+            else:
+                inv.notes.append(Note(line(k), f"{name}.{key}", f"{one_line(str(key))!r} in group "
+                                      f"{one_line(name)} is not hosts, vars or children: not imported"))
+
+    for k, v in root.value:
+        name = str(k.value) if isinstance(k, ScalarNode) else "?"
+        group(name, v, line(k))
+    return inv
+
+
+# -- mapping ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class MappedHost:
+    name: str
+    address: str
+    role: str
+    line: int
+    groups: list[str]
+    user: str | None = None
+    port: int | None = None
+    identity_file: str | None = None
+    bastion: tuple[str, str, int] | None = None  # (address, user, port)
+    sudo_password: bool = False
+
+
+@dataclass
+class Result:
+    text: str  # the gpuk8s inventory (YAML with comments)
+    hosts: list[MappedHost]
+    notes: list[Note]
+    cluster: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"hosts": [{"name": h.name, "address": h.address, "role": h.role, "line": h.line}
+                          for h in self.hosts],
+                "cluster": self.cluster, "not_imported": [n.to_json() for n in self.notes]}
+
+
+def _ancestors(inv: Ansible) -> dict[str, list[str]]:
+    parents: dict[str, set[str]] = {g: set() for g in inv.groups}
+    for g in inv.groups.values():
+        for c in g.children:
+            parents.setdefault(c, set()).add(g.name)
+    out: dict[str, list[str]] = {}
+    for gname in parents:
+        seen: list[str] = []
+        todo = [gname]
+        while todo:
+            x = todo.pop()
+            if x in seen:
+                continue
+            seen.append(x)
+            todo += sorted(parents.get(x, set()))
+        out[gname] = seen
+    return out
+
+
+def _depths(inv: Ansible) -> dict[str, int]:
+    """A group's depth below `all` (Ansible merges group vars shallow to deep); cycles cut."""
+    depth = {"all": 0}
+    changed = True
+    rounds = 0
+    while changed and rounds < len(inv.groups) + 2:
+        changed, rounds = False, rounds + 1
+        for g in inv.groups.values():
+            base = depth.get(g.name, 1 if g.name != "all" else 0)
+            depth.setdefault(g.name, base)
+            for c in g.children:
+                if depth.get(c, -1) < base + 1:
+                    depth[c] = base + 1
+                    changed = True
+    return depth
+
+
+def _is_jinja(v: Any) -> bool:
+    return isinstance(v, str) and ("{{" in v or "{%" in v)
+
+
+def _bool(v: Any) -> bool | None:
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, int):
+        return bool(v)
+    if isinstance(v, str) and v.lower() in ("yes", "true", "on", "1", "y"):
+        return True
+    if isinstance(v, str) and v.lower() in ("no", "false", "off", "0", "n"):
+        return False
+    return None
+
+
+def _jump(spec: str) -> tuple[str | None, str, int | None]:
+    """`[user@]host[:port]` as (user, host, port)."""
+    user, _, rest = spec.rpartition("@")
+    host, port = rest, None
+    m = _HOSTPORT.match(rest)
+    if m:
+        host, port = m.group("host"), int(m.group("port"))
+    return (user or None), host, port
+
+
+def bastion_of_args(args: str) -> tuple[tuple[str | None, str, int | None] | None, list[str]]:
+    """The jump host of ansible_ssh_common_args (-J / -o ProxyJump / -o ProxyCommand="ssh -W %h:%p ..."),
+    and the options that are not a jump host (reported as not imported), by name only: a value may hold a
+    secret (ProxyCommand="sshpass -p ..."), so none is ever echoed."""
+    try:
+        toks = shlex.split(args)
+    except ValueError:
+        return None, ["the options (unbalanced quotes: cannot be split)"]
+    jump: tuple[str | None, str, int | None] | None = None
+    other: list[str] = []
+    i = 0
+    while i < len(toks):
+        t = toks[i]
+        opt = None
+        if t == "-o" and i + 1 < len(toks):
+            opt, i = toks[i + 1], i + 2
+        elif t.startswith("-o") and len(t) > 2:
+            opt, i = t[2:], i + 1
+        elif t == "-J" and i + 1 < len(toks):
+            jump, i = _jump(toks[i + 1].split(",")[0]), i + 2
+            if "," in toks[i - 1]:
+                other.append("-J hops after the first")
+            continue
+        else:
+            # a flag by its name; an argument (which may be a flag's secret value) only as "an argument"
+            flag = t[:2] if re.fullmatch(r"-[A-Za-z0-9]", t[:2]) else ""
+            other.append(f"the option {flag}" if flag else "an argument")
+            i += 1
+            continue
+        k, _, v = opt.replace(" ", "=", 1).partition("=") if "=" not in opt else opt.partition("=")
+        k = k.strip()
+        if k.lower() == "proxyjump":
+            jump = _jump(v.split(",")[0])
+            if "," in v:
+                other.append("ProxyJump hops after the first")
+        elif k.lower() == "proxycommand":
+            jump = _proxy_command(v)
+            if jump is None:
+                other.append("-o ProxyCommand (not an `ssh -W %h:%p` jump host)")
+        else:
+            name = _option_name(k)
+            other.append(f"-o {name}" if name else "an -o option")
+    return jump, other
+
+
+def _option_name(word: str) -> str:
+    """`word` when it looks like an ssh_config keyword (letters and digits), else ''."""
+    return word if re.fullmatch(r"[A-Za-z][A-Za-z0-9]{0,40}", word) else ""
+
+
+def _proxy_command(cmd: str) -> tuple[str | None, str, int | None] | None:
+    """`ssh -W %h:%p [-q] [-p PORT] [-l USER] [-i KEY] [user@]HOST` (Kubespray's bastion form)."""
+    try:
+        toks = shlex.split(cmd)
+    except ValueError:
+        return None
+    if not toks or toks[0].rsplit("/", 1)[-1] != "ssh" or "-W" not in toks:
+        return None
+    user = port = None
+    target = None
+    i = 1
+    with_arg = {"-W", "-p", "-l", "-i", "-o", "-F", "-J", "-b", "-c", "-m", "-E"}
+    while i < len(toks):
+        t = toks[i]
+        if t in with_arg and i + 1 < len(toks):
+            if t == "-p" and toks[i + 1].isdecimal():
+                port = int(toks[i + 1])
+            elif t == "-l":
+                user = toks[i + 1]
+            i += 2
+        elif t.startswith("-"):
+            i += 1
+        else:
+            target = t
+            i += 1
+    if target is None:
+        return None
+    u, h, p = _jump(target)
+    return (u or user), h, (p or port)
+
+
+def convert(inv: Ansible, source: str = "FILE") -> Result:
+    """The gpuk8s inventory for `inv`, and a note for everything not mapped (by line)."""
+    notes: list[Note] = list(inv.notes)
+    anc = _ancestors(inv)
+    depth = _depths(inv)
+
+    # children that are named but never defined (no hosts, no vars, no children of their own)
+    for g in inv.groups.values():
+        for c, ln in g.children.items():
+            cg = inv.groups.get(c)
+            undefined = cg is None or (not cg.hosts and not cg.children and not cg.vars and cg.line == ln)
+            if undefined and c not in _CALICO_RR:
+                notes.append(Note(ln, c, f"child group {one_line(c)} of {one_line(g.name)} is not defined "
+                                  "anywhere in the file (no hosts): nothing imported from it"))
+    for g in sorted(inv.groups.values(), key=lambda g: g.line):
+        known = (*CONTROL_PLANE_GROUPS, *NODE_GROUPS, *ETCD_GROUPS, *BASTION_GROUPS, *_STRUCTURAL, *_CALICO_RR)
+        if g.name not in known and (g.hosts or g.children):
+            notes.append(Note(g.line, g.name, f"group {one_line(g.name)} is not a Kubespray role group: it gives "
+                              "its hosts no role (labels are not created from groups)", "info"))
+        if g.name in _CALICO_RR and g.hosts:
+            notes.append(Note(g.line, g.name, "calico route reflectors (calico_rr) have no gpuk8s equivalent: "
+                              "their hosts get a role only from kube_control_plane/kube_node"))
+
+    def groups_of(host: str) -> list[str]:
+        direct = [g.name for g in inv.groups.values() if host in g.hosts]
+        out: list[str] = []
+        for d in direct:
+            for a in anc.get(d, [d]):
+                if a not in out:
+                    out.append(a)
+        if "all" not in out:
+            out.append("all")
+        return out
+
+    def effective(host: str) -> dict[str, Var]:
+        out: dict[str, Var] = {}
+        gs = sorted(groups_of(host), key=lambda g: (depth.get(g, 1), g))
+        for g in gs:
+            if g in inv.groups:
+                out.update(inv.groups[g].vars)
+        out.update(inv.hosts[host].vars)
+        return out
+
+    # every declaration of a variable, reported once (by its line), whatever it applies to
+    for owner, vs in [(f"group {g.name}", g.vars) for g in inv.groups.values()] + \
+                     [(f"host {h.name}", h.vars) for h in inv.hosts.values()]:
+        for v in vs.values():
+            if v.key in _SECRETS:
+                notes.append(Note(v.line, v.key, f"{v.key} ({owner}) is a secret: not imported (gpuk8s never "
+                                  "keeps one in the inventory); a sudo password is read from the environment "
+                                  "variable named by ssh.sudo.password_env (GPUK8S_SUDO_PASSWORD) or a prompt; "
+                                  "SSH logs in with keys only"))
+            elif _is_jinja(v.value):
+                notes.append(Note(v.line, v.key, f"{v.key} ({owner}) is a Jinja expression: not evaluated, not "
+                                  "imported; write its value in the gpuk8s inventory by hand"))
+            elif v.key in _CONNECTION or v.key in _CLUSTER_VARS:
+                continue
+            else:
+                notes.append(Note(v.line, v.key, f"{one_line(v.key)} ({one_line(owner)}) has no gpuk8s "
+                                  "equivalent: not imported"))
+
+    # bastion group (Kubespray's special group): the jump host of every connection
+    group_bastion: tuple[str, str, int] | None = None
+    bastion_hosts: set[str] = set()
+    for bg in BASTION_GROUPS:
+        bgroup = inv.groups.get(bg)
+        if bgroup and bgroup.hosts:
+            bname = next(iter(bgroup.hosts))
+            bastion_hosts |= set(bgroup.hosts)
+            ev = effective(bname)
+            addr = next((str(ev[k].value) for k in _HOST_KEYS if k in ev and not _is_jinja(ev[k].value)), bname)
+            user = next((str(ev[k].value) for k in _USER_KEYS if k in ev and not _is_jinja(ev[k].value)), None)
+            port = next((ev[k].value for k in _PORT_KEYS if k in ev), 22)
+            if user is None:
+                notes.append(Note(bgroup.hosts[bname], bname, "the bastion has no ansible_user: not imported "
+                                  "(gpuk8s's ssh.bastion needs a user)"))
+            elif not _valid_address(addr) or not _USER.match(user):
+                notes.append(Note(bgroup.hosts[bname], bname, "the bastion's address or user is not valid: "
+                                  "not imported"))
+            else:
+                group_bastion = (addr, user, int(port) if str(port).isdecimal() else 22)
+            if len(bgroup.hosts) > 1:
+                notes.append(Note(bgroup.line, bg, "more than one bastion: only the first is imported"))
+
+    hosts: list[MappedHost] = []
+    seen_names: dict[str, str] = {}
+    for h in sorted(inv.hosts.values(), key=lambda h: h.line):
+        if h.name in bastion_hosts:
+            continue
+        gs = groups_of(h.name)
+        ev = effective(h.name)
+        is_cp = any(g in gs for g in CONTROL_PLANE_GROUPS)
+        is_node = any(g in gs for g in NODE_GROUPS)
+        in_etcd = any(g in gs for g in ETCD_GROUPS)
+        if not is_cp and not is_node:
+            why = ("an etcd host outside the control planes: gpuk8s runs etcd stacked on its control planes"
+                   if in_etcd else "in no role group (kube_control_plane, kube_node or the legacy kube-master, "
+                   "kube-node)")
+            notes.append(Note(h.line, h.name, f"host {one_line(h.name)} is {why}: not imported"))
+            continue
+        name = h.name.lower().replace("_", "-")
+        if not _NODE_NAME.match(name) or len(name) > 63:
+            notes.append(Note(h.line, h.name, f"host name {one_line(h.name)!r} cannot be a Kubernetes node name "
+                              "(lowercase RFC 1123): not imported"))
+            continue
+        if name != h.name:
+            notes.append(Note(h.line, h.name, f"host {one_line(h.name)} renamed {name} (Kubernetes node names "
+                              "are lowercase RFC 1123)", "changed"))
+        if name in seen_names:
+            notes.append(Note(h.line, h.name, f"host {one_line(h.name)} has the same node name as "
+                              f"{one_line(seen_names[name])}: not imported"))
+            continue
+
+        def val(keys: Iterable[str], ev: dict[str, Var] = ev) -> Var | None:
+            for k in keys:
+                v = ev.get(k)
+                if v is not None and not _is_jinja(v.value):
+                    return v
+            return None
+
+        if any(k in ev and _is_jinja(ev[k].value) for k in _HOST_KEYS):
+            notes.append(Note(h.line, h.name, f"host {one_line(h.name)}: its address is a Jinja expression: "
+                              "host not imported"))
+            continue
+        av = val(_HOST_KEYS)
+        address = str(av.value) if av else h.name
+        if not _valid_address(address):
+            notes.append(Note(av.line if av else h.line, "ansible_host", f"host {one_line(h.name)}: "
+                              f"{one_line(address)!r} is not an IP address or host name: host not imported"))
+            continue
+        for k in ("ip", "access_ip"):
+            ipv = ev.get(k)
+            if ipv is not None and not _is_jinja(ipv.value) and str(ipv.value) != address:
+                notes.append(Note(ipv.line, k, f"host {name}: {k}={one_line(str(ipv.value))} (the address Kubernetes "
+                                  f"binds/advertises) differs from the SSH address {address}: not imported; "
+                                  "kubelet and kubeadm use the node's default-route address", "info"))
+        mh = MappedHost(name, address, "control-plane" if is_cp else "worker", h.line, gs)
+        if is_cp and is_node:
+            notes.append(Note(h.line, h.name, f"host {name} is in both the control plane and kube_node groups: "
+                              "imported as a control plane (gpuk8s control planes may carry GPUs: set gpus: N)",
+                              "info"))
+        uv = val(_USER_KEYS)
+        if uv is not None:
+            if not _USER.match(str(uv.value)):
+                notes.append(Note(uv.line, uv.key, f"host {name}: {one_line(str(uv.value))!r} is not a POSIX user "
+                                  "name: host not imported"))
+                continue
+            mh.user = str(uv.value)
+        pv = val(_PORT_KEYS)
+        if pv is not None:
+            if isinstance(pv.value, int) and 0 < pv.value < 65536:
+                mh.port = pv.value
+            else:
+                notes.append(Note(pv.line, pv.key, f"host {name}: {pv.key} is not a port number: not imported"))
+        kv = val(_KEY_KEYS)
+        if kv is not None:
+            mh.identity_file = str(kv.value)
+        cv = ev.get("ansible_connection")
+        if cv is not None and str(cv.value) not in ("ssh", "paramiko", "smart"):
+            notes.append(Note(cv.line, "ansible_connection", f"host {name}: ansible_connection="
+                              f"{one_line(str(cv.value))}: gpuk8s always connects over SSH"))
+        bv = ev.get("ansible_become")
+        buser = ev.get("ansible_become_user")
+        if buser is not None and str(buser.value) != "root":
+            notes.append(Note(buser.line, "ansible_become_user", f"host {name}: gpuk8s becomes root with sudo, "
+                              f"not {one_line(str(buser.value))}"))
+        bm = ev.get("ansible_become_method")
+        if bm is not None and str(bm.value) != "sudo":
+            notes.append(Note(bm.line, "ansible_become_method", f"host {name}: become method "
+                              f"{one_line(str(bm.value))} is not supported: gpuk8s uses sudo"))
+        if bv is not None and _bool(bv.value) is False and mh.user not in (None, "root"):
+            notes.append(Note(bv.line, "ansible_become", f"host {name}: ansible_become is off, but gpuk8s runs its "
+                              f"commands with sudo as {mh.user}: that user needs sudo", "info"))
+        if any(k in ev for k in ("ansible_become_password", "ansible_become_pass", "ansible_sudo_pass",
+                                 "ansible_sudo_password")):
+            mh.sudo_password = True
+        for k in _ARGS_KEYS:
+            av2 = ev.get(k)
+            if av2 is None or _is_jinja(av2.value):
+                continue
+            jump, other = bastion_of_args(str(av2.value))
+            if jump is not None:
+                ju, jh, jp = jump
+                ju = ju or mh.user
+                if ju is None or not _valid_address(jh) or not _USER.match(ju):
+                    notes.append(Note(av2.line, k, f"host {name}: the jump host in {k} has no user or no valid "
+                                      "address: bastion not imported"))
+                else:
+                    mh.bastion = (jh, ju, jp or 22)
+            for o in other:
+                hint = (" (gpuk8s always verifies host keys: use ssh.host_key_policy: accept-new to trust new ones)"
+                        if "stricthostkeychecking" in o.lower() or "userknownhostsfile" in o.lower() else "")
+                notes.append(Note(av2.line, k, f"host {name}: {one_line(o)} in {k} is not imported{hint}"))
+        if mh.bastion is None and group_bastion is not None:
+            mh.bastion = group_bastion
+        seen_names[name] = h.name
+        hosts.append(mh)
+
+    # cluster-wide variables, as the first control plane sees them
+    cluster: dict[str, Any] = {}
+    first_cp = next((h for h in hosts if h.role == "control-plane"), None)
+    if first_cp is None:
+        raise ImportError_(1, "no host is in kube_control_plane (or the legacy kube-master) with a usable name "
+                              "and address: gpuk8s needs at least one control plane")
+    cev = effective(seen_names[first_cp.name])
+    for key in _CLUSTER_VARS:
+        cvar = cev.get(key)
+        if cvar is None or _is_jinja(cvar.value):
+            continue
+        s = str(cvar.value)
+        if key == "kube_network_plugin":
+            if s in ("calico", "flannel"):
+                cluster["cni"] = s
+            else:
+                notes.append(Note(cvar.line, key, f"kube_network_plugin={one_line(s)}: gpuk8s installs calico or "
+                                  "flannel; calico is written"))
+        elif key == "container_manager":
+            if s in ("containerd", "docker"):
+                cluster["container_runtime"] = s
+            else:
+                notes.append(Note(cvar.line, key, f"container_manager={one_line(s)}: gpuk8s uses containerd or "
+                                  "docker; containerd is written"))
+        elif key in ("kube_pods_subnet", "kube_service_addresses"):
+            target = "pod_cidr" if key == "kube_pods_subnet" else "service_cidr"
+            if re.fullmatch(r"[0-9a-fA-F:.]+/[0-9]{1,3}", s):
+                cluster[target] = s
+            else:
+                notes.append(Note(cvar.line, key, f"{key} is not a CIDR: not imported"))
+        elif key == "kube_version":
+            m = re.fullmatch(r"v?(1\.[0-9]{1,3})(\.[0-9]{1,3})?", s)
+            if m and m.group(1) in versions.matrix().minors:
+                cluster["kubernetes_version"] = m.group(1)
+                if m.group(2):
+                    notes.append(Note(cvar.line, key, f"kube_version={one_line(s)}: the minor {m.group(1)} is "
+                                      "imported; gpuk8s installs that minor's pinned patch", "changed"))
+            else:
+                notes.append(Note(cvar.line, key, f"kube_version={one_line(s)} is not a minor gpuk8s installs "
+                                  f"(gpuk8s versions): the default {versions.default_minor()} is written"))
+    notes += _inherited(hosts)
+    notes.sort(key=lambda n: (n.line, n.key))
+    return Result(render(hosts, cluster, notes, source, inv.fmt), hosts, notes, cluster)
+
+
+def _inherited(hosts: list[MappedHost]) -> list[Note]:
+    """A host without a setting most others have inherits theirs from `ssh:` (gpuk8s cannot unset it)."""
+    out = []
+    for attr, what in (("user", "ansible_user"), ("identity_file", "ansible_ssh_private_key_file"),
+                       ("bastion", "a bastion")):
+        common = _most_common([getattr(h, attr) for h in hosts])
+        if common is None:
+            continue
+        for h in hosts:
+            if getattr(h, attr) is None:
+                out.append(Note(h.line, h.name, f"host {h.name} had no {what}; it gets the one most hosts have "
+                                "(ssh: at the top): check it", "changed"))
+    return out
+
+
+# -- writing ------------------------------------------------------------------------------------------
+
+
+def _q(v: object) -> str:
+    """A YAML scalar that reads back as exactly `v` (a JSON string is a YAML double-quoted scalar)."""
+    import json
+    return json.dumps(v) if isinstance(v, str) else str(v)
+
+
+def _comment(text: str) -> str:
+    return one_line(text).replace("\u2028", " ").replace("\u2029", " ").replace("\x85", " ")
+
+
+def _most_common(values: list[Any]) -> Any:
+    best, count = None, 0
+    for v in values:
+        c = values.count(v)
+        if c > count:
+            best, count = v, c
+    return best
+
+
+def render(hosts: list[MappedHost], cluster: dict[str, Any], notes: list[Note], source: str, fmt: str) -> str:
+    """The gpuk8s inventory text: the shared SSH settings hoisted to `ssh:`, each host's own below it."""
+    users = [h.user for h in hosts]
+    ports = [h.port for h in hosts]
+    keys = [h.identity_file for h in hosts]
+    basts = [h.bastion for h in hosts]
+    user, port, key, bast = (_most_common(users), _most_common(ports), _most_common(keys), _most_common(basts))
+    sudo_pw = any(h.sudo_password for h in hosts)
+    out = [f"# gpuk8s inventory, imported from {_comment(source)} ({fmt.upper()}) by gpuk8s inventory import.",
+           "# Reference: docs/inventory.md.  Check it with: gpuk8s inventory validate -i THIS-FILE"]
+    if notes:
+        out.append(f"# Not imported or changed ({len(notes)}; the command listed each with its line):")
+        for n in notes:
+            out.append(f"#   line {n.line}: {_comment(n.key)}: {n.kind}")
+    out += ["", "cluster:",
+            "  name: gpu-cluster",
+            f"  kubernetes_version: {_q(cluster.get('kubernetes_version', versions.default_minor()))}"
+            "   # a minor of `gpuk8s versions`",
+            f"  pod_cidr: {_q(cluster.get('pod_cidr', '10.244.0.0/16'))}",
+            f"  service_cidr: {_q(cluster.get('service_cidr', '10.96.0.0/12'))}",
+            f"  cni: {cluster.get('cni', 'calico')}                     # calico or flannel",
+            f"  container_runtime: {cluster.get('container_runtime', 'containerd')}",
+            "",
+            "# SSH defaults for every host (the values most hosts had); a host's own 'ssh:' block wins.",
+            "ssh:"]
+    if user is not None:
+        out.append(f"  user: {_q(user)}")
+    else:
+        out.append("  # user: root                  # no ansible_user: Ansible would log in as your local user")
+    if port is not None:
+        out.append(f"  port: {port}")
+    if key is not None:
+        out.append(f"  identity_file: {_q(key)}")
+    out += ["  known_hosts: ~/.ssh/known_hosts  # host keys are verified against this file",
+            "  host_key_policy: strict          # or accept-new to trust a host seen for the first time"]
+    if bast is not None:
+        out.append(f"  bastion: {{address: {_q(bast[0])}, user: {_q(bast[1])}, port: {bast[2]}}}")
+    out.append("  sudo:")
+    if sudo_pw:
+        out += ["    mode: password                 # the inventory had a become password (not imported):",
+                "    password_env: GPUK8S_SUDO_PASSWORD   # export it there, or set prompt: true"]
+    else:
+        out.append("    mode: nopasswd                 # or password (from password_env or a prompt)")
+    out += ["", "hosts:"]
+    for h in hosts:
+        out.append(f"  - name: {_q(h.name)}               # line {h.line}: {_comment(', '.join(h.groups))}")
+        out.append(f"    address: {_q(h.address)}")
+        out.append(f"    role: {h.role}")
+        own = []
+        if h.user != user and h.user is not None:
+            own.append(f"user: {_q(h.user)}")
+        if h.port != port and h.port is not None:
+            own.append(f"port: {h.port}")
+        if h.identity_file != key and h.identity_file is not None:
+            own.append(f"identity_file: {_q(h.identity_file)}")
+        if h.bastion != bast and h.bastion is not None:
+            b = h.bastion
+            own.append(f"bastion: {{address: {_q(b[0])}, user: {_q(b[1])}, port: {b[2]}}}")
+        if own:
+            out.append(f"    ssh: {{{', '.join(own)}}}")
+        if h.role == "worker":
+            out.append("    # gpus: 8                      # optional: preflight compares with nvidia-smi")
+    return "\n".join(out) + "\n"

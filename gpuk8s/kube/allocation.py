@@ -1,0 +1,308 @@
+"""Where every GPU went: per node and per GPU resource, capacity, allocatable, what pods request and what is
+free, from the API's JSON (`kubectl get nodes/pods -o json`). Pure functions, no I/O: `gpuk8s status` fetches,
+this computes, the report renders.
+
+GPU resources are the NVIDIA device plugin's (`nvidia.com/gpu`, a renamed shared slice `nvidia.com/gpu.shared`,
+MIG devices `nvidia.com/mig-<profile>` under the mixed strategy) and whatever else a node's GPU plan
+(gpuk8s/gpuplan.py) says it must expose; HAMi's GPU memory and cores (`nvidia.com/gpumem`, `gpucores`) are not
+node resources, only pod requests, counted against the plan's GPUs x memory (or x 100 %). The sharing strategy
+and MIG layout come from the plan, else from the node's labels; this module never decides them.
+
+Utilisation and memory come from the DCGM exporter's /metrics (read through the API server's pod proxy, as
+monitoring verify does), parsed by prometheus-client's parser.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpuk8s import gpuplan
+from gpuk8s.gpuplan import GPUPlan
+from gpuk8s.kube import state
+from gpuk8s.kube.state import StateError
+from gpuk8s.text import clean
+
+MIG_PREFIX = "nvidia.com/mig-"
+HAMI_PER_POD = (gpuplan.HAMI_MEMORY, gpuplan.HAMI_CORES)
+DONE_PHASES = ("Succeeded", "Failed")
+
+
+def is_gpu_resource(name: str) -> bool:
+    """An extended resource that stands for a GPU, a slice of one, or a MIG device."""
+    return name == gpuplan.GPU_RESOURCE or name.startswith(gpuplan.GPU_RESOURCE + ".") or name.startswith(MIG_PREFIX)
+
+
+def _qty(value: Any) -> int:
+    """An extended resource's quantity: a whole number (the API forbids fractions for them); else 0."""
+    s = str(value).strip()
+    if s.isdigit() and len(s) <= 9:
+        return int(s)
+    return 0
+
+
+def _l(v: Any) -> list[Any]:
+    return v if isinstance(v, list) else []
+
+
+def pod_requests(pod: dict[str, Any]) -> dict[str, int]:
+    """The GPU (and HAMi) resources a pod holds: per container the request (an extended resource's request
+    equals its limit; a limit alone implies the request), summed; an init container's counts when larger."""
+    spec = pod.get("spec") if isinstance(pod.get("spec"), dict) else {}
+    assert isinstance(spec, dict)
+
+    def one(c: Any) -> dict[str, int]:
+        out: dict[str, int] = {}
+        res = c.get("resources") if isinstance(c, dict) else None
+        if not isinstance(res, dict):
+            return out
+        for part in ("limits", "requests"):
+            values = res.get(part)
+            if isinstance(values, dict):
+                for k, v in values.items():
+                    if is_gpu_resource(str(k)) or k in HAMI_PER_POD:
+                        out[str(k)] = max(out.get(str(k), 0), _qty(v))
+        return out
+
+    total: dict[str, int] = {}
+    for c in _l(spec.get("containers")):
+        for k, v in one(c).items():
+            total[k] = total.get(k, 0) + v
+    for c in _l(spec.get("initContainers")):
+        for k, v in one(c).items():
+            total[k] = max(total.get(k, 0), v)
+    return {k: v for k, v in total.items() if v > 0}
+
+
+@dataclass(frozen=True)
+class PodUse:
+    namespace: str
+    name: str
+    count: int
+    phase: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"namespace": self.namespace, "name": self.name, "count": self.count, "phase": self.phase}
+
+
+@dataclass
+class ResourceUse:
+    """One GPU resource on one node."""
+
+    resource: str
+    capacity: int
+    allocatable: int
+    planned: int | None = None  # what the node's GPU plan says it must expose; None: no plan for it
+    pods: list[PodUse] = field(default_factory=list)
+
+    @property
+    def requested(self) -> int:
+        return sum(p.count for p in self.pods)
+
+    @property
+    def free(self) -> int:
+        return max(self.allocatable - self.requested, 0)
+
+    @property
+    def kind(self) -> str:
+        if self.resource.startswith(MIG_PREFIX):
+            return "mig"
+        if self.resource in HAMI_PER_POD:
+            return "hami"
+        if self.resource != gpuplan.GPU_RESOURCE:
+            return "shared"
+        return "gpu"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"resource": self.resource, "kind": self.kind, "capacity": self.capacity,
+                "allocatable": self.allocatable, "requested": self.requested, "free": self.free,
+                "planned": self.planned, "pods": [p.to_json() for p in self.pods]}
+
+
+@dataclass(frozen=True)
+class GPUMetric:
+    """One device as the DCGM exporter sees it: a GPU, or a MIG instance of one (`instance`)."""
+
+    gpu: str
+    instance: str
+    model: str
+    util: float | None
+    memory_used_mib: float | None
+    memory_free_mib: float | None
+    pods: tuple[str, ...] = ()  # namespace/name of the pods the exporter attributes it to
+
+    def to_json(self) -> dict[str, Any]:
+        return {"gpu": self.gpu, "instance": self.instance, "model": self.model, "util_percent": self.util,
+                "memory_used_mib": self.memory_used_mib, "memory_free_mib": self.memory_free_mib,
+                "pods": list(self.pods)}
+
+
+@dataclass
+class NodeAllocation:
+    node: str
+    ready: bool
+    gpu_node: bool
+    sharing: str  # none | time-slicing | mps | hami (plan, else the node's label)
+    replicas: int
+    gpus: int | None  # physical GPUs (plan, else the nvidia.com/gpu.count label)
+    resources: list[ResourceUse] = field(default_factory=list)
+    mig: dict[str, int] = field(default_factory=dict)  # MIG profile -> devices allocatable
+    mig_strategy: str = "none"  # none | single | mixed (plan, else the nvidia.com/mig.strategy label)
+    metrics: list[GPUMetric] = field(default_factory=list)
+    metrics_note: str = ""  # why there are no metrics ("" when read, or monitoring is off)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"node": self.node, "ready": self.ready, "gpu_node": self.gpu_node, "sharing": self.sharing,
+                "replicas": self.replicas, "gpus": self.gpus, "mig": dict(self.mig),
+                "mig_strategy": self.mig_strategy,
+                "resources": [r.to_json() for r in self.resources],
+                "metrics": [m.to_json() for m in self.metrics], "metrics_note": self.metrics_note}
+
+
+@dataclass
+class ClusterAllocation:
+    nodes: list[NodeAllocation]
+
+    def totals(self) -> dict[str, tuple[int, int]]:
+        """resource -> (requested, allocatable) over every node; HAMi's per-pod amounts left out."""
+        out: dict[str, tuple[int, int]] = {}
+        for n in self.nodes:
+            for r in n.resources:
+                if r.kind == "hami":
+                    continue
+                req, alloc = out.get(r.resource, (0, 0))
+                out[r.resource] = (req + r.requested, alloc + r.allocatable)
+        return dict(sorted(out.items(), key=lambda kv: (kv[0] != gpuplan.GPU_RESOURCE, kv[0])))
+
+    def footer(self) -> list[str]:
+        """'Allocated/Total GPUs in cluster: 9/30 (30%)', one line per GPU resource name."""
+        lines = []
+        for res, (req, alloc) in self.totals().items():
+            what = "GPUs" if res == gpuplan.GPU_RESOURCE else res
+            pct = req * 100 // alloc if alloc else 0
+            lines.append(f"Allocated/Total {what} in cluster: {req}/{alloc} ({pct}%)")
+        return lines
+
+    def to_json(self) -> dict[str, Any]:
+        return {"nodes": [n.to_json() for n in self.nodes],
+                "totals": [{"resource": k, "requested": v[0], "allocatable": v[1],
+                            "percent": v[0] * 100 // v[1] if v[1] else 0} for k, v in self.totals().items()],
+                "footer": self.footer()}
+
+
+def _pod_id(pod: dict[str, Any]) -> tuple[str, str]:
+    md = pod.get("metadata") if isinstance(pod.get("metadata"), dict) else {}
+    assert isinstance(md, dict)
+    return str(md.get("namespace", "default") or "default"), str(md.get("name", "") or "")
+
+
+def holding_pods(pods: list[dict[str, Any]]) -> dict[str, list[tuple[dict[str, Any], dict[str, int]]]]:
+    """node -> the pods bound to it that hold GPU resources (not finished), with what they hold."""
+    out: dict[str, list[tuple[dict[str, Any], dict[str, int]]]] = {}
+    for p in pods:
+        if not isinstance(p, dict):
+            continue
+        spec = p.get("spec") if isinstance(p.get("spec"), dict) else {}
+        status = p.get("status") if isinstance(p.get("status"), dict) else {}
+        assert isinstance(spec, dict) and isinstance(status, dict)
+        node = spec.get("nodeName")
+        if not isinstance(node, str) or not node or status.get("phase") in DONE_PHASES:
+            continue
+        req = pod_requests(p)
+        if req:
+            out.setdefault(node, []).append((p, req))
+    return out
+
+
+def node_allocation(node: dict[str, Any], held: list[tuple[dict[str, Any], dict[str, int]]],
+                    plan: GPUPlan | None = None) -> NodeAllocation:
+    """One node's GPU resources: those it has (capacity), those its plan wants, and those its pods hold."""
+    ns = state.node_state(node)
+    status = node.get("status") if isinstance(node.get("status"), dict) else {}
+    assert isinstance(status, dict)
+    capacity = status.get("capacity") if isinstance(status.get("capacity"), dict) else {}
+    assert isinstance(capacity, dict)
+    names = {k for k in (*capacity, *ns.allocatable) if is_gpu_resource(str(k))}
+    planned = dict(plan.resources) if plan is not None else {}
+    names |= set(planned)
+    for _, req in held:
+        names |= set(req)
+    labels = ns.labels
+    sharing = plan.sharing if plan is not None and plan.gpu_node else labels.get(gpuplan.STRATEGY_LABEL, "none")
+    replicas = plan.replicas if plan is not None and plan.gpu_node else _qty(labels.get(gpuplan.REPLICAS_LABEL, 1))
+    gpus = plan.gpus if plan is not None and plan.gpus is not None else (
+        _qty(labels[gpuplan.COUNT_LABEL]) if gpuplan.COUNT_LABEL in labels else None)
+    resources = []
+    for res in sorted(names, key=lambda r: (r in HAMI_PER_POD, r != gpuplan.GPU_RESOURCE, r)):
+        if res in HAMI_PER_POD:
+            per = (plan.gpu_memory_mib or 0) if res == gpuplan.HAMI_MEMORY and plan is not None else 100
+            total = (gpus or 0) * per
+            use = ResourceUse(res, total, total)
+        else:
+            use = ResourceUse(res, _qty(capacity.get(res, 0)), ns.allocatable_of(res), planned.get(res))
+        for p, req in held:
+            if req.get(res):
+                pns, pname = _pod_id(p)
+                st = p.get("status")
+                phase = str(st.get("phase", "") or "") if isinstance(st, dict) else ""
+                use.pods.append(PodUse(pns, pname, req[res], phase))
+        use.pods.sort(key=lambda u: (u.namespace, u.name))
+        resources.append(use)
+    mig = {r.resource[len(MIG_PREFIX):]: r.allocatable for r in resources if r.kind == "mig"}
+    strategy = str(getattr(plan, "mig_strategy", "none") or "none") if plan is not None else "none"
+    if strategy == "none":
+        strategy = labels.get("nvidia.com/mig.strategy", "mixed" if mig else "none")
+    return NodeAllocation(ns.name, ns.ready, bool(plan.gpu_node) if plan is not None else bool(
+        labels.get(gpuplan.GPU_PRESENT) == "true" or any(r.allocatable for r in resources)),
+        sharing or "none", replicas or 1, gpus, resources, mig, strategy)
+
+
+def allocation(nodes: list[dict[str, Any]], pods: list[dict[str, Any]], plans: dict[str, GPUPlan] | None = None,
+               only: list[str] | None = None) -> ClusterAllocation:
+    """The cluster's GPU allocation; `only`: these nodes (the footer then counts them alone)."""
+    held = holding_pods(pods)
+    out = []
+    for n in nodes:
+        try:
+            name = state.name_of(n)
+            if only and name not in only:
+                continue
+            a = node_allocation(n, held.get(name, []), (plans or {}).get(name))
+        except StateError:
+            continue
+        if a.gpu_node or a.resources:
+            out.append(a)
+    return ClusterAllocation(sorted(out, key=lambda a: a.node))
+
+
+class MetricsError(Exception):
+    """The exporter's text is not the Prometheus exposition format."""
+
+
+UTIL, FB_USED, FB_FREE = "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE"
+
+
+def gpu_metrics(text: str) -> list[GPUMetric]:
+    """Utilisation and framebuffer memory per device (gpu, MIG instance GPU_I_ID) from the DCGM exporter's
+    /metrics; the pods it names (pod/namespace labels, when it reads the kubelet's pod-resources)."""
+    values: dict[tuple[str, str], dict[str, Any]] = {}
+    try:
+        for fam in text_string_to_metric_families(text):
+            for s in fam.samples:
+                if s.name not in (UTIL, FB_USED, FB_FREE):
+                    continue
+                key = (s.labels.get("gpu", ""), s.labels.get("GPU_I_ID", ""))
+                d = values.setdefault(key, {"model": s.labels.get("modelName", ""), "pods": set()})
+                d[s.name] = float(s.value)
+                if s.labels.get("pod"):
+                    d["pods"].add(f"{s.labels.get('namespace', '')}/{s.labels['pod']}")
+    except (ValueError, TypeError, KeyError, IndexError) as e:
+        raise MetricsError(f"not the Prometheus text format: {clean(str(e))[:200]}") from None
+
+    def order(k: tuple[str, str]) -> tuple[int, str, str]:
+        return (int(k[0]) if k[0].isdigit() else 1 << 30, k[0], k[1])
+
+    return [GPUMetric(g, i, clean(d["model"]), d.get(UTIL), d.get(FB_USED), d.get(FB_FREE),
+                      tuple(sorted(d["pods"]))) for (g, i), d in sorted(values.items(), key=lambda kv: order(kv[0]))]

@@ -1,0 +1,301 @@
+"""Phase monitoring-verify (`gpuk8s verify` with monitoring enabled): every GPU node's DCGM exporter pod
+Running, its /metrics with one DCGM_FI_DEV_GPU_UTIL series per GPU of the node's plan (per MIG device; per
+physical GPU under sharing), read through the API server's pod proxy so that no port must be open; pods
+attributed (the pod-resources mount); and Prometheus reporting every exporter target up.
+
+Every verdict is a finding (gpuk8s/findings.py, ids monitoring.*), about its node or the cluster. The
+metrics are parsed with prometheus-client's parser of the text exposition format, not by hand.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpuk8s import findings
+from gpuk8s.findings import Finding
+from gpuk8s.gpuplan import GPU_RESOURCE, GPUPlan
+from gpuk8s.kube import monitoring as mon
+from gpuk8s.kube import state
+from gpuk8s.kube.client import KubeError
+from gpuk8s.phases.base import Context, Phase, PhasePlan, PhaseResult
+from gpuk8s.text import clean
+
+UTIL = "DCGM_FI_DEV_GPU_UTIL"
+POD_RESOURCES = "/var/lib/kubelet/pod-resources"
+NVML_MARKERS = ("NVML", "libnvidia-ml")  # the exporter's log when the container has no NVML
+MIG_PREFIX = "nvidia.com/mig-"
+
+
+class MetricsError(Exception):
+    """The text is not the Prometheus exposition format."""
+
+
+@dataclass(frozen=True)
+class Series:
+    labels: dict[str, str]
+    value: float
+
+
+def util_series(text: str) -> list[Series]:
+    """The DCGM_FI_DEV_GPU_UTIL samples of an exporter's /metrics text (prometheus-client's parser)."""
+    try:
+        return [Series(dict(s.labels), float(s.value)) for fam in text_string_to_metric_families(text)
+                for s in fam.samples if s.name == UTIL]
+    except (ValueError, TypeError, KeyError, IndexError) as e:
+        raise MetricsError(f"not the Prometheus text format: {clean(str(e))[:200]}") from None
+
+
+def devices(series: list[Series]) -> set[tuple[str, str]]:
+    """The distinct devices the series are about: (gpu, GPU_I_ID) - a MIG instance is its own device, and
+    under sharing several pods' series of one GPU are one device."""
+    return {(s.labels.get("gpu", ""), s.labels.get("GPU_I_ID", "")) for s in series}
+
+
+def expected_devices(plan: GPUPlan) -> int:
+    """How many devices the exporter must report: the MIG devices of the plan, else its physical GPUs."""
+    mig = sum(n for r, n in plan.resources.items() if r.startswith(MIG_PREFIX))
+    return mig or (plan.gpus or 0)
+
+
+def mounts_pod_resources(ds: dict[str, Any]) -> bool:
+    """Whether the exporter DaemonSet mounts the kubelet's pod-resources directory in its container."""
+    spec = ds.get("spec", {}).get("template", {}).get("spec", {})
+    vols = {v.get("name"): v for v in spec.get("volumes") or [] if isinstance(v, dict)}
+    for c in spec.get("containers") or []:
+        for m in c.get("volumeMounts") or []:
+            v = vols.get(m.get("name"), {})
+            if (v.get("hostPath") or {}).get("path", "").rstrip("/") == POD_RESOURCES:
+                return True
+    return False
+
+
+def gpu_pods_running(pods: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """node -> the Running pods there that asked for GPUs."""
+    out: dict[str, list[str]] = {}
+    for p in pods:
+        spec, st = p.get("spec", {}), p.get("status", {})
+        wants = any(int(str((c.get("resources", {}).get("limits") or {}).get(GPU_RESOURCE, 0)) or 0)
+                    for c in spec.get("containers") or [] if isinstance(c, dict))
+        if wants and st.get("phase") == "Running" and spec.get("nodeName"):
+            out.setdefault(spec["nodeName"], []).append(p.get("metadata", {}).get("name", ""))
+    return out
+
+
+# Kubernetes' own name rules (apimachinery validation: IsDNS1123Label, IsDNS1123Subdomain): a name read from
+# the API goes into an API server path only when it is one, so it cannot climb out of the proxy path
+_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_DNS1123_SUBDOMAIN = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+def _name(value: str, what: str, pattern: re.Pattern[str]) -> str:
+    if not pattern.match(value):
+        raise KubeError(f"the API named a {what} {clean(value)[:80]!r}: not a Kubernetes name, not used in a path",
+                        "check who changes objects in the monitoring namespace")
+    return value
+
+
+def targets_path(ns: str, service: str, port: int) -> str:
+    return (f"/api/v1/namespaces/{_name(ns, 'namespace', _DNS1123_LABEL)}/services/"
+            f"{_name(service, 'service', _DNS1123_LABEL)}:{int(port)}/proxy/api/v1/targets")
+
+
+def metrics_path(ns: str, pod: str) -> str:
+    return (f"/api/v1/namespaces/{_name(ns, 'namespace', _DNS1123_LABEL)}/pods/"
+            f"{_name(pod, 'pod', _DNS1123_SUBDOMAIN)}:{mon.METRICS_PORT}/proxy/metrics")
+
+
+def exporter_targets(body: str) -> list[dict[str, Any]]:
+    """The active targets of /api/v1/targets that scrape the DCGM exporter."""
+    data = json.loads(body)
+    if not isinstance(data, dict) or data.get("status") != "success":
+        raise ValueError("the targets API did not answer status success")
+    active = data.get("data", {}).get("activeTargets") or []
+    return [t for t in active if isinstance(t, dict) and mon.EXPORTER in str(t.get("scrapePool", ""))]
+
+
+def target_node(t: dict[str, Any]) -> str:
+    return str((t.get("discoveredLabels") or {}).get("__meta_kubernetes_pod_node_name")
+               or (t.get("labels") or {}).get("node", ""))
+
+
+@dataclass
+class MonitoringCheck:
+    """What verify found about monitoring: one finding per GPU node (and per misplaced exporter), and the
+    Prometheus findings."""
+
+    findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(f.ok for f in self.findings)
+
+
+class MonitoringVerify(Phase):
+    name = "monitoring-verify"
+    title = "verify the DCGM exporter and Prometheus"
+    fatal = False
+    target_wait = 30.0  # seconds to wait for targets Prometheus has not scraped yet (health "unknown")
+
+    def plan(self, ctx: Context) -> PhasePlan:
+        return self.planned("unchanged", "read every GPU node's exporter /metrics through the API server's pod proxy "
+                            "and Prometheus's targets (changes nothing)")
+
+    def run(self, ctx: Context) -> PhaseResult:
+        check = self.check(ctx)
+        r = self.result("passed" if check.ok else "failed")
+        bad = [f for f in check.findings if not f.ok]
+        for f in check.findings:
+            subject = f.subject.name if f.subject else "cluster"
+            r.hosts[subject] = (r.hosts.get(subject, "") + "; " if subject in r.hosts else "") + \
+                (f"{f.id}: {f.message}" if not f.ok else f.message)
+        if bad:
+            r.message = f"{len(bad)} problem(s): " + "; ".join(f"{f.subject}: {f.id}" for f in bad)
+            r.remedy = "; ".join(dict.fromkeys(f.remedy for f in bad if f.remedy))
+        else:
+            r.message = f"{sum(1 for f in check.findings if f.id == 'monitoring.verified')} exporter(s) serve every GPU"
+        return r
+
+    def check(self, ctx: Context) -> MonitoringCheck:
+        ns = ctx.inv.monitoring.namespace
+        out = MonitoringCheck()
+        ds = ctx.kube.get("daemonset", mon.EXPORTER, ns)
+        raw_pods = [p for p in ctx.kube.get("pods", namespace=ns)
+                    if (p.get("metadata", {}).get("labels") or {}).get(mon.NAME_LABEL) == mon.EXPORTER]
+        pods = {p.node: p for p in state.pod_states(raw_pods)}
+        nodes = set(state.by_name(ctx.kube.get("nodes")))
+        gpu_nodes = {p.node: p for p in ctx.plans.values() if p.gpu_node and p.node in nodes}
+        for node, pod in sorted(pods.items()):
+            if node and node not in gpu_nodes and node in ctx.plans:
+                out.findings.append(findings.failed(
+                    "monitoring.exporter-misplaced", f"the exporter pod {pod.name} runs on {node}, not a GPU node",
+                    "re-run gpuk8s monitoring (its nodeSelector is nvidia.com/gpu.present=true); remove that label "
+                    "from CPU nodes", subject=findings.node(node)))
+        mounted = bool(ds) and mounts_pod_resources(ds[0])
+        gpu_pods = gpu_pods_running(ctx.kube.get("pods", namespace="*")) if gpu_nodes else {}
+        healthy: list[str] = []
+        for node, plan in sorted(gpu_nodes.items()):
+            f = self._node(ctx, ns, plan, pods.get(node), bool(ds), mounted, gpu_pods.get(node, []))
+            out.findings.append(f)
+            if f.id not in ("monitoring.exporter-missing", "monitoring.exporter-not-running",
+                            "monitoring.exporter-nvml"):
+                healthy.append(node)
+        out.findings += self._targets(ctx, ns, healthy)  # a node without a running exporter is named above
+        return out
+
+    def _node(self, ctx: Context, ns: str, plan: GPUPlan, pod: state.PodState | None, ds: bool, mounted: bool,
+              gpu_pods: list[str]) -> Finding:
+        subject = findings.node(plan.node)
+        if pod is None:
+            why = "the DaemonSet dcgm-exporter does not exist" if not ds else \
+                "the node lacks the label nvidia.com/gpu.present=true or has a taint the exporter does not tolerate"
+            return findings.failed("monitoring.exporter-missing", f"no DCGM exporter pod on {plan.node}: {why}",
+                                   "run gpuk8s monitoring (it applies the DaemonSet with the GPU plan's labels and "
+                                   "tolerations)", subject=subject)
+        evidence: tuple[str, ...] = (
+            f"pod {pod.name}: phase {pod.phase or '?'}" + (f", waiting {pod.waiting}" if pod.waiting else "")
+            + (f", restarts {pod.restarts}" if pod.restarts else ""),)
+        if pod.phase != "Running" or pod.waiting:
+            log = ctx.kube.logs(pod.name, ns, tail=20)
+            lines = tuple(clean(x)[:300] for x in log.splitlines() if x.strip())[-6:]
+            if any(m in log for m in NVML_MARKERS):
+                return findings.failed(
+                    "monitoring.exporter-nvml",
+                    f"the DCGM exporter on {plan.node} cannot load NVML: the container runtime's default on the node "
+                    "is not nvidia, so the container gets no driver libraries",
+                    "make nvidia the default runtime on the node (gpuk8s install does; see gpuk8s preflight's "
+                    "toolkit.default-runtime), then delete the exporter pod", subject=subject,
+                    evidence=evidence + lines)
+            return findings.failed("monitoring.exporter-not-running",
+                                   f"the DCGM exporter pod {pod.name} on {plan.node} is not running",
+                                   f"kubectl -n {ns} describe pod {pod.name}", subject=subject,
+                                   evidence=evidence + lines)
+        try:
+            series = util_series(ctx.kube.raw_get(metrics_path(ns, pod.name)))
+        except (KubeError, MetricsError) as e:
+            msg = e.message if isinstance(e, KubeError) else str(e)
+            return findings.failed("monitoring.metrics-unreadable",
+                                   f"the exporter's /metrics on {plan.node} could not be read: {msg}",
+                                   f"kubectl -n {ns} logs {pod.name}", subject=subject, evidence=evidence)
+        want, got = expected_devices(plan), devices(series)
+        evidence += (f"{len(series)} {UTIL} series, {len(got)} device(s), {want} planned",)
+        if len(got) < want:
+            return findings.failed("monitoring.series-count",
+                                   f"the exporter on {plan.node} reports {len(got)} GPU(s), the plan has {want}",
+                                   "check the GPUs with nvidia-smi on the node and the exporter's log",
+                                   subject=subject, evidence=evidence)
+        if not mounted:
+            return findings.failed("monitoring.no-pod-labels",
+                                   f"the exporter on {plan.node} cannot name the pods using GPUs: "
+                                   f"{POD_RESOURCES} is not mounted in it",
+                                   "re-run gpuk8s monitoring (its DaemonSet mounts the kubelet's pod-resources "
+                                   "directory read-only)", subject=subject, evidence=evidence)
+        if gpu_pods and not any(s.labels.get("pod") for s in series):
+            return findings.failed("monitoring.no-pod-labels",
+                                   f"GPU pods run on {plan.node} ({', '.join(gpu_pods[:3])}) but no series names a "
+                                   "pod", "check that the kubelet's pod-resources socket exists "
+                                   f"({POD_RESOURCES}/kubelet.sock) and the exporter's log", subject=subject,
+                                   evidence=evidence)
+        return findings.passed("monitoring.verified",
+                               f"exporter {pod.name}: {len(got)} GPU(s) reported, as planned", subject=subject,
+                               evidence=evidence)
+
+    def _prometheus(self, ctx: Context, ns: str) -> tuple[str, str] | None:
+        """(namespace, targets API path) of the Prometheus to ask, None when monitoring.prometheus is none."""
+        mode = mon.resolve_mode(ctx.inv, ctx.kube)
+        if mode == "none":
+            return None
+        if mode == "deploy":
+            return ns, targets_path(ns, mon.PROMETHEUS, mon.PROMETHEUS_PORT)
+        for svc in ctx.kube.get("service", namespace="*"):
+            md = svc.get("metadata", {})
+            svc_ns = str(md.get("namespace", ""))
+            if md.get("name") == mon.OPERATOR_SERVICE and _DNS1123_LABEL.match(svc_ns):
+                return svc_ns, targets_path(svc_ns, mon.OPERATOR_SERVICE, mon.PROMETHEUS_PORT)
+        return "", ""
+
+    def _targets(self, ctx: Context, ns: str, nodes: list[str]) -> list[Finding]:
+        where = self._prometheus(ctx, ns)
+        if where is None or not nodes:
+            return []
+        prom_ns, path = where
+        if not path:
+            return [findings.failed("monitoring.prometheus-missing",
+                                    "no Prometheus Operator Service (prometheus-operated) in the cluster",
+                                    "create a Prometheus resource, or set monitoring.prometheus: deploy",
+                                    subject=findings.cluster())]
+        deadline = time.monotonic() + self.target_wait
+        while True:
+            try:
+                targets = exporter_targets(ctx.kube.raw_get(path))
+            except (KubeError, ValueError) as e:
+                msg = e.message if isinstance(e, KubeError) else str(e)
+                return [findings.failed("monitoring.prometheus-missing",
+                                        f"Prometheus in {prom_ns} did not answer its targets API: {msg}",
+                                        f"kubectl -n {prom_ns} get pods; re-run gpuk8s monitoring",
+                                        subject=findings.cluster())]
+            by_node = {target_node(t): t for t in targets}
+            if not any(str(by_node[n].get("health")) == "unknown" for n in nodes if n in by_node) \
+                    or time.monotonic() > deadline:
+                break
+            time.sleep(3)
+        out = []
+        for n in nodes:
+            t = by_node.get(n)
+            if t is None:
+                out.append(findings.failed(
+                    "monitoring.target-missing", f"Prometheus has no target for the exporter on {n}",
+                    "with a ServiceMonitor: make the Prometheus resource's serviceMonitorSelector and "
+                    "serviceMonitorNamespaceSelector select it (docs/monitoring.md); else re-run gpuk8s monitoring",
+                    subject=findings.node(n)))
+            elif str(t.get("health")) != "up":
+                out.append(findings.failed(
+                    "monitoring.target-down", f"Prometheus cannot scrape the exporter on {n}",
+                    "see the exporter pod's state and log", subject=findings.node(n),
+                    evidence=(clean(str(t.get("scrapeUrl", "")))[:200], clean(str(t.get("lastError", "")))[:300])))
+        return out

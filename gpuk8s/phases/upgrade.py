@@ -1,0 +1,556 @@
+"""The upgrade phases: one Kubernetes minor at a time, in kubeadm's order, resumable from the cluster's state.
+
+For one step (minor N to N+1): the hosts prepared for the new minor by install's playbooks (preflight for that
+minor, its package repository, the container runtime raised to its floor) without the Kubernetes packages;
+the first control plane (kubeadm of the new minor, `kubeadm upgrade plan` shown, `kubeadm upgrade apply`),
+the other control planes (`kubeadm upgrade node`), each drained, its kubelet and kubectl upgraded, held and
+restarted, uncordoned; then the workers the same way, one at a time or --max-unavailable at once, GPU pods
+on a worker named and waited for before its drain; then the manifests (device plugin, ...) moved to the
+new minor's pins (gpuk8s/phases/gpu.py with the new minor's inventory).
+
+What is done is read from the cluster itself, never from a file of gpuk8s: a control plane is upgraded when
+its kube-apiserver static pod runs the new minor's image, a node when its kubelet reports the new minor.
+Re-running after an interruption skips what is done.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import yaml
+
+from gpuk8s import findings, gpuplan, versions
+from gpuk8s.inventory.model import Host, InstallSettings, Inventory
+from gpuk8s.kube.client import KubeError, drain_args
+from gpuk8s.phases import shell
+from gpuk8s.phases.base import Change, Context, Phase, PhaseError, PhasePlan, PhaseResult
+from gpuk8s.phases.hostfiles import tail
+from gpuk8s.remote import RemoteError, Session, for_each_host
+
+log = logging.getLogger("gpuk8s.upgrade")
+
+APISERVER_MANIFEST = "/etc/kubernetes/manifests/kube-apiserver.yaml"
+# set on a node before the upgrade cordons it, removed after its uncordon: a node found cordoned without it was
+# cordoned by someone else (maintenance) and stays cordoned; with it, a resumed run knows to uncordon it
+CORDONED_BY_UPGRADE = "gpuk8s.io/cordoned-by-upgrade"
+_VERSION = re.compile(r"^v?1\.(\d{1,3})\.(\d{1,3})")
+_IMAGE_TAG = re.compile(r":v?(1\.\d{1,3}\.\d{1,3})(?:[-+@].*)?$")
+
+
+class NodeFailure(PhaseError):
+    """A node's upgrade stopped; `id` is its finding (gpuk8s/findings.py)."""
+
+    def __init__(self, finding_id: str, message: str, remedy: str = "") -> None:
+        super().__init__(message, remedy)
+        self.id = finding_id
+
+
+class UpgradeRefused(Exception):
+    """The upgrade asked for cannot be done; `message` says why, `remedy` what to do."""
+
+    def __init__(self, message: str, remedy: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.remedy = remedy
+
+
+def minor(version: str | None) -> int | None:
+    """13 for "v1.13.2", "1.13" or "1.13.2"; None when it is no Kubernetes version."""
+    if not version:
+        return None
+    m = re.match(r"^v?1\.(\d{1,3})(?:\.\d{1,3})?", version.strip())
+    return int(m.group(1)) if m else None
+
+
+def steps(current: int, to: str | None, minors: list[str]) -> list[str]:
+    """The minors to upgrade through, one at a time (kubeadm's rule), from `current` (the oldest minor any node
+    runs) to `to` (default: the next one). Every minor on the way must be in `minors` (the version matrix)."""
+    known = {minor(m) for m in minors}
+    target = current + 1 if to is None else minor(to)
+    if target is None or to is not None and not re.match(r"^v?1\.\d{1,3}$", to.strip()):
+        raise UpgradeRefused(f"{to!r} is not a Kubernetes minor", "write --to 1.N (a minor of gpuk8s versions)")
+    if target < current:
+        raise UpgradeRefused(f"the cluster runs 1.{current}; 1.{target} would be a downgrade, which kubeadm does "
+                             "not do", f"name a newer minor, e.g. --to 1.{current + 1}")
+    known_list = ", ".join(sorted(minors, key=lambda m: minor(m) or 0))
+    out = []
+    for n in range(current + 1, target + 1):
+        if n not in known:
+            raise UpgradeRefused(
+                f"1.{n} is not in gpuk8s's version matrix: kubeadm upgrades one minor at a time, so 1.{current} "
+                f"cannot reach 1.{target} without it",
+                f"upgrade to 1.{n - 1} at most (the minors gpuk8s knows: {known_list})"
+                if n - 1 > current else "update gpuk8s (its version matrix names the minors it can install)")
+        out.append(f"1.{n}")
+    return out
+
+
+def target_inventory(inv: Inventory, to_minor: str) -> Inventory:
+    """The inventory as if it named `to_minor`: its pins where the inventory kept the defaults of its own minor;
+    a value the inventory set itself (a mirror, a pinned device plugin) stays."""
+    old = versions.install_defaults(inv.cluster.kubernetes_version)
+    new = versions.install_defaults(to_minor)
+    moved = {k: new[k] for k in new if getattr(inv.install, k) == old[k]}  # type: ignore[literal-required]
+    install: InstallSettings = replace(inv.install, **moved)
+    return replace(inv, cluster=replace(inv.cluster, kubernetes_version=to_minor), install=install)
+
+
+@dataclass
+class NodeVersions:
+    """What the cluster says now: each node's kubelet, each control plane's kube-apiserver (its static pod)."""
+
+    kubelet: dict[str, str]
+    apiserver: dict[str, str | None]
+    unschedulable: set[str]
+    cordoned_by_upgrade: set[str] = field(default_factory=set)  # nodes carrying CORDONED_BY_UPGRADE
+
+    def oldest(self) -> int:
+        found = [minor(v) for v in [*self.kubelet.values(), *self.apiserver.values()]]
+        got = [m for m in found if m is not None]
+        if not got:
+            raise PhaseError("the cluster reports no node versions", "check the cluster with gpuk8s verify")
+        return min(got)
+
+
+def apiserver_version(s: Session) -> str | None:
+    """The version of the kube-apiserver image in this control plane's static pod manifest, or None."""
+    res = s.run(f"cat {APISERVER_MANIFEST}", sudo=True)
+    if not res.ok:
+        return None
+    try:
+        doc = yaml.safe_load(res.stdout)
+        image = doc["spec"]["containers"][0].get("image", "")
+    except (yaml.YAMLError, KeyError, IndexError, TypeError, AttributeError):
+        return None
+    m = _IMAGE_TAG.search(str(image))
+    return "v" + m.group(1) if m else None
+
+
+def read_versions(ctx: Context) -> NodeVersions:
+    nodes = ctx.kube.get("nodes")
+    kubelet = {n["metadata"]["name"]: str(n.get("status", {}).get("nodeInfo", {}).get("kubeletVersion", ""))
+               for n in nodes}
+    unschedulable = {n["metadata"]["name"] for n in nodes if n.get("spec", {}).get("unschedulable")}
+    ours = {n["metadata"]["name"] for n in nodes
+            if CORDONED_BY_UPGRADE in (n.get("metadata", {}).get("labels") or {})}
+    api: dict[str, str | None] = {}
+    for h in ctx.inv.control_planes:
+        s = ctx.sessions.get(h.name)
+        api[h.name] = apiserver_version(s) if s is not None else None
+    return NodeVersions(kubelet, api, unschedulable, ours)
+
+
+_PACKAGES = ("kubeadm", "kubelet", "kubectl")
+
+
+def _package_list(packages: str) -> list[str]:
+    """The package names of "kubelet kubectl" as a list, each one of the Kubernetes packages gpuk8s upgrades
+    (the script renders one quoted word per package)."""
+    names = packages.split()
+    bad = [n for n in names if n not in _PACKAGES]
+    if bad or not names:
+        raise ValueError(f"not a Kubernetes package gpuk8s upgrades: {bad or packages!r}")
+    return names
+
+
+def _packages(ctx: Context, h: Host, to: str, packages: str, restart: bool) -> bool:
+    """Install the packages of minor `to` on h (held); whether anything changed."""
+    s = ctx.sessions[h.name]
+    res = s.run(shell.script("upgrade-packages", minor=to, packages=_package_list(packages),
+                             restart="yes" if restart else "no",
+                             lock_timeout=ctx.inv.install.package_lock_timeout),
+                sudo=True, display=f"gpuk8s upgrade: {packages} {to} on {h.name}", timeout=900)
+    if not res.ok or "@@gpuk8s-packages-done" not in res.stdout:
+        raise PhaseError(f"{h.name}: installing {packages} {to} failed: {tail(res)}",
+                         f"fix the package manager on {h.name} (is the v{to} repository reachable?), then re-run "
+                         "gpuk8s upgrade: it resumes here")
+    return "@@gpuk8s-upgraded" in res.stdout
+
+
+def _kubeadm(ctx: Context, h: Host, action: str, version: str = "") -> str:
+    s = ctx.sessions[h.name]
+    res = s.run(shell.script("kubeadm-upgrade", action=action, version=version), sudo=True,
+                display=f"kubeadm upgrade {action} {version}".strip(), timeout=1800)
+    if not res.ok:
+        raise PhaseError(f"kubeadm upgrade {action} on {h.name} failed (exit status {res.exit_status}): {tail(res)}",
+                         f"fix the cause on {h.name}, then re-run gpuk8s upgrade: it resumes here")
+    return res.stdout
+
+
+def gpu_pods(ctx: Context, node: str) -> list[str]:
+    """The pods on `node` that hold GPUs and have not finished (namespace/name), DaemonSets' left out."""
+    out = []
+    for p in ctx.kube.get("pods", namespace="*"):
+        if p.get("spec", {}).get("nodeName") != node:
+            continue
+        if p.get("status", {}).get("phase") in ("Succeeded", "Failed"):
+            continue
+        if any(r.get("kind") == "DaemonSet" for r in p.get("metadata", {}).get("ownerReferences") or []):
+            continue
+        wants = sum(_gpus(c) for c in p.get("spec", {}).get("containers", []))
+        if wants:
+            md = p["metadata"]
+            out.append(f"{md.get('namespace', 'default')}/{md['name']}")
+    return sorted(out)
+
+
+def _gpus(container: dict[str, Any]) -> int:
+    res = container.get("resources", {}) or {}
+    total = 0
+    for section in ("limits", "requests"):
+        for k, v in (res.get(section) or {}).items():
+            if k.startswith("nvidia.com/"):
+                try:
+                    total = max(total, int(str(v)))
+                except ValueError:
+                    total = max(total, 1)
+    return total
+
+
+@dataclass
+class UpgradeOptions:
+    to: str  # the minor of this step, "1.N"
+    max_unavailable: int = 1
+    gpu_pod_timeout: float = 3600
+    drain_timeout: int = 600
+    poll: float = 2.0
+    findings: list[findings.Finding] = field(default_factory=list)  # one per node done or failed, all steps
+
+
+class UpgradeStep(Phase):
+    """Base of the per-step phases: the step's target minor and the per-node upgrade."""
+
+    def __init__(self, opts: UpgradeOptions, on_node: Callable[[str, float], None] | None = None) -> None:
+        self.opts = opts
+        self.on_node = on_node or (lambda name, seconds: None)
+
+    @property
+    def target(self) -> int:
+        m = minor(self.opts.to)
+        assert m is not None
+        return m
+
+    def _done(self, v: NodeVersions, h: Host) -> bool:
+        kubelet_ok = minor(v.kubelet.get(h.name)) == self.target
+        if h.is_control_plane:
+            return kubelet_ok and minor(v.apiserver.get(h.name)) == self.target
+        return kubelet_ok
+
+    def _node(self, ctx: Context, h: Host, first: bool, emit: Callable[[str], None]) -> str:
+        """Upgrade one node in kubeadm's order; what was done, in words. Its finding goes to opts.findings."""
+        subject = findings.node(h.name)
+        try:
+            done = self._upgrade_node(ctx, h, first, emit)
+        except NodeFailure as e:
+            self.opts.findings.append(findings.failed(e.id, f"{h.name}: {e.message}", e.remedy, subject=subject))
+            raise
+        except (PhaseError, RemoteError, KubeError) as e:
+            self.opts.findings.append(findings.failed("upgrade.node-failed", f"{h.name}: {e.message}",
+                                                      str(e.remedy), subject=subject))
+            raise
+        self.opts.findings.append(findings.passed("upgrade.node-upgraded", f"{h.name} runs {self.opts.to}: {done}",
+                                                  subject=subject))
+        return done
+
+    def _upgrade_node(self, ctx: Context, h: Host, first: bool, emit: Callable[[str], None]) -> str:
+        t0 = time.monotonic()
+        to = self.opts.to
+        _packages(ctx, h, to, "kubeadm", restart=False)
+        did = []
+        if h.is_control_plane and first:
+            version = ctx.sessions[h.name].run("kubeadm version -o short", sudo=True).stdout.strip()
+            if not _VERSION.match(version) or minor(version) != self.target:
+                raise PhaseError(f"kubeadm on {h.name} reports {version!r}, not a {to} release",
+                                 f"check the v{to} package repository on {h.name}")
+            if minor(apiserver_version(ctx.sessions[h.name])) != self.target:
+                plan = _kubeadm(ctx, h, "plan", version)
+                for line in plan.splitlines():
+                    emit(f"{h.name}: {line}")
+                _kubeadm(ctx, h, "apply", version)
+                did.append(f"kubeadm upgrade apply {version}")
+        else:
+            _kubeadm(ctx, h, "node")
+            did.append("kubeadm upgrade node")
+        mine = self._take_cordon(ctx, h)
+        waited = self._wait_gpu_pods(ctx, h, emit, mine)
+        if waited:
+            did.append(f"waited for GPU pods {', '.join(waited)}")
+        try:
+            ctx.kube.drain(h.name, self.opts.drain_timeout)
+        except KubeError as e:
+            raise NodeFailure("upgrade.drain-failed", f"drain of {h.name} failed: {e.message}",
+                             f"see why its pods cannot leave; re-run gpuk8s upgrade (it resumes), or "
+                             f"'kubectl uncordon {h.name}' to put it back as it was") from None
+        _packages(ctx, h, to, "kubelet kubectl", restart=True)
+        back = _give_back(ctx, h.name) if mine else "left cordoned (it was cordoned before the upgrade)"
+        seconds = time.monotonic() - t0
+        self.on_node(h.name, seconds)
+        emit(f"{h.name}: upgraded to {to} in {seconds:.1f} s")
+        return "; ".join([*did, "drained", f"kubelet and kubectl {to} (held)", back, f"{seconds:.1f} s"])
+
+    @staticmethod
+    def _take_cordon(ctx: Context, h: Host) -> bool:
+        """Whether the cordon of this upgrade is gpuk8s's to undo: a node cordoned by someone else before
+        gpuk8s touched it stays cordoned; one gpuk8s cordons is marked first (CORDONED_BY_UPGRADE), so that a
+        run stopped before its uncordon is finished by the next."""
+        found = ctx.kube.get("nodes", h.name)
+        node = found[0] if found else {}
+        if CORDONED_BY_UPGRADE in (node.get("metadata", {}).get("labels") or {}):
+            return True
+        if node.get("spec", {}).get("unschedulable"):
+            return False
+        ctx.kube.label(h.name, {CORDONED_BY_UPGRADE: "true"})
+        return True
+
+    def _resume_done(self, ctx: Context, v: NodeVersions, h: Host) -> str:
+        """A node found at the target: uncordoned when an interrupted run of gpuk8s left it cordoned."""
+        if h.name in v.cordoned_by_upgrade:
+            return f"already at {self.opts.to}; {_give_back(ctx, h.name)} (an earlier run stopped before it)"
+        return f"already at {self.opts.to}"
+
+    def _wait_gpu_pods(self, ctx: Context, h: Host, emit: Callable[[str], None], mine: bool = True) -> list[str]:
+        """Cordon, then wait for the node's GPU pods to finish (never killed silently); their names. On a
+        timeout the node is put back as it was: uncordoned only when the cordon was gpuk8s's (`mine`)."""
+        pods = gpu_pods(ctx, h.name)
+        if not pods:
+            return []
+        emit(f"{h.name}: waiting up to {self.opts.gpu_pod_timeout:g} s for GPU pods to finish: {', '.join(pods)}")
+        ctx.kube.cordon(h.name)  # no new pod lands on the node while its GPU pods finish
+        deadline = time.monotonic() + self.opts.gpu_pod_timeout
+        left = pods
+        while left:
+            if time.monotonic() > deadline:
+                state = _give_back(ctx, h.name) if mine else "cordoned, as it was before the upgrade"
+                raise NodeFailure("upgrade.gpu-pods-timeout",
+                                  f"{h.name}: GPU pods still running after {self.opts.gpu_pod_timeout:g} s: "
+                                  f"{', '.join(left)}; the node was left as it was ({state})",
+                                  "let them finish or stop them, or raise --gpu-pod-timeout; then re-run gpuk8s "
+                                  "upgrade (it resumes)")
+            time.sleep(self.opts.poll)
+            left = gpu_pods(ctx, h.name)
+        emit(f"{h.name}: GPU pods finished: {', '.join(pods)}")
+        return pods
+
+
+class UpgradePrepare(UpgradeStep):
+    name = "upgrade-prepare"
+    title = "preflight and prepare every host for the new minor"
+
+    def _run(self, ctx: Context, dry_run: bool) -> tuple[dict[str, str], list[Change]]:
+        from gpuk8s.install.prepare import HostRun, _blocking, _run_script, playbooks_for
+        from gpuk8s.playbook.model import load_playbook
+        from gpuk8s.playbook.render import context, render_playbook
+        from gpuk8s.preflight.runner import run_preflight
+
+        inv = target_inventory(ctx.inv, self.opts.to)
+        pre = run_preflight(inv, concurrency=ctx.concurrency, ignore=ctx.ignore, sudo_passwords=ctx.sudo_passwords,
+                            measure_network=False, keep_sessions=ctx.sessions)
+        playbooks = [load_playbook(n) for n in playbooks_for(inv)]
+        status: dict[str, str] = {}
+        changes: list[Change] = []
+        eligible = []
+        for rep in pre.hosts:
+            bad = _blocking(rep.checks)
+            if rep.facts is None or rep.host.name not in ctx.sessions:
+                status[rep.host.name] = "unreachable"
+            elif bad:
+                status[rep.host.name] = "blocked: " + "; ".join(f"{c.id}: {c.message}" for c in bad)
+            else:
+                eligible.append(rep)
+        ctx.facts = {rep.host.name: rep.facts for rep in eligible if rep.facts is not None}
+        ctx.plans = gpuplan.plans(ctx.inv, ctx.facts)
+
+        def one(h: Host) -> HostRun:
+            run = HostRun(h)
+            f = ctx.facts[h.name]
+            # the Kubernetes packages move node by node, in kubeadm's order (UpgradeNodes), never all at once
+            steps = [s for pb in playbooks for s in render_playbook(pb, context(inv, h, f))
+                     if not s.name.startswith("kubernetes-packages")]
+            _run_script(ctx.sessions[h.name], run, steps, dry_run, lambda e: None)
+            return run
+
+        for name, run in for_each_host([r.host for r in eligible], one, ctx.concurrency).items():
+            if isinstance(run, BaseException):
+                status[name] = f"failed: {getattr(run, 'message', run)}"
+                continue
+            status[name] = run.status if run.status != "failed" else f"failed: {run.message}"
+            changes += [Change(f"{s.step.playbook}/{s.step.name}: {s.step.title}", name, s.step.run)
+                        for s in run.steps if s.outcome.status == "would-change"]
+            if not dry_run and run.count("changed"):
+                status[name] = f"done ({run.count('changed')} step(s) changed)"
+        return status, changes
+
+    def plan(self, ctx: Context) -> PhasePlan:
+        status, changes = self._run(ctx, dry_run=True)
+        bad = {n: s for n, s in status.items() if s != "done"}
+        return self.planned("would-change" if changes else "unchanged",
+                            "; ".join(f"{n}: {s}" for n, s in bad.items()) or f"every host passed preflight for "
+                            f"{self.opts.to}", changes)
+
+    def run(self, ctx: Context) -> PhaseResult:
+        status, _ = self._run(ctx, dry_run=False)
+        r = self.result("changed" if any("changed" in s for s in status.values()) else "unchanged",
+                        f"{sum(1 for s in status.values() if s.startswith('done'))} of {len(status)} host(s) "
+                        f"ready for {self.opts.to}")
+        r.hosts = status
+        bad = [n for n, s in status.items() if not s.startswith("done")]
+        for n in bad:
+            self.opts.findings.append(findings.failed(
+                "upgrade.host-blocked", f"{n}: {status[n]}", "fix the host (gpuk8s preflight shows why), then "
+                "re-run gpuk8s upgrade", subject=findings.host(n)))
+        if bad:
+            r.status = "failed"
+            r.message = "; ".join(f"{n}: {status[n]}" for n in bad)
+            r.remedy = "fix these hosts (gpuk8s preflight shows why), then re-run gpuk8s upgrade"
+        return r
+
+
+class UpgradeControlPlanes(UpgradeStep):
+    name = "upgrade-control-planes"
+    title = "upgrade the control planes"
+
+    def plan(self, ctx: Context) -> PhasePlan:
+        v = read_versions(ctx)
+        changes = []
+        for i, h in enumerate(ctx.inv.control_planes):
+            if self._done(v, h):
+                continue
+            changes.append(Change(f"kubeadm {self.opts.to} (held) on {h.name}", h.name,
+                                  shell.command("upgrade-packages", minor=self.opts.to, packages=["kubeadm"],
+                                                restart="no", lock_timeout=ctx.inv.install.package_lock_timeout)))
+            if i == 0:
+                changes.append(Change("kubeadm upgrade plan, then kubeadm upgrade apply (the newest "
+                                      f"{self.opts.to} release of the repository) -y", h.name,
+                                      shell.command("kubeadm-upgrade", action="apply", version="VERSION")))
+            else:
+                changes.append(Change("kubeadm upgrade node", h.name,
+                                      shell.command("kubeadm-upgrade", action="node", version="")))
+            changes += _drain_changes(ctx, h, self.opts)
+        if not changes:
+            return self.planned("unchanged", f"every control plane runs {self.opts.to}")
+        return self.planned("would-change", f"control planes not at {self.opts.to}: "
+                            + ", ".join(sorted({c.host for c in changes})), changes)
+
+    def run(self, ctx: Context) -> PhaseResult:
+        r = self.result("pending")
+        v = read_versions(ctx)
+        for i, h in enumerate(ctx.inv.control_planes):
+            if self._done(v, h):
+                r.hosts[h.name] = self._resume_done(ctx, v, h)
+                continue
+            if h.name not in ctx.sessions:
+                raise PhaseError(f"control plane {h.name} is not reachable", "bring it back, then re-run")
+            r.hosts[h.name] = self._node(ctx, h, first=i == 0, emit=ctx.emit)
+        changed = [n for n, s in r.hosts.items() if not s.startswith("already") or "uncordoned" in s]
+        r.status = "changed" if changed else "unchanged"
+        r.message = f"upgraded {', '.join(changed)}" if changed else f"every control plane runs {self.opts.to}"
+        return r
+
+
+def _give_back(ctx: Context, node: str) -> str:
+    """Uncordon a node gpuk8s cordoned, then drop its mark (in this order: a stop in between is redone)."""
+    ctx.kube.uncordon(node)
+    ctx.kube.label(node, {CORDONED_BY_UPGRADE: None})
+    return "uncordoned"
+
+
+def _drain_changes(ctx: Context, h: Host, opts: UpgradeOptions) -> list[Change]:
+    return [
+        Change(f"wait (at most {opts.gpu_pod_timeout:g} s) for the GPU pods on {h.name}, then drain it", "",
+               "kubectl " + " ".join(drain_args(h.name, opts.drain_timeout))),
+        Change(f"kubelet and kubectl {opts.to} (held), kubelet restarted", h.name,
+               shell.command("upgrade-packages", minor=opts.to, packages=["kubelet", "kubectl"], restart="yes",
+                             lock_timeout=ctx.inv.install.package_lock_timeout)),
+        Change(f"uncordon {h.name}", "", f"kubectl uncordon {h.name}"),
+    ]
+
+
+class UpgradeWorkers(UpgradeStep):
+    name = "upgrade-workers"
+    title = "upgrade the workers"
+
+    def plan(self, ctx: Context) -> PhasePlan:
+        v = read_versions(ctx)
+        todo = [h for h in ctx.inv.workers if not self._done(v, h)]
+        if not todo:
+            return self.planned("unchanged", f"every worker runs {self.opts.to}")
+        changes = []
+        for h in todo:
+            changes.append(Change(f"kubeadm {self.opts.to} (held), kubeadm upgrade node on {h.name}", h.name,
+                                  shell.command("upgrade-packages", minor=self.opts.to, packages=["kubeadm"],
+                                                restart="no", lock_timeout=ctx.inv.install.package_lock_timeout)
+                                  + shell.command("kubeadm-upgrade", action="node", version="")))
+            pods = gpu_pods(ctx, h.name)
+            if pods:
+                changes.append(Change(f"GPU pods on {h.name} waited for: {', '.join(pods)}"))
+            changes += _drain_changes(ctx, h, self.opts)
+        return self.planned("would-change", f"{len(todo)} worker(s) not at {self.opts.to}, "
+                            f"{self.opts.max_unavailable} at a time", changes)
+
+    def run(self, ctx: Context) -> PhaseResult:
+        r = self.result("pending")
+        v = read_versions(ctx)
+        todo = []
+        for h in ctx.inv.workers:
+            if self._done(v, h):
+                r.hosts[h.name] = self._resume_done(ctx, v, h)
+            elif h.name not in ctx.sessions:
+                r.hosts[h.name] = "failed: not reachable"
+            else:
+                todo.append(h)
+        for name, res in for_each_host(todo, lambda h: self._node(ctx, h, first=False, emit=ctx.emit),
+                                       self.opts.max_unavailable).items():
+            r.hosts[name] = (f"failed: {getattr(res, 'message', res)}" if isinstance(res, BaseException)
+                             else str(res))
+        failed = [n for n, s in r.hosts.items() if s.startswith("failed")]
+        done = [n for n, s in r.hosts.items()
+                if not s.startswith(("failed", "already")) or s.startswith("already") and "uncordoned" in s]
+        if failed:
+            r.status = "failed"
+            r.message = "; ".join(f"{n}: {r.hosts[n]}" for n in failed)
+            r.remedy = "fix the cause, then re-run gpuk8s upgrade: upgraded nodes are skipped"
+        else:
+            r.status = "changed" if done else "unchanged"
+            r.message = f"upgraded {len(done)} worker(s)" if done else f"every worker runs {self.opts.to}"
+        return r
+
+
+class UpgradeManifests(UpgradeStep):
+    """The GPU manifests (device plugin, ...) at the new minor's pins: the GPU phase with the new minor's
+    inventory."""
+
+    name = "upgrade-manifests"
+    title = "move the manifests to the new minor's pins"
+
+    def _gpu(self, ctx: Context) -> tuple[Phase, Context]:
+        from gpuk8s.phases.gpu import GPUNodes
+
+        return GPUNodes(), replace(ctx, inv=target_inventory(ctx.inv, self.opts.to))
+
+    def plan(self, ctx: Context) -> PhasePlan:
+        phase, tctx = self._gpu(ctx)
+        p = phase.plan(tctx)
+        return self.planned(p.status, p.reason, p.changes)
+
+    def run(self, ctx: Context) -> PhaseResult:
+        phase, tctx = self._gpu(ctx)
+        res = phase.run(tctx)
+        return self.result(res.status, res.message, res.remedy)
+
+
+def step_phases(opts: UpgradeOptions, on_node: Callable[[str, float], None] | None = None) -> list[Phase]:
+    return [UpgradePrepare(opts), UpgradeControlPlanes(opts, on_node), UpgradeWorkers(opts, on_node),
+            UpgradeManifests(opts)]
+
+
+def current_state(ctx: Context) -> NodeVersions:
+    """The node versions as the cluster reports them (for the flow's choice of steps)."""
+    if not ctx.initialized():
+        raise PhaseError(f"{ctx.cp.name} runs no control plane", "run gpuk8s install first")
+    return read_versions(ctx)
+

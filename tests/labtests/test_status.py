@@ -1,0 +1,226 @@
+"""gpuk8s status and doctor on a cluster with whole, shared and MIG GPUs (issue 19): a time-sliced node (2 GPUs
+x 4), an MPS node (1 GPU x 2), a node with whole GPUs, an H200 node partitioned into MIG devices; some GPU pods. The
+numbers per node and the footer must be what the pods hold; a pod asking for two slices is refused by the plugin
+and doctor says why; an MPS node without its control daemon is named and --fix brings the daemon back; with
+monitoring, the DCGM exporter's utilisation and memory per GPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from tests.conftest import lab_unavailable
+
+ROOT = Path(__file__).resolve().parents[2]
+FLEET = """
+hosts:
+  - name: cp-1
+    role: control-plane
+  - name: ts
+    gpus: 2
+    gpu_sharing: {strategy: time-slicing, replicas: 4}
+  - name: mps
+    gpus: 1
+    gpu_sharing: {strategy: mps, replicas: 2}
+  - name: whole
+    gpus: 2
+  - name: mig-1
+    gpus: 2
+    gpu_model: NVIDIA H200
+    gpu_memory_mib: 143771
+    driver: 570.124.06
+"""
+# mig-1's GPUs partitioned, two 3g.71gb devices each, exposed under the mixed strategy (docs/mig.md)
+MIG = {"strategy": "mixed", "config": [{"devices": "all", "mig-devices": {"3g.71gb": 2}}]}
+KUBECTL = "kubectl --kubeconfig /etc/kubernetes/admin.conf "
+STATUS_SCHEMA = json.loads((ROOT / "docs" / "status.schema.json").read_text())
+DOCTOR_SCHEMA = json.loads((ROOT / "docs" / "doctor.schema.json").read_text())
+
+
+class Cluster:
+    def __init__(self, lab: Any, tmp: Path) -> None:
+        self.lab, self.tmp, self.inv = lab, tmp, str(lab.inventory)
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, "GPUK8S_LOG_FILE": str(self.tmp / "gpuk8s.log"), "NO_COLOR": "1"}
+        return subprocess.run([sys.executable, "-m", "gpuk8s", *args], capture_output=True, text=True, env=env,
+                              timeout=300, cwd=self.tmp, stdin=subprocess.DEVNULL)
+
+    def kubectl(self, args: str) -> str:
+        return self.lab.host("cp-1").exec(KUBECTL + args).stdout
+
+    def pod(self, name: str, limits: dict[str, Any], node: str | None = None, log: str | None = None) -> None:
+        spec: dict[str, Any] = {"restartPolicy": "Never", "containers": [
+            {"name": "main", "image": "nvidia/cuda:12.0.0-base-ubuntu22.04", "command": ["sleep", "infinity"],
+             "resources": {"limits": limits}}]}
+        if node:
+            spec["nodeSelector"] = {"kubernetes.io/hostname": node}
+        cp = self.lab.host("cp-1")
+        md: dict[str, Any] = {"name": name, "namespace": "default"}
+        if log is not None:  # the workload's own log (the lab's override lab.gpuk8s.io/log)
+            md["annotations"] = {"lab.gpuk8s.io/log": log}
+        cp.write(f"/root/{name}.json", json.dumps({"apiVersion": "v1", "kind": "Pod", "metadata": md, "spec": spec}))
+        cp.exec(KUBECTL + f"apply -f /root/{name}.json")
+
+    def status(self) -> dict[str, Any]:
+        return json.loads(self.kubectl("get pods -A -o json"))
+
+    def doctor(self, *args: str) -> tuple[int, dict[str, Any]]:
+        r = self.cli("doctor", "-i", self.inv, "-o", "json", *args)
+        doc = json.loads(r.stdout)
+        jsonschema.validate(doc, DOCTOR_SCHEMA)
+        return r.returncode, doc
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    reason = lab_unavailable()
+    if reason:
+        pytest.skip(reason)
+    from tests.lab.lab import Lab
+
+    tmp = tmp_path_factory.mktemp("status")
+    lab = Lab()
+    f = tmp / "fleet.yaml"
+    f.write_text(FLEET)
+    lab.up(f)
+    try:
+        data = yaml.safe_load(lab.inventory.read_text())
+        for h in data["hosts"]:
+            if h["name"] == "mig-1":
+                h["mig"] = MIG
+        lab.inventory.write_text(yaml.safe_dump(data, sort_keys=False))
+        c = Cluster(lab, tmp)
+        t0 = time.monotonic()
+        r = c.cli("install", "-i", c.inv, "-o", "json", "--no-test-pods", "--kubeconfig-out", str(tmp / "kc"))
+        assert r.returncode == 0, r.stdout + r.stderr
+        print(f"install: {time.monotonic() - t0:.1f} s")
+        yield c
+    finally:
+        lab.down()
+
+
+def test_status_on_whole_and_shared_gpus(cluster: Cluster) -> None:
+    for i in range(5):
+        cluster.pod(f"slice-{i}", {"nvidia.com/gpu": 1}, "ts")
+    cluster.pod("mps-a", {"nvidia.com/gpu": 1}, "mps")
+    cluster.pod("whole-a", {"nvidia.com/gpu": 2}, "whole")
+    cluster.pod("mig-a", {"nvidia.com/mig-3g.71gb": 1}, "mig-1")
+    t0 = time.monotonic()
+    r = cluster.cli("status", "-i", cluster.inv, "-o", "json")
+    took = time.monotonic() - t0
+    assert r.returncode == 0, r.stderr
+    st = json.loads(r.stdout)
+    jsonschema.validate(st, STATUS_SCHEMA)
+    by = {n["node"]: n for n in st["nodes"]}
+    assert (by["ts"]["sharing"], by["ts"]["replicas"], by["ts"]["gpus"]) == ("time-slicing", 4, 2)
+    assert (by["mps"]["sharing"], by["mps"]["replicas"]) == ("mps", 2)
+    assert by["whole"]["sharing"] == "none"
+    assert (by["mig-1"]["mig_strategy"], by["mig-1"]["mig"]) == ("mixed", {"3g.71gb": 4})
+    got = {n: [(x["resource"], x["allocatable"], x["requested"], x["free"]) for x in v["resources"]]
+           for n, v in by.items()}
+    assert got == {"ts": [("nvidia.com/gpu", 8, 5, 3)], "mps": [("nvidia.com/gpu", 2, 1, 1)],
+                   "whole": [("nvidia.com/gpu", 2, 2, 0)], "mig-1": [("nvidia.com/mig-3g.71gb", 4, 1, 3)]}
+    assert sorted(p["name"] for p in by["ts"]["resources"][0]["pods"]) == [f"slice-{i}" for i in range(5)]
+    assert st["footer"] == ["Allocated/Total GPUs in cluster: 8/12 (66%)",
+                            "Allocated/Total nvidia.com/mig-3g.71gb in cluster: 1/4 (25%)"]
+    r = cluster.cli("status", "-i", cluster.inv)
+    assert "ts\ttime-slicing x4\tnvidia.com/gpu\t8\t8\t5\t3\t" in r.stdout
+    assert "mps\tmps x2\tnvidia.com/gpu\t2\t2\t1\t1\tdefault/mps-a" in r.stdout
+    assert "mig-1\tmig mixed 3g.71gb:4\tnvidia.com/mig-3g.71gb\t4\t4\t1\t3\tdefault/mig-a" in r.stdout
+    print(f"status: {took:.1f} s")
+
+
+def test_two_slices_refused_under_fail_requests_greater_than_one(cluster: Cluster) -> None:
+    cluster.pod("two-slices", {"nvidia.com/gpu": 2}, "ts")
+    try:
+        code, doc = cluster.doctor("default/two-slices")
+        assert code == 1
+        [f] = doc["findings"]
+        assert f["id"] == "pod.shared-request-gt1" and "asks for 2 shared GPUs on ts" in f["message"]
+        assert any("UnexpectedAdmissionError" in e and "maximum request size for shared resources is 1" in e
+                   for e in f["evidence"])
+        assert "fail_requests_greater_than_one: false" in f["remedy"]
+    finally:
+        cluster.kubectl("delete pod two-slices -n default")
+
+
+def test_an_mps_node_without_its_daemon_and_the_fix(cluster: Cluster) -> None:
+    cluster.kubectl("delete daemonset nvidia-device-plugin-mps-control-daemon -n kube-system")
+    code, doc = cluster.doctor()
+    assert code == 1
+    [f] = [x for x in doc["findings"] if x["subject"] == {"kind": "node", "name": "mps"}]
+    assert f["id"] == "gpu.mps-daemon-missing"
+    assert "pod nvidia-device-plugin-mps-control-daemon-* on mps: none" in f["evidence"]
+    code, doc = cluster.doctor("--fix", "--yes")
+    assert code == 0 and doc["findings"] == [], doc
+    assert doc["fixes"][-1] == {**doc["fixes"][-1], "name": "gpu", "status": "changed"}
+    cluster.pod("mps-b", {"nvidia.com/gpu": 1}, "mps")
+    pods = {p["metadata"]["name"]: p for p in cluster.status()["items"]}
+    assert pods["mps-b"]["status"]["phase"] == "Running"
+
+
+def test_status_shows_the_dcgm_metrics_with_monitoring(cluster: Cluster) -> None:
+    inv = Path(cluster.inv)
+    inv.write_text(inv.read_text() + "\nmonitoring:\n  enabled: true\n")
+    r = cluster.cli("monitoring", "-i", cluster.inv, "-o", "json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = cluster.cli("status", "-i", cluster.inv, "-o", "json")
+    assert r.returncode == 0, r.stderr
+    st = json.loads(r.stdout)
+    jsonschema.validate(st, STATUS_SCHEMA)
+    by = {n["node"]: n for n in st["nodes"]}
+    # one device per physical GPU, each with utilisation and memory, read through the API server's pod proxy
+    assert {n: len(v["metrics"]) for n, v in by.items() if n != "mig-1"} == {"ts": 2, "mps": 1, "whole": 2}
+    assert by["mig-1"]["metrics"]  # (the lab's exporter serves a MIG node per physical GPU, not per MIG device)
+    assert all(m["util_percent"] is not None and m["memory_free_mib"] is not None and m["model"]
+               for v in by.values() for m in v["metrics"])
+    assert all(v["metrics_note"] == "" for v in by.values())
+    # the exporter names the pods on the GPUs (pinned pods: slice-0.. on ts, whole-a on whole)
+    assert any("default/whole-a" in m["pods"] for m in by["whole"]["metrics"])
+    r = cluster.cli("status", "-i", cluster.inv)
+    assert "# GPU utilisation (DCGM exporter)" in r.stdout
+
+
+def test_a_shared_node_selecting_a_config_the_plugin_lacks_and_the_fix(cluster: Cluster) -> None:
+    cluster.kubectl("label node ts nvidia.com/device-plugin.config=time-slicing-8 --overwrite")
+    code, doc = cluster.doctor("node/ts")
+    assert code == 1
+    [f] = doc["findings"]
+    assert f["id"] == "gpu.sharing-config" and "time-slicing-8" in f["message"]
+    assert any(e.startswith("node label nvidia.com/device-plugin.config: time-slicing-8 (planned: time-slicing-4")
+               for e in f["evidence"])
+    code, doc = cluster.doctor("node/ts", "--fix", "--yes")
+    assert code == 0 and doc["findings"] == [], doc
+    node = json.loads(cluster.kubectl("get node ts -o json"))
+    assert node["metadata"]["labels"]["nvidia.com/device-plugin.config"] == "time-slicing-4"
+    assert node["status"]["allocatable"]["nvidia.com/gpu"] == "8"
+
+
+def test_out_of_gpu_memory_on_the_time_sliced_node(cluster: Cluster) -> None:
+    # PyTorch's error when the other replicas on the GPU hold its memory (time-slicing isolates none)
+    oom = ("Traceback (most recent call last):\n  File \"/app/train.py\", line 42, in <module>\n"
+           "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of "
+           "79.25 GiB of which 3.12 GiB is free.\n")
+    cluster.pod("hungry", {"nvidia.com/gpu": 1}, "ts", log=oom)
+    try:
+        code, doc = cluster.doctor("hungry")
+        assert code == 1
+        [f] = doc["findings"]
+        assert f["id"] == "pod.gpu-oom" and "time-slicing node, where 4 pods share each GPU's memory" in f["message"]
+        assert any("CUDA out of memory" in e for e in f["evidence"])
+        assert "node ts: sharing time-slicing, 4 replica(s) per GPU, GPU memory 81920 MiB" in f["evidence"]
+        assert any(e.startswith("other GPU pods on ts: default/slice-") for e in f["evidence"])
+        assert "gpu_sharing.replicas" in f["remedy"]
+    finally:
+        cluster.kubectl("delete pod hungry -n default")

@@ -1,0 +1,408 @@
+"""gpuk8s doctor's classifier (gpuk8s/doctor/classify.py) fed the real components' texts (tests/fixtures/doctor,
+each quoted from a public issue thread): the scheduler's FailedScheduling messages, the device plugin's logs,
+nvidia-container-cli's and NVML's errors; each must come out as its cause, with evidence and a remedy."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+
+from gpuk8s import findings, gpuplan
+from gpuk8s.doctor import classify, evidence
+from gpuk8s.doctor.evidence import ClusterEvidence, HostEvidence
+from gpuk8s.facts.parse import parse_probe
+from gpuk8s.kube.state import DaemonSetState
+
+ROOT = Path(__file__).resolve().parents[2]
+FIX = ROOT / "tests" / "fixtures" / "doctor"
+H200 = parse_probe((ROOT / "tests" / "fixtures" / "h200" / "probe.txt").read_text())
+SCHEMA = json.loads((ROOT / "docs" / "doctor.schema.json").read_text())
+
+
+def text(name: str) -> str:
+    return (FIX / name).read_text()
+
+
+def node(name: str, gpus: int = 0, labels: dict[str, str] | None = None, taints: list[dict[str, str]] | None = None,
+         resource: str = "nvidia.com/gpu", extra: dict[str, int] | None = None) -> dict[str, Any]:
+    alloc = {"cpu": "16", **({resource: str(gpus)} if gpus else {}), **{k: str(v) for k, v in (extra or {}).items()}}
+    return {"metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, **(labels or {})}},
+            "spec": {"taints": taints or []},
+            "status": {"allocatable": alloc, "capacity": dict(alloc),
+                       "conditions": [{"type": "Ready", "status": "True"}]}}
+
+
+def pod(name: str, limits: dict[str, Any], on: str = "", phase: str = "Pending", ns: str = "ml",
+        **spec: Any) -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": ns},
+            "spec": {"containers": [{"name": "c", "image": spec.pop("image", "busybox"),
+                                     "resources": {"limits": limits}}],
+                     **({"nodeName": on} if on else {}), **spec},
+            "status": {"phase": phase}}
+
+
+def event(p: dict[str, Any], message: str) -> dict[str, Any]:
+    return {"kind": "Event", "involvedObject": {"kind": "Pod", "name": p["metadata"]["name"],
+                                                "namespace": p["metadata"]["namespace"]},
+            "reason": "FailedScheduling", "type": "Warning", "message": message}
+
+
+def plan(name: str, gpus: int, **kw: Any) -> gpuplan.GPUPlan:
+    p = kw.pop("plugin", gpuplan.PluginSettings())
+    return gpuplan.GPUPlan(name, True, gpus, {p.resource: gpus * p.replicas}, plugin=p, **kw)
+
+
+def ids(fs: list[findings.Finding]) -> list[str]:
+    return [f.id for f in fs]
+
+
+# -- the scheduler's message ----------------------------------------------------------------------------------
+
+def test_the_scheduler_messages_parse() -> None:
+    f = classify.parse_fit_error(text("scheduler-insufficient.txt"))
+    assert f is not None and f.total == 1 and f.reasons == {"Insufficient nvidia.com/gpu": 1}
+    assert f.preemption.startswith("0/1 nodes are available: 1 No preemption victims")
+    f = classify.parse_fit_error(text("scheduler-mixed.txt"))
+    assert f is not None and f.reasons == {
+        "node(s) had untolerated taint {unschedulable: true}": 1,
+        "node(s) didn't match pod topology spread constraints": 2,
+        "node(s) had untolerated taint {node-role.kubernetes.io/master: }": 3}
+    f = classify.parse_fit_error(text("scheduler-hami.txt"))
+    assert f is not None and f.reasons["NodeUnfitPod"] == 1 and f.reasons["node unregistered"] == 2
+    assert classify.parse_fit_error("container is waiting to start") is None
+
+
+def test_insufficient_gpus_names_the_pods_holding_them() -> None:
+    waiting = pod("big", {"nvidia.com/gpu": "2"})
+    holders = [pod("train", {"nvidia.com/gpu": "1"}, on="gpu-1", phase="Running"),
+               pod("infer", {"nvidia.com/gpu": "1"}, on="gpu-1", phase="Running", ns="serve")]
+    ev = ClusterEvidence({"gpu-1": node("gpu-1", 2)}, [waiting, *holders],
+                         [event(waiting, text("scheduler-insufficient.txt").strip())])
+    [f] = classify.pod_causes(waiting, ev)
+    assert f.id == "pod.insufficient-gpu" and f.status == "fail" and f.subject == findings.pod("ml/big")
+    assert "held by ml/train, serve/infer" in f.message
+    assert "gpu-1: 2 nvidia.com/gpu allocatable, 2 requested, 0 free; held by ml/train, serve/infer" in f.evidence
+    assert f.evidence[0] == "scheduler: " + text("scheduler-insufficient.txt").strip()
+    assert "gpuk8s status" in f.remedy
+
+
+def test_an_untolerated_taint_says_which_toleration_to_add() -> None:
+    taint = {"key": "gpu", "value": "", "effect": "NoSchedule"}
+    p = pod("p", {"nvidia.com/gpu": "1"})
+    ev = ClusterEvidence({"gpu-1": node("gpu-1", 1, taints=[taint])}, [p], [event(p, text("scheduler-taint.txt"))])
+    [f] = classify.pod_causes(p, ev)
+    assert f.id == "pod.untolerated-taint" and "{gpu: }" in f.message
+    assert "gpu-1: taint gpu:NoSchedule not tolerated by the pod" in f.evidence
+    assert "tolerations: [{key: gpu, operator: Exists, effect: NoSchedule}]" in f.remedy
+    # tolerated: the taint is not named
+    p2 = pod("p2", {"nvidia.com/gpu": "1"}, tolerations=[{"key": "gpu", "operator": "Exists"}])
+    f2 = classify._taint(p2, ev, "", "{gpu: }")
+    assert not [e for e in f2.evidence if "not tolerated" in e]
+
+
+def test_a_selector_matching_no_gpu_node() -> None:
+    msg = ("0/3 nodes are available: 1 node(s) had untolerated taint {node-role.kubernetes.io/control-plane: }, "
+           "2 node(s) didn't match Pod's node affinity/selector. preemption: 0/3 nodes are available: 3 "
+           "Preemption is not helpful for scheduling.")
+    p = pod("p", {"nvidia.com/gpu": "1"}, nodeSelector={"gpu-type": "h100"})
+    nodes = {"cp-1": node("cp-1", taints=[{"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}]),
+             "gpu-1": node("gpu-1", 2, {gpuplan.GPU_PRESENT: "true"}),
+             "gpu-2": node("gpu-2", 2, {gpuplan.GPU_PRESENT: "true", "gpu-type": "a100"})}
+    ev = ClusterEvidence(nodes, [p], [event(p, msg)])
+    fs = classify.pod_causes(p, ev)
+    # the control plane's taint is not a cause: no GPU node has it
+    assert ids(fs) == ["pod.selector-mismatch"]
+    sel = fs[0]
+    assert "gpu-1: nodeSelector gpu-type=h100 (node has no such label)" in sel.evidence
+    assert "gpu-2: nodeSelector gpu-type=h100 (node has a100)" in sel.evidence
+    assert "kubectl label node" in sel.remedy
+
+
+@pytest.mark.parametrize(("resource", "offers", "hint"), [
+    ("nvidia.com/gpu", {"nvidia.com/mig-1g.10gb": 7}, "ask for one of nvidia.com/mig-1g.10gb"),
+    ("aliyun.com/gpu-mem", {"nvidia.com/gpu": 2}, "gpushare"),
+    ("nvidia.com/gpu.shared", {"nvidia.com/gpu": 2}, "ask for a resource a node offers (nvidia.com/gpu)"),
+])
+def test_a_resource_no_node_offers(resource: str, offers: dict[str, int], hint: str) -> None:
+    p = pod("p", {resource: "1"})
+    msg = f"0/2 nodes are available: 2 Insufficient {resource}. preemption: 0/2 nodes are available: 2 No " \
+          "preemption victims found for incoming pod."
+    ev = ClusterEvidence({"gpu-1": node("gpu-1", extra=offers), "cp-1": node("cp-1")}, [p], [event(p, msg)])
+    fs = classify.pod_causes(p, ev)
+    assert ids(fs) == ["pod.unknown-resource"]  # not also "insufficient": no node has any
+    assert hint in fs[0].remedy and f"the pod asks for {resource}, which no node offers" == fs[0].message
+    assert any(e.startswith("GPU resources the nodes offer: ") for e in fs[0].evidence)
+
+
+def test_more_than_one_shared_gpu_is_refused() -> None:
+    p = pod("two", {"nvidia.com/gpu": "2"}, on="gpu-1", phase="Failed")
+    p["status"].update(reason="UnexpectedAdmissionError", message=text("shared-gt1.txt").strip())
+    ev = ClusterEvidence({"gpu-1": node("gpu-1", 8)}, [p])
+    [f] = classify.pod_causes(p, ev)
+    assert f.id == "pod.shared-request-gt1" and "asks for 2 shared GPUs on gpu-1" in f.message
+    assert any("maximum request size for shared resources is 1" in e for e in f.evidence)
+    assert "fail_requests_greater_than_one: false" in f.remedy
+
+
+def host(**containerd: Any) -> HostEvidence:
+    facts = dataclasses.replace(H200, containerd_config=dataclasses.replace(H200.containerd_config, **containerd),
+                                gpu=dataclasses.replace(H200.gpu, driver="535.104.05", cuda_version="12.2"))
+    return HostEvidence(facts, "containerd", ("kubelet.sock",), 0)
+
+
+def test_an_image_newer_than_the_driver() -> None:
+    p = pod("cuda", {"nvidia.com/gpu": "1"}, on="gpu-1", phase="Failed", image="nvidia/cuda:12.8.0-base-ubuntu22.04")
+    p["status"]["containerStatuses"] = [{"name": "c", "state": {"terminated": {
+        "reason": "StartError", "exitCode": 128, "message": text("cuda-requirement.txt")}}}]
+    ev = ClusterEvidence({"gpu-1": node("gpu-1", 1)}, [p], hosts={"gpu-1": host(default_runtime="nvidia")})
+    [f] = classify.pod_causes(p, ev)
+    assert f.id == "pod.cuda-too-new"
+    assert f.message == "the image needs CUDA 12.8, newer than the driver 535.104.05 on gpu-1 supports (CUDA 12.2)"
+    assert "nvidia-smi: 1 GPU(s), driver 535.104.05, CUDA 12.2" in f.evidence
+    assert "images: nvidia/cuda:12.8.0-base-ubuntu22.04" in f.evidence and "12.2" in f.remedy
+
+
+def test_nvml_unknown_error_after_daemon_reload() -> None:
+    p = pod("loop", {"nvidia.com/gpu": "1"}, on="gpu-1", phase="Running")
+    ev = ClusterEvidence({"gpu-1": node("gpu-1", 1)}, [p], logs={("ml", "loop"): text("nvml-unknown.log")},
+                         hosts={"gpu-1": host(default_runtime="nvidia", systemd_cgroup=True)})
+    [f] = classify.pod_causes(p, ev)
+    assert f.id == "pod.nvml-unknown-error"
+    assert "systemd cgroup driver: yes" in f.evidence and "/dev/char links to NVIDIA devices: 0" in f.evidence
+    assert "nvidia-ctk system create-dev-char-symlinks --create-all" in f.remedy
+
+
+def test_a_pod_without_the_nvidia_runtime() -> None:
+    p = pod("smi", {"nvidia.com/gpu": "1"}, on="gpu-1", phase="Failed")
+    p["status"]["containerStatuses"] = [{"name": "c", "state": {"terminated": {
+        "reason": "StartError", "message": 'failed to create containerd task: failed to create shim task: OCI runtime '
+        'create failed: runc create failed: unable to start container process: exec: "nvidia-smi": executable file '
+        'not found in $PATH: unknown'}}}]
+    ev = ClusterEvidence({"gpu-1": node("gpu-1", 1)}, [p], hosts={"gpu-1": host(default_runtime="runc")})
+    [f] = classify.pod_causes(p, ev)
+    assert f.id == "pod.no-nvidia-runtime" and "node default runtime: runc" in f.evidence
+    assert "runtimeClassName: nvidia" in f.remedy
+    p["spec"]["runtimeClassName"] = "nvidia"  # it asked for the runtime: another cause, not this one
+    assert "pod.no-nvidia-runtime" not in ids(classify.pod_causes(p, ev))
+
+
+def test_out_of_gpu_memory_on_a_time_sliced_node() -> None:
+    p = pod("a", {"nvidia.com/gpu": "1"}, on="gpu-1", phase="Running")
+    other = pod("b", {"nvidia.com/gpu": "1"}, on="gpu-1", phase="Running")
+    log = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of "
+           "79.25 GiB of which 3.12 GiB is free.\n")
+    sliced = plan("gpu-1", 1, sharing="time-slicing", replicas=4,
+                  plugin=gpuplan.PluginSettings("time-slicing", 4), gpu_memory_mib=81920)
+    ev = ClusterEvidence({"gpu-1": node("gpu-1", 4)}, [p, other], plans={"gpu-1": sliced},
+                         logs={("ml", "a"): log})
+    [f] = classify.pod_causes(p, ev)
+    assert f.id == "pod.gpu-oom" and "time-slicing node, where 4 pods share" in f.message
+    assert "other GPU pods on gpu-1: ml/b" in f.evidence and "replicas" in f.remedy
+
+
+def test_hami_scheduler_or_webhook_missing() -> None:
+    p = pod("v", {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "4096"}, schedulerName="hami-scheduler")
+    ev = ClusterEvidence({"gpu-1": node("gpu-1", 10)}, [p])
+    [f] = classify.pod_causes(p, ev)
+    assert f.id == "pod.scheduler-missing" and "hami-scheduler, which is not deployed" in f.message
+    p2 = pod("v2", {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "4096"})  # the webhook did not mutate it
+    [f2] = classify.pod_causes(p2, ClusterEvidence({"gpu-1": node("gpu-1", 10)}, [p2], hami_scheduler=True))
+    assert f2.id == "pod.scheduler-missing" and "HAMi's webhook did not set schedulerName" in f2.message
+
+
+# -- nodes ----------------------------------------------------------------------------------------------------
+
+PLUGIN = DaemonSetState("nvidia-device-plugin-daemonset", 2, 2, 2)
+
+
+def plugin_pod(node_name: str, **status: Any) -> dict[str, Any]:
+    return {"metadata": {"name": f"nvidia-device-plugin-daemonset-{node_name}", "namespace": "kube-system"},
+            "spec": {"nodeName": node_name}, "status": {"phase": "Running", **status}}
+
+
+def test_a_node_whose_runtime_default_is_not_nvidia() -> None:
+    ev = ClusterEvidence({"gpu-1": node("gpu-1", 0, {gpuplan.GPU_PRESENT: "true"})}, [plugin_pod("gpu-1")],
+                         plans={"gpu-1": plan("gpu-1", 2)}, plugin=PLUGIN,
+                         logs={("kube-system", "nvidia-device-plugin-daemonset-gpu-1"): text("plugin-nvml-v017.log")},
+                         hosts={"gpu-1": host(default_runtime="runc")})
+    assert classify.node_problem("gpu-1", ev)
+    [f] = classify.node_causes("gpu-1", ev)
+    assert f.id == "gpu.runtime-not-nvidia" and f.subject == findings.node("gpu-1")
+    assert "container runtime default on the host: runc" in f.evidence
+    assert "containerd default runtime: runc" not in f.evidence  # said once
+    assert any("Incompatible strategy detected auto" in e for e in f.evidence)
+    assert classify.fixable(f, ev) == "prepare"
+
+
+def test_the_legacy_plugin_log_with_nvidia_default_is_no_nvml() -> None:
+    ev = ClusterEvidence({"gpu-1": node("gpu-1", 0)}, [plugin_pod("gpu-1")], plans={"gpu-1": plan("gpu-1", 2)},
+                         plugin=PLUGIN,
+                         logs={("kube-system", "nvidia-device-plugin-daemonset-gpu-1"): text("plugin-nvml-legacy.log")},
+                         hosts={"gpu-1": host(default_runtime="nvidia")})
+    [f] = classify.node_causes("gpu-1", ev)
+    assert f.id == "gpu.plugin-no-nvml" and "nvidia-container-toolkit" in f.remedy
+    assert any("could not load NVML library" in e for e in f.evidence)
+    assert classify.fixable(f, ev) == ""
+
+
+def test_a_plugin_that_runs_without_its_socket() -> None:
+    h = dataclasses.replace(host(default_runtime="nvidia"), sockets=("kubelet.sock",))
+    ev = ClusterEvidence({"gpu-1": node("gpu-1", 0)}, [plugin_pod("gpu-1")], plans={"gpu-1": plan("gpu-1", 2)},
+                         plugin=PLUGIN, logs={("kube-system", "nvidia-device-plugin-daemonset-gpu-1"): ""},
+                         hosts={"gpu-1": h})
+    [f] = classify.node_causes("gpu-1", ev)
+    assert f.id == "gpu.plugin-socket-missing" and f"{evidence.DEVICE_PLUGINS}: kubelet.sock" in f.evidence
+    h2 = dataclasses.replace(h, sockets=("kubelet.sock", "nvidia-gpu.sock"))  # registered: another cause
+    assert ids(classify.node_causes("gpu-1", dataclasses.replace(ev, hosts={"gpu-1": h2}))) == ["gpu.plugin-no-nvml"]
+
+
+def test_missing_label_and_image_pull() -> None:
+    ev = ClusterEvidence({"gpu-1": node("gpu-1", 0)}, [], plans={"gpu-1": plan("gpu-1", 2)}, plugin=PLUGIN)
+    [f] = classify.node_causes("gpu-1", ev)
+    assert f.id == "gpu.plugin-not-scheduled" and "node label nvidia.com/gpu.present: missing" in f.evidence
+    assert classify.fixable(f, ev) == "gpu"
+    pulling = plugin_pod("gpu-1", phase="Pending", containerStatuses=[{"name": "nvidia-device-plugin-ctr",
+                         "state": {"waiting": {"reason": "ImagePullBackOff", "message": 'Back-off pulling image '
+                                               '"nvcr.io/nvidia/k8s-device-plugin:v0.17.0"'}}}])
+    ev = ClusterEvidence({"gpu-1": node("gpu-1", 0, {gpuplan.GPU_PRESENT: "true"})}, [pulling],
+                         plans={"gpu-1": plan("gpu-1", 2)}, plugin=PLUGIN)
+    [f] = classify.node_causes("gpu-1", ev)
+    assert f.id == "gpu.plugin-crashing" and "cannot pull the device plugin's image" in f.remedy
+    assert any("ImagePullBackOff" in e for e in f.evidence)
+
+
+def test_a_broken_driver() -> None:
+    broken = dataclasses.replace(H200, gpu=dataclasses.replace(
+        H200.gpu, state="failed", gpus=(), error="NVIDIA-SMI has failed because it couldn't communicate with the "
+        "NVIDIA driver. Make sure that the latest NVIDIA driver is installed and running."))
+    ev = ClusterEvidence({"gpu-1": node("gpu-1", 0, {gpuplan.GPU_PRESENT: "true"})}, [plugin_pod("gpu-1")],
+                         plans={"gpu-1": plan("gpu-1", 2)}, plugin=PLUGIN,
+                         hosts={"gpu-1": HostEvidence(broken, "containerd")})
+    [f] = classify.node_causes("gpu-1", ev)
+    assert f.id == "gpu.driver" and any("couldn't communicate with the NVIDIA driver" in e for e in f.evidence)
+
+
+def test_a_healthy_node_and_pod_have_no_cause() -> None:
+    ok = pod("ok", {"nvidia.com/gpu": "1"}, on="gpu-1", phase="Running")
+    ev = ClusterEvidence({"gpu-1": node("gpu-1", 2, {gpuplan.GPU_PRESENT: "true"})}, [plugin_pod("gpu-1"), ok],
+                         plans={"gpu-1": plan("gpu-1", 2)}, plugin=PLUGIN,
+                         logs={("kube-system", "nvidia-device-plugin-daemonset-gpu-1"): text("plugin-registered.log")})
+    assert not classify.node_problem("gpu-1", ev) and classify.node_causes("gpu-1", ev) == []
+    assert not classify.troubled(ok) and classify.pod_causes(ok, ev) == []
+
+
+def test_the_json_follows_the_schema() -> None:
+    from gpuk8s.commands.doctor import Diagnosis
+
+    p = pod("big", {"nvidia.com/gpu": "4"})
+    ev = ClusterEvidence({"gpu-1": node("gpu-1", 2)}, [p], [event(p, text("scheduler-insufficient.txt"))])
+    d = Diagnosis(ev, [("ml", "big")], [], classify.pod_causes(p, ev))
+    doc = d.to_json([{"name": "gpu", "title": "t", "status": "changed", "message": "", "remedy": "", "hosts": {}}])
+    jsonschema.validate(doc, SCHEMA)
+    assert doc["ok"] is False and doc["findings"][0]["id"] == "pod.insufficient-gpu"
+    jsonschema.validate(Diagnosis(ev, [], [], []).to_json(), SCHEMA)
+
+
+def test_every_id_doctor_makes_is_registered_for_doctor() -> None:
+    mine = findings.ids("doctor")
+    for i in ("pod.insufficient-gpu", "pod.selector-mismatch", "pod.untolerated-taint", "pod.unknown-resource",
+              "pod.shared-request-gt1", "pod.cuda-too-new", "pod.nvml-unknown-error", "pod.no-nvidia-runtime",
+              "pod.gpu-oom", "pod.scheduler-missing", "gpu.plugin-socket-missing", "gpu.runtime-not-nvidia",
+              "gpu.plugin-not-scheduled", "gpu.driver", *classify.FIXES):
+        assert i in mine, i
+
+
+# -- the command's reading, through the kube client seam ------------------------------------------------------
+
+class EventfulKube:
+    """tests/unit/fakekube.FakeKube with the events and logs a real API server would give."""
+
+    def __init__(self, events: list[dict[str, Any]], logs: dict[str, str]) -> None:
+        from tests.unit.fakekube import FakeKube
+
+        self.kube = FakeKube()
+        self.kube.events = lambda namespace=None: events  # type: ignore[method-assign]
+        self.kube.logs = lambda pod, namespace, tail=50: logs.get(pod, "")  # type: ignore[method-assign]
+
+
+def test_diagnose_selects_reads_and_classifies_through_the_seam() -> None:
+    from gpuk8s.commands.doctor import Diagnosis, _fix_targets, diagnose
+    from gpuk8s.commands.status import Cluster
+    from gpuk8s.inventory.loader import loads
+
+    inv = loads("hosts:\n  - {name: cp-1, address: 10.0.0.1, role: control-plane}\n"
+                "  - {name: gpu-1, address: 10.0.0.2, gpus: 2}\n  - {name: gpu-2, address: 10.0.0.3, gpus: 2}\n")
+    big = pod("big", {"nvidia.com/gpu": "4"}, ns="default")
+    ok = pod("ok", {"nvidia.com/gpu": "1"}, on="gpu-1", phase="Running", ns="default")
+    k = EventfulKube([event(big, text("scheduler-insufficient.txt"))],
+                     {"nvidia-device-plugin-daemonset-gpu-2": text("plugin-nvml-v017.log")})
+    kube = k.kube
+    kube.add_node("cp-1")
+    kube.add_node("gpu-1", 2, {gpuplan.GPU_PRESENT: "true"})
+    kube.add_node("gpu-2", 0, {gpuplan.GPU_PRESENT: "true"})
+    for p in (big, ok, plugin_pod("gpu-1"), plugin_pod("gpu-2")):
+        kube.objects[("pod", p["metadata"]["namespace"], p["metadata"]["name"])] = p
+    kube.objects[("daemonset", "kube-system", "nvidia-device-plugin-daemonset")] = {
+        "metadata": {"name": "nvidia-device-plugin-daemonset", "namespace": "kube-system"},
+        "status": {"desiredNumberScheduled": 2, "currentNumberScheduled": 2, "numberReady": 2}}
+    d = diagnose(inv, Cluster(kube), None, False, False, {})  # type: ignore[arg-type]
+    assert isinstance(d, Diagnosis)
+    assert d.pods == [("default", "big")] and d.nodes == ["gpu-2"]  # the healthy pod and node are left alone
+    assert ids(d.findings) == ["gpu.plugin-no-nvml", "pod.insufficient-gpu"]  # nodes first: they explain pods
+    assert any("Incompatible strategy detected auto" in e for e in d.findings[0].evidence)
+    assert not [c for c in kube.calls if c[0] not in ("get", "raw_get")]  # doctor without --fix only reads
+    assert _fix_targets(d) == {}  # without the host's runtime default, no-nvml is not one gpuk8s fixes
+    every = diagnose(inv, Cluster(kube), None, True, False, {})  # type: ignore[arg-type]
+    assert ("default", "ok") in every.pods and every.nodes == ["gpu-1", "gpu-2"]
+    one = diagnose(inv, Cluster(kube), "big", False, False, {})  # type: ignore[arg-type]
+    assert one.pods == [("default", "big")] and one.nodes == []
+    with pytest.raises(LookupError):
+        diagnose(inv, Cluster(kube), "nope", False, False, {})  # type: ignore[arg-type]
+    with pytest.raises(LookupError, match="no node gpu-9"):
+        diagnose(inv, Cluster(kube), "node/gpu-9", False, False, {})  # type: ignore[arg-type]
+    # a GPU node whose GPU count the inventory leaves to the facts: looked at when it shows no GPU at all
+    inv2 = loads("hosts:\n  - {name: cp-1, address: 10.0.0.1, role: control-plane}\n"
+                 "  - {name: gpu-1, address: 10.0.0.2}\n  - {name: gpu-2, address: 10.0.0.3}\n")
+    assert diagnose(inv2, Cluster(kube), None, False, False, {}).nodes == ["gpu-2"]  # type: ignore[arg-type]
+
+
+def test_the_host_probe_with_doctors_sections() -> None:
+    probe = (ROOT / "tests" / "fixtures" / "h200" / "probe.txt").read_text()
+    extra = ("@@gpuk8s-begin doctor-sockets\nkubelet.sock\nnvidia-gpu.sock\n@@gpuk8s-end doctor-sockets 0\n"
+             "@@gpuk8s-begin doctor-devchar\n0\n@@gpuk8s-end doctor-devchar 0\n"
+             "@@gpuk8s-begin doctor-devnodes\nnvidia0\nnvidiactl\n@@gpuk8s-end doctor-devnodes 0\n")
+    h = evidence.parse_host(probe + extra, "containerd")
+    assert h.facts is not None and h.sockets == ("kubelet.sock", "nvidia-gpu.sock") and h.dev_char_links == 0
+    assert h.dev_nodes == ("nvidia0", "nvidiactl") and not h.unreachable
+    assert h.lines()[0].startswith("nvidia-smi: 1 GPU(s), driver 580.159.04")
+    bare = evidence.parse_host(probe, "containerd")  # an older probe without doctor's sections: unknown, not empty
+    assert bare.sockets is None and bare.dev_char_links is None
+    bad = evidence.parse_host("sudo: a password is required\n", "containerd")
+    assert bad.facts is None and bad.unreachable.startswith("the probe printed nothing usable")
+    assert bad.lines() == [f"over SSH: {bad.unreachable}"]
+    # the script is the probe and doctor's sections, nothing interpolated
+    assert evidence.SCRIPT.startswith(evidence.PROBE) and "quick doctor-sockets sockets" in evidence.SCRIPT
+
+
+@pytest.mark.parametrize("junk", [None, 5, "x", [1, "a", None], {"a": [None]}, {"containers": "x"}])
+def test_any_api_json_gives_a_value(junk: Any) -> None:
+    """The API's JSON is data: odd shapes anywhere give a diagnosis (maybe empty), never an exception."""
+    from gpuk8s.kube import allocation as al
+
+    weird_pod = {"metadata": {"name": "w", "namespace": "ml"},
+                 "spec": {"containers": junk, "initContainers": junk, "nodeSelector": junk, "tolerations": junk,
+                          "affinity": junk, "nodeName": "gpu-1" if junk is None else ""},
+                 "status": {"phase": "Pending", "conditions": junk, "containerStatuses": junk}}
+    weird_node = {"metadata": {"name": "gpu-1", "labels": junk}, "spec": {"taints": junk},
+                  "status": {"allocatable": junk, "capacity": junk, "conditions": junk}}
+    ev = ClusterEvidence({"gpu-1": weird_node}, [weird_pod], [event(weird_pod, text("scheduler-mixed.txt"))],
+                         plans={"gpu-1": plan("gpu-1", 2)})
+    assert isinstance(classify.pod_causes(weird_pod, ev), list)
+    assert isinstance(classify.node_causes("gpu-1", ev), list)
+    assert isinstance(classify.troubled(weird_pod), bool)
+    assert isinstance(al.allocation([weird_node], [weird_pod]).footer(), list)
