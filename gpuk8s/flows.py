@@ -174,15 +174,9 @@ def reset_phases(targets: list[Host], *, purge: bool, drain_timeout: int, all_ho
     return [Lock(), Reset(targets, purge=purge, drain_timeout=drain_timeout, all_hosts=all_hosts)]
 
 
-def reset(inv: Inventory, targets: list[Host], *, concurrency: int, sudo_passwords: dict[str, str],
-          purge: bool = False, drain_timeout: int = 300, all_hosts: bool = False,
-          emit: Callable[[str], None] | None = None, dry_run: bool = False) -> tuple[ClusterReport, list[Any]]:
-    """Drain, kubeadm reset, clean up and delete `targets` (already in the safe order, gpuk8s/phases/reset.py);
-    the report and each node's outcome (reset.NodeOutcome). Hosts that do not answer are left out of the
-    SSH sessions (their Node is still drained and deleted)."""
-    from gpuk8s.remote import for_each_host
 
-    ctx = Context(inv, concurrency=concurrency, emit=emit or (lambda line: None), sudo_passwords=sudo_passwords)
+def _connector(sudo_passwords: dict[str, str]) -> Callable[[Host], Session]:
+    """A function opening one host's session (closed again when the connection fails), for for_each_host."""
 
     def connect(h: Host) -> Session:
         s = Session(h, sudo_passwords.get(h.name))
@@ -193,8 +187,22 @@ def reset(inv: Inventory, targets: list[Host], *, concurrency: int, sudo_passwor
             raise
         return s
 
+    return connect
+
+
+def reset(inv: Inventory, targets: list[Host], *, concurrency: int, sudo_passwords: dict[str, str],
+          purge: bool = False, drain_timeout: int = 300, all_hosts: bool = False,
+          emit: Callable[[str], None] | None = None, dry_run: bool = False) -> tuple[ClusterReport, list[Any]]:
+    """Drain, kubeadm reset, clean up and delete `targets` (already in the safe order, gpuk8s/phases/reset.py);
+    the report and each node's outcome (reset.NodeOutcome). Hosts that do not answer are left out of the
+    SSH sessions (their Node is still drained and deleted)."""
+    from gpuk8s.remote import for_each_host
+
+    ctx = Context(inv, concurrency=concurrency, emit=emit or (lambda line: None), sudo_passwords=sudo_passwords)
+
     wanted = [inv.control_planes[0], *[h for h in targets if h.name != inv.control_planes[0].name]]
-    ctx.sessions = {n: s for n, s in for_each_host(wanted, connect, concurrency).items() if isinstance(s, Session)}
+    ctx.sessions = {n: s for n, s in for_each_host(wanted, _connector(sudo_passwords), concurrency).items()
+                    if isinstance(s, Session)}
     phases = reset_phases(targets, purge=purge, drain_timeout=drain_timeout, all_hosts=all_hosts)
     report = _run(ctx, phases, dry_run)
     return report, phases[-1].outcomes  # type: ignore[attr-defined]
@@ -230,17 +238,8 @@ def upgrade(inv: Inventory, *, to: str | None, concurrency: int, ignore: set[str
                   sudo_passwords=sudo_passwords, ignore=ignore)
     report = UpgradeReport(None)
 
-    def connect(h: Host) -> Session:
-        s = Session(h, sudo_passwords.get(h.name))
-        try:
-            s.connect()
-        except BaseException:
-            s.close()
-            raise
-        return s
-
     try:
-        got = for_each_host(inv.hosts, connect, concurrency)
+        got = for_each_host(inv.hosts, _connector(sudo_passwords), concurrency)
         ctx.sessions = {n: s for n, s in got.items() if isinstance(s, Session)}
         if inv.control_planes[0].name not in ctx.sessions:
             err = got[inv.control_planes[0].name]

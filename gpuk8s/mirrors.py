@@ -2,7 +2,7 @@
 
 Every container image reference and CNI manifest URL gpuk8s writes goes through here: kubeadm's
 imageRepository (kube/render.py), containerd's sandbox image and its registry host configuration
-(playbooks/registry-mirrors.yaml), the device plugin, HAMi, the DCGM exporter, Prometheus and Grafana
+(the registry-* steps of playbooks/containerd.yaml), the device plugin, HAMi, the DCGM exporter, Prometheus and Grafana
 (kube/manifests.py, kube/monitoring.py), the images inside the CNI manifests and their URLs (phases/cni.py),
 and the GPU test image (phases/verify.py). `gpuk8s images` lists what this module decides.
 
@@ -241,7 +241,8 @@ def hosts_files(inv: Inventory, creds: str | None = None) -> dict[str, str]:
 
 
 def playbook_context(inv: Inventory) -> dict[str, object]:
-    """`registry` as playbooks/registry-mirrors.yaml sees it (the credentials read here: CredentialsError)."""
+    """`registry` as playbooks/containerd.yaml's registry-* steps see it (the credentials read here:
+    CredentialsError)."""
     creds = credentials(inv) if _settings(inv).enabled else None
     files = {p: base64.b64encode(t.encode()).decode() for p, t in hosts_files(inv, creds).items()}
     if creds:

@@ -18,7 +18,7 @@ from typing import Any
 from gpuk8s.inventory.model import Host, Inventory
 from gpuk8s.playbook.model import load_playbook
 from gpuk8s.playbook.render import RenderedStep, context, render_playbook
-from gpuk8s.playbook.script import StepOutcome, build_script, lines_that_matter, parse_output
+from gpuk8s.playbook.script import StepOutcome, build_script, lines_that_matter, parse_output, stdin_launcher
 from gpuk8s.preflight.result import CheckResult
 from gpuk8s.preflight.runner import HostReport, run_preflight
 from gpuk8s.remote import RemoteError, Session, for_each_host
@@ -37,10 +37,7 @@ FIXED_BY_INSTALL = frozenset({
 def playbooks_for(inv: Inventory) -> list[str]:
     # Docker: Kubernetes >= 1.24 reaches it only through cri-dockerd (playbooks/cri-dockerd.yaml)
     return ["kubernetes-prerequisites", "nvidia-container-toolkit", inv.cluster.container_runtime,
-            *(["cri-dockerd"] if inv.cluster.container_runtime == "docker" else []),
-            # the inventory's registry mirror (docs/mirrors.md): containerd's hosts.toml and sandbox image
-            *(["registry-mirrors"] if inv.registry.enabled and inv.cluster.container_runtime == "containerd"
-              else [])]
+            *(["cri-dockerd"] if inv.cluster.container_runtime == "docker" else [])]
 
 
 # lines of a changed step's output that are shown (playbooks/containerd.yaml: dated copies, a reused apt source)
@@ -227,7 +224,9 @@ def _run_script(session: Session, run: HostRun, steps: list[RenderedStep], dry_r
 
     script = build_script(steps, owner=owner(), dry_run=dry_run)
     what = "checks of the playbooks (dry run, read-only)" if dry_run else "the playbooks"
-    res = session.run(script, sudo=True, display=f"gpuk8s: {what}, {total} steps", on_line=on_line)
+    data = script.encode()
+    res = session.run(stdin_launcher(len(data)), sudo=True, stdin=data, display=f"gpuk8s: {what}, {total} steps",
+                      on_line=on_line)
     out = parse_output(res.stdout)
     for i, step in enumerate(steps):
         oc = out.steps.get(i, StepOutcome(i, "not-run"))

@@ -1120,8 +1120,9 @@ class _Reader:
                     self.filename, sh.line or 1, 1, f"hosts[{i}].gpu_sharing.fail_requests_greater_than_one",
                     "fail_requests_greater_than_one: false is ignored by the device plugin "
                     f"{install.device_plugin_version} (before v0.20.0 MPS always refuses requests above 1)",
-                    "remove fail_requests_greater_than_one, or use Kubernetes 1.32 or later (device plugin "
-                    "v0.20.x), or set install.device_plugin_version to v0.20.0 or later"))
+                    "remove fail_requests_greater_than_one, or choose a Kubernetes minor whose device plugin is "
+                    "v0.20.0 or later ('gpuk8s versions'), or set install.device_plugin_version to v0.20.0 or "
+                    "later"))
 
     def hosts(self, node: Node, ssh: SSHSettings, defaults: _Layer | None = None,
               groups: dict[str, _Layer] | None = None) -> list[Host]:

@@ -64,7 +64,7 @@ def context(inv: Inventory, host: Host, facts: HostFacts) -> dict[str, Any]:
         # the host will have: after the upgrade, where install upgrades it)
         "cri_plugin": cd["cri_plugin"],
         "containerd": cd,
-        # the inventory's registry: block (playbooks/registry-mirrors.yaml; gpuk8s/mirrors.py decides)
+        # the inventory's registry: block (containerd.yaml's registry-* steps; gpuk8s/mirrors.py decides)
         "registry": mirrors.playbook_context(inv),
         # cri-dockerd (Docker hosts): the release archive for this host's architecture and the sha256 it must
         # have (version matrix; install.cri_dockerd_url and install.cri_dockerd_sha256 override them)

@@ -112,6 +112,21 @@ class ScriptOutcome:
     finished: bool = False
 
 
+def stdin_launcher(size: int) -> str:
+    """The command that runs a playbook script of `size` bytes sent on its stdin.
+
+    Not `sh -c SCRIPT`: a command line is readable by every local user of the host (/proc/PID/cmdline) for as
+    long as the run lasts, and a script may carry a file's content (a registry mirror's hosts.toml with its
+    Authorization header). The script goes to a 0600 file in a fresh directory, whole or not at all, and is
+    removed when the run ends; its steps read /dev/null, not the rest of the script.
+    """
+    return ("umask 077; d=$(mktemp -d /tmp/gpuk8s-playbook.XXXXXXXXXX) || exit 1; trap 'rm -rf \"$d\"' EXIT; "
+            "trap 'exit 130' INT; trap 'exit 143' TERM; "
+            f"head -c {int(size)} > \"$d/run.sh\" && [ \"$(wc -c < \"$d/run.sh\")\" -eq {int(size)} ] || "
+            "{ echo 'gpuk8s: the playbook script did not arrive whole' >&2; exit 1; }; "
+            "sh \"$d/run.sh\" </dev/null")
+
+
 def parse_output(text: str) -> ScriptOutcome:
     """What the remote script reported, from its stdout. Pure: any text gives a ScriptOutcome."""
     res = ScriptOutcome()

@@ -317,7 +317,7 @@ def test_an_edit_of_config_toml_after_the_toolkits_drop_in_reaches_containerd(tm
     # converged: nothing to do on the next run
     status, out = run_local(tmp_path, todo, bins)
     assert status == {"systemd-cgroup": "unchanged", "nvidia-runtime": "unchanged"}, out
-    # a later edit of config.toml's CRI table (as registry-mirrors.yaml makes) makes the drop-in stale again
+    # a later edit of config.toml's CRI table (as a user's hand edit makes) makes the drop-in stale again
     cfg = (etc / "config.toml").read_text()
     (etc / "config.toml").write_text(cfg + '\n[plugins."io.containerd.grpc.v1.cri".registry]\n'
                                            '  config_path = "/etc/containerd/certs.d"\n')

@@ -195,3 +195,13 @@ def test_an_architecture_without_archive_fails_the_step_with_why():
     f = replace(docker_facts(), arch="ppc64le")
     binary = next(x for x in steps(inv(), f) if x.name == "cri-dockerd-binary")
     assert "want=''" in binary.run and "publishes no archive for this architecture" in binary.run
+
+
+def test_the_pause_image_follows_the_registry_mirror():
+    # an air-gapped Docker node must not pull registry.k8s.io/pause (review: cri-dockerd ignored the mirror)
+    plain = next(x for x in steps(inv(), docker_facts()) if x.name == "cri-dockerd-flags")
+    assert "--image-repository" not in plain.run + plain.check
+    i = inv(install="registry:\n  mirror: registry.example.cn/k8s\n")
+    mirrored = next(x for x in steps(i, docker_facts()) if x.name == "cri-dockerd-flags")
+    for text in (mirrored.run, mirrored.check):
+        assert "kubeadm config images list" in text and "--image-repository registry.example.cn/k8s" in text

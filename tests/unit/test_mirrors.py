@@ -1,6 +1,6 @@
 """Mirrors and a private registry (issue 21): the inventory block, the one module that names every image and
 manifest URL, what install renders with it (kubeadm, containerd, manifests: only the mirror), `gpuk8s images`
-against the rendered manifests, the registry-mirrors playbook run locally, and credentials never shown."""
+against the rendered manifests, containerd.yaml's registry steps run locally, and credentials never shown."""
 
 from __future__ import annotations
 
@@ -209,7 +209,7 @@ def _containerd_17(f):
 @pytest.mark.parametrize("config,f", [(V2_CONFIG, lambda: _containerd_17(facts())),
                                       (V3_CONFIG, lambda: _containerd_2x(facts()))])
 def test_registry_playbook_converges_locally_and_is_idempotent(config, f, tmp_path):
-    """registry-mirrors.yaml's steps (but the restart) run by sh against a scratch /etc/containerd: hosts.toml
+    """containerd.yaml's registry steps run by sh against a scratch /etc/containerd: hosts.toml
     written (0600: it carries the header), config_path set, the sandbox image kubeadm names from the mirror."""
     i = inv()
     os.environ["GPUK8S_TEST_REGISTRY_AUTH"] = CANARY
@@ -217,8 +217,7 @@ def test_registry_playbook_converges_locally_and_is_idempotent(config, f, tmp_pa
         ctx = context(i, HOST, f())
     finally:
         del os.environ["GPUK8S_TEST_REGISTRY_AUTH"]
-    steps = [s for s in render_playbook(load_playbook("registry-mirrors"), ctx)
-             if s.name != "registry-containerd-restarted"]
+    steps = [s for s in render_playbook(load_playbook("containerd"), ctx) if s.name.startswith("registry-")]
     assert [s.name for s in steps] == ["registry-hosts", "registry-config-path", "registry-sandbox-image"]
     root = tmp_path
     (root / "etc/containerd").mkdir(parents=True)
@@ -263,7 +262,14 @@ def test_registry_playbook_converges_locally_and_is_idempotent(config, f, tmp_pa
 
 
 def test_no_registry_no_step():
-    assert render_playbook(load_playbook("registry-mirrors"), context(inv(BASE), HOST, facts())) == []
+    assert not [s for s in render_playbook(load_playbook("containerd"), context(inv(BASE), HOST, facts()))
+                if s.name.startswith("registry-")]
+
+
+def test_registry_steps_come_before_the_nvidia_runtime_step():
+    # on containerd 1.x the toolkit's drop-in replaces the whole CRI table: CRI edits must precede nvidia-ctk
+    names = [s.name for s in load_playbook("containerd").steps]
+    assert max(names.index(n) for n in names if n.startswith("registry-")) < names.index("nvidia-runtime")
 
 
 # -- what install renders names only the mirror --------------------------------------------------------

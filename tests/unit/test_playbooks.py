@@ -35,7 +35,7 @@ def steps_for(inv=INV, f=None, host=HOST) -> list[RenderedStep]:
 
 def test_shipped_playbooks_parse():
     assert playbook_names() == ["containerd", "cri-dockerd", "docker", "kubernetes-prerequisites",
-                              "nvidia-container-toolkit", "registry-mirrors"]
+                              "nvidia-container-toolkit"]
     for name in playbook_names():
         pb = load_playbook(name)
         assert pb.steps and pb.description
@@ -389,3 +389,19 @@ def test_docker_daemon_json_created_by_gpuk8s_is_backed_up_as_absent(tmp_path: P
     assert "native.cgroupdriver=systemd" in (tmp_path / "etc/docker/daemon.json").read_text()
     backup = tmp_path / f"state/backup{tmp_path}/etc/docker/daemon.json"
     assert Path(f"{backup}.absent").exists() and not backup.exists()
+
+
+def test_the_playbook_script_travels_on_stdin_not_on_a_command_line():
+    # a command line is readable by every local user (/proc/PID/cmdline); the script may carry a hosts.toml
+    # with a registry's Authorization header
+    from gpuk8s.playbook.script import stdin_launcher
+
+    script = b"secret=CANARY-7f3a; read x || echo stdin-is-empty; exit 7\n"
+    launcher = stdin_launcher(len(script))
+    assert b"CANARY" not in launcher.encode()
+    before = set(Path("/tmp").glob("gpuk8s-playbook.*"))
+    p = subprocess.run(["sh", "-c", launcher], input=script, capture_output=True)
+    assert p.returncode == 7 and p.stdout == b"stdin-is-empty\n", p  # the steps read /dev/null
+    assert set(Path("/tmp").glob("gpuk8s-playbook.*")) == before  # the script's directory is removed
+    short = subprocess.run(["sh", "-c", launcher], input=script[:-5], capture_output=True)
+    assert short.returncode == 1 and b"did not arrive whole" in short.stderr
