@@ -10,16 +10,21 @@ import typer
 
 
 def register(app: typer.Typer, load_inventory: Callable[..., Any]) -> None:
-    from gpuk8s.commands import cluster, install, preflight, versions
+    from gpuk8s.commands import (
+        cluster,
+        doctor,
+        images,
+        install,
+        kubeconfig,
+        monitoring,
+        preflight,
+        reset,
+        status,
+        upgrade,
+        versions,
+    )
 
-    preflight.register(app, load_inventory)
-    install.register(app, load_inventory)
-    cluster.register(app, load_inventory)
-    versions.register(app, load_inventory)
-    __import__("gpuk8s.commands.monitoring", fromlist=["register"]).register(app, load_inventory)
-    __import__("gpuk8s.commands.kubeconfig", fromlist=["register"]).register(app, load_inventory)
-    __import__("gpuk8s.commands.reset", fromlist=["register"]).register(app, load_inventory)
-    __import__("gpuk8s.commands.upgrade", fromlist=["register"]).register(app, load_inventory)
-    __import__("gpuk8s.commands.status", fromlist=["register"]).register(app, load_inventory)
-    __import__("gpuk8s.commands.images", fromlist=["register"]).register(app, load_inventory)
-    __import__("gpuk8s.commands.doctor", fromlist=["register"]).register(app, load_inventory)
+    # the order of `gpuk8s --help`: the main job, then day two, then what shows versions and images
+    for module in (preflight, install, cluster, status, doctor, monitoring, reset, upgrade, kubeconfig, versions,
+                   images):
+        module.register(app, load_inventory)

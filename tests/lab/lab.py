@@ -740,8 +740,11 @@ class Lab:
                 if spec["sudo"] == "password":
                     entry["ssh"]["sudo"] = {"mode": "password", "password_env": "GPUK8S_LAB_SUDO_PASSWORD"}
             hosts.append(entry)
+        cluster = {"name": "lab", "kubernetes_version": "1.30", **self.fleet.cluster}
+        if cluster["kubernetes_version"] == "default":  # a fleet that wants what a user gets: the matrix's default
+            del cluster["kubernetes_version"]
         inv = {
-            "cluster": {"name": "lab", "kubernetes_version": "1.30", **self.fleet.cluster},
+            "cluster": cluster,
             # config_file none: the lab's runs never depend on the ~/.ssh/config of the machine running them
             "ssh": {"user": LAB_USER, "identity_file": str(self.key), "known_hosts": str(self.known_hosts),
                     "connect_timeout": 5, "config_file": "none"},

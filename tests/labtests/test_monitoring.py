@@ -150,8 +150,15 @@ def test_monitoring_on_the_demo_fleet(lab_up, run_cli, tmp_path):
 
     # fault 3: a node whose runtime default is runc: the exporter crashes with NVML's message, named as such
     w = lab.host("gpu-3")
-    w.write("/etc/containerd/config.toml", w.read("/etc/containerd/config.toml").replace(
-        'default_runtime_name = "nvidia"', 'default_runtime_name = "runc"'))
+
+    def default_runtime(old: str, new: str) -> None:
+        # config.toml, and the toolkit's drop-in where nvidia-ctk >= 1.18 put it (the default minor's toolkit)
+        for f in ("/etc/containerd/config.toml", "/etc/containerd/conf.d/99-nvidia.toml"):
+            text = w.read(f)
+            if text and f'default_runtime_name = "{old}"' in text:
+                w.write(f, text.replace(f'default_runtime_name = "{old}"', f'default_runtime_name = "{new}"'))
+
+    default_runtime("nvidia", "runc")
     code, phase, rep = verify(run_cli, inv)
     assert code == 1
     assert phase["hosts"]["gpu-3"].startswith("monitoring.exporter-nvml: ")
@@ -159,8 +166,7 @@ def test_monitoring_on_the_demo_fleet(lab_up, run_cli, tmp_path):
     assert phase["hosts"]["gpu-1"].startswith("exporter dcgm-exporter-gpu-1")  # the others are fine
     logs = cp.exec(KUBECTL + f"logs {pods['gpu-3']} -n {NS} --tail=20").stdout
     assert "Cannot init NVML library; err: ERROR_LIBRARY_NOT_FOUND" in logs
-    w.write("/etc/containerd/config.toml", w.read("/etc/containerd/config.toml").replace(
-        'default_runtime_name = "runc"', 'default_runtime_name = "nvidia"'))
+    default_runtime("runc", "nvidia")
 
     # --remove removes every object monitoring created, and nothing else (the user's pod and ConfigMap stay)
     r = run_cli("monitoring", "-i", inv, "-o", "json", "--remove", "--dry-run")
