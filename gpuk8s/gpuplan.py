@@ -14,6 +14,7 @@ advertise under the single or mixed strategy, and `PluginSettings.mig_strategy` 
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass, field
 
@@ -80,6 +81,8 @@ class PluginSettings:
         if mig:
             name += "-" + mig + "".join("-" + r.removeprefix(MIG_PREFIX).removeprefix("nvidia.com/")
                                         for r in self.mig_resources)
+        if len(name) > 63:  # a label value holds 63 characters: cut, and a stable hash keeps settings apart
+            name = name[:54].rstrip("-_.") + "-" + hashlib.sha256(name.encode()).hexdigest()[:8]
         return name
 
     @property

@@ -17,7 +17,7 @@ import jinja2
 import yaml
 
 from gpuk8s import mirrors, versions
-from gpuk8s.gpuplan import CONFIG_LABEL, RUNTIME_HANDLER, GPUPlan, PluginSettings
+from gpuk8s.gpuplan import CONFIG_LABEL, RUNTIME_HANDLER, GPUPlan, PluginSettings, is_gpu_node
 from gpuk8s.inventory.model import Inventory
 from gpuk8s.kube.client import KubeClient
 
@@ -93,8 +93,11 @@ def _render(template: str, **values: Any) -> str:
 
 def device_plugin(inv: Inventory) -> Manifest:
     """The plugin DaemonSet with its config-manager, and the RBAC that lets config-manager read node labels."""
+    # where a node uses MIG, the plugin needs SYS_ADMIN and NVIDIA_MIG_MONITOR_DEVICES, as the v0.20.0 chart gives it
+    # (templates/_helpers.tpl requiresCapSysAdmin, addMigMonitorDevices: a MIG strategy other than none)
+    mig = any(is_gpu_node(h) and h.gpu.mig.enabled for h in inv.hosts)
     return Manifest("nvidia-device-plugin.yaml", mirrors.rewrite_images(inv, _render(
-        device_plugin_template(), version=inv.install.device_plugin_version)))
+        device_plugin_template(), version=inv.install.device_plugin_version, mig=mig)))
 
 
 def mps_control_daemon(inv: Inventory) -> Manifest:

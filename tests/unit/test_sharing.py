@@ -635,3 +635,32 @@ def test_the_gpu_phase_names_the_nodes_whose_sharing_it_changed() -> None:
     ctx = Context(i, plans=gpuplan.plans(i), kube_client=kube, initialized_cache=True)
     GPUNodes().run(ctx)
     assert ctx.relabelled == {"w-1", "w-3"}  # w-3: back to whole GPUs, its plugin restarts too
+
+
+def test_a_config_name_fits_a_label_value() -> None:
+    import re
+
+    mig = ("nvidia.com/mig-1g.10gb", "nvidia.com/mig-2g.20gb", "nvidia.com/mig-3g.40gb")
+    long = gpuplan.PluginSettings("time-slicing", 20, False, False, "mixed", mig)
+    other = gpuplan.PluginSettings("time-slicing", 19, False, False, "mixed", mig)
+    for st in (long, other):
+        assert len(st.config_name) <= 63 and re.fullmatch(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?",
+                                                          st.config_name), st.config_name
+    assert long.config_name != other.config_name and long.config_name == gpuplan.PluginSettings(
+        "time-slicing", 20, False, False, "mixed", mig).config_name  # stable: the same setting, the same name
+    assert long.config_name.startswith("time-slicing-20-allow-multiple-mig-mixed-")
+    assert gpuplan.PluginSettings("time-slicing", 4).config_name == "time-slicing-4"  # short names unchanged
+
+
+def test_the_plugin_gets_sys_admin_only_where_a_node_uses_mig() -> None:
+    def plugin_ctr(text: str) -> dict:
+        ds = manifests.device_plugin(loads(text)).objects()[0]
+        return ds["spec"]["template"]["spec"]["containers"][1]
+
+    plain = plugin_ctr(HOST + "    gpus: 1\n")
+    assert plain["securityContext"] == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+    assert "NVIDIA_MIG_MONITOR_DEVICES" not in {e["name"] for e in plain["env"]}
+    # as the v0.20.0 chart (requiresCapSysAdmin when a MIG strategy is not none; addMigMonitorDevices)
+    mig = plugin_ctr(HOST + "    mig: {strategy: mixed, config: all-1g.10gb}\n")
+    assert mig["securityContext"] == {"capabilities": {"add": ["SYS_ADMIN"]}}
+    assert {"name": "NVIDIA_MIG_MONITOR_DEVICES", "value": "all"} in mig["env"]
