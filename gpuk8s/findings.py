@@ -263,6 +263,8 @@ FINDINGS.update({
                                 "is in the container"),
     "pod.gpu-oom": _d("a pod on a time-sliced (or MPS) GPU ran out of GPU memory: the replicas share one GPU's "
                       "memory with no isolation (time-slicing) or beyond their limit"),
+    "gpu.plugin-image-pull": _d("the device plugin pod cannot start: its node cannot pull the plugin's image (the "
+                                "kubelet's 'Failed to pull image' event says why: no such host, not found, ...)"),
     "gpu.plugin-socket-missing": _d("the device plugin pod runs but its socket is not in the kubelet's "
                                     "/var/lib/kubelet/device-plugins/ (nvidia-gpu.sock): it never registered"),
 })

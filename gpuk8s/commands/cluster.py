@@ -6,10 +6,9 @@ from typing import Any
 import typer
 
 from gpuk8s import flows, gpuplan, ui
-from gpuk8s.commands.common import finish, ignored_checks, passwords
+from gpuk8s.commands.common import finish, ignored_checks, local_kubectl, passwords
 from gpuk8s.exitcodes import ExitCode
 from gpuk8s.kube import monitoring, render
-from gpuk8s.kube.client import KubeError, LocalKubectl
 from gpuk8s.options import InventoryOpt, Output, OutputOpt
 from gpuk8s.phases.base import Options, PhaseError
 from gpuk8s.remote import RemoteError
@@ -70,13 +69,7 @@ def register(app: typer.Typer, load_inventory: Any) -> None:
     ) -> None:
         """Check that every node is Ready and every GPU the hosts have is schedulable (install's last phase)."""
         inv = load_inventory(inventory, output)
-        kube = None
-        if kubeconfig is not None:
-            try:
-                kube = LocalKubectl(str(kubeconfig), context)
-            except KubeError as e:
-                ui.say(ui.console(stderr=True), f"{e.message}; {e.remedy}")
-                raise typer.Exit(ExitCode.USAGE) from None
+        kube = None if kubeconfig is None else local_kubectl(kubeconfig, context)
         rep = flows.verify(inv, concurrency=concurrency, sudo_passwords=passwords(inv) if kube is None else {},
                            options=Options(test_pods=test_pods), emit=phase_printer(output), kube=kube)
         finish(rep, output, lambda: render_cluster(rep, "verify"))

@@ -1,6 +1,8 @@
-"""What the host-contacting commands share: --ignore validation, sudo passwords, and finishing with a report."""
+"""What the host-contacting commands share: --ignore validation, sudo passwords, this machine's kubectl for
+--kubeconfig, and finishing with a report."""
 
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -9,6 +11,7 @@ from gpuk8s import ui
 from gpuk8s.credentials import CredentialError, sudo_passwords
 from gpuk8s.exitcodes import ExitCode
 from gpuk8s.inventory.model import Inventory
+from gpuk8s.kube.client import KubeError, LocalKubectl
 from gpuk8s.options import Output
 from gpuk8s.preflight.result import CHECKS
 
@@ -30,6 +33,16 @@ def passwords(inv: Inventory) -> dict[str, str]:
         return sudo_passwords(inv)
     except CredentialError as e:
         ui.say(ui.console(stderr=True), e)
+        raise typer.Exit(ExitCode.USAGE) from None
+
+
+def local_kubectl(kubeconfig: Path, context: str | None = None) -> LocalKubectl:
+    """This machine's kubectl with --kubeconfig (and --context); when it cannot be used (no kubectl in PATH),
+    the reason and its remedy on stderr and exit 2 (usage)."""
+    try:
+        return LocalKubectl(str(kubeconfig), context)
+    except KubeError as e:
+        ui.say(ui.console(stderr=True), f"{e.message}; {e.remedy}")
         raise typer.Exit(ExitCode.USAGE) from None
 
 

@@ -7,6 +7,8 @@ the runtime default; gpu: the device plugin's manifests and config, the node's l
 from __future__ import annotations
 
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -116,14 +118,8 @@ def _fix_targets(d: Diagnosis) -> dict[str, set[str]]:
     out: dict[str, set[str]] = {}
     for f in d.findings:
         phase = classify.fixable(f, d.ev)
-        if not phase or f.subject is None:
-            continue
-        if f.subject.kind == "node":
-            node = f.subject.name
-        else:
-            ns, _, name = f.subject.name.partition("/")
-            node = str(((d.ev.pod(ns, name) or {}).get("spec") or {}).get("nodeName", "") or "")
-        if node:
+        node = _node_of(d, f)
+        if phase and node:
             out.setdefault(phase, set()).add(node)
     return out
 
@@ -132,7 +128,7 @@ def apply_fixes(inv: Inventory, targets: dict[str, set[str]], sudo: dict[str, st
     """Re-run prepare on the hosts that need it, then the gpu phase (manifests, labels) with every GPU node's plan
     from fresh facts; the results of each phase."""
     from gpuk8s.phases.base import Context, Options, run_phases
-    from gpuk8s.phases.gpu import GPUNodes
+    from gpuk8s.phases.gpu import GPUNodes, RestartPlugin
     from gpuk8s.phases.lock import Lock
     from gpuk8s.phases.prepare import Prepare, refresh_facts
     from gpuk8s.report.cluster import phase_printer
@@ -152,17 +148,47 @@ def apply_fixes(inv: Inventory, targets: dict[str, set[str]], sudo: dict[str, st
             facts = refresh_facts({n: s for n, s in ctx.sessions.items()}, ctx.concurrency)
             ctx.facts = facts
             ctx.plans = gpuplan.plans(inv, facts)
-            run_phases([GPUNodes()], ctx, results)
+            if {"prepare", "gpu"} & set(targets):
+                run_phases([GPUNodes()], ctx, results)
+            if "plugin" in targets:
+                run_phases([RestartPlugin(sorted(targets["plugin"]))], ctx, results)
     finally:
         ctx.close()
     return results
 
 
+# After a fix, a restarted plugin registers and a relabelled node's plugin reloads its config within seconds:
+# the diagnosis is taken again, for at most this long, while a node that was fixed still shows a cause.
+SETTLE_S = 60.0
+SETTLE_EVERY_S = 5.0
+
+
+def _node_of(d: Diagnosis, f: Finding) -> str:
+    if f.subject is None:
+        return ""
+    if f.subject.kind == "node":
+        return f.subject.name
+    ns, _, name = f.subject.name.partition("/")
+    return str(((d.ev.pod(ns, name) or {}).get("spec") or {}).get("nodeName", "") or "")
+
+
+def settle(d: Diagnosis, again: Callable[[], Diagnosis], fixed: set[str], timeout: float = SETTLE_S,
+           every: float = SETTLE_EVERY_S) -> Diagnosis:
+    """The diagnosis once the fixed nodes show no cause, or the last one taken when `timeout` ran out."""
+    deadline = time.monotonic() + timeout
+    while any(_node_of(d, f) in fixed for f in d.findings) and time.monotonic() + every < deadline:
+        time.sleep(every)
+        d = again()
+    return d
+
+
 def _describe(targets: dict[str, set[str]]) -> list[str]:
-    what = {"prepare": "node preparation (runtime default, container toolkit) on",
-            "gpu": "the gpu phase (device plugin manifests and config, node labels) for"}
-    order = sorted(targets.items(), key=lambda kv: kv[0] != "prepare")
-    return [f"re-run {what[p]} {', '.join(sorted(ns))}" for p, ns in order]
+    what = {"prepare": "re-run node preparation (runtime default, container toolkit; the device plugin restarted "
+                       "where the runtime is reconfigured) on",
+            "gpu": "re-run the gpu phase (device plugin manifests and config, node labels) for",
+            "plugin": "restart the device plugin pod on"}
+    order = sorted(targets.items(), key=lambda kv: list(what).index(kv[0]))
+    return [f"{what[p]} {', '.join(sorted(ns))}" for p, ns in order]
 
 
 def _render(d: Diagnosis, output: Output, fixes: list[dict[str, Any]]) -> None:
@@ -236,5 +262,7 @@ def register(app: typer.Typer, load_inventory: Any) -> None:
                 results = apply_fixes(inv, targets, sudo, output)
                 fixes = [r.to_json() for r in results]
                 d = run()  # what is left after the fix
+                if all(r.status != "failed" for r in results):
+                    d = settle(d, run, {n for ns in targets.values() for n in ns})
         _render(d, output, fixes)
         raise typer.Exit(ExitCode.FAILED if d.findings else ExitCode.OK)

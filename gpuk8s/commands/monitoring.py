@@ -6,10 +6,9 @@ from typing import Any
 import typer
 
 from gpuk8s import flows, gpuplan, ui
-from gpuk8s.commands.common import finish, passwords
+from gpuk8s.commands.common import finish, local_kubectl, passwords
 from gpuk8s.exitcodes import ExitCode
 from gpuk8s.kube import monitoring as mon
-from gpuk8s.kube.client import KubeError, LocalKubectl
 from gpuk8s.options import InventoryOpt, Output, OutputOpt
 from gpuk8s.phases.base import Context, Options, PhaseError
 from gpuk8s.remote import RemoteError, Session
@@ -37,13 +36,7 @@ def register(app: typer.Typer, load_inventory: Any) -> None:
             ui.say(con, "monitoring is not enabled in the inventory: add 'monitoring: {enabled: true}' "
                         "(docs/monitoring.md), or pass --remove to take it out")
             raise typer.Exit(ExitCode.USAGE)
-        kube = None
-        if kubeconfig is not None:
-            try:
-                kube = LocalKubectl(str(kubeconfig))
-            except KubeError as e:
-                ui.say(con, f"{e.message}; {e.remedy}")
-                raise typer.Exit(ExitCode.USAGE) from None
+        kube = None if kubeconfig is None else local_kubectl(kubeconfig)
         sudo = passwords(inv) if kube is None else {}
         ctx = Context(inv, options=Options(), emit=report.phase_printer(output), sudo_passwords=sudo,
                       kube_client=kube, plans=gpuplan.plans(inv))

@@ -11,13 +11,13 @@ from typing import Any
 import typer
 
 from gpuk8s import gpuplan, ui
-from gpuk8s.commands.common import passwords
+from gpuk8s.commands.common import local_kubectl, passwords
 from gpuk8s.exitcodes import ExitCode
 from gpuk8s.inventory.model import Inventory
 from gpuk8s.kube import allocation as al
 from gpuk8s.kube import monitoring as mon
 from gpuk8s.kube import state
-from gpuk8s.kube.client import KubeClient, KubeError, LocalKubectl, SSHKubectl
+from gpuk8s.kube.client import KubeClient, KubeError, SSHKubectl
 from gpuk8s.options import InventoryOpt, Output, OutputOpt
 from gpuk8s.phases.monitoring_verify import metrics_path
 from gpuk8s.remote import RemoteError, Session
@@ -41,19 +41,14 @@ def connect(inv: Inventory, kubeconfig: Path | None, context: str | None,
             sudo: dict[str, str] | None = None) -> Cluster:
     """kubectl with --kubeconfig on this machine, else kubectl with admin.conf on the first control plane.
     Exits 2 (usage) when --kubeconfig needs a kubectl that is not there, 1 when the control plane is unreachable."""
-    con = ui.console(stderr=True)
     if kubeconfig is not None:
-        try:
-            return Cluster(LocalKubectl(str(kubeconfig), context))
-        except KubeError as e:
-            ui.say(con, f"{e.message}; {e.remedy}")
-            raise typer.Exit(ExitCode.USAGE) from None
+        return Cluster(local_kubectl(kubeconfig, context))
     cp = inv.control_planes[0]
     session = Session(cp, (sudo or {}).get(cp.name))
     try:
         session.connect()
     except RemoteError as e:
-        ui.say(con, f"cannot reach the cluster through {cp.name}: {e.message}; {e.remedy}")
+        ui.say(ui.console(stderr=True), f"cannot reach the cluster through {cp.name}: {e.message}; {e.remedy}")
         raise typer.Exit(ExitCode.FAILED) from None
     return Cluster(SSHKubectl(session), session)
 

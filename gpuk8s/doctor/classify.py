@@ -15,7 +15,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuk8s import findings, gpuplan
-from gpuk8s.doctor.evidence import DEVICE_PLUGINS, PLUGIN_SOCKET_PREFIX, ClusterEvidence
+from gpuk8s.doctor.evidence import (
+    DEVICE_PLUGINS,
+    ENVVAR_UNPRIVILEGED,
+    PLUGIN_SOCKET_PREFIX,
+    TOOLKIT_CONFIG,
+    ClusterEvidence,
+)
 from gpuk8s.findings import Finding
 from gpuk8s.kube import allocation as al
 from gpuk8s.kube import state
@@ -47,6 +53,8 @@ NO_RUNTIME = ('exec: "nvidia-smi": executable file not found', "nvidia-smi: not 
 # CUDA's out-of-memory errors (cudaErrorMemoryAllocation's text, PyTorch's)
 GPU_OOM = ("CUDA out of memory", "CUDA error: out of memory", "cudaErrorMemoryAllocation")
 HAMI_SCHEDULER = "hami-scheduler"
+# The kubelet's waiting message and event name the image in double quotes: 'Back-off pulling image "IMAGE"'
+PULL_IMAGE = re.compile(r'pulling image "([^"\s]{1,300})"|pull image "([^"\s]{1,300})"')
 STANDARD = ("cpu", "memory", "ephemeral-storage", "pods")
 
 
@@ -522,6 +530,30 @@ def plugin_pod(ev: ClusterEvidence, node: str) -> dict[str, Any] | None:
     return None
 
 
+def pull_failures(events: list[dict[str, Any]], namespace: str, pod: str) -> list[str]:
+    """The kubelet's 'Failed to pull image' event messages for a pod, oldest first."""
+    out = []
+    for e in events:
+        io = e.get("involvedObject") if isinstance(e.get("involvedObject"), dict) else {}
+        assert isinstance(io, dict)
+        msg = clean(str(e.get("message", "")))
+        if io.get("kind") == "Pod" and io.get("name") == pod and io.get("namespace", namespace) == namespace \
+                and e.get("reason") == "Failed" and msg.startswith("Failed to pull image"):
+            out.append(msg)
+    return out
+
+
+def _pull_image(text: str) -> str:
+    m = PULL_IMAGE.search(text)
+    return next((g for g in m.groups() if g), "") if m else ""
+
+
+def _pull_reason(message: str) -> str:
+    """The end of containerd's error: what failed (no such host, not found, unauthorized, ...)."""
+    tail = message.rsplit(": ", 2)
+    return ": ".join(tail[-2:]) if len(tail) >= 3 else message
+
+
 def node_causes(name: str, ev: ClusterEvidence) -> list[Finding]:
     """Why a node does not expose what its GPU plan says; [] when it does (or there is no plan for it)."""
     plan = ev.plans.get(name)
@@ -561,9 +593,16 @@ def node_causes(name: str, ev: ClusterEvidence) -> list[Finding]:
     if fid == "gpu.plugin-crashing" and plugin is not None:
         waiting = " ".join(container_messages(plugin))
         if "ImagePull" in waiting or "ErrImagePull" in waiting:
-            remedy = ("the node cannot pull the device plugin's image: check its registry is reachable from the node "
-                      "(crictl pull IMAGE there), or mirror it; " + remedy)
-            extra.insert(0, waiting[:300])
+            ns, pname = pod_key(plugin)
+            pulls = pull_failures(ev.events, ns, pname)
+            image = _pull_image(waiting) or "the plugin's image"
+            fid = "gpu.plugin-image-pull"
+            message = (f"{f.message.split(': ', 1)[0]}: the node cannot pull the device plugin's image {image}"
+                       + (f" ({_pull_reason(pulls[-1])})" if pulls else ""))
+            remedy = (f"make {image} pullable from {name}: check that the node reaches its registry (on the node: "
+                      f"sudo crictl pull {image}), or serve it from a mirror (registry.mirror in the inventory; "
+                      "gpuk8s images lists what to copy there) and re-run gpuk8s install")
+            extra = [waiting[:300], *(f"event: {m[:400]}" for m in pulls[-1:]), *extra]
     if fid in ("gpu.plugin-no-nvml", "gpu.fewer-registered") and host is not None and not problem \
             and not any(k in log for k in PLUGIN_NVML) and host.sockets is not None \
             and not any(s.startswith(PLUGIN_SOCKET_PREFIX) for s in host.sockets):
@@ -572,7 +611,15 @@ def node_causes(name: str, ev: ClusterEvidence) -> list[Finding]:
             "registered (the hostPath mount, or the kubelet's directory, is not the one the plugin serves)")
         remedy = (f"compare the plugin's volume with the kubelet's root dir on {name} (kubelet --root-dir); "
                   f"restart the plugin pod: kubectl -n kube-system delete pod {_md(plugin or {}).get('name', '')}")
-    if fid == "gpu.plugin-no-nvml" and default == "nvidia" and not problem and any(k in log for k in PLUGIN_NVML):
+    if fid == "gpu.plugin-no-nvml" and default == "nvidia" and not problem and host is not None \
+            and host.envvar_unprivileged is False:
+        message = (f"{f.message.split(': ', 1)[0]}: the device plugin got no driver in its container: the toolkit on "
+                   f"{name} ignores NVIDIA_VISIBLE_DEVICES in containers without CAP_SYS_ADMIN "
+                   f"({ENVVAR_UNPRIVILEGED} = false), and the plugin runs unprivileged")
+        remedy = (f"on {name}: set {ENVVAR_UNPRIVILEGED} = true in {TOOLKIT_CONFIG} (or remove the line), then restart "
+                  f"the plugin pod: kubectl -n kube-system delete pod {_md(plugin or {}).get('name', '')}; keeping "
+                  "the setting means giving the plugin CAP_SYS_ADMIN (NVIDIA/k8s-device-plugin issue 856)")
+    elif fid == "gpu.plugin-no-nvml" and default == "nvidia" and not problem and any(k in log for k in PLUGIN_NVML):
         remedy = ("the runtime's default is nvidia, yet the plugin has no NVML: check nvidia-container-toolkit on the "
                   "host (nvidia-ctk --version, /etc/nvidia-container-runtime/config.toml) and restart the runtime; "
                   + remedy)
@@ -597,7 +644,8 @@ def node_problem(name: str, ev: ClusterEvidence) -> bool:
 
 
 # Causes --fix can remedy by re-running install's phases on the node (prepare: the runtime default and the toolkit;
-# gpu: the device plugin's manifests, its config, the node's labels), with what it re-runs.
+# gpu: the device plugin's manifests, its config, the node's labels; plugin: a restart of the node's plugin pod),
+# with what it re-runs.
 FIXES: dict[str, str] = {
     "gpu.runtime-not-nvidia": "prepare",
     "pod.no-nvidia-runtime": "prepare",
@@ -607,6 +655,7 @@ FIXES: dict[str, str] = {
     "gpu.sharing-not-applied": "gpu",
     "gpu.mps-daemon-missing": "gpu",
     "gpu.hami-missing": "gpu",
+    "gpu.plugin-socket-missing": "plugin",
 }
 
 

@@ -23,6 +23,10 @@ DEVICE_PLUGINS = "/var/lib/kubelet/device-plugins"
 PLUGIN_SOCKET_PREFIX = "nvidia-"
 
 HAMI_SCHEDULER = "hami-scheduler"
+# The toolkit's setting that makes the runtime ignore NVIDIA_VISIBLE_DEVICES in containers without CAP_SYS_ADMIN,
+# the device plugin's among them (NVIDIA/k8s-device-plugin issue 856)
+TOOLKIT_CONFIG = "/etc/nvidia-container-runtime/config.toml"
+ENVVAR_UNPRIVILEGED = "accept-nvidia-visible-devices-envvar-when-unprivileged"
 
 # After the probe, in the probe's framing: the kubelet's device-plugin sockets, the /dev/char links that point at
 # NVIDIA device nodes (`nvidia-ctk system create-dev-char-symlinks` makes them), the NVIDIA device nodes.
@@ -33,6 +37,8 @@ devchar() {{ ls -l /dev/char 2>/dev/null | grep -c -- '-> \\.\\./nvidia'; true; 
 quick doctor-devchar devchar
 devnodes() {{ ls -1 /dev 2>/dev/null | grep '^nvidia' ; true; }}
 quick doctor-devnodes devnodes
+toolkitcfg() {{ grep -E '^[[:space:]]*{ENVVAR_UNPRIVILEGED}[[:space:]]*=' {TOOLKIT_CONFIG} 2>/dev/null; true; }}
+quick doctor-toolkit toolkitcfg
 """
 SCRIPT = PROBE + EXTRA
 
@@ -47,6 +53,7 @@ class HostEvidence:
     dev_char_links: int | None = None  # /dev/char links to NVIDIA devices
     dev_nodes: tuple[str, ...] = ()
     unreachable: str = ""
+    envvar_unprivileged: bool | None = None  # the toolkit's accept-...-envvar-when-unprivileged; None: not set
 
     @property
     def runtime_default(self) -> str | None:
@@ -87,6 +94,8 @@ class HostEvidence:
             out.append(f"nvidia-container-toolkit: {f.nvidia_ctk or 'not installed (no nvidia-ctk)'}")
         if self.sockets is not None:
             out.append(f"{DEVICE_PLUGINS}: " + (", ".join(self.sockets) or "empty"))
+        if self.envvar_unprivileged is False:
+            out.append(f"{TOOLKIT_CONFIG}: {ENVVAR_UNPRIVILEGED} = false")
         return out
 
 
@@ -104,9 +113,15 @@ def parse_host(stdout: str, runtime: str) -> HostEvidence:
     socks = out("doctor-sockets")
     dc = (out("doctor-devchar") or "").strip()
     nodes = out("doctor-devnodes") or ""
+    envvar = None
+    for line in (out("doctor-toolkit") or "").splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == ENVVAR_UNPRIVILEGED and value.strip() in ("true", "false"):
+            envvar = value.strip() == "true"
     return HostEvidence(facts, runtime,
                         tuple(clean(x) for x in socks.split() if x) if socks is not None else None,
-                        int(dc) if dc.isdigit() else None, tuple(clean(x) for x in nodes.split() if x))
+                        int(dc) if dc.isdigit() else None, tuple(clean(x) for x in nodes.split() if x),
+                        envvar_unprivileged=envvar)
 
 
 def read_host(session: Session, runtime: str) -> HostEvidence:

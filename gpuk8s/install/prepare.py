@@ -129,7 +129,9 @@ class Event:
     status: str = ""
 
 
-def _blocking(checks: list[CheckResult]) -> list[CheckResult]:
+def blocking_checks(checks: list[CheckResult]) -> list[CheckResult]:
+    """The failed preflight checks that keep a host from being prepared: every failure except those the
+    playbooks fix themselves (FIXED_BY_INSTALL)."""
     return [c for c in checks if c.status == "fail" and c.id not in FIXED_BY_INSTALL]
 
 
@@ -151,7 +153,7 @@ def prepare(inv: Inventory, *, concurrency: int, ignore: set[str], sudo_password
     playbooks = [load_playbook(n) for n in playbooks_for(inv)]
 
     def after_preflight(rep: HostReport) -> None:
-        emit(Event(rep.host.name, "preflight", status="ok" if not _blocking(rep.checks) else "blocked"))
+        emit(Event(rep.host.name, "preflight", status="ok" if not blocking_checks(rep.checks) else "blocked"))
 
     try:
         pre = run_preflight(inv, concurrency=concurrency, ignore=ignore, sudo_passwords=sudo_passwords,
@@ -164,9 +166,9 @@ def prepare(inv: Inventory, *, concurrency: int, ignore: set[str], sudo_password
                 c = rep.checks[0] if rep.checks else None
                 run.message = c.message if c else "not reachable"
                 run.remedy = c.remedy if c else ""
-            elif _blocking(rep.checks):
+            elif blocking_checks(rep.checks):
                 run.status = "blocked"
-                bad = _blocking(rep.checks)
+                bad = blocking_checks(rep.checks)
                 run.message = "preflight failed: " + "; ".join(f"{c.id}: {c.message}" for c in bad)
                 run.remedy = bad[0].remedy + f" (or re-run with --ignore {bad[0].id} to prepare it anyway)"
             else:
@@ -180,7 +182,7 @@ def prepare(inv: Inventory, *, concurrency: int, ignore: set[str], sudo_password
             assert f is not None
             ctx = context(inv, host, f)
             steps = [s for pb in playbooks for s in render_playbook(pb, ctx)]
-            _run_script(sessions[host.name], run, steps, dry_run, emit)
+            run_steps(sessions[host.name], run, steps, dry_run, emit)
             run.seconds = time.monotonic() - t0
             emit(Event(host.name, "host", status=run.status))
             return run
@@ -207,8 +209,11 @@ def prepare(inv: Inventory, *, concurrency: int, ignore: set[str], sudo_password
     return PrepareReport([runs[h.name] for h in inv.hosts], dry_run, time.monotonic() - start, pre.hosts)
 
 
-def _run_script(session: Session, run: HostRun, steps: list[RenderedStep], dry_run: bool,
-                emit: Callable[[Event], None]) -> None:
+def run_steps(session: Session, run: HostRun, steps: list[RenderedStep], dry_run: bool,
+              emit: Callable[[Event], None]) -> None:
+    """Run these rendered playbook steps on one host as one remote script under the host's lock (with `dry_run`,
+    only their checks), emitting an Event per finished step; each step's outcome and the host's status (done,
+    failed, busy), message and remedy are recorded in `run`."""
     name = session.host.name
     total = len(steps)
 

@@ -24,6 +24,21 @@ from gpuk8s.kube.client import label_args, taint_args
 from gpuk8s.kube.state import StateError
 from gpuk8s.phases.base import Change, Context, Phase, PhaseError, PhasePlan, PhaseResult
 
+# The prepare steps that restart a node's container runtime with a new configuration (playbooks/containerd.yaml,
+# docker.yaml). A device plugin that started before loaded NVML then or never: gpuk8s deploys it with
+# FAIL_ON_INIT_ERROR=false, so one that found no NVML waits indefinitely ("No devices found. Waiting
+# indefinitely."); its pod is restarted so that it starts under the runtime as it is now.
+RUNTIME_RESTARTS = ("containerd-restarted", "docker-restarted")
+
+
+def runtime_restarted(ctx: Context, statuses: tuple[str, ...] = ("changed",)) -> list[str]:
+    """The hosts whose container runtime prepare restarted (or, for a plan, would restart)."""
+    rep = ctx.prepare_report
+    if rep is None:
+        return []
+    return sorted(h.host.name for h in rep.hosts
+                  if any(s.step.name in RUNTIME_RESTARTS and s.outcome.status in statuses for s in h.steps))
+
 
 def owned_labels(node: state.NodeState) -> tuple[str, ...]:
     """The labels gpuk8s removes when the plan no longer has them: the sharing and GFD-named ones, and
@@ -82,6 +97,16 @@ class GPUNodes(Phase):
                     keep[name] = data[name]
         return manifests.wanted(ctx.inv, ctx.plans, keep)
 
+    @staticmethod
+    def _stale_plugins(ctx: Context, statuses: tuple[str, ...]) -> dict[str, str]:
+        """node -> the name of its device plugin pod, where prepare restarted the node's runtime under it."""
+        nodes = [n for n in runtime_restarted(ctx, statuses) if n in ctx.plans and ctx.plans[n].gpu_node]
+        if not nodes or not ctx.initialized():
+            return {}
+        pods = state.pod_states(ctx.kube.get("pods", namespace="kube-system"))
+        found = {n: state.device_plugin_pod(pods, n) for n in nodes}
+        return {n: p.name for n, p in found.items() if p is not None}
+
     def plan(self, ctx: Context) -> PhasePlan:
         wanted = self._wanted(ctx)
         if not ctx.initialized():
@@ -97,6 +122,9 @@ class GPUNodes(Phase):
                                commands="\n".join(f"kubectl delete {d['kind'].lower()} {d['metadata']['name']}"
                                                    for d in reversed(m.objects())))
                         for m in gone if manifests.present(ctx.kube, m)]
+        changes += [Change(f"restart the device plugin on {node} (its container runtime is reconfigured)",
+                           commands="kubectl " + shlex.join(["-n", "kube-system", "delete", "pod", pod]))
+                    for node, pod in self._stale_plugins(ctx, ("would-change",)).items()]
         for name, (labels, taints) in diffs.items():
             if labels:
                 changes.append(Change(f"label {name}", commands="kubectl " + shlex.join(label_args(name, labels))))
@@ -124,6 +152,42 @@ class GPUNodes(Phase):
                 ctx.kube.taint(name, taints)
                 r.hosts[name] = (r.hosts.get(name, "") + " tainted " + ", ".join(taints)).strip()
                 done.append(f"taints on {name}")
+        for node, pod in self._stale_plugins(ctx, ("changed",)).items():
+            ctx.kube.delete("pod", [pod], "kube-system")
+            r.hosts[node] = (r.hosts.get(node, "") + " device plugin restarted").strip()
+            done.append(f"device plugin restarted on {node} (runtime reconfigured)")
         if done:
             r.status, r.message = "changed", "; ".join(done)
+        return r
+
+
+class RestartPlugin(Phase):
+    """Restart the device plugin's pod on some nodes (doctor --fix): the DaemonSet makes a new one at once, which
+    loads NVML and registers its socket with the kubelet afresh."""
+
+    name = "plugin-restart"
+    title = "restart the device plugin pods"
+
+    def __init__(self, nodes: list[str]) -> None:
+        self.nodes = sorted(nodes)
+
+    def _pods(self, ctx: Context) -> dict[str, str]:
+        pods = state.pod_states(ctx.kube.get("pods", namespace="kube-system"))
+        found = {n: state.device_plugin_pod(pods, n) for n in self.nodes}
+        return {n: p.name for n, p in found.items() if p is not None}
+
+    def plan(self, ctx: Context) -> PhasePlan:
+        changes = [Change(f"restart the device plugin on {n}",
+                          commands="kubectl " + shlex.join(["-n", "kube-system", "delete", "pod", pod]))
+                   for n, pod in self._pods(ctx).items()]
+        return self.planned("would-change" if changes else "unchanged", "no device plugin pod on these nodes"
+                            if not changes else "", changes)
+
+    def run(self, ctx: Context) -> PhaseResult:
+        pods = self._pods(ctx)
+        if not pods:
+            return self.result("unchanged", "no device plugin pod on " + ", ".join(self.nodes))
+        ctx.kube.delete("pod", sorted(pods.values()), "kube-system")
+        r = self.result("changed", "restarted " + ", ".join(pods.values()))
+        r.hosts = {n: "device plugin restarted" for n in pods}
         return r

@@ -342,7 +342,7 @@ class UpgradePrepare(UpgradeStep):
     title = "preflight and prepare every host for the new minor"
 
     def _run(self, ctx: Context, dry_run: bool) -> tuple[dict[str, str], list[Change]]:
-        from gpuk8s.install.prepare import HostRun, _blocking, _run_script, playbooks_for
+        from gpuk8s.install.prepare import HostRun, blocking_checks, playbooks_for, run_steps
         from gpuk8s.playbook.model import load_playbook
         from gpuk8s.playbook.render import context, render_playbook
         from gpuk8s.preflight.runner import run_preflight
@@ -355,7 +355,7 @@ class UpgradePrepare(UpgradeStep):
         changes: list[Change] = []
         eligible = []
         for rep in pre.hosts:
-            bad = _blocking(rep.checks)
+            bad = blocking_checks(rep.checks)
             if rep.facts is None or rep.host.name not in ctx.sessions:
                 status[rep.host.name] = "unreachable"
             elif bad:
@@ -371,7 +371,7 @@ class UpgradePrepare(UpgradeStep):
             # the Kubernetes packages move node by node, in kubeadm's order (UpgradeNodes), never all at once
             steps = [s for pb in playbooks for s in render_playbook(pb, context(inv, h, f))
                      if not s.name.startswith("kubernetes-packages")]
-            _run_script(ctx.sessions[h.name], run, steps, dry_run, lambda e: None)
+            run_steps(ctx.sessions[h.name], run, steps, dry_run, lambda e: None)
             return run
 
         for name, run in for_each_host([r.host for r in eligible], one, ctx.concurrency).items():

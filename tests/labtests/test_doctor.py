@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -230,6 +231,8 @@ def test_a_node_whose_runtime_default_is_not_nvidia_and_the_fix(cluster: Cluster
     w = cluster.lab.host("gpu-2")
     w.write("/etc/containerd/config.toml", w.read("/etc/containerd/config.toml").replace(
         'default_runtime_name = "nvidia"', 'default_runtime_name = "runc"'))
+    # the plugin starts again under it (a reboot): it finds no NVML and waits indefinitely
+    cluster.kubectl("delete pod nvidia-device-plugin-daemonset-gpu-2 -n kube-system")
     code, doc = cluster.doctor("node/gpu-2")
     assert code == 1 and doc["checked"]["nodes"] == ["gpu-2"]
     [f] = doc["findings"]
@@ -241,6 +244,8 @@ def test_a_node_whose_runtime_default_is_not_nvidia_and_the_fix(cluster: Cluster
     code, doc = cluster.doctor("node/gpu-2", "--fix", "--yes")
     assert code == 0 and doc["findings"] == [], doc
     assert [x["name"] for x in doc["fixes"]] == ["lock", "prepare", "gpu"]
+    # the runtime alone would not do: the plugin that started without NVML is restarted under it
+    assert "device plugin restarted on gpu-2" in doc["fixes"][-1]["message"]
     assert 'default_runtime_name = "nvidia"' in cluster.lab.host("gpu-2").exec("containerd config dump").stdout
     cluster.pod("after-runtime", {"nvidia.com/gpu": 2})
     cluster.pod("after-runtime-2", {"nvidia.com/gpu": 2})
@@ -363,6 +368,86 @@ def test_no_device_plugin_and_the_fix(cluster: Cluster) -> None:
         assert cluster.phase("after-plugin")["status"]["phase"] == "Running"
     finally:
         cluster.delete("after-plugin")
+
+
+def test_a_plugin_image_the_node_cannot_pull(cluster: Cluster) -> None:
+    w = cluster.lab.host("gpu-2")
+    w.update_state(unreachable_hosts=["nvcr.io"])  # gpu-2 lost its way to NVIDIA's registry (DNS, firewall)
+    try:
+        code, doc = cluster.doctor()
+        assert code == 1
+        [f] = only(doc, "node/gpu-2")
+        assert f["id"] == "gpu.plugin-image-pull"
+        assert "cannot pull the device plugin's image nvcr.io/nvidia/k8s-device-plugin:" in f["message"]
+        assert f["message"].endswith("(lookup nvcr.io: no such host)")
+        assert any(e.startswith("event: Failed to pull image \"nvcr.io/nvidia/k8s-device-plugin:")
+                   and "dial tcp: lookup nvcr.io: no such host" in e for e in f["evidence"])
+        assert any("ImagePullBackOff" in e for e in f["evidence"])
+        assert "sudo crictl pull nvcr.io/nvidia/k8s-device-plugin:" in f["remedy"]
+        assert only(doc, "node/gpu-1") == []  # the other node pulls it
+        r = cluster.cli("doctor", "-i", cluster.inv, "--fix", "--yes")  # nothing gpuk8s can fix by itself
+        assert r.returncode == 1 and "gpu.plugin-image-pull" in r.stdout
+    finally:
+        w.update_state(unreachable_hosts=[])
+    code, doc = cluster.doctor()
+    assert code == 0, doc
+
+
+def test_a_plugin_socket_gone_from_the_kubelets_directory(cluster: Cluster) -> None:
+    w = cluster.lab.host("gpu-1")
+    assert sorted(w.exec("ls -1A /var/lib/kubelet/device-plugins").stdout.split()) == ["kubelet.sock",
+                                                                                        "nvidia-gpu.sock"]
+    # what a kubelet restart does to the directory when the plugin misses the signal to register again
+    # (bottlerocket-os/bottlerocket issue 4250), or a clean-up script: the plugin still runs, unreachable
+    w.exec("rm /var/lib/kubelet/device-plugins/nvidia-gpu.sock")
+    node = json.loads(cluster.kubectl("get node gpu-1 -o json"))
+    st = node["status"]
+    assert st["capacity"]["nvidia.com/gpu"] == "2" and st["allocatable"]["nvidia.com/gpu"] == "0"
+    code, doc = cluster.doctor("node/gpu-1")
+    assert code == 1
+    [f] = doc["findings"]
+    assert f["id"] == "gpu.plugin-socket-missing"
+    assert "/var/lib/kubelet/device-plugins: kubelet.sock" in f["evidence"]
+    assert "kubectl -n kube-system delete pod nvidia-device-plugin-daemonset-gpu-1" in f["remedy"]
+    # the remedy, as --fix applies it: the DaemonSet's new pod serves and registers again
+    code, doc = cluster.doctor("node/gpu-1", "--fix", "--yes")
+    assert code == 0 and doc["findings"] == [], doc
+    assert [(x["name"], x["status"]) for x in doc["fixes"]][1:] == [("plugin-restart", "changed")]
+    assert "nvidia-gpu.sock" in w.exec("ls -1A /var/lib/kubelet/device-plugins").stdout
+    cluster.pod("after-socket", {"nvidia.com/gpu": 2}, nodeSelector={"kubernetes.io/hostname": "gpu-1"})
+    try:
+        assert cluster.phase("after-socket")["status"]["phase"] == "Running"
+    finally:
+        cluster.delete("after-socket")
+
+
+def test_a_toolkit_that_refuses_the_unprivileged_plugin_its_gpus(cluster: Cluster) -> None:
+    w = cluster.lab.host("gpu-2")
+    # a hardening some sites apply (NVIDIA/k8s-device-plugin issue 856): the runtime's default is still nvidia
+    # written through the host's own file system (doctor has looked for the file there before)
+    cfg = "/etc/nvidia-container-runtime/config.toml"
+    text = ('accept-nvidia-visible-devices-as-volume-mounts = true\n'
+            'accept-nvidia-visible-devices-envvar-when-unprivileged = false\n\n'
+            '[nvidia-container-cli]\nldconfig = "@/sbin/ldconfig.real"\n')
+    w.exec(f"mkdir -p /etc/nvidia-container-runtime && printf %s {shlex.quote(text)} > {cfg}")
+    cluster.kubectl("delete pod nvidia-device-plugin-daemonset-gpu-2 -n kube-system")  # the runtime reads it then
+    try:
+        code, doc = cluster.doctor("node/gpu-2")
+        assert code == 1
+        [f] = doc["findings"]
+        assert f["id"] == "gpu.plugin-no-nvml" and "ignores NVIDIA_VISIBLE_DEVICES" in f["message"]
+        assert "containerd default runtime: nvidia" in f["evidence"]
+        assert "/etc/nvidia-container-runtime/config.toml: accept-nvidia-visible-devices-envvar-when-unprivileged " \
+            "= false" in f["evidence"]
+        assert any("could not load NVML library" in e for e in f["evidence"])  # the plugin's own log
+        assert "envvar-when-unprivileged = true" in f["remedy"]
+    finally:
+        w.exec(f"sed -i /envvar-when-unprivileged/d {cfg}")
+    code, doc = cluster.doctor("node/gpu-2")
+    assert code == 1 and doc["findings"][0]["id"] == "gpu.plugin-no-nvml"  # until the plugin starts again
+    cluster.kubectl("delete pod nvidia-device-plugin-daemonset-gpu-2 -n kube-system")
+    code, doc = cluster.doctor("node/gpu-2")
+    assert code == 0, doc
 
 
 FIXTURES = ROOT / "tests" / "fixtures" / "doctor"

@@ -212,10 +212,10 @@ def test_a_disabled_version_3_cri_plugin_is_found():
 
 
 def test_the_upgrade_verdict_does_not_block_install():
-    from gpuk8s.install.prepare import _blocking
+    from gpuk8s.install.prepare import blocking_checks
     r = check_host(HOST, facts(containerd=CONTAINERD_17), Cluster(kubernetes_version="1.36"), today=TODAY)
     assert by_id(r)["runtime.kubernetes-compat"].status == "warn"
-    assert [c.id for c in _blocking(r)] == []
+    assert [c.id for c in blocking_checks(r)] == []
 
 
 # --- inventory ----------------------------------------------------------------------------------------------------

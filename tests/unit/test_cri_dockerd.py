@@ -11,7 +11,7 @@ import yaml
 
 from gpuk8s import versions
 from gpuk8s.facts.model import DockerDaemon, Runtime
-from gpuk8s.install.prepare import _blocking, playbooks_for
+from gpuk8s.install.prepare import blocking_checks, playbooks_for
 from gpuk8s.inventory.loader import InventoryError, loads
 from gpuk8s.inventory.model import Cluster
 from gpuk8s.kube import render
@@ -100,13 +100,13 @@ def test_docker_on_a_current_minor_passes_naming_the_cri_dockerd_install_sets_up
     assert f"Kubernetes {versions.default_minor()}" in c.message and "Docker 24.0.7" in c.message
     assert r["runtime.version"].status == "pass"
     # nothing keeps install from preparing this host
-    assert _blocking(list(r.values())) == []
+    assert blocking_checks(list(r.values())) == []
 
 
 def test_docker_below_its_floor_fails_and_blocks_install():
     r = by_id(check_host(HOST, docker_facts("19.03.4"), Cluster(container_runtime="docker"), today=TODAY))
     assert r["runtime.version"].status == "fail" and "19.03.5" in r["runtime.version"].message
-    assert [c.id for c in _blocking(list(r.values()))] == ["runtime.version"]
+    assert [c.id for c in blocking_checks(list(r.values()))] == ["runtime.version"]
     ok = by_id(check_host(HOST, docker_facts("19.03.5"), Cluster(container_runtime="docker"), today=TODAY))
     assert ok["runtime.version"].status == "pass"  # 19.03.5 is the floor itself
 
@@ -116,7 +116,7 @@ def test_docker_where_cri_dockerd_has_no_archive_fails_and_says_why():
     c = r["runtime.kubernetes-compat"]
     assert c.status == "fail" and "ppc64le" in c.message and "amd64 and arm64" in c.message
     assert "cluster.container_runtime: containerd" in c.remedy
-    assert "runtime.kubernetes-compat" in [x.id for x in _blocking(list(r.values()))]
+    assert "runtime.kubernetes-compat" in [x.id for x in blocking_checks(list(r.values()))]
     arm = by_id(check_host(HOST, docker_facts(arch="aarch64"), Cluster(container_runtime="docker"), today=TODAY))
     assert arm["runtime.kubernetes-compat"].status == "pass"
 

@@ -271,9 +271,40 @@ def test_missing_label_and_image_pull() -> None:
                                                '"nvcr.io/nvidia/k8s-device-plugin:v0.17.0"'}}}])
     ev = ClusterEvidence({"gpu-1": node("gpu-1", 0, {gpuplan.GPU_PRESENT: "true"})}, [pulling],
                          plans={"gpu-1": plan("gpu-1", 2)}, plugin=PLUGIN)
+    failed = {"involvedObject": {"kind": "Pod", "namespace": "kube-system",
+                                 "name": "nvidia-device-plugin-daemonset-gpu-1"},
+              "reason": "Failed", "type": "Warning", "message": text("image-pull-failed.txt").strip()}
+    ev = ClusterEvidence({"gpu-1": node("gpu-1", 0, {gpuplan.GPU_PRESENT: "true"})}, [pulling],
+                         plans={"gpu-1": plan("gpu-1", 2)}, plugin=PLUGIN, events=[failed])
     [f] = classify.node_causes("gpu-1", ev)
-    assert f.id == "gpu.plugin-crashing" and "cannot pull the device plugin's image" in f.remedy
+    assert f.id == "gpu.plugin-image-pull"
+    assert "cannot pull the device plugin's image nvcr.io/nvidia/k8s-device-plugin:v0.17.0" in f.message
+    assert f.message.endswith("(nvcr.io/nvidia/driver:460.73.01-ubuntu21.04: not found)")  # the event's reason
+    assert "sudo crictl pull nvcr.io/nvidia/k8s-device-plugin:v0.17.0" in f.remedy and "registry.mirror" in f.remedy
     assert any("ImagePullBackOff" in e for e in f.evidence)
+    assert any(e.startswith("event: Failed to pull image") and "code = NotFound" in e for e in f.evidence)
+    assert classify.fixable(f, ev) == ""
+    # another pod's event is not this plugin's evidence
+    other = {**failed, "involvedObject": {**failed["involvedObject"], "name": "someone-else"}}
+    [f] = classify.node_causes("gpu-1", dataclasses.replace(ev, events=[other]))
+    assert f.id == "gpu.plugin-image-pull" and not any(e.startswith("event: ") for e in f.evidence)
+
+
+def test_the_toolkit_refusing_the_envvar_to_an_unprivileged_plugin() -> None:
+    # NVIDIA/k8s-device-plugin#856: accept-nvidia-visible-devices-envvar-when-unprivileged = false, plugin unprivileged
+    h = dataclasses.replace(host(default_runtime="nvidia"), envvar_unprivileged=False,
+                            sockets=("kubelet.sock",))
+    ev = ClusterEvidence({"gpu-1": node("gpu-1", 0, {gpuplan.GPU_PRESENT: "true"})}, [plugin_pod("gpu-1")],
+                         plans={"gpu-1": plan("gpu-1", 2)}, plugin=PLUGIN,
+                         logs={("kube-system", "nvidia-device-plugin-daemonset-gpu-1"): text("plugin-nvml-v017.log")},
+                         hosts={"gpu-1": h})
+    [f] = classify.node_causes("gpu-1", ev)
+    assert f.id == "gpu.plugin-no-nvml" and "ignores NVIDIA_VISIBLE_DEVICES" in f.message
+    assert f"{evidence.TOOLKIT_CONFIG}: {evidence.ENVVAR_UNPRIVILEGED} = false" in f.evidence
+    assert "= true" in f.remedy and "delete pod nvidia-device-plugin-daemonset-gpu-1" in f.remedy
+    # the setting left at its default (unset): the general NVML remedy
+    [f] = classify.node_causes("gpu-1", dataclasses.replace(ev, hosts={"gpu-1": host(default_runtime="nvidia")}))
+    assert f.id == "gpu.plugin-no-nvml" and "ignores NVIDIA_VISIBLE_DEVICES" not in f.message
 
 
 def test_a_broken_driver() -> None:
@@ -312,8 +343,8 @@ def test_every_id_doctor_makes_is_registered_for_doctor() -> None:
     mine = findings.ids("doctor")
     for i in ("pod.insufficient-gpu", "pod.selector-mismatch", "pod.untolerated-taint", "pod.unknown-resource",
               "pod.shared-request-gt1", "pod.cuda-too-new", "pod.nvml-unknown-error", "pod.no-nvidia-runtime",
-              "pod.gpu-oom", "pod.scheduler-missing", "gpu.plugin-socket-missing", "gpu.runtime-not-nvidia",
-              "gpu.plugin-not-scheduled", "gpu.driver", *classify.FIXES):
+              "pod.gpu-oom", "pod.scheduler-missing", "gpu.plugin-socket-missing", "gpu.plugin-image-pull",
+              "gpu.runtime-not-nvidia", "gpu.plugin-not-scheduled", "gpu.driver", *classify.FIXES):
         assert i in mine, i
 
 
@@ -380,8 +411,17 @@ def test_the_host_probe_with_doctors_sections() -> None:
     assert h.facts is not None and h.sockets == ("kubelet.sock", "nvidia-gpu.sock") and h.dev_char_links == 0
     assert h.dev_nodes == ("nvidia0", "nvidiactl") and not h.unreachable
     assert h.lines()[0].startswith("nvidia-smi: 1 GPU(s), driver 580.159.04")
+    assert h.envvar_unprivileged is None  # the toolkit's setting not in its config: its default (true)
+    toolkit = ("@@gpuk8s-begin doctor-toolkit\n  accept-nvidia-visible-devices-envvar-when-unprivileged = false\n"
+               "@@gpuk8s-end doctor-toolkit 0\n")
+    h = evidence.parse_host(probe + extra + toolkit, "containerd")
+    assert h.envvar_unprivileged is False
+    assert "/etc/nvidia-container-runtime/config.toml: accept-nvidia-visible-devices-envvar-when-unprivileged = " \
+        "false" in h.lines()
+    h = evidence.parse_host(probe + extra + toolkit.replace("false", "true"), "containerd")
+    assert h.envvar_unprivileged is True and not any("envvar" in x for x in h.lines())
     bare = evidence.parse_host(probe, "containerd")  # an older probe without doctor's sections: unknown, not empty
-    assert bare.sockets is None and bare.dev_char_links is None
+    assert bare.sockets is None and bare.dev_char_links is None and bare.envvar_unprivileged is None
     bad = evidence.parse_host("sudo: a password is required\n", "containerd")
     assert bad.facts is None and bad.unreachable.startswith("the probe printed nothing usable")
     assert bad.lines() == [f"over SSH: {bad.unreachable}"]
@@ -406,3 +446,28 @@ def test_any_api_json_gives_a_value(junk: Any) -> None:
     assert isinstance(classify.node_causes("gpu-1", ev), list)
     assert isinstance(classify.troubled(weird_pod), bool)
     assert isinstance(al.allocation([weird_node], [weird_pod]).footer(), list)
+
+
+def test_after_a_fix_the_diagnosis_is_taken_again_while_a_fixed_node_shows_a_cause() -> None:
+    from gpuk8s.commands.doctor import Diagnosis, settle
+
+    sick = ClusterEvidence({"gpu-1": node("gpu-1", 0)}, [plugin_pod("gpu-1")], plans={"gpu-1": plan("gpu-1", 2)},
+                           plugin=PLUGIN, hosts={"gpu-1": host(default_runtime="nvidia")})
+    bad = Diagnosis(sick, [], ["gpu-1"], classify.node_causes("gpu-1", sick))
+    assert bad.findings
+    good = Diagnosis(sick, [], ["gpu-1"], [])
+    seen = [bad, bad, good]
+    calls: list[int] = []
+
+    def again() -> Diagnosis:
+        calls.append(1)
+        return seen[len(calls)]
+
+    assert settle(bad, again, {"gpu-1"}, timeout=5, every=0.01) is good and len(calls) == 2
+    # a cause on a node the fix did not touch: not waited for
+    calls.clear()
+    assert settle(bad, again, {"gpu-2"}, timeout=5, every=0.01) is bad and calls == []
+    # never better: the last diagnosis when the time is up
+    calls.clear()
+    assert settle(bad, lambda: (calls.append(1), bad)[1], {"gpu-1"}, timeout=0.05, every=0.01) is bad
+    assert 1 <= len(calls) <= 5

@@ -4,6 +4,7 @@ and the manifests: applied when, and only when, the sha256 of their rendered tex
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pytest
 import yaml
@@ -168,3 +169,63 @@ def test_join_asking_a_cluster_whose_api_server_is_down_is_an_error_not_a_traceb
     monkeypatch.setattr(Context, "kube", property(lambda self: Down()))
     with pytest.raises(PhaseError, match="connection to the server was refused"):
         flows.not_joined(INV, {})
+
+
+def _restarted(*hosts: str, status: str = "changed") -> Any:
+    """A prepare report in which these hosts' container runtime was restarted (or would be)."""
+    from types import SimpleNamespace as NS
+
+    return NS(hosts=[NS(host=INV.host(h), steps=[NS(step=NS(name="containerd-restarted"), outcome=NS(status=status)),
+                                                 NS(step=NS(name="systemd-cgroup"), outcome=NS(status="changed"))])
+                     for h in hosts] + [NS(host=INV.host("cp-1"), steps=[])])
+
+
+def _plugin_pods(kube: FakeKube) -> None:
+    for n in ("gpu-1", "gpu-2"):
+        kube.apply(yaml.safe_dump({"apiVersion": "v1", "kind": "Pod", "metadata": {
+            "name": f"nvidia-device-plugin-daemonset-{n}", "namespace": "kube-system"},
+            "spec": {"nodeName": n}, "status": {"phase": "Running"}}))
+    kube.calls.clear()
+
+
+def test_a_plugin_is_restarted_where_prepare_restarted_the_runtime(tmp_path) -> None:
+    # gpuk8s deploys the plugin with FAIL_ON_INIT_ERROR=false: one that started without NVML waits indefinitely,
+    # so a runtime reconfigured under it (doctor --fix, an install re-run) is followed by a new plugin pod
+    kube = FakeKube()
+    running_cluster(kube)
+    _plugin_pods(kube)
+    ctx = ctx_for(kube, True, tmp_path)
+    ctx.prepare_report = _restarted("gpu-2", status="would-change")
+    plan = GPUNodes().plan(ctx)
+    assert [(c.what, c.commands) for c in plan.changes] == [
+        ("restart the device plugin on gpu-2 (its container runtime is reconfigured)",
+         "kubectl -n kube-system delete pod nvidia-device-plugin-daemonset-gpu-2")]
+    assert kube.writes == []
+    ctx.prepare_report = _restarted("gpu-2")
+    res = GPUNodes().run(ctx)
+    assert res.status == "changed" and res.hosts == {"gpu-2": "device plugin restarted"}
+    assert kube.writes == [("delete", "pod", "nvidia-device-plugin-daemonset-gpu-2")]
+    # nothing restarted by prepare (a re-run that changed nothing): no plugin touched
+    kube.calls.clear()
+    _plugin_pods(kube)
+    ctx.prepare_report = _restarted()
+    assert GPUNodes().run(ctx).status == "unchanged" and kube.writes == []
+    # a runtime restarted on a node without a plugin pod yet (a first install): nothing to restart
+    kube.objects.pop(("pod", "kube-system", "nvidia-device-plugin-daemonset-gpu-1"))
+    ctx.prepare_report = _restarted("gpu-1", "cp-1")
+    assert GPUNodes().run(ctx).status == "unchanged" and kube.writes == []
+
+
+def test_restart_plugin_deletes_only_the_named_nodes_plugin_pods(tmp_path) -> None:
+    from gpuk8s.phases.gpu import RestartPlugin
+
+    kube = FakeKube()
+    running_cluster(kube)
+    _plugin_pods(kube)
+    ctx = ctx_for(kube, True, tmp_path)
+    assert [c.commands for c in RestartPlugin(["gpu-1", "cp-1"]).plan(ctx).changes] == [
+        "kubectl -n kube-system delete pod nvidia-device-plugin-daemonset-gpu-1"]
+    res = RestartPlugin(["gpu-1", "cp-1"]).run(ctx)
+    assert res.status == "changed" and res.hosts == {"gpu-1": "device plugin restarted"}
+    assert kube.writes == [("delete", "pod", "nvidia-device-plugin-daemonset-gpu-1")]
+    assert RestartPlugin(["cp-1"]).run(ctx).status == "unchanged"

@@ -26,6 +26,7 @@ import os
 import re
 import secrets
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -351,6 +352,7 @@ def _init(h: Any, args: list[str]) -> int:
                       "taints": [{"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}]}}})
     h.state.setdefault("services", {})["kubelet"] = "active"
     h.save()
+    kubelet_started()
     _start_apiserver(addr)
     out("[init] Using Kubernetes version: " + version + "\n[preflight] Running pre-flight checks\n"
         "Your Kubernetes control-plane has initialized successfully!\n\n"
@@ -469,6 +471,7 @@ def _join(h: Any, args: list[str]) -> int:
         _etcd_manifest()
     h.state.setdefault("services", {})["kubelet"] = "active"
     h.save()
+    kubelet_started()
     out("[preflight] Running pre-flight checks\n[kubelet-start] Starting the kubelet\n\n"
         "This node has joined the cluster:\n* Certificate signing request was sent to apiserver and a response "
         "was received.\n* The Kubelet was informed of the new secure connection details.\n")
@@ -856,6 +859,25 @@ def _gpus_on(host: str) -> int:
     return int(spec.get("gpus", 0))
 
 
+def _sys_admin(ds: dict[str, Any]) -> bool:
+    """The toolkit takes a container for privileged when it has CAP_SYS_ADMIN (nvidia-container-toolkit
+    internal/config/image/privileged.go)."""
+    for c in _pod_spec(ds).get("containers") or []:
+        sc = c.get("securityContext") or {}
+        if sc.get("privileged") or "SYS_ADMIN" in ((sc.get("capabilities") or {}).get("add") or []):
+            return True
+    return False
+
+
+def _envvar_refused(host: str) -> bool:
+    """accept-nvidia-visible-devices-envvar-when-unprivileged = false in the host's toolkit config: the runtime
+    ignores NVIDIA_VISIBLE_DEVICES (which the plugin's image sets) in an unprivileged container."""
+    with contextlib.suppress(OSError, ValueError):
+        cfg = tomllib.loads((_host_dir(host) / "etc/nvidia-container-runtime/config.toml").read_text())
+        return cfg.get("accept-nvidia-visible-devices-envvar-when-unprivileged") is False
+    return False
+
+
 def _node_gpus(s: dict[str, Any], node: dict[str, Any]) -> int:
     plugin = _device_plugin(s)
     if plugin is None:
@@ -865,21 +887,120 @@ def _node_gpus(s: dict[str, Any], node: dict[str, Any]) -> int:
     if not (default == "nvidia" or (rc == "nvidia" and "nvidia" in handlers
                                     and f"RuntimeClass//{rc}" in s.get("objects", {}))):
         return 0  # the plugin runs without NVML: "could not load NVML library"
+    if _envvar_refused(node["host"]) and not _sys_admin(plugin):
+        return 0  # no driver injected into the unprivileged plugin (NVIDIA/k8s-device-plugin issue 856)
     return _gpus_on(node["host"])
+
+
+# -- the kubelet's device-plugin directory (gpuk8s doctor, issue 19) -----------------------------------------
+# The kubelet serves its Registration service on kubelet.sock in /var/lib/kubelet/device-plugins/ (kubelet
+# pkg/kubelet/cm/devicemanager/plugin/v1beta1/server.go: on start it removes the stale sockets there, then listens).
+# A device plugin listens on its own socket there and registers it (k8s-device-plugin internal/plugin/server.go:
+# DevicePluginPath + "nvidia-" + name + ".sock", where name is the resource's name after "nvidia.com/": gpu,
+# gpu.shared, mig-1g.10gb; it logs "Starting to serve '...' on ..." then "Registered device plugin for '...' with
+# Kubelet", and removes its socket when it stops). The kubelet reaches a plugin only through that socket: one
+# removed while the plugin runs (a kubelet restart the plugin missed, bottlerocket-os/bottlerocket issue 4250; a
+# clean-up script) leaves the node its capacity but 0 allocatable until the plugin pod restarts. The lab makes the
+# sockets when the plugin's pod (re)starts: a new template or config, a deleted pod, a new kubelet.sock (the
+# kubelet restarted: the plugin's watcher re-registers).
+DEVICE_PLUGINS = "var_lib/kubelet/device-plugins"
+
+
+def _mksock(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        os.mknod(path, 0o755 | stat.S_IFSOCK)
+
+
+def kubelet_started() -> None:
+    """The kubelet (re)started on this host: its device-plugin directory holds only its own fresh socket."""
+    d = Path("/var/lib/kubelet/device-plugins")
+    _empty_dir(str(d))
+    _mksock(d / "kubelet.sock")
+
+
+def plugin_socket(resource: str) -> str:
+    return "nvidia-" + resource.split("/", 1)[1] + ".sock"
+
+
+def _plugin_start(s: dict[str, Any], name: str, n: dict[str, Any]) -> dict[str, Any]:
+    """The NVIDIA plugin's pod on this node as it started: {'key', 'nvml', 'sockets', 'kubelet'}. It starts anew
+    when its template, its config, its pod or the kubelet's socket changed since, or while it crash-loops. It
+    loads NVML once, at start: without it (FAIL_ON_INIT_ERROR=false, as gpuk8s deploys it) it logs "No devices
+    found. Waiting indefinitely." and stays so until its pod restarts, whatever is repaired meanwhile."""
+    d = _host_dir(n["host"]) / DEVICE_PLUGINS
+    mark = _host_dir(n["host"]) / "var_lib/gpuk8s-lab/plugin-started"
+    plugin = _device_plugin(s)
+    try:
+        st = (d / "kubelet.sock").stat()
+        kubelet: list[int] | None = [st.st_ino, st.st_mtime_ns]
+    except OSError:
+        kubelet = None
+    if plugin is None or not _runs_on(plugin, _node_labels(name, n)) or _ds_pull(s, plugin, n):
+        if mark.exists():  # the plugin stopped: it removed its sockets
+            for old in d.glob("nvidia-*.sock"):
+                with contextlib.suppress(OSError):
+                    old.unlink()
+            mark.unlink()
+        return {"nvml": False, "sockets": True, "kubelet": kubelet is not None}
+    p = _plugin_on_node(s, name, n)
+    pod = f"{plugin['metadata']['name']}-{name}"
+    key = hashlib.sha1(json.dumps([_pod_spec(plugin), p.get("config"), s.get("pod_restarts", {}).get(pod, 0),
+                                   kubelet], sort_keys=True, default=str).encode()).hexdigest()
+    try:
+        m = json.loads(mark.read_text())
+    except (OSError, ValueError):
+        m = {}
+    if m.get("key") != key or p.get("error"):  # a crash-looping plugin starts again and again
+        if m.get("key") != key:
+            for old in d.glob("nvidia-*.sock"):  # the old pod's plugin removed its sockets when it stopped
+                with contextlib.suppress(OSError):
+                    old.unlink()
+            m = {"key": key, "sockets": False}
+        m["nvml"] = _node_gpus(s, n) > 0
+        mark.parent.mkdir(parents=True, exist_ok=True)
+        mark.write_text(json.dumps(m))
+    return {**m, "kubelet": kubelet is not None}
+
+
+def _plugin_gpus(s: dict[str, Any], name: str, n: dict[str, Any]) -> int:
+    """The GPUs the running plugin sees: none when it started without NVML."""
+    return _node_gpus(s, n) if _plugin_start(s, name, n).get("nvml") else 0
+
+
+def _registered(s: dict[str, Any], name: str, n: dict[str, Any], serving: list[str]) -> set[str]:
+    """The resources of `serving` whose plugin socket the node's kubelet can reach; the plugin makes its sockets
+    the first time it serves after it started."""
+    d = _host_dir(n["host"]) / DEVICE_PLUGINS
+    m = _plugin_start(s, name, n)
+    if not m["kubelet"]:
+        return set()  # no kubelet serving registrations: "Could not register device plugin"
+    if serving and not m.get("sockets"):
+        for res in serving:
+            _mksock(d / plugin_socket(res))
+        mark = _host_dir(n["host"]) / "var_lib/gpuk8s-lab/plugin-started"
+        mark.write_text(json.dumps({k: v for k, v in {**m, "sockets": True}.items() if k != "kubelet"}))
+    return {res for res in serving if (d / plugin_socket(res)).exists()}
 
 
 def node_json(s: dict[str, Any], name: str) -> dict[str, Any]:
     n = s["nodes"][name]
     capacity = {"cpu": "16", "memory": "65536Mi", "pods": "110"}
-    gpus = _node_gpus(s, n)
+    gpus = _plugin_gpus(s, name, n)
+    serving: list[str] = []  # what the NVIDIA plugin serves on this node
     if _device_plugin(s) is not None and _gpus_on(n["host"]):
         p = _plugin_on_node(s, name, n)
         if p["runs"] and p.get("mig", "none") != "none" and gpus and not p["error"]:
-            capacity.update(_mig_capacity(n["host"], p))
+            mig = _mig_capacity(n["host"], p)
+            capacity.update(mig)
+            serving = sorted(mig)
         elif p["runs"]:
             capacity[p["resource"]] = "0" if p["error"] else str(gpus * p["replicas"])
+            serving = [p["resource"]] if gpus and not p["error"] else []
+    registered = _registered(s, name, n, serving)
     if _hami_on(s, name, n) and _gpus_on(n["host"]):  # HAMi's plugin registers GPUs x deviceSplitCount
         capacity["nvidia.com/gpu"] = str(_gpus_on(n["host"]) * _hami_split(s))
+    allocatable = {k: ("0" if k in serving and k not in registered else v) for k, v in capacity.items()}
     # the CNI's pod on this node (and kube-proxy's) must pull its images: else no network plugin there
     ready = _cni_ready(s) and not any(_ds_pull(s, ds, n) for ds in _daemonsets(s)
                                       if re.search(r"calico-node|flannel", ds["metadata"]["name"]))
@@ -891,7 +1012,7 @@ def node_json(s: dict[str, Any], name: str) -> dict[str, Any]:
         "spec": {**({"taints": n["taints"]} if n.get("taints") else {}),
                  **({"unschedulable": True} if n.get("unschedulable") else {})},
         "status": {
-            "capacity": capacity, "allocatable": dict(capacity),
+            "capacity": capacity, "allocatable": allocatable,
             # a node that stopped posting: the node lifecycle controller's Unknown (node_lifecycle_controller.go)
             "conditions": [{"type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown",
                             "message": "Kubelet stopped posting node status."}] if down else
@@ -913,7 +1034,7 @@ def _pods(s: dict[str, Any]) -> list[dict[str, Any]]:
             if not _runs_on(ds, _node_labels(name, n)) or not _ds_places(s, ds, name, n):
                 continue
             status: dict[str, Any] = {"phase": "Running"}
-            if ds is _device_plugin(s) and _gpus_on(n["host"]) and not _node_gpus(s, n):
+            if ds is _device_plugin(s) and _gpus_on(n["host"]) and not _plugin_gpus(s, name, n):
                 status = {"phase": "Running"}  # it runs, but registers no GPU (logs say NVML could not load)
             elif ds is _device_plugin(s) and _plugin_on_node(s, name, n).get("error"):
                 error = _plugin_on_node(s, name, n)["error"]
@@ -1163,6 +1284,12 @@ def kubectl(h: Any, args: list[str]) -> int:
             for name in words[2:]:
                 if s.get("objects", {}).pop(f"{kind}/{ns}/{name}", None) is not None or \
                         _delete_any(s, kind, ns, name):
+                    out(f"{words[1]} \"{name}\" deleted\n")
+                elif kind == "Pod" and any(p["metadata"]["name"] == name and p["metadata"].get("namespace") == ns
+                                           and p["metadata"].get("ownerReferences") for p in _pods(s)):
+                    # a DaemonSet's pod: its controller makes a new one at once, whose containers start afresh
+                    restarts = s.setdefault("pod_restarts", {})
+                    restarts[name] = restarts.get(name, 0) + 1
                     out(f"{words[1]} \"{name}\" deleted\n")
         return 0
     if verb == "get" and len(words) >= 2:
@@ -1972,9 +2099,39 @@ def _schedule(s: dict[str, Any], pod: dict[str, Any]) -> dict[str, Any] | None:
                                                 "message": _fit_error(reasons)}]}
 
 
+def _pull_events(s: dict[str, Any], p: dict[str, Any]) -> list[dict[str, Any]]:
+    """The kubelet's events for a pod whose image it cannot pull (pkg/kubelet/images/image_manager.go: reason
+    Failed, 'Failed to pull image "%s": %v' with the runtime's gRPC error, as kubernetes-sigs/node-feature-discovery
+    issue 1229 and NVIDIA/gpu-operator issue 273 show them; then BackOff 'Back-off pulling image "%s"')."""
+    node = p.get("spec", {}).get("nodeName") or p.get("status", {}).get("hostIP")
+    waiting = [c for c in p.get("status", {}).get("containerStatuses", [])
+               if (c.get("state", {}).get("waiting") or {}).get("reason") == "ImagePullBackOff"]
+    if not waiting or node not in s.get("nodes", {}):
+        return []
+    n = s["nodes"][node]
+    owner = next((o["name"] for o in p["metadata"].get("ownerReferences", []) if o.get("kind") == "DaemonSet"), None)
+    ds = next((d for d in _daemonsets(s) if d["metadata"]["name"] == owner), None) if owner else None
+    pulled = _ds_pull(s, ds, n) if ds is not None else pod_pull_error(n["host"], p.get("spec", {}))
+    if not pulled:
+        return []
+    image, error = pulled
+    code = "NotFound" if error.endswith(": not found") else "Unknown"
+    md = p["metadata"]
+    ns = md.get("namespace", "default")
+    base = {"apiVersion": "v1", "kind": "Event", "involvedObject": {"kind": "Pod", "namespace": ns, "name": md["name"],
+                                                                    "fieldPath": "spec.containers{main}"},
+            "count": 3, "source": {"component": "kubelet", "host": node}, "reportingComponent": "kubelet"}
+    h = hashlib.sha1(md["name"].encode()).hexdigest()
+    return [{**base, "metadata": {"name": f"{md['name']}.{h[:16]}", "namespace": ns}, "reason": "Failed",
+             "type": "Warning", "message": f'Failed to pull image "{image}": rpc error: code = {code} desc = {error}'},
+            {**base, "metadata": {"name": f"{md['name']}.{h[16:32]}", "namespace": ns}, "reason": "BackOff",
+             "type": "Normal", "message": f'Back-off pulling image "{image}"'}]
+
+
 def _events(s: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     for p in _pods(s):
+        out += _pull_events(s, p)
         cond = next((c for c in p.get("status", {}).get("conditions", []) if c.get("reason") == "Unschedulable"),
                     None)
         if cond is None or p.get("spec", {}).get("nodeName"):
@@ -1993,7 +2150,7 @@ def _events(s: dict[str, Any]) -> list[dict[str, Any]]:
 def _plugin_log(s: dict[str, Any], node: str) -> str:
     n = s["nodes"][node]
     ts = "I1130 09:00:00.000000       1"
-    if _gpus_on(n["host"]) and not _node_gpus(s, n):
+    if _gpus_on(n["host"]) and not _plugin_gpus(s, node, n):
         e = "E1130 09:00:00.000300       1"
         return (f"{ts} main.go:356] Retrieving plugins.\n"
                 f"{ts} factory.go:104] Detected non-NVML platform: could not load NVML library: libnvidia-ml.so.1: "
@@ -2012,11 +2169,14 @@ def _plugin_log(s: dict[str, Any], node: str) -> str:
     if p.get("error"):
         return f"E1130 09:00:00.000100       1 main.go:173] {p['error']}\n"
     res = p.get("resource", "nvidia.com/gpu")
-    sock = "nvidia-gpu.sock" if res == "nvidia.com/gpu" else res.split("/", 1)[1].replace(".", "-") + ".sock"
-    return (f"{ts} main.go:356] Retrieving plugins.\n"
+    text = (f"{ts} main.go:356] Retrieving plugins.\n"
             f"{ts} server.go:195] Starting GRPC server for '{res}'\n"
-            f"{ts} server.go:139] Starting to serve '{res}' on /var/lib/kubelet/device-plugins/{sock}\n"
-            f"{ts} server.go:146] Registered device plugin for '{res}' with Kubelet\n")
+            f"{ts} server.go:139] Starting to serve '{res}' on /var/lib/kubelet/device-plugins/{plugin_socket(res)}\n")
+    if not (_host_dir(n["host"]) / DEVICE_PLUGINS / "kubelet.sock").exists():
+        # its Register dials kubelet.sock (NVIDIA/k8s-device-plugin issue 82 quotes the lines)
+        return text + (f"{ts} server.go:146] Could not register device plugin: context deadline exceeded\n"
+                       f"{ts} main.go:253] Could not contact Kubelet. Did you enable the device plugin feature gate?\n")
+    return text + f"{ts} server.go:146] Registered device plugin for '{res}' with Kubelet\n"
 
 
 def _doctor_kubectl(verb: str, words: list[str], args: list[str]) -> int | None:
@@ -2042,6 +2202,10 @@ def _doctor_kubectl(verb: str, words: list[str], args: list[str]) -> int | None:
             return None
         for name, n in s.get("nodes", {}).items():
             if words[1] == f"{plugin['metadata']['name']}-{name}" and _runs_on(plugin, _node_labels(name, n)):
+                if _ds_pull(s, plugin, n):  # the API server's answer for a container that never started
+                    err(f'Error from server (BadRequest): container "nvidia-device-plugin-ctr" in pod "{words[1]}" '
+                        "is waiting to start: trying and failing to pull image\n")
+                    return 1
                 out(_plugin_log(s, name))
                 return 0
     return None
