@@ -266,7 +266,8 @@ FINDINGS.update({
     "gpu.plugin-image-pull": _d("the device plugin pod cannot start: its node cannot pull the plugin's image (the "
                                 "kubelet's 'Failed to pull image' event says why: no such host, not found, ...)"),
     "gpu.plugin-socket-missing": _d("the device plugin pod runs but its socket is not in the kubelet's "
-                                    "/var/lib/kubelet/device-plugins/ (nvidia-gpu.sock): it never registered"),
+                                    "/var/lib/kubelet/device-plugins/ (nvidia-gpu.sock): it is not registered with "
+                                    "the kubelet (a kubelet restart it missed)"),
 })
 for _id in ("node.not-joined", "node.not-ready", "node.unreachable", "gpu.driver", "gpu.plugin-missing",
             "gpu.plugin-not-scheduled", "gpu.plugin-crashing", "gpu.plugin-not-running", "gpu.runtime-not-nvidia",

@@ -118,7 +118,7 @@ def _fix_targets(d: Diagnosis) -> dict[str, set[str]]:
     out: dict[str, set[str]] = {}
     for f in d.findings:
         phase = classify.fixable(f, d.ev)
-        node = _node_of(d, f)
+        node = _finding_node(d, f)
         if phase and node:
             out.setdefault(phase, set()).add(node)
     return out
@@ -150,8 +150,10 @@ def apply_fixes(inv: Inventory, targets: dict[str, set[str]], sudo: dict[str, st
             ctx.plans = gpuplan.plans(inv, facts)
             if {"prepare", "gpu"} & set(targets):
                 run_phases([GPUNodes()], ctx, results)
-            if "plugin" in targets:
-                run_phases([RestartPlugin(sorted(targets["plugin"]))], ctx, results)
+            restarted = {n for r in results if r.name == "gpu" for n, what in r.hosts.items()
+                         if "device plugin restarted" in what}
+            if set(targets.get("plugin", ())) - restarted:
+                run_phases([RestartPlugin(sorted(set(targets["plugin"]) - restarted))], ctx, results)
     finally:
         ctx.close()
     return results
@@ -163,7 +165,7 @@ SETTLE_S = 60.0
 SETTLE_EVERY_S = 5.0
 
 
-def _node_of(d: Diagnosis, f: Finding) -> str:
+def _finding_node(d: Diagnosis, f: Finding) -> str:
     if f.subject is None:
         return ""
     if f.subject.kind == "node":
@@ -172,13 +174,27 @@ def _node_of(d: Diagnosis, f: Finding) -> str:
     return str(((d.ev.pod(ns, name) or {}).get("spec") or {}).get("nodeName", "") or "")
 
 
+def _unsettled(d: Diagnosis, fixed: set[str]) -> bool:
+    """A node that was fixed still shows a cause a fix acts on (a pod's cause, such as a pod started without the
+    nvidia runtime, stays until the pod is made again: not waited for)."""
+    return any(f.subject is not None and f.subject.kind == "node" and f.subject.name in fixed
+               and classify.fixable(f, d.ev) for f in d.findings)
+
+
 def settle(d: Diagnosis, again: Callable[[], Diagnosis], fixed: set[str], timeout: float = SETTLE_S,
-           every: float = SETTLE_EVERY_S) -> Diagnosis:
-    """The diagnosis once the fixed nodes show no cause, or the last one taken when `timeout` ran out."""
+           every: float = SETTLE_EVERY_S, say: Callable[[str], None] = lambda _: None) -> Diagnosis:
+    """The diagnosis once the fixed nodes show no cause a fix acts on, or the last one taken when `timeout` ran
+    out (or when taking it again failed)."""
+    if not _unsettled(d, fixed):
+        return d
+    say(f"waiting up to {timeout:.0f} s for {', '.join(sorted(fixed))} to settle")
     deadline = time.monotonic() + timeout
-    while any(_node_of(d, f) in fixed for f in d.findings) and time.monotonic() + every < deadline:
+    while _unsettled(d, fixed) and time.monotonic() + every < deadline:
         time.sleep(every)
-        d = again()
+        try:
+            d = again()
+        except typer.Exit:
+            break
     return d
 
 
@@ -213,7 +229,8 @@ def register(app: typer.Typer, load_inventory: Any) -> None:
         every: bool = typer.Option(False, "--all", help="Look at every GPU pod and GPU node, not only those that "
                                    "look wrong."),
         fix: bool = typer.Option(False, "--fix", help="Apply the remedies gpuk8s knows how to apply safely (re-run "
-                                 "node preparation or the gpu phase on the nodes concerned); shown first and asked."),
+                                 "node preparation or the gpu phase on the nodes concerned, restart a device plugin "
+                                 "pod); shown first and asked."),
         yes: bool = typer.Option(False, "--yes", "-y", help="With --fix: do not ask."),
         inventory: Path | None = InventoryOpt,  # noqa: UP007
         output: Output = OutputOpt,
@@ -262,7 +279,7 @@ def register(app: typer.Typer, load_inventory: Any) -> None:
                 results = apply_fixes(inv, targets, sudo, output)
                 fixes = [r.to_json() for r in results]
                 d = run()  # what is left after the fix
-                if all(r.status != "failed" for r in results):
-                    d = settle(d, run, {n for ns in targets.values() for n in ns})
+                if all(r.status != "failed" for r in results) and any(r.status == "changed" for r in results):
+                    d = settle(d, run, {n for ns in targets.values() for n in ns}, say=lambda m: ui.say(err, m))
         _render(d, output, fixes)
         raise typer.Exit(ExitCode.FAILED if d.findings else ExitCode.OK)

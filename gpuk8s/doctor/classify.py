@@ -11,6 +11,7 @@ A node's own causes are verify's (gpuk8s/kube/state.check_node): the same cause 
 from __future__ import annotations
 
 import re
+import shlex
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +26,7 @@ from gpuk8s.doctor.evidence import (
 from gpuk8s.findings import Finding
 from gpuk8s.kube import allocation as al
 from gpuk8s.kube import state
-from gpuk8s.kube.state import StateError
+from gpuk8s.kube.state import StateError, restart_command
 from gpuk8s.text import clean
 from gpuk8s.versions import CUDA_DRIVER_FLOORS, cuda_versions_supported, fmt, release
 
@@ -53,8 +54,8 @@ NO_RUNTIME = ('exec: "nvidia-smi": executable file not found', "nvidia-smi: not 
 # CUDA's out-of-memory errors (cudaErrorMemoryAllocation's text, PyTorch's)
 GPU_OOM = ("CUDA out of memory", "CUDA error: out of memory", "cudaErrorMemoryAllocation")
 HAMI_SCHEDULER = "hami-scheduler"
-# The kubelet's waiting message and event name the image in double quotes: 'Back-off pulling image "IMAGE"'
-PULL_IMAGE = re.compile(r'pulling image "([^"\s]{1,300})"|pull image "([^"\s]{1,300})"')
+# An image reference as a pod spec names it (registry/path:tag@digest); anything else is not put in a remedy
+IMAGE_REF = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,254}(?::[A-Za-z0-9._-]{1,128})?(?:@sha256:[0-9a-f]{64})?")
 STANDARD = ("cpu", "memory", "ephemeral-storage", "pods")
 
 
@@ -522,16 +523,46 @@ def troubled(pod: dict[str, Any]) -> bool:
 # -- nodes ----------------------------------------------------------------------------------------------------
 
 def plugin_pod(ev: ClusterEvidence, node: str) -> dict[str, Any] | None:
+    """The device plugin DaemonSet's pod on the node: in kube-system and owned by that DaemonSet (any user may make
+    a pod with a look-alike name in a namespace of theirs; its name and image end up in remedies)."""
     for p in ev.pods:
         name = str(_md(p).get("name", ""))
-        if _node_of(p) == node and name.startswith(state.DEVICE_PLUGIN_POD_PREFIX) \
-                and not name.startswith(state.MPS_DAEMON_POD_PREFIX):
+        owners = [o for o in _l(_md(p).get("ownerReferences")) if isinstance(o, dict)]
+        ours = name.startswith(state.DEVICE_PLUGIN_POD_PREFIX) and not name.startswith(state.MPS_DAEMON_POD_PREFIX)
+        if ours and _node_of(p) == node and _md(p).get("namespace") == "kube-system" \
+                and any(o.get("kind") == "DaemonSet" and o.get("name") == state.DEVICE_PLUGIN for o in owners):
             return p
     return None
 
 
+def _privileged(pod: dict[str, Any]) -> bool | None:
+    """Whether the pod's containers run privileged or with CAP_SYS_ADMIN (what the toolkit counts as privileged,
+    its internal/config/image/privileged.go); None when the pod's spec names no container."""
+    cs = [c for c in _l(_spec(pod).get("containers")) if isinstance(c, dict)]
+    if not cs:
+        return None
+    for c in cs:
+        sc = _dd(c.get("securityContext"))
+        if sc.get("privileged") is True or "SYS_ADMIN" in _l(_dd(sc.get("capabilities")).get("add")):
+            return True
+    return False
+
+
+def _failing_image(pod: dict[str, Any]) -> str:
+    """The image of the pod's container (init containers first) that waits on a pull, as its spec names it;
+    '' when none is named or the name is not an image reference."""
+    waiting = {str(cs.get("name", "")) for cs in _l(_status(pod).get("initContainerStatuses"))
+               + _l(_status(pod).get("containerStatuses"))
+               if isinstance(cs, dict) and "Pull" in str(_dd(_dd(cs.get("state")).get("waiting")).get("reason", ""))}
+    for c in _l(_spec(pod).get("initContainers")) + _l(_spec(pod).get("containers")):
+        if isinstance(c, dict) and str(c.get("name", "")) in waiting:
+            image = str(c.get("image", ""))
+            return image if IMAGE_REF.fullmatch(image) else ""
+    return ""
+
+
 def pull_failures(events: list[dict[str, Any]], namespace: str, pod: str) -> list[str]:
-    """The kubelet's 'Failed to pull image' event messages for a pod, oldest first."""
+    """The kubelet's 'Failed to pull image' event messages for a pod, in the order the API lists them."""
     out = []
     for e in events:
         io = e.get("involvedObject") if isinstance(e.get("involvedObject"), dict) else {}
@@ -543,15 +574,10 @@ def pull_failures(events: list[dict[str, Any]], namespace: str, pod: str) -> lis
     return out
 
 
-def _pull_image(text: str) -> str:
-    m = PULL_IMAGE.search(text)
-    return next((g for g in m.groups() if g), "") if m else ""
-
-
 def _pull_reason(message: str) -> str:
     """The end of containerd's error: what failed (no such host, not found, unauthorized, ...)."""
     tail = message.rsplit(": ", 2)
-    return ": ".join(tail[-2:]) if len(tail) >= 3 else message
+    return (": ".join(tail[-2:]) if len(tail) >= 3 else message)[:200]
 
 
 def node_causes(name: str, ev: ClusterEvidence) -> list[Finding]:
@@ -578,6 +604,7 @@ def node_causes(name: str, ev: ClusterEvidence) -> list[Finding]:
     extra: list[str] = []
     plugin = plugin_pod(ev, name)
     log = ""
+    pname = str(_md(plugin or {}).get("name", "") or f"{state.DEVICE_PLUGIN_POD_PREFIX}-...")
     if plugin is not None:
         ns, pname = pod_key(plugin)
         log = clean(ev.logs.get((ns, pname), ""))
@@ -595,34 +622,41 @@ def node_causes(name: str, ev: ClusterEvidence) -> list[Finding]:
         if "ImagePull" in waiting or "ErrImagePull" in waiting:
             ns, pname = pod_key(plugin)
             pulls = pull_failures(ev.events, ns, pname)
-            image = _pull_image(waiting) or "the plugin's image"
+            image = _failing_image(plugin)
             fid = "gpu.plugin-image-pull"
-            message = (f"{f.message.split(': ', 1)[0]}: the node cannot pull the device plugin's image {image}"
-                       + (f" ({_pull_reason(pulls[-1])})" if pulls else ""))
-            remedy = (f"make {image} pullable from {name}: check that the node reaches its registry (on the node: "
-                      f"sudo crictl pull {image}), or serve it from a mirror (registry.mirror in the inventory; "
-                      "gpuk8s images lists what to copy there) and re-run gpuk8s install")
+            message = (f"{f.message.split(': ', 1)[0]}: the node cannot pull the device plugin's image "
+                       f"{image or '(not named)'}" + (f" ({_pull_reason(pulls[-1])})" if pulls else ""))
+            remedy = (f"make {image or 'the image'} pullable from {name}: check that the node reaches its registry "
+                      + (f"(on the node: sudo crictl pull {shlex.quote(image)}), " if image else "")
+                      + "or serve it from a mirror (registry.mirror in the inventory; gpuk8s images lists what to "
+                      "copy there) and re-run gpuk8s install")
             extra = [waiting[:300], *(f"event: {m[:400]}" for m in pulls[-1:]), *extra]
     if fid in ("gpu.plugin-no-nvml", "gpu.fewer-registered") and host is not None and not problem \
             and not any(k in log for k in PLUGIN_NVML) and host.sockets is not None \
             and not any(s.startswith(PLUGIN_SOCKET_PREFIX) for s in host.sockets):
         fid, message = "gpu.plugin-socket-missing", (
-            f"the device plugin runs on {name} but its socket is not in the kubelet's {DEVICE_PLUGINS}/: it never "
-            "registered (the hostPath mount, or the kubelet's directory, is not the one the plugin serves)")
-        remedy = (f"compare the plugin's volume with the kubelet's root dir on {name} (kubelet --root-dir); "
-                  f"restart the plugin pod: kubectl -n kube-system delete pod {_md(plugin or {}).get('name', '')}")
+            f"the device plugin runs on {name} but its socket is not in the kubelet's {DEVICE_PLUGINS}/: it is not "
+            "registered with the kubelet (a kubelet restart it missed, or a plugin volume that is not the kubelet's "
+            "directory)")
+        remedy = (f"restart the plugin pod: {restart_command(pname)} (gpuk8s doctor --fix does it); if its socket "
+                  f"still does not appear, compare the plugin's volume with the kubelet's root dir on {name} "
+                  "(kubelet --root-dir)")
     if fid == "gpu.plugin-no-nvml" and default == "nvidia" and not problem and host is not None \
-            and host.envvar_unprivileged is False:
+            and host.envvar_unprivileged is False and plugin is not None and _privileged(plugin) is False:
         message = (f"{f.message.split(': ', 1)[0]}: the device plugin got no driver in its container: the toolkit on "
                    f"{name} ignores NVIDIA_VISIBLE_DEVICES in containers without CAP_SYS_ADMIN "
                    f"({ENVVAR_UNPRIVILEGED} = false), and the plugin runs unprivileged")
-        remedy = (f"on {name}: set {ENVVAR_UNPRIVILEGED} = true in {TOOLKIT_CONFIG} (or remove the line), then restart "
-                  f"the plugin pod: kubectl -n kube-system delete pod {_md(plugin or {}).get('name', '')}; keeping "
-                  "the setting means giving the plugin CAP_SYS_ADMIN (NVIDIA/k8s-device-plugin issue 856)")
-    elif fid == "gpu.plugin-no-nvml" and default == "nvidia" and not problem and any(k in log for k in PLUGIN_NVML):
-        remedy = ("the runtime's default is nvidia, yet the plugin has no NVML: check nvidia-container-toolkit on the "
-                  "host (nvidia-ctk --version, /etc/nvidia-container-runtime/config.toml) and restart the runtime; "
-                  + remedy)
+        remedy = (f"on {name}: set {ENVVAR_UNPRIVILEGED} = true in {TOOLKIT_CONFIG} (or remove the line), then "
+                  f"{restart_command(pname)}. The setting also keeps every unprivileged GPU pod from its GPUs, since "
+                  "the plugin hands them out through that variable; keeping it needs the plugin's volume-mounts "
+                  "device list strategy and CAP_SYS_ADMIN, which gpuk8s does not deploy (NVIDIA/k8s-device-plugin "
+                  "issue 856)")
+        extra.append(f"plugin pod {pname}: unprivileged (no CAP_SYS_ADMIN)")
+    elif fid == "gpu.plugin-no-nvml" and default == "nvidia" and not problem and plugin is not None:
+        remedy = (f"the runtime's default is nvidia, yet the plugin has no NVML: it loads NVML once, when it starts, "
+                  f"so one started before the runtime or the driver was right waits indefinitely: "
+                  f"{restart_command(pname)} (gpuk8s doctor --fix does it); if it still has none, check "
+                  f"nvidia-container-toolkit on the host (nvidia-ctk --version, {TOOLKIT_CONFIG})")
     return [findings.failed(fid, message, remedy, subject=f.subject, evidence=[*f.evidence, *extra])]
 
 
@@ -656,6 +690,7 @@ FIXES: dict[str, str] = {
     "gpu.mps-daemon-missing": "gpu",
     "gpu.hami-missing": "gpu",
     "gpu.plugin-socket-missing": "plugin",
+    "gpu.plugin-no-nvml": "plugin",
 }
 
 
@@ -665,5 +700,9 @@ def fixable(f: Finding, ev: ClusterEvidence) -> str:
     phase = FIXES.get(f.id, "")
     if f.id == "gpu.plugin-not-scheduled" and not any(
             e.startswith(f"node label {gpuplan.GPU_PRESENT}: missing") for e in f.evidence):
+        return ""
+    if f.id == "gpu.plugin-no-nvml" and (  # a restart does not help where the toolkit refuses it the driver
+            any(ENVVAR_UNPRIVILEGED in e for e in f.evidence)
+            or not any(e.endswith(" default runtime: nvidia") for e in f.evidence)):
         return ""
     return phase

@@ -37,7 +37,7 @@ devchar() {{ ls -l /dev/char 2>/dev/null | grep -c -- '-> \\.\\./nvidia'; true; 
 quick doctor-devchar devchar
 devnodes() {{ ls -1 /dev 2>/dev/null | grep '^nvidia' ; true; }}
 quick doctor-devnodes devnodes
-toolkitcfg() {{ grep -E '^[[:space:]]*{ENVVAR_UNPRIVILEGED}[[:space:]]*=' {TOOLKIT_CONFIG} 2>/dev/null; true; }}
+toolkitcfg() {{ grep -E '^[[:space:]]*"?{ENVVAR_UNPRIVILEGED}"?[[:space:]]*=' {TOOLKIT_CONFIG} 2>/dev/null; true; }}
 quick doctor-toolkit toolkitcfg
 """
 SCRIPT = PROBE + EXTRA
@@ -116,8 +116,9 @@ def parse_host(stdout: str, runtime: str) -> HostEvidence:
     envvar = None
     for line in (out("doctor-toolkit") or "").splitlines():
         key, _, value = line.partition("=")
-        if key.strip() == ENVVAR_UNPRIVILEGED and value.strip() in ("true", "false"):
-            envvar = value.strip() == "true"
+        value = value.split("#", 1)[0].strip()  # a comment after the value
+        if key.strip().strip('"') == ENVVAR_UNPRIVILEGED and value in ("true", "false"):
+            envvar = value == "true"
     return HostEvidence(facts, runtime,
                         tuple(clean(x) for x in socks.split() if x) if socks is not None else None,
                         int(dc) if dc.isdigit() else None, tuple(clean(x) for x in nodes.split() if x),

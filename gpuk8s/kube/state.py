@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -142,6 +143,7 @@ class PodState:
     unschedulable: str  # the scheduler's message when it cannot place the pod
     reason: str = ""  # status.reason: e.g. OutOfnvidia.com/gpu when the kubelet rejected the pod
     message: str = ""
+    namespace: str = ""
 
 
 def pod_state(pod: Any) -> PodState:
@@ -160,7 +162,7 @@ def pod_state(pod: Any) -> PodState:
                     if isinstance(c, dict) and c.get("reason") == "Unschedulable"), "")
     text = {k: str(status.get(k, "") or "") for k in ("phase", "reason", "message")}
     return PodState(name_of(pod), str(_sub(pod, "spec").get("nodeName", "") or ""), text["phase"], waiting, restarts,
-                    unsched, text["reason"], text["message"])
+                    unsched, text["reason"], text["message"], str(_sub(pod, "metadata").get("namespace", "") or ""))
 
 
 def pod_states(pods: list[dict[str, Any]]) -> list[PodState]:
@@ -275,9 +277,16 @@ class NodeCheck:
         return out
 
 
+def restart_command(pod: str) -> str:
+    """How a device plugin pod is restarted (its DaemonSet makes a new one at once)."""
+    return "kubectl " + shlex.join(["-n", "kube-system", "delete", "pod", pod])
+
+
 def device_plugin_pod(pods: list[PodState], node: str) -> PodState | None:
+    """The device plugin's pod on the node: only in kube-system (a pod of that name in a user's namespace is not
+    it; its name goes into remedies and into what --fix deletes)."""
     return next((p for p in pods if p.node == node and p.name.startswith(DEVICE_PLUGIN_POD_PREFIX)
-                 and not p.name.startswith(MPS_DAEMON_POD_PREFIX)), None)
+                 and not p.name.startswith(MPS_DAEMON_POD_PREFIX) and p.namespace in ("kube-system", "")), None)
 
 
 def check_node(name: str, want: int, node: Any, pods: list[PodState], plugin: DaemonSetState | None, *,

@@ -31,13 +31,28 @@ from gpuk8s.phases.base import Change, Context, Phase, PhaseError, PhasePlan, Ph
 RUNTIME_RESTARTS = ("containerd-restarted", "docker-restarted")
 
 
-def runtime_restarted(ctx: Context, statuses: tuple[str, ...] = ("changed",)) -> list[str]:
-    """The hosts whose container runtime prepare restarted (or, for a plan, would restart)."""
+def runtime_restarted(ctx: Context, planning: bool = False) -> list[str]:
+    """The hosts whose container runtime prepare restarted; planning: those where it would (a dry run reports the
+    steps that change the runtime's configuration as would-change, and the restart step itself as unchanged)."""
     rep = ctx.prepare_report
     if rep is None:
         return []
+    if planning:
+        return sorted(h.host.name for h in rep.hosts if any(
+            s.outcome.status == "would-change"
+            and (s.step.name in RUNTIME_RESTARTS or getattr(s.step, "restarts", "") in ("containerd", "docker"))
+            for s in h.steps))
     return sorted(h.host.name for h in rep.hosts
-                  if any(s.step.name in RUNTIME_RESTARTS and s.outcome.status in statuses for s in h.steps))
+                  if any(s.step.name in RUNTIME_RESTARTS and s.outcome.status == "changed" for s in h.steps))
+
+
+def plugin_pods(ctx: Context, nodes: list[str]) -> dict[str, str]:
+    """node -> the name of the device plugin's pod on it, for those of `nodes` that have one."""
+    if not nodes:
+        return {}
+    pods = state.pod_states(ctx.kube.get("pods", namespace="kube-system"))
+    found = {n: state.device_plugin_pod(pods, n) for n in nodes}
+    return {n: p.name for n, p in found.items() if p is not None}
 
 
 def owned_labels(node: state.NodeState) -> tuple[str, ...]:
@@ -98,14 +113,12 @@ class GPUNodes(Phase):
         return manifests.wanted(ctx.inv, ctx.plans, keep)
 
     @staticmethod
-    def _stale_plugins(ctx: Context, statuses: tuple[str, ...]) -> dict[str, str]:
-        """node -> the name of its device plugin pod, where prepare restarted the node's runtime under it."""
-        nodes = [n for n in runtime_restarted(ctx, statuses) if n in ctx.plans and ctx.plans[n].gpu_node]
-        if not nodes or not ctx.initialized():
+    def _stale_plugins(ctx: Context, planning: bool) -> dict[str, str]:
+        """node -> its device plugin pod, where prepare restarted (would restart) the node's runtime under it."""
+        if not ctx.initialized():
             return {}
-        pods = state.pod_states(ctx.kube.get("pods", namespace="kube-system"))
-        found = {n: state.device_plugin_pod(pods, n) for n in nodes}
-        return {n: p.name for n, p in found.items() if p is not None}
+        return plugin_pods(ctx, [n for n in runtime_restarted(ctx, planning)
+                                 if n in ctx.plans and ctx.plans[n].gpu_node])
 
     def plan(self, ctx: Context) -> PhasePlan:
         wanted = self._wanted(ctx)
@@ -123,8 +136,8 @@ class GPUNodes(Phase):
                                                    for d in reversed(m.objects())))
                         for m in gone if manifests.present(ctx.kube, m)]
         changes += [Change(f"restart the device plugin on {node} (its container runtime is reconfigured)",
-                           commands="kubectl " + shlex.join(["-n", "kube-system", "delete", "pod", pod]))
-                    for node, pod in self._stale_plugins(ctx, ("would-change",)).items()]
+                           commands=state.restart_command(pod))
+                    for node, pod in self._stale_plugins(ctx, planning=True).items()]
         for name, (labels, taints) in diffs.items():
             if labels:
                 changes.append(Change(f"label {name}", commands="kubectl " + shlex.join(label_args(name, labels))))
@@ -152,7 +165,7 @@ class GPUNodes(Phase):
                 ctx.kube.taint(name, taints)
                 r.hosts[name] = (r.hosts.get(name, "") + " tainted " + ", ".join(taints)).strip()
                 done.append(f"taints on {name}")
-        for node, pod in self._stale_plugins(ctx, ("changed",)).items():
+        for node, pod in self._stale_plugins(ctx, planning=False).items():
             ctx.kube.delete("pod", [pod], "kube-system")
             r.hosts[node] = (r.hosts.get(node, "") + " device plugin restarted").strip()
             done.append(f"device plugin restarted on {node} (runtime reconfigured)")
@@ -171,20 +184,14 @@ class RestartPlugin(Phase):
     def __init__(self, nodes: list[str]) -> None:
         self.nodes = sorted(nodes)
 
-    def _pods(self, ctx: Context) -> dict[str, str]:
-        pods = state.pod_states(ctx.kube.get("pods", namespace="kube-system"))
-        found = {n: state.device_plugin_pod(pods, n) for n in self.nodes}
-        return {n: p.name for n, p in found.items() if p is not None}
-
     def plan(self, ctx: Context) -> PhasePlan:
-        changes = [Change(f"restart the device plugin on {n}",
-                          commands="kubectl " + shlex.join(["-n", "kube-system", "delete", "pod", pod]))
-                   for n, pod in self._pods(ctx).items()]
+        changes = [Change(f"restart the device plugin on {n}", commands=state.restart_command(pod))
+                   for n, pod in plugin_pods(ctx, self.nodes).items()]
         return self.planned("would-change" if changes else "unchanged", "no device plugin pod on these nodes"
                             if not changes else "", changes)
 
     def run(self, ctx: Context) -> PhaseResult:
-        pods = self._pods(ctx)
+        pods = plugin_pods(ctx, self.nodes)
         if not pods:
             return self.result("unchanged", "no device plugin pod on " + ", ".join(self.nodes))
         ctx.kube.delete("pod", sorted(pods.values()), "kube-system")

@@ -6,93 +6,23 @@ id, evidence and remedy; after --fix (where gpuk8s offers one) doctor finds noth
 from __future__ import annotations
 
 import json
-import os
 import shlex
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import jsonschema
 import pytest
 
-from tests.conftest import lab_unavailable
+from tests.labtests.gpucluster import KUBECTL, ROOT, STATUS_SCHEMA, Cluster, installed
 
-ROOT = Path(__file__).resolve().parents[2]
 FLEET = ("hosts:\n  - name: cp-1\n    role: control-plane\n  - name: gpu-1\n    gpus: 2\n"
          "  - name: gpu-2\n    gpus: 2\n")
-KUBECTL = "kubectl --kubeconfig /etc/kubernetes/admin.conf "
-STATUS_SCHEMA = json.loads((ROOT / "docs" / "status.schema.json").read_text())
-DOCTOR_SCHEMA = json.loads((ROOT / "docs" / "doctor.schema.json").read_text())
-TIMES: dict[str, float] = {}
-
-
-class Cluster:
-    def __init__(self, lab: Any, tmp: Path) -> None:
-        self.lab, self.tmp = lab, tmp
-        self.inv = str(lab.inventory)
-
-    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
-        env = {**os.environ, "GPUK8S_LOG_FILE": str(self.tmp / "gpuk8s.log"), "NO_COLOR": "1"}
-        return subprocess.run([sys.executable, "-m", "gpuk8s", *args], capture_output=True, text=True, env=env,
-                              timeout=300, cwd=self.tmp, stdin=subprocess.DEVNULL)
-
-    def doctor(self, *args: str) -> tuple[int, dict[str, Any]]:
-        t0 = time.monotonic()
-        r = self.cli("doctor", "-i", self.inv, "-o", "json", *args)
-        TIMES.setdefault("doctor", 0.0)
-        TIMES["doctor"] = max(TIMES["doctor"], time.monotonic() - t0)
-        doc = json.loads(r.stdout)
-        jsonschema.validate(doc, DOCTOR_SCHEMA)
-        return r.returncode, doc
-
-    def kubectl(self, args: str) -> str:
-        return self.lab.host("cp-1").exec(KUBECTL + args).stdout
-
-    def pod(self, name: str, limits: dict[str, Any], ns: str = "default", command: list[str] | None = None,
-            **spec: Any) -> None:
-        image = spec.pop("image", "nvidia/cuda:12.0.0-base-ubuntu22.04")
-        annotations = spec.pop("metadata_annotations", None)
-        obj = {"apiVersion": "v1", "kind": "Pod",
-               "metadata": {"name": name, "namespace": ns, **({"annotations": annotations} if annotations else {})},
-               "spec": {"restartPolicy": "Never", **spec,
-                        "containers": [{"name": "main", "image": image, "command": command or ["sleep", "infinity"],
-                                        "resources": {"limits": limits}}]}}
-        cp = self.lab.host("cp-1")
-        cp.write(f"/root/{name}.json", json.dumps(obj))
-        cp.exec(KUBECTL + f"apply -f /root/{name}.json")
-
-    def delete(self, *names: str, ns: str = "default") -> None:
-        self.kubectl(f"delete pod {' '.join(names)} -n {ns}")
-
-    def phase(self, name: str, ns: str = "default") -> dict[str, Any]:
-        return json.loads(self.kubectl(f"get pod {name} -n {ns} -o json"))
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    reason = lab_unavailable()
-    if reason:
-        pytest.skip(reason)
-    from tests.lab.lab import Lab
-
-    tmp = tmp_path_factory.mktemp("doctor")
-    lab = Lab()
-    f = tmp / "fleet.yaml"
-    f.write_text(FLEET)
-    lab.up(f)
-    try:
-        c = Cluster(lab, tmp)
-        t0 = time.monotonic()
-        r = c.cli("install", "-i", c.inv, "-o", "json", "--no-test-pods", "--kubeconfig-out", str(tmp / "kc"))
-        TIMES["install"] = time.monotonic() - t0
-        assert r.returncode == 0, r.stdout + r.stderr
-        yield c
-    finally:
-        lab.down()
-        print("lab timings (s):", {k: round(v, 1) for k, v in TIMES.items()})
+    yield from installed(tmp_path_factory, "doctor", FLEET)
 
 
 def only(doc: dict[str, Any], subject: str) -> list[dict[str, Any]]:
@@ -108,7 +38,7 @@ def test_status_counts_every_gpu_and_who_holds_it(cluster: Cluster) -> None:
         assert cluster.phase("train")["status"]["phase"] == "Running"
         t0 = time.monotonic()
         r = cluster.cli("status", "-i", cluster.inv, "-o", "json")
-        TIMES["status"] = time.monotonic() - t0
+        cluster.times["status"] = time.monotonic() - t0
         assert r.returncode == 0, r.stderr
         st = json.loads(r.stdout)
         jsonschema.validate(st, STATUS_SCHEMA)
@@ -372,7 +302,8 @@ def test_no_device_plugin_and_the_fix(cluster: Cluster) -> None:
 
 def test_a_plugin_image_the_node_cannot_pull(cluster: Cluster) -> None:
     w = cluster.lab.host("gpu-2")
-    w.update_state(unreachable_hosts=["nvcr.io"])  # gpu-2 lost its way to NVIDIA's registry (DNS, firewall)
+    before = w.state().get("unreachable_hosts", [])
+    w.update_state(unreachable_hosts=[*before, "nvcr.io"])  # gpu-2 lost its way to NVIDIA's registry
     try:
         code, doc = cluster.doctor()
         assert code == 1
@@ -388,32 +319,42 @@ def test_a_plugin_image_the_node_cannot_pull(cluster: Cluster) -> None:
         r = cluster.cli("doctor", "-i", cluster.inv, "--fix", "--yes")  # nothing gpuk8s can fix by itself
         assert r.returncode == 1 and "gpu.plugin-image-pull" in r.stdout
     finally:
-        w.update_state(unreachable_hosts=[])
+        w.update_state(unreachable_hosts=before)
     code, doc = cluster.doctor()
     assert code == 0, doc
 
 
-def test_a_plugin_socket_gone_from_the_kubelets_directory(cluster: Cluster) -> None:
+def test_a_plugin_that_missed_a_kubelet_restart(cluster: Cluster) -> None:
     w = cluster.lab.host("gpu-1")
-    assert sorted(w.exec("ls -1A /var/lib/kubelet/device-plugins").stdout.split()) == ["kubelet.sock",
-                                                                                        "nvidia-gpu.sock"]
-    # what a kubelet restart does to the directory when the plugin misses the signal to register again
-    # (bottlerocket-os/bottlerocket issue 4250), or a clean-up script: the plugin still runs, unreachable
+    plugins = "ls -1A /var/lib/kubelet/device-plugins"
+    assert sorted(w.exec(plugins).stdout.split()) == ["kubelet.sock", "nvidia-gpu.sock"]
+    # a socket file removed under a registered plugin changes nothing: the kubelet keeps its stream to it
     w.exec("rm /var/lib/kubelet/device-plugins/nvidia-gpu.sock")
-    node = json.loads(cluster.kubectl("get node gpu-1 -o json"))
-    st = node["status"]
-    assert st["capacity"]["nvidia.com/gpu"] == "2" and st["allocatable"]["nvidia.com/gpu"] == "0"
-    code, doc = cluster.doctor("node/gpu-1")
-    assert code == 1
-    [f] = doc["findings"]
-    assert f["id"] == "gpu.plugin-socket-missing"
-    assert "/var/lib/kubelet/device-plugins: kubelet.sock" in f["evidence"]
-    assert "kubectl -n kube-system delete pod nvidia-device-plugin-daemonset-gpu-1" in f["remedy"]
-    # the remedy, as --fix applies it: the DaemonSet's new pod serves and registers again
-    code, doc = cluster.doctor("node/gpu-1", "--fix", "--yes")
-    assert code == 0 and doc["findings"] == [], doc
-    assert [(x["name"], x["status"]) for x in doc["fixes"]][1:] == [("plugin-restart", "changed")]
-    assert "nvidia-gpu.sock" in w.exec("ls -1A /var/lib/kubelet/device-plugins").stdout
+    assert cluster.doctor("node/gpu-1")[0] == 0
+    # the kubelet restarts, empties its directory and knows no plugin until each registers again; this plugin
+    # misses the new kubelet.sock (the race of bottlerocket-os/bottlerocket issue 4250)
+    w.update_state(plugin_misses_kubelet_restart=True)
+    try:
+        w.exec("systemctl restart kubelet")
+        assert w.exec(plugins).stdout.split() == ["kubelet.sock"]
+        st = json.loads(cluster.kubectl("get node gpu-1 -o json"))["status"]
+        assert st["capacity"]["nvidia.com/gpu"] == "2" and st["allocatable"]["nvidia.com/gpu"] == "0"
+        code, doc = cluster.doctor("node/gpu-1")
+        assert code == 1
+        [f] = doc["findings"]
+        assert f["id"] == "gpu.plugin-socket-missing" and "a kubelet restart it missed" in f["message"]
+        assert "/var/lib/kubelet/device-plugins: kubelet.sock" in f["evidence"]
+        assert "kubectl -n kube-system delete pod nvidia-device-plugin-daemonset-gpu-1" in f["remedy"]
+        # the remedy, as --fix applies it: the DaemonSet's new pod serves and registers again
+        code, doc = cluster.doctor("node/gpu-1", "--fix", "--yes")
+        assert code == 0 and doc["findings"] == [], doc
+        assert [(x["name"], x["status"]) for x in doc["fixes"]][1:] == [("plugin-restart", "changed")]
+        assert sorted(w.exec(plugins).stdout.split()) == ["kubelet.sock", "nvidia-gpu.sock"]
+    finally:
+        w.update_state(plugin_misses_kubelet_restart=False)
+    # a plugin that sees the kubelet restart registers again by itself
+    w.exec("systemctl restart kubelet")
+    assert cluster.doctor("node/gpu-1")[0] == 0
     cluster.pod("after-socket", {"nvidia.com/gpu": 2}, nodeSelector={"kubernetes.io/hostname": "gpu-1"})
     try:
         assert cluster.phase("after-socket")["status"]["phase"] == "Running"
@@ -429,6 +370,7 @@ def test_a_toolkit_that_refuses_the_unprivileged_plugin_its_gpus(cluster: Cluste
     text = ('accept-nvidia-visible-devices-as-volume-mounts = true\n'
             'accept-nvidia-visible-devices-envvar-when-unprivileged = false\n\n'
             '[nvidia-container-cli]\nldconfig = "@/sbin/ldconfig.real"\n')
+    existed = w.exec(f"test -e {cfg}", check=False).returncode == 0
     w.exec(f"mkdir -p /etc/nvidia-container-runtime && printf %s {shlex.quote(text)} > {cfg}")
     cluster.kubectl("delete pod nvidia-device-plugin-daemonset-gpu-2 -n kube-system")  # the runtime reads it then
     try:
@@ -441,8 +383,11 @@ def test_a_toolkit_that_refuses_the_unprivileged_plugin_its_gpus(cluster: Cluste
             "= false" in f["evidence"]
         assert any("could not load NVML library" in e for e in f["evidence"])  # the plugin's own log
         assert "envvar-when-unprivileged = true" in f["remedy"]
+        assert "plugin pod nvidia-device-plugin-daemonset-gpu-2: unprivileged (no CAP_SYS_ADMIN)" in f["evidence"]
+        r = cluster.cli("doctor", "-i", cluster.inv, "--fix", "--yes")  # a restart alone would not help
+        assert r.returncode == 1 and "none of these causes is one gpuk8s can fix" in r.stderr
     finally:
-        w.exec(f"sed -i /envvar-when-unprivileged/d {cfg}")
+        w.exec(f"rm -f {cfg}" if not existed else f"sed -i /envvar-when-unprivileged/d {cfg}")
     code, doc = cluster.doctor("node/gpu-2")
     assert code == 1 and doc["findings"][0]["id"] == "gpu.plugin-no-nvml"  # until the plugin starts again
     cluster.kubectl("delete pod nvidia-device-plugin-daemonset-gpu-2 -n kube-system")
@@ -456,8 +401,7 @@ FIXTURES = ROOT / "tests" / "fixtures" / "doctor"
 def test_nvml_unknown_error_in_a_running_pod(cluster: Cluster) -> None:
     # the workload's own log (a lab override: an application's output cannot be derived), after a systemctl
     # daemon-reload on a node with the systemd cgroup driver; the node's side is read from the host itself
-    cluster.pod("smi-loop", {"nvidia.com/gpu": 1},
-                metadata_annotations={"lab.gpuk8s.io/log": (FIXTURES / "nvml-unknown.log").read_text()})
+    cluster.pod("smi-loop", {"nvidia.com/gpu": 1}, log=(FIXTURES / "nvml-unknown.log").read_text())
     try:
         assert cluster.phase("smi-loop")["status"]["phase"] == "Running"
         code, doc = cluster.doctor("smi-loop")

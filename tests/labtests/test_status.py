@@ -7,21 +7,16 @@ monitoring, the DCGM exporter's utilisation and memory per GPU."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import jsonschema
 import pytest
 import yaml
 
-from tests.conftest import lab_unavailable
+from tests.labtests.gpucluster import STATUS_SCHEMA, Cluster, installed
 
-ROOT = Path(__file__).resolve().parents[2]
 FLEET = """
 hosts:
   - name: cp-1
@@ -42,72 +37,19 @@ hosts:
 """
 # mig-1's GPUs partitioned, two 3g.71gb devices each, exposed under the mixed strategy (docs/mig.md)
 MIG = {"strategy": "mixed", "config": [{"devices": "all", "mig-devices": {"3g.71gb": 2}}]}
-KUBECTL = "kubectl --kubeconfig /etc/kubernetes/admin.conf "
-STATUS_SCHEMA = json.loads((ROOT / "docs" / "status.schema.json").read_text())
-DOCTOR_SCHEMA = json.loads((ROOT / "docs" / "doctor.schema.json").read_text())
 
 
-class Cluster:
-    def __init__(self, lab: Any, tmp: Path) -> None:
-        self.lab, self.tmp, self.inv = lab, tmp, str(lab.inventory)
-
-    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
-        env = {**os.environ, "GPUK8S_LOG_FILE": str(self.tmp / "gpuk8s.log"), "NO_COLOR": "1"}
-        return subprocess.run([sys.executable, "-m", "gpuk8s", *args], capture_output=True, text=True, env=env,
-                              timeout=300, cwd=self.tmp, stdin=subprocess.DEVNULL)
-
-    def kubectl(self, args: str) -> str:
-        return self.lab.host("cp-1").exec(KUBECTL + args).stdout
-
-    def pod(self, name: str, limits: dict[str, Any], node: str | None = None, log: str | None = None) -> None:
-        spec: dict[str, Any] = {"restartPolicy": "Never", "containers": [
-            {"name": "main", "image": "nvidia/cuda:12.0.0-base-ubuntu22.04", "command": ["sleep", "infinity"],
-             "resources": {"limits": limits}}]}
-        if node:
-            spec["nodeSelector"] = {"kubernetes.io/hostname": node}
-        cp = self.lab.host("cp-1")
-        md: dict[str, Any] = {"name": name, "namespace": "default"}
-        if log is not None:  # the workload's own log (the lab's override lab.gpuk8s.io/log)
-            md["annotations"] = {"lab.gpuk8s.io/log": log}
-        cp.write(f"/root/{name}.json", json.dumps({"apiVersion": "v1", "kind": "Pod", "metadata": md, "spec": spec}))
-        cp.exec(KUBECTL + f"apply -f /root/{name}.json")
-
-    def status(self) -> dict[str, Any]:
-        return json.loads(self.kubectl("get pods -A -o json"))
-
-    def doctor(self, *args: str) -> tuple[int, dict[str, Any]]:
-        r = self.cli("doctor", "-i", self.inv, "-o", "json", *args)
-        doc = json.loads(r.stdout)
-        jsonschema.validate(doc, DOCTOR_SCHEMA)
-        return r.returncode, doc
+def with_mig(inventory: Path) -> None:
+    data = yaml.safe_load(inventory.read_text())
+    for h in data["hosts"]:
+        if h["name"] == "mig-1":
+            h["mig"] = MIG
+    inventory.write_text(yaml.safe_dump(data, sort_keys=False))
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    reason = lab_unavailable()
-    if reason:
-        pytest.skip(reason)
-    from tests.lab.lab import Lab
-
-    tmp = tmp_path_factory.mktemp("status")
-    lab = Lab()
-    f = tmp / "fleet.yaml"
-    f.write_text(FLEET)
-    lab.up(f)
-    try:
-        data = yaml.safe_load(lab.inventory.read_text())
-        for h in data["hosts"]:
-            if h["name"] == "mig-1":
-                h["mig"] = MIG
-        lab.inventory.write_text(yaml.safe_dump(data, sort_keys=False))
-        c = Cluster(lab, tmp)
-        t0 = time.monotonic()
-        r = c.cli("install", "-i", c.inv, "-o", "json", "--no-test-pods", "--kubeconfig-out", str(tmp / "kc"))
-        assert r.returncode == 0, r.stdout + r.stderr
-        print(f"install: {time.monotonic() - t0:.1f} s")
-        yield c
-    finally:
-        lab.down()
+    yield from installed(tmp_path_factory, "status", FLEET, configure=with_mig)
 
 
 def test_status_on_whole_and_shared_gpus(cluster: Cluster) -> None:
@@ -138,7 +80,7 @@ def test_status_on_whole_and_shared_gpus(cluster: Cluster) -> None:
     assert "ts\ttime-slicing x4\tnvidia.com/gpu\t8\t8\t5\t3\t" in r.stdout
     assert "mps\tmps x2\tnvidia.com/gpu\t2\t2\t1\t1\tdefault/mps-a" in r.stdout
     assert "mig-1\tmig mixed 3g.71gb:4\tnvidia.com/mig-3g.71gb\t4\t4\t1\t3\tdefault/mig-a" in r.stdout
-    print(f"status: {took:.1f} s")
+    cluster.times["status"] = took
 
 
 def test_two_slices_refused_under_fail_requests_greater_than_one(cluster: Cluster) -> None:
@@ -166,7 +108,7 @@ def test_an_mps_node_without_its_daemon_and_the_fix(cluster: Cluster) -> None:
     assert code == 0 and doc["findings"] == [], doc
     assert doc["fixes"][-1] == {**doc["fixes"][-1], "name": "gpu", "status": "changed"}
     cluster.pod("mps-b", {"nvidia.com/gpu": 1}, "mps")
-    pods = {p["metadata"]["name"]: p for p in cluster.status()["items"]}
+    pods = {p["metadata"]["name"]: p for p in cluster.pods()["items"]}
     assert pods["mps-b"]["status"]["phase"] == "Running"
 
 

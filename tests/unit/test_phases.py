@@ -175,9 +175,15 @@ def _restarted(*hosts: str, status: str = "changed") -> Any:
     """A prepare report in which these hosts' container runtime was restarted (or would be)."""
     from types import SimpleNamespace as NS
 
-    return NS(hosts=[NS(host=INV.host(h), steps=[NS(step=NS(name="containerd-restarted"), outcome=NS(status=status)),
-                                                 NS(step=NS(name="systemd-cgroup"), outcome=NS(status="changed"))])
-                     for h in hosts] + [NS(host=INV.host("cp-1"), steps=[])])
+    if status == "would-change":  # a dry run: the step that edits the config would change, the restart step
+        # itself checks clean (its marker is written only by a real run)
+        steps = [NS(step=NS(name="nvidia-runtime", restarts="containerd"), outcome=NS(status="would-change")),
+                 NS(step=NS(name="containerd-restarted", restarts=""), outcome=NS(status="unchanged"))]
+    else:
+        steps = [NS(step=NS(name="nvidia-runtime", restarts="containerd"), outcome=NS(status=status)),
+                 NS(step=NS(name="containerd-restarted", restarts=""), outcome=NS(status=status))]
+    other = [NS(step=NS(name="kubelet-config", restarts="kubelet"), outcome=NS(status=status))]
+    return NS(hosts=[NS(host=INV.host(h), steps=steps) for h in hosts] + [NS(host=INV.host("cp-1"), steps=other)])
 
 
 def _plugin_pods(kube: FakeKube) -> None:

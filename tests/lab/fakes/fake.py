@@ -526,6 +526,10 @@ def systemctl(h: Host, args: list[str]) -> int:
                 h.save()
                 return 1
             svc[u] = "active"
+            if u == "kubelet" and verb in ("start", "restart") and Path("/etc/kubernetes/kubelet.conf").exists():
+                import kube  # the simulated cluster: a kubelet (re)starting makes its device-plugin socket anew
+
+                kube.kubelet_started()
             if u == "cri-docker.socket":
                 _listen(CRI_DOCKERD_SOCKET)
     elif verb == "stop":
