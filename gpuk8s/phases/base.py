@@ -105,8 +105,9 @@ class Context:
     nodes: list[NodeCheck] = field(default_factory=list)  # verify's verdicts
     kubeconfig: str = ""  # where the admin kubeconfig was written
     locked: bool = False  # this run holds the cluster lock
-    # nodes whose device plugin config or sharing labels the gpu phase changed in this run: verify waits (up to
-    # the test pod timeout) for their allocatable to reflect it, as config-manager applies it a while later
+    # nodes whose device plugin config or sharing labels the gpu phase changed in this run, or whose plugin pod it
+    # restarted: verify waits (up to the test pod timeout) for their allocatable to reflect the plan, as
+    # config-manager applies a config, and a new plugin pod registers, a while later
     relabelled: set[str] = field(default_factory=set)
     on_exit: list[Callable[[], None]] = field(default_factory=list)
     initialized_cache: bool | None = None

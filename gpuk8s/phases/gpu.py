@@ -167,6 +167,7 @@ class GPUNodes(Phase):
                 done.append(f"taints on {name}")
         for node, pod in self._stale_plugins(ctx, planning=False).items():
             ctx.kube.delete("pod", [pod], "kube-system")
+            ctx.relabelled.add(node)  # verify waits for the new pod to register the node's GPUs
             r.hosts[node] = (r.hosts.get(node, "") + " device plugin restarted").strip()
             done.append(f"device plugin restarted on {node} (runtime reconfigured)")
         if done:

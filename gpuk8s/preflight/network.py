@@ -31,6 +31,13 @@ def server_dir_of(text: str) -> str | None:
     return lines[-1] if lines and _SERVER_DIR.fullmatch(lines[-1]) else None
 
 
+# When the directory line is not recognised, the server START_SERVER started (if it did) is found by its exact
+# command line, which names a directory of the form mktemp makes, and only this user's processes are looked at.
+def stop_unknown(port: int = IPERF_PORT) -> str:
+    return (f"pkill -u \"$(id -u)\" -x -f 'iperf3 -s -D -p {int(port)} -I /tmp/gpuk8s-iperf3\\.[A-Za-z0-9]"
+            "{10}/pid'; true")
+
+
 def stop_server(server_dir: str) -> str:
     if not _SERVER_DIR.fullmatch(server_dir):
         raise ValueError("not an iperf3 server directory")
@@ -97,6 +104,8 @@ def measure(cp: Session, workers: dict[str, Session], seconds: float, max_worker
         start = cp.run(START_SERVER, display="start iperf3 server")
         server_dir = server_dir_of(start.stdout) if start.ok else None
         if server_dir is None:
+            if start.ok:  # started, but what it printed is not the directory: stop it by its command line
+                cp.run(stop_unknown(), display="stop iperf3 server")
             for link in links.values():
                 link.note = (link.note + "; " if link.note else "") + "iperf3 not available on the control plane"
             return list(links.values())

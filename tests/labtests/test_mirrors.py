@@ -170,7 +170,9 @@ def test_install_with_every_public_source_unreachable_ends_with_every_gpu_schedu
     # the control: the mirror loses the device plugin's image, and the GPUs are gone with its pod
     (lab.root / "registries.json").write_text(json.dumps({MIRROR: [i for i in held if "k8s-device-plugin" not in i]}))
     plugin = [p for p in pods(lab) if p["metadata"]["name"].startswith("nvidia-device-plugin-daemonset")]
-    assert plugin and all(p["status"]["containerStatuses"][0]["state"]["waiting"]["reason"] == "ImagePullBackOff"
+    # its init container (config-manager, the same image) fails first; the containers after it wait
+    assert plugin and all(p["status"]["initContainerStatuses"][0]["state"]["waiting"]["reason"] == "ImagePullBackOff"
+                          and p["status"]["containerStatuses"][0]["state"]["waiting"]["reason"] == "PodInitializing"
                           for p in plugin)
     nodes = json.loads(cp.exec(f"{KUBECTL} get nodes -o json").stdout)["items"]
     assert all("nvidia.com/gpu" not in n["status"]["allocatable"] for n in nodes)

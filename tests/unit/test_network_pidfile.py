@@ -3,6 +3,7 @@ directory of this run; whatever a host or a local user puts in the pid file, not
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -73,3 +74,71 @@ def test_the_iperf3_server_it_started_is_stopped(server_dir: str) -> None:
         time.sleep(0.05)
     else:
         pytest.fail("the iperf3 server was not stopped")
+
+
+def test_a_started_server_whose_directory_line_is_not_recognised_is_stopped_all_the_same() -> None:
+    from types import SimpleNamespace as NS
+
+    from gpuk8s.preflight import network
+
+    ran: list[str] = []
+
+    class CP:
+        host = NS(address="10.0.0.1")
+
+        def run(self, cmd: str, **_: object) -> object:
+            ran.append(cmd)
+            if cmd == network.START_SERVER:  # the server started, then the host printed something else last
+                return NS(ok=True, stdout="/tmp/gpuk8s-iperf3.Ab3dE6gH9k\nWelcome!\n", exit_status=0)
+            return NS(ok=True, stdout="", exit_status=0)
+
+    w = NS(host=NS(address="10.0.0.2"), run=lambda *a, **k: NS(ok=True, stdout="", exit_status=0))
+    links = network.measure(CP(), {"w": w}, seconds=1)  # type: ignore[arg-type, dict-item]
+    assert ran[-1] == network.stop_unknown() and "iperf3 not available" in links[0].note
+    # not started at all: nothing to stop
+    ran.clear()
+
+    class NoServer(CP):
+        def run(self, cmd: str, **_: object) -> object:
+            ran.append(cmd)
+            return NS(ok=cmd != network.START_SERVER, stdout="", exit_status=0 if cmd != network.START_SERVER else 1)
+
+    network.measure(NoServer(), {"w": w}, seconds=1)  # type: ignore[arg-type, dict-item]
+    assert network.stop_unknown() not in ran
+
+
+@pytest.mark.skipif(shutil.which("iperf3") is None, reason="iperf3 is not installed (make lab-deps installs it)")
+def test_stop_unknown_stops_only_a_server_started_as_gpuk8s_starts_it(server_dir: str) -> None:
+    port = 52918
+    ours = subprocess.run(["iperf3", "-s", "-D", "-p", str(port), "-I", f"{server_dir}/pid"], check=True)
+    assert ours.returncode == 0
+    other_dir = tempfile.mkdtemp(prefix="other-iperf3.")
+    subprocess.run(["iperf3", "-s", "-D", "-B", "127.0.0.1", "-p", str(port + 1), "-I", f"{other_dir}/pid"],
+                   check=True)
+
+    def pid_of(d: str) -> int:
+        for _ in range(400):
+            if os.path.exists(f"{d}/pid") and Path(f"{d}/pid").read_text().strip():
+                break
+            time.sleep(0.05)
+        return int(Path(f"{d}/pid").read_text().split()[0])
+
+    mine, theirs = pid_of(server_dir), pid_of(other_dir)
+    try:
+        from gpuk8s.preflight.network import stop_unknown
+
+        subprocess.run(["sh", "-c", stop_unknown(port)], check=True, timeout=10)
+        for _ in range(50):
+            try:
+                os.kill(mine, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("the iperf3 server was not stopped")
+        os.kill(theirs, 0)  # another iperf3 server (not ours) is alive
+    finally:
+        for p in (mine, theirs):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, 15)
+        shutil.rmtree(other_dir, ignore_errors=True)

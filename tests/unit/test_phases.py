@@ -211,6 +211,7 @@ def test_a_plugin_is_restarted_where_prepare_restarted_the_runtime(tmp_path) -> 
     res = GPUNodes().run(ctx)
     assert res.status == "changed" and res.hosts == {"gpu-2": "device plugin restarted"}
     assert kube.writes == [("delete", "pod", "nvidia-device-plugin-daemonset-gpu-2")]
+    assert ctx.relabelled == {"gpu-2"}  # verify waits for the new pod to register the GPUs
     # nothing restarted by prepare (a re-run that changed nothing): no plugin touched
     kube.calls.clear()
     _plugin_pods(kube)
