@@ -60,20 +60,27 @@ def test_a_planted_pid_kills_nothing(server_dir: str, planted: str) -> None:
 def test_the_iperf3_server_it_started_is_stopped(server_dir: str) -> None:
     port = "52917"
     subprocess.run(["iperf3", "-s", "-D", "-B", "127.0.0.1", "-p", port, "-I", f"{server_dir}/pid"], check=True)
+    pid = _pid_in(server_dir)
+    subprocess.run(["sh", "-c", stop_server(server_dir)], check=True, timeout=10)
+    _gone(pid)
+
+
+def _pid_in(d: str) -> int:
     for _ in range(400):  # the daemon writes its pid file after forking: slow on a busy machine
-        if os.path.exists(f"{server_dir}/pid") and Path(f"{server_dir}/pid").read_text().strip():
+        if os.path.exists(f"{d}/pid") and Path(f"{d}/pid").read_text().strip():
             break
         time.sleep(0.05)
-    pid = int(Path(f"{server_dir}/pid").read_text().split()[0])
-    subprocess.run(["sh", "-c", stop_server(server_dir)], check=True, timeout=10)
+    return int(Path(f"{d}/pid").read_text().split()[0])
+
+
+def _gone(pid: int) -> None:
     for _ in range(50):
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
-            break
+            return
         time.sleep(0.05)
-    else:
-        pytest.fail("the iperf3 server was not stopped")
+    pytest.fail("the iperf3 server was not stopped")
 
 
 def test_a_started_server_whose_directory_line_is_not_recognised_is_stopped_all_the_same() -> None:
@@ -115,27 +122,12 @@ def test_stop_unknown_stops_only_a_server_started_as_gpuk8s_starts_it(server_dir
     other_dir = tempfile.mkdtemp(prefix="other-iperf3.")
     subprocess.run(["iperf3", "-s", "-D", "-B", "127.0.0.1", "-p", str(port + 1), "-I", f"{other_dir}/pid"],
                    check=True)
-
-    def pid_of(d: str) -> int:
-        for _ in range(400):
-            if os.path.exists(f"{d}/pid") and Path(f"{d}/pid").read_text().strip():
-                break
-            time.sleep(0.05)
-        return int(Path(f"{d}/pid").read_text().split()[0])
-
-    mine, theirs = pid_of(server_dir), pid_of(other_dir)
+    mine, theirs = _pid_in(server_dir), _pid_in(other_dir)
     try:
         from gpuk8s.preflight.network import stop_unknown
 
         subprocess.run(["sh", "-c", stop_unknown(port)], check=True, timeout=10)
-        for _ in range(50):
-            try:
-                os.kill(mine, 0)
-            except ProcessLookupError:
-                break
-            time.sleep(0.05)
-        else:
-            pytest.fail("the iperf3 server was not stopped")
+        _gone(mine)
         os.kill(theirs, 0)  # another iperf3 server (not ours) is alive
     finally:
         for p in (mine, theirs):
