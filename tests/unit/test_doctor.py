@@ -283,8 +283,6 @@ def test_missing_label_and_image_pull() -> None:
     pulling = plugin_pod("gpu-1", phase="Pending", containerStatuses=[{"name": "nvidia-device-plugin-ctr",
                          "state": {"waiting": {"reason": "ImagePullBackOff", "message": 'Back-off pulling image '
                                                '"nvcr.io/nvidia/k8s-device-plugin:v0.17.0"'}}}])
-    ev = ClusterEvidence({"gpu-1": node("gpu-1", 0, {gpuplan.GPU_PRESENT: "true"})}, [pulling],
-                         plans={"gpu-1": plan("gpu-1", 2)}, plugin=PLUGIN)
     failed = {"involvedObject": {"kind": "Pod", "namespace": "kube-system",
                                  "name": "nvidia-device-plugin-daemonset-gpu-1"},
               "reason": "Failed", "type": "Warning", "message": text("image-pull-failed.txt").strip()}
