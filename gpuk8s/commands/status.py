@@ -1,6 +1,7 @@
 """`gpuk8s status [NODE...]`: where every GPU went. Per node and per GPU resource (whole GPU, shared slice, MIG
-device): capacity, allocatable, requested by which pods, free; the sharing strategy and MIG layout; utilisation
-and memory from the DCGM exporter where monitoring is enabled; the cluster footer. Fetches here, computes in
+device): capacity, allocatable, requested by which pods, free; the sharing strategy and MIG layout; on HAMi
+nodes, memory and cores per physical GPU and the pods holding them; utilisation and memory from the DCGM exporter
+where monitoring is enabled; the cluster footer. Fetches here, computes in
 gpuk8s/kube/allocation.py, renders a table (plain when piped) or JSON (docs/status.schema.json)."""
 
 from __future__ import annotations
@@ -94,6 +95,22 @@ def _num(v: float | None, unit: str = "") -> str:
     return "-" if v is None else f"{v:g}{unit}"
 
 
+def _share(s: al.HamiShare) -> str:
+    return f"{s.namespace}/{s.name} {s.memory_mib}MiB" + (f" {s.cores}%" if s.cores else "")
+
+
+def render_hami(alloc: al.ClusterAllocation) -> None:
+    """Per physical GPU of each HAMi node: memory and cores HAMi's scheduler placed, and on behalf of which pods."""
+    rows: list[list[object]] = []
+    for n in alloc.nodes:
+        for g in n.hami_gpus:
+            total = "-" if g.memory_total_mib is None else g.memory_total_mib
+            rows.append([n.node, f"{'-' if g.index is None else g.index} {g.uuid}", f"{g.memory_mib}/{total} MiB",
+                         f"{g.cores}%", ", ".join(_share(s) for s in g.pods)])
+    if rows:
+        ui.table("HAMi GPUs", ["NODE", "GPU", "MEMORY", "CORES", "PODS"], rows)
+
+
 def render(alloc: al.ClusterAllocation) -> None:
     rows: list[list[object]] = []
     for n in alloc.nodes:
@@ -115,6 +132,7 @@ def render(alloc: al.ClusterAllocation) -> None:
                                    for p in r.pods)])
     ui.table("GPU allocation", ["NODE", "SHARING", "RESOURCE", "CAPACITY", "ALLOCATABLE", "REQUESTED", "FREE",
                                 "PODS"], rows)
+    render_hami(alloc)
     mrows: list[list[object]] = []
     notes = []
     for n in alloc.nodes:

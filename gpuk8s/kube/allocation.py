@@ -5,8 +5,14 @@ this computes, the report renders.
 GPU resources are the NVIDIA device plugin's (`nvidia.com/gpu`, a renamed shared slice `nvidia.com/gpu.shared`,
 MIG devices `nvidia.com/mig-<profile>` under the mixed strategy) and whatever else a node's GPU plan
 (gpuk8s/gpuplan.py) says it must expose; HAMi's GPU memory and cores (`nvidia.com/gpumem`, `gpucores`) are not
-node resources, only pod requests, counted against the plan's GPUs x memory (or x 100 %). The sharing strategy
-and MIG layout come from the plan, else from the node's labels; this module never decides them.
+node resources, only pod requests, counted against the GPUs HAMi registered on the node, else the plan's GPUs x
+memory (or x 100 %). The sharing strategy and MIG layout come from the plan, else from the node's labels; this
+module never decides them.
+
+Where HAMi shares a node, its per-GPU view comes from HAMi's own annotations: the device plugin's register of the
+node's GPUs (`hami.io/node-nvidia-register`) and the scheduler's placement of each pod's containers
+(`hami.io/vgpu-devices-allocated`). Anyone who may write a node or pod sets those, so they are parsed as
+hostile text: bounded sizes, and an odd shape gives fewer devices, never an exception.
 
 Utilisation and memory come from the DCGM exporter's /metrics (read through the API server's pod proxy, as
 monitoring verify does), parsed by prometheus-client's parser.
@@ -14,6 +20,7 @@ monitoring verify does), parsed by prometheus-client's parser.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +30,7 @@ from gpuk8s import gpuplan
 from gpuk8s.gpuplan import GPUPlan
 from gpuk8s.kube import state
 from gpuk8s.kube.state import StateError
-from gpuk8s.text import clean
+from gpuk8s.text import ascii_int, clean, one_line
 
 MIG_PREFIX = "nvidia.com/mig-"
 HAMI_PER_POD = (gpuplan.HAMI_MEMORY, gpuplan.HAMI_CORES)
@@ -139,6 +146,176 @@ class GPUMetric:
                 "pods": list(self.pods)}
 
 
+HAMI_REGISTER = "hami.io/node-nvidia-register"
+HAMI_ALLOCATED = "hami.io/vgpu-devices-allocated"
+HAMI_MAX_TEXT = 64 * 1024  # an annotation longer than this is not HAMi's: ignored
+HAMI_MAX_DEVICES = 64  # GPUs of one node
+HAMI_MAX_GRANTS = 256  # devices of one pod, all containers
+HAMI_MAX_ID = 128  # characters of a UUID or type
+
+
+@dataclass(frozen=True)
+class HamiDevice:
+    """One GPU as HAMi's device plugin registers it on the node."""
+
+    index: int
+    uuid: str
+    count: int  # how many pods may share it (deviceSplitCount)
+    memory_mib: int  # 0: not said
+    cores: int
+    type: str
+    numa: int
+    healthy: bool
+
+
+@dataclass(frozen=True)
+class HamiGrant:
+    """One device HAMi's scheduler gave one container: memory in MiB, cores in percent (0: no limit)."""
+
+    uuid: str
+    type: str
+    memory_mib: int
+    cores: int
+
+
+def _text_id(v: Any) -> str:
+    return one_line(v)[:HAMI_MAX_ID].strip() if isinstance(v, str) else ""
+
+
+def _num(v: Any) -> int | None:
+    """A count from JSON or text: a non-negative integer below 10**9, else None."""
+    if isinstance(v, int) and not isinstance(v, bool):
+        return v if 0 <= v < 10 ** 9 else None
+    return ascii_int(v.strip()) if isinstance(v, str) else None
+
+
+def _device(index: int, d: dict[str, Any]) -> HamiDevice | None:
+    uuid = _text_id(d.get("id"))
+    if not uuid:
+        return None
+    idx = _num(d.get("index"))
+    health = d.get("health")
+    return HamiDevice(index if idx is None else idx, uuid, _num(d.get("count")) or 0, _num(d.get("devmem")) or 0,
+                      _num(d.get("devcore")) or 0, _text_id(d.get("type")), _num(d.get("numa")) or 0,
+                      health is True or (isinstance(health, str) and health.strip().lower() == "true"))
+
+
+def hami_devices(text: Any) -> list[HamiDevice]:
+    """The node's GPUs from `hami.io/node-nvidia-register`: a JSON list of {id, index, count, devmem, devcore,
+    type, numa, health} (newer HAMi), or `UUID,COUNT,MEMORY,CORES,TYPE,NUMA,HEALTHY:...:` (older)."""
+    if not isinstance(text, str) or len(text) > HAMI_MAX_TEXT or not text.strip():
+        return []
+    raw: list[dict[str, Any]] = []
+    if text.lstrip().startswith("["):
+        try:
+            doc = json.loads(text)
+        except (ValueError, RecursionError):
+            return []
+        raw = [d for d in _l(doc) if isinstance(d, dict)]
+    else:
+        keys = ("id", "count", "devmem", "devcore", "type", "numa", "health")
+        raw = [dict(zip(keys, part.split(","), strict=False)) for part in text.split(":")[:HAMI_MAX_DEVICES * 2]
+               if part.strip()]
+    out: list[HamiDevice] = []
+    for i, d in enumerate(raw):
+        dev = _device(i, d)
+        if dev is not None and dev.uuid not in {o.uuid for o in out}:
+            out.append(dev)
+        if len(out) >= HAMI_MAX_DEVICES:
+            break
+    return out
+
+
+def hami_allocations(text: Any) -> list[list[HamiGrant]]:
+    """Per container, the devices HAMi's scheduler placed it on, from a pod's `hami.io/vgpu-devices-allocated`:
+    containers separated by ';', their devices by ':', each `UUID,TYPE,MEMORY_MIB,CORES_PERCENT`."""
+    if not isinstance(text, str) or len(text) > HAMI_MAX_TEXT:
+        return []
+    containers = text.split(";")
+    if containers and not containers[-1].strip():
+        containers.pop()  # the trailing ';' ends the last container
+    out: list[list[HamiGrant]] = []
+    left = HAMI_MAX_GRANTS
+    for c in containers[:HAMI_MAX_GRANTS]:
+        grants = []
+        for dev in c.split(":"):
+            f = dev.split(",")
+            uuid = _text_id(f[0])
+            if len(f) < 4 or not uuid or left <= 0:
+                continue
+            grants.append(HamiGrant(uuid, _text_id(f[1]), _num(f[2]) or 0, _num(f[3]) or 0))
+            left -= 1
+        out.append(grants)
+    return out
+
+
+@dataclass(frozen=True)
+class HamiShare:
+    """What one pod holds of one GPU (all its containers)."""
+
+    namespace: str
+    name: str
+    memory_mib: int
+    cores: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"namespace": self.namespace, "name": self.name, "memory_mib": self.memory_mib,
+                "cores_percent": self.cores}
+
+
+@dataclass
+class HamiGPU:
+    """One physical GPU of a HAMi node: its size and what HAMi's scheduler placed on it."""
+
+    index: int | None  # None: a GPU a pod names that the node's register does not list
+    uuid: str
+    type: str
+    memory_total_mib: int | None  # the register's, else the plan's; None: unknown
+    pods: list[HamiShare] = field(default_factory=list)
+
+    @property
+    def memory_mib(self) -> int:
+        return sum(p.memory_mib for p in self.pods)
+
+    @property
+    def cores(self) -> int:
+        return sum(p.cores for p in self.pods)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"index": self.index, "uuid": self.uuid, "type": self.type,
+                "memory_total_mib": self.memory_total_mib, "memory_mib": self.memory_mib,
+                "cores_percent": self.cores, "pods": [p.to_json() for p in self.pods]}
+
+
+def _annotation(obj: dict[str, Any], key: str) -> Any:
+    md = obj.get("metadata")
+    ann = md.get("annotations") if isinstance(md, dict) else None
+    return ann.get(key) if isinstance(ann, dict) else None
+
+
+def hami_gpus(node: dict[str, Any], held: list[tuple[dict[str, Any], dict[str, int]]],
+              plan_memory_mib: int | None = None) -> list[HamiGPU]:
+    """A HAMi node's GPUs (the register's, and any other one a holding pod names), each with the pods on it."""
+    gpus = {d.uuid: HamiGPU(d.index, d.uuid, d.type, d.memory_mib or plan_memory_mib)
+            for d in hami_devices(_annotation(node, HAMI_REGISTER))}
+    for p, _ in held:
+        shares: dict[str, tuple[str, int, int]] = {}
+        for container in hami_allocations(_annotation(p, HAMI_ALLOCATED)):
+            for grant in container:
+                _, mem, cores = shares.get(grant.uuid, ("", 0, 0))
+                shares[grant.uuid] = (grant.type, mem + grant.memory_mib, cores + grant.cores)
+        pns, pname = _pod_id(p)
+        for uuid, (typ, mem, cores) in shares.items():
+            if uuid not in gpus:
+                if len(gpus) >= HAMI_MAX_DEVICES:
+                    continue
+                gpus[uuid] = HamiGPU(None, uuid, typ, plan_memory_mib)
+            gpus[uuid].pods.append(HamiShare(pns, pname, mem, cores))
+    for g in gpus.values():
+        g.pods.sort(key=lambda s: (s.namespace, s.name))
+    return sorted(gpus.values(), key=lambda g: (g.index is None, g.index or 0, g.uuid))
+
+
 @dataclass
 class NodeAllocation:
     node: str
@@ -152,13 +329,15 @@ class NodeAllocation:
     mig_strategy: str = "none"  # none | single | mixed (plan, else the nvidia.com/mig.strategy label)
     metrics: list[GPUMetric] = field(default_factory=list)
     metrics_note: str = ""  # why there are no metrics ("" when read, or monitoring is off)
+    hami_gpus: list[HamiGPU] = field(default_factory=list)  # HAMi's per-GPU view; empty: no HAMi here
 
     def to_json(self) -> dict[str, Any]:
         return {"node": self.node, "ready": self.ready, "gpu_node": self.gpu_node, "sharing": self.sharing,
                 "replicas": self.replicas, "gpus": self.gpus, "mig": dict(self.mig),
                 "mig_strategy": self.mig_strategy,
                 "resources": [r.to_json() for r in self.resources],
-                "metrics": [m.to_json() for m in self.metrics], "metrics_note": self.metrics_note}
+                "metrics": [m.to_json() for m in self.metrics], "metrics_note": self.metrics_note,
+                "hami_gpus": [g.to_json() for g in self.hami_gpus]}
 
 
 @dataclass
@@ -216,6 +395,16 @@ def holding_pods(pods: list[dict[str, Any]]) -> dict[str, list[tuple[dict[str, A
     return out
 
 
+def _hami_total(res: str, hami: list[HamiGPU], gpus: int | None, plan: GPUPlan | None) -> int:
+    """A HAMi node's memory (MiB) or cores (percent) in all: its register's GPUs (what HAMi's scheduler counts
+    against) where it has one, else the plan's GPUs x memory (or x 100 %)."""
+    registered = [g for g in hami if g.index is not None]
+    if registered and (res != gpuplan.HAMI_MEMORY or all(g.memory_total_mib for g in registered)):
+        return sum(g.memory_total_mib or 0 for g in registered) if res == gpuplan.HAMI_MEMORY else 100 * len(registered)
+    per = (plan.gpu_memory_mib or 0) if res == gpuplan.HAMI_MEMORY and plan is not None else 100
+    return (gpus or 0) * per
+
+
 def node_allocation(node: dict[str, Any], held: list[tuple[dict[str, Any], dict[str, int]]],
                     plan: GPUPlan | None = None) -> NodeAllocation:
     """One node's GPU resources: those it has (capacity), those its plan wants, and those its pods hold."""
@@ -234,11 +423,11 @@ def node_allocation(node: dict[str, Any], held: list[tuple[dict[str, Any], dict[
     replicas = plan.replicas if plan is not None and plan.gpu_node else _qty(labels.get(gpuplan.REPLICAS_LABEL, 1))
     gpus = plan.gpus if plan is not None and plan.gpus is not None else (
         _qty(labels[gpuplan.COUNT_LABEL]) if gpuplan.COUNT_LABEL in labels else None)
+    hami = hami_gpus(node, held, plan.gpu_memory_mib if plan is not None else None)
     resources = []
     for res in sorted(names, key=lambda r: (r in HAMI_PER_POD, r != gpuplan.GPU_RESOURCE, r)):
         if res in HAMI_PER_POD:
-            per = (plan.gpu_memory_mib or 0) if res == gpuplan.HAMI_MEMORY and plan is not None else 100
-            total = (gpus or 0) * per
+            total = _hami_total(res, hami, gpus, plan)
             use = ResourceUse(res, total, total)
         else:
             use = ResourceUse(res, _qty(capacity.get(res, 0)), ns.allocatable_of(res), planned.get(res))
@@ -256,7 +445,8 @@ def node_allocation(node: dict[str, Any], held: list[tuple[dict[str, Any], dict[
         strategy = labels.get("nvidia.com/mig.strategy", "mixed" if mig else "none")
     return NodeAllocation(ns.name, ns.ready, bool(plan.gpu_node) if plan is not None else bool(
         labels.get(gpuplan.GPU_PRESENT) == "true" or any(r.allocatable for r in resources)),
-        sharing or "none", replicas or 1, gpus, resources, mig, strategy)
+        sharing or "none", replicas or 1, gpus, resources, mig, strategy,
+        hami_gpus=hami)
 
 
 def allocation(nodes: list[dict[str, Any]], pods: list[dict[str, Any]], plans: dict[str, GPUPlan] | None = None,

@@ -7,7 +7,10 @@ from __future__ import annotations
 import json
 import time
 
+import jsonschema
 import yaml
+
+from tests.labtests.gpucluster import STATUS_SCHEMA
 
 FLEET = """
 hosts:
@@ -202,3 +205,48 @@ def test_join_leaves_other_nodes_and_the_proof_spares_a_users_slices(lab_up, run
     late = after["late"]["metadata"]["labels"]
     assert late["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-80GB-SHARED" and late["nvidia.com/gpu.count"] == "1"
     assert late["nvidia.com/device-plugin.config"] == "time-slicing-4"
+
+
+def test_status_shows_hami_memory_per_gpu_as_spread_places_it(lab_up, run_cli):
+    """Issue 19: on a 2-GPU HAMi node HAMi's scheduler spreads the pods (least-used GPU first) and records each
+    placement on the pod; status shows each GPU's allocated memory and its pods. A pod too big for any one GPU,
+    though not for the node's free total, stays Pending."""
+    lab = lab_up("hosts:\n  - {name: cp-1, role: control-plane}\n  - {name: hami-2, gpus: 2, gpu_memory_mib: 24576}\n")
+    inv = yaml.safe_load(lab.inventory.read_text())
+    inv["gpu_defaults"] = {"gpu_sharing": {"strategy": "hami", "replicas": 10}}
+    path = lab.root / "inventory-hami.yaml"
+    path.write_text(yaml.safe_dump(inv, sort_keys=False))
+    install(run_cli, str(path))
+    # spread: a on GPU 0 (a tie: the lowest index), b on GPU 1 (unused), c on GPU 1 (8000 < 10000 used);
+    # big (20000 MiB) then fits neither GPU (14576 and 12576 free) though the node has 27152 free
+    for name, mem in (("a", 10000), ("b", 8000), ("c", 4000), ("big", 20000)):
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
+               "spec": {"schedulerName": "hami-scheduler", "nodeSelector": {"kubernetes.io/hostname": "hami-2"},
+                        "containers": [{"name": "c", "image": "cuda", "command": ["sleep", "inf"],
+                                        "resources": {"limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": mem}}}]}}
+        lab.host("cp-1").exec("kubectl --kubeconfig /etc/kubernetes/admin.conf apply -f - <<'X'\n"
+                              + json.dumps(pod) + "\nX\n")
+    pods = {p["metadata"]["name"]: p for p in kubectl_json(lab, "get pods -n default")["items"]}
+    assert {k: p["status"]["phase"] for k, p in pods.items()} == {"a": "Running", "b": "Running", "c": "Running",
+                                                                   "big": "Pending"}, pods
+    assert "CardInsufficientMemory" in pods["big"]["status"]["conditions"][0]["message"]
+    assert pods["b"]["metadata"]["annotations"]["hami.io/vgpu-devices-allocated"] == \
+        "GPU-hami-2-0001-lab,NVIDIA,8000,0:;"
+    t = time.monotonic()
+    r = run_cli("status", "-i", str(path), "-o", "json")
+    took = round(time.monotonic() - t, 1)
+    assert r.returncode == 0, r.stderr
+    st = json.loads(r.stdout)
+    jsonschema.validate(st, STATUS_SCHEMA)
+    [node] = [n for n in st["nodes"] if n["node"] == "hami-2"]
+    # the node's HAMi memory counted against the GPUs HAMi registered (status gathers no facts for the plan)
+    assert [(x["resource"], x["allocatable"], x["requested"], x["free"]) for x in node["resources"]] == [
+        ("nvidia.com/gpu", 20, 3, 17), ("nvidia.com/gpumem", 49152, 22000, 27152)]
+    assert [(g["index"], g["uuid"], g["type"], g["memory_total_mib"], g["memory_mib"],
+             [(p["name"], p["memory_mib"]) for p in g["pods"]]) for g in node["hami_gpus"]] == [
+        (0, "GPU-hami-2-0000-lab", "NVIDIA-NVIDIA A100-SXM4-80GB", 24576, 10000, [("a", 10000)]),
+        (1, "GPU-hami-2-0001-lab", "NVIDIA-NVIDIA A100-SXM4-80GB", 24576, 12000, [("b", 8000), ("c", 4000)])]
+    r = run_cli("status", "-i", str(path))
+    assert "# HAMi GPUs\nNODE\tGPU\tMEMORY\tCORES\tPODS\n" in r.stdout
+    assert "hami-2\t1 GPU-hami-2-0001-lab\t12000/24576 MiB\t0%\tdefault/b 8000MiB, default/c 4000MiB\n" in r.stdout
+    print(f"status took {took} s\n{r.stdout}")

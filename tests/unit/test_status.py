@@ -186,3 +186,146 @@ def test_the_table_plain_when_piped(capsys: pytest.CaptureFixture[str]) -> None:
     assert "gpu-b\ttime-slicing x4\tnvidia.com/gpu.shared\t16\t16\t5\t11\t" in out
     assert "gpu-c\tmig mixed 1g.10gb:7,3g.40gb:2\tnvidia.com/mig-1g.10gb\t7\t7\t1\t6\tml/mig-small" in out
     assert out.rstrip().endswith("Allocated/Total nvidia.com/mig-3g.40gb in cluster: 2/2 (100%)")
+
+
+# -- HAMi: the node's registered GPUs and what its scheduler placed on each (issue 19) -------------------------
+# hami.io/node-nvidia-register as HAMi's device plugin writes it: newer versions JSON, older colon-separated
+REGISTER_JSON = json.dumps([
+    {"id": "GPU-aaaa", "index": 0, "count": 10, "devmem": 81920, "devcore": 100, "type": "NVIDIA-A100", "numa": 0,
+     "mode": "hami-core", "health": True},
+    {"id": "GPU-bbbb", "index": 1, "count": 10, "devmem": 81920, "devcore": 100, "type": "NVIDIA-A100", "numa": 1,
+     "health": False}])
+REGISTER_OLD = "GPU-aaaa,10,15360,100,NVIDIA-Tesla T4,0,true:GPU-bbbb,10,15360,100,NVIDIA-Tesla T4,0,false:"
+
+
+def test_hami_register_in_both_formats() -> None:
+    new = al.hami_devices(REGISTER_JSON)
+    assert [(d.index, d.uuid, d.count, d.memory_mib, d.cores, d.type, d.numa, d.healthy) for d in new] == [
+        (0, "GPU-aaaa", 10, 81920, 100, "NVIDIA-A100", 0, True), (1, "GPU-bbbb", 10, 81920, 100, "NVIDIA-A100", 1,
+                                                                  False)]
+    old = al.hami_devices(REGISTER_OLD)
+    assert [(d.index, d.uuid, d.count, d.memory_mib, d.cores, d.type, d.numa, d.healthy) for d in old] == [
+        (0, "GPU-aaaa", 10, 15360, 100, "NVIDIA-Tesla T4", 0, True),
+        (1, "GPU-bbbb", 10, 15360, 100, "NVIDIA-Tesla T4", 0, False)]
+
+
+def test_hami_allocations_per_container() -> None:
+    one = al.hami_allocations("GPU-0fc3eda5-e98b-a25b-5b0d-cf5c855d1448,NVIDIA,3000,0:;")
+    assert one == [[al.HamiGrant("GPU-0fc3eda5-e98b-a25b-5b0d-cf5c855d1448", "NVIDIA", 3000, 0)]]
+    # two containers, the second with two devices; empty containers (no GPU) keep their place
+    two = al.hami_allocations("GPU-a,NVIDIA,1000,30:;;GPU-a,NVIDIA,2000,20:GPU-b,NVIDIA,4000,0:;")
+    assert two == [[al.HamiGrant("GPU-a", "NVIDIA", 1000, 30)], [],
+                   [al.HamiGrant("GPU-a", "NVIDIA", 2000, 20), al.HamiGrant("GPU-b", "NVIDIA", 4000, 0)]]
+    assert al.hami_allocations("") == [] and al.hami_allocations(None) == []
+
+
+@pytest.mark.parametrize("junk", [None, 5, "", "x", ":::", ",,,,", "[1, 2]", "{}", "[{}]", '[{"id": 5}]',
+                                  '[{"id": "GPU-x", "devmem": "lots", "index": -1, "count": true}]',
+                                  "GPU-x,ten,-5,100", "\x1b[31mGPU-x,1,1,1,T,0,true:", "[" * 5000,
+                                  "GPU-x,NVIDIA,99999999999999,0:", "GPU-x,1,1,1,T,0,true:" * 100000,
+                                  '[{"id": "' + "G" * 10000 + '", "devmem": 1}]'])
+def test_hami_annotations_any_text_gives_a_value(junk: Any) -> None:
+    """Annotations are data anyone with pod/node write access sets: odd text gives some value, never a crash,
+    and nothing unbounded."""
+    devs = al.hami_devices(junk)
+    grants = al.hami_allocations(junk)
+    assert len(devs) <= al.HAMI_MAX_DEVICES and all(len(d.uuid) <= al.HAMI_MAX_ID for d in devs)
+    assert sum(len(c) for c in grants) <= al.HAMI_MAX_GRANTS
+    assert all("\x1b" not in d.uuid and 0 <= d.memory_mib < 10 ** 9 for d in devs)
+    assert all(0 <= g.memory_mib < 10 ** 9 and 0 <= g.cores < 10 ** 9 for c in grants for g in c)
+    n = hami_node(None)
+    n["metadata"]["annotations"] = {"hami.io/node-nvidia-register": junk}
+    p = hami_pod("p", "", 1)
+    p["metadata"]["annotations"] = junk if not isinstance(junk, str) else {"hami.io/vgpu-devices-allocated": junk}
+    doc = cmd.to_json(al.allocation([n], [p]))
+    jsonschema.validate(doc, SCHEMA)
+
+
+def hami_pod(name: str, placed: str, mem: int, cores: int = 0, phase: str = "Running",
+             on: str | None = "gpu-h") -> dict[str, Any]:
+    p = pod(name, on, {"nvidia.com/gpu": 1, "nvidia.com/gpumem": mem, **({"nvidia.com/gpucores": cores}
+                                                                          if cores else {})}, phase=phase)
+    p["metadata"]["annotations"] = {"hami.io/vgpu-devices-allocated": placed, "hami.io/bind-time": "1700000000"}
+    return p
+
+
+def hami_node(register: str | None) -> dict[str, Any]:
+    n = node("gpu-h", {"nvidia.com/gpu": 20}, {"gpu": "on"})
+    if register is not None:
+        n["metadata"]["annotations"] = {"hami.io/node-nvidia-register": register}
+    return n
+
+
+HAMI_PODS = [
+    hami_pod("v1", "GPU-aaaa,NVIDIA,4096,30:;", 4096, 30),
+    hami_pod("v2", "GPU-bbbb,NVIDIA,10000,0:;", 10000),
+    hami_pod("v3", "GPU-aaaa,NVIDIA,2000,20:;", 2000, 20),
+    hami_pod("done", "GPU-aaaa,NVIDIA,50000,0:;", 50000, phase="Succeeded"),  # finished: holds nothing
+    hami_pod("waiting", "GPU-bbbb,NVIDIA,50000,0:;", 50000, phase="Pending", on=None),  # not bound
+]
+HAMI_PLAN = gpuplan.GPUPlan("gpu-h", True, 2, {"nvidia.com/gpu": 20}, sharing="hami", replicas=10,
+                            gpu_memory_mib=40960)
+
+
+def test_hami_memory_and_cores_per_gpu_and_who_holds_them() -> None:
+    a = al.allocation([hami_node(REGISTER_JSON)], HAMI_PODS, {"gpu-h": HAMI_PLAN})
+    g0, g1 = a.nodes[0].hami_gpus
+    assert (g0.index, g0.uuid, g0.memory_total_mib, g0.memory_mib, g0.cores) == (0, "GPU-aaaa", 81920, 6096, 50)
+    assert [(p.namespace, p.name, p.memory_mib, p.cores) for p in g0.pods] == [("ml", "v1", 4096, 30),
+                                                                              ("ml", "v3", 2000, 20)]
+    assert (g1.index, g1.uuid, g1.memory_total_mib, g1.memory_mib, g1.cores) == (1, "GPU-bbbb", 81920, 10000, 0)
+    assert [p.name for p in g1.pods] == ["v2"]
+    assert g0.memory_mib + g1.memory_mib == next(r.requested for r in a.nodes[0].resources
+                                                 if r.resource == "nvidia.com/gpumem")
+
+
+def test_hami_node_totals_from_the_register_when_the_plan_has_no_memory() -> None:
+    # `gpuk8s status` gathers no facts: the plan may know neither the GPUs' memory nor their count
+    bare = gpuplan.GPUPlan("gpu-h", True, None, {"nvidia.com/gpu": 20}, sharing="hami", replicas=10)
+    a = al.allocation([hami_node(REGISTER_JSON)], HAMI_PODS, {"gpu-h": bare})
+    res = {r.resource: (r.allocatable, r.requested, r.free) for r in a.nodes[0].resources}
+    assert res["nvidia.com/gpumem"] == (163840, 16096, 147744) and res["nvidia.com/gpucores"] == (200, 50, 150)
+    # the register wins over the plan (it is what HAMi's scheduler counts against)
+    a = al.allocation([hami_node(REGISTER_OLD)], HAMI_PODS, {"gpu-h": HAMI_PLAN})
+    assert {r.resource: r.allocatable for r in a.nodes[0].resources}["nvidia.com/gpumem"] == 30720
+
+
+def test_hami_per_gpu_without_the_register_or_with_a_pod_on_an_unknown_gpu() -> None:
+    # no register annotation: the GPUs the pods name, their size from the plan, no index
+    a = al.allocation([hami_node(None)], HAMI_PODS, {"gpu-h": HAMI_PLAN})
+    assert [(g.index, g.uuid, g.memory_total_mib, g.memory_mib) for g in a.nodes[0].hami_gpus] == [
+        (None, "GPU-aaaa", 40960, 6096), (None, "GPU-bbbb", 40960, 10000)]
+    # no plan either: the total is unknown
+    a = al.allocation([hami_node(None)], HAMI_PODS)
+    assert [g.memory_total_mib for g in a.nodes[0].hami_gpus] == [None, None]
+    # the register's devmem missing: the plan's; one container on two GPUs, one on a GPU not registered
+    reg = json.dumps([{"id": "GPU-aaaa", "index": 0}])
+    two = hami_pod("two", "GPU-aaaa,NVIDIA,100,10:GPU-cccc,NVIDIA,200,10:;GPU-aaaa,NVIDIA,1,0:;", 301)
+    a = al.allocation([hami_node(reg)], [two], {"gpu-h": HAMI_PLAN})
+    assert [(g.index, g.uuid, g.memory_total_mib, g.memory_mib, g.cores, [(p.name, p.memory_mib) for p in g.pods])
+            for g in a.nodes[0].hami_gpus] == [(0, "GPU-aaaa", 40960, 101, 10, [("two", 101)]),
+                                               (None, "GPU-cccc", 40960, 200, 10, [("two", 200)])]
+    # a node without HAMi: no list
+    assert al.allocation(NODES, PODS).nodes[0].hami_gpus == []
+
+
+def test_hami_table_and_json(capsys: pytest.CaptureFixture[str]) -> None:
+    a = al.allocation([hami_node(REGISTER_JSON), *NODES], [*HAMI_PODS, *PODS], {"gpu-h": HAMI_PLAN})
+    cmd.render(a)
+    out = capsys.readouterr().out
+    assert "# HAMi GPUs\nNODE\tGPU\tMEMORY\tCORES\tPODS\n" in out
+    assert "gpu-h\t0 GPU-aaaa\t6096/81920 MiB\t50%\tml/v1 4096MiB 30%, ml/v3 2000MiB 20%\n" in out
+    assert "gpu-h\t1 GPU-bbbb\t10000/81920 MiB\t0%\tml/v2 10000MiB\n" in out
+    assert out.index("# GPU allocation") < out.index("# HAMi GPUs")
+    doc = cmd.to_json(a)
+    jsonschema.validate(doc, SCHEMA)
+    h = next(n for n in doc["nodes"] if n["node"] == "gpu-h")
+    assert h["hami_gpus"][0] == {"index": 0, "uuid": "GPU-aaaa", "type": "NVIDIA-A100", "memory_total_mib": 81920,
+                                 "memory_mib": 6096, "cores_percent": 50,
+                                 "pods": [{"namespace": "ml", "name": "v1", "memory_mib": 4096, "cores_percent": 30},
+                                          {"namespace": "ml", "name": "v3", "memory_mib": 2000,
+                                           "cores_percent": 20}]}
+    assert all(n["hami_gpus"] == [] for n in doc["nodes"] if n["node"] != "gpu-h")
+    # no HAMi anywhere: no such table
+    cmd.render(al.allocation(NODES, PODS))
+    assert "HAMi" not in capsys.readouterr().out

@@ -854,6 +854,18 @@ def _hami_split(s: dict[str, Any]) -> int:
         return 10  # HAMi's default (charts/hami/values.yaml)
 
 
+def _hami_devices(s: dict[str, Any], n: dict[str, Any]) -> list[dict[str, Any]]:
+    """The node's GPUs as HAMi's device plugin registers them (hami.io/node-nvidia-register, its JSON form), with the
+    UUIDs the lab's nvidia-smi prints."""
+    host = n["host"]
+    spec = json.loads((_host_dir(host) / "var_lib/gpuk8s-lab/host.json").read_text())
+    model = spec.get("gpu_model")
+    return [{"id": f"GPU-{host}-{i:04d}-lab", "index": i, "count": _hami_split(s),
+             "devmem": int(spec.get("gpu_memory_mib", 0)), "devcore": 100,
+             "type": f"NVIDIA-{model}" if model else "NVIDIA", "numa": 0, "health": True}
+            for i in range(_gpus_on(host))]
+
+
 def _hami_on(s: dict[str, Any], name: str, n: dict[str, Any]) -> bool:
     return any(_is_hami_plugin(ds) and _runs_on(ds, _node_labels(name, n)) and not _ds_pull(s, ds, n)
                for ds in _daemonsets(s))
@@ -1019,8 +1031,10 @@ def node_json(s: dict[str, Any], name: str) -> dict[str, Any]:
             capacity[p["resource"]] = "0" if p["error"] else str(gpus * p["replicas"])
             serving = [p["resource"]] if gpus and not p["error"] else []
     registered = _registered(s, name, n, serving)
+    annotations: dict[str, str] = {}
     if _hami_on(s, name, n) and _gpus_on(n["host"]):  # HAMi's plugin registers GPUs x deviceSplitCount
         capacity["nvidia.com/gpu"] = str(_gpus_on(n["host"]) * _hami_split(s))
+        annotations["hami.io/node-nvidia-register"] = json.dumps(_hami_devices(s, n))
     allocatable = {k: ("0" if k in serving and k not in registered else v) for k, v in capacity.items()}
     # the CNI's pod on this node (and kube-proxy's) must pull its images: else no network plugin there
     ready = _cni_ready(s) and not any(_ds_pull(s, ds, n) for ds in _daemonsets(s)
@@ -1029,7 +1043,8 @@ def node_json(s: dict[str, Any], name: str) -> dict[str, Any]:
     down = bool(n.get("down"))  # a test's powered-off host: its kubelet stopped posting status
     return {
         "apiVersion": "v1", "kind": "Node",
-        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, **n.get("labels", {})}},
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, **n.get("labels", {})},
+                     **({"annotations": annotations} if annotations else {})},
         "spec": {**({"taints": n["taints"]} if n.get("taints") else {}),
                  **({"unschedulable": True} if n.get("unschedulable") else {})},
         "status": {
@@ -1079,15 +1094,21 @@ def _pods(s: dict[str, Any]) -> list[dict[str, Any]]:
     for o in s.get("objects", {}).values():
         if o.get("kind") == "Pod":
             st = _pod_status(s, o)
+            md = o.get("metadata", {})
+            if st.get("hami"):  # hami-scheduler's placement: an annotation on the pod, not a status field
+                md = {**md, "annotations": {**(md.get("annotations") or {}),
+                                            "hami.io/vgpu-devices-allocated": _hami_allocated(st["hami"])}}
+                st = {k: v for k, v in st.items() if k != "hami"}
             where = st.get("hostIP")
             if where in s.get("nodes", {}) and st.get("phase") in ("Running", "Succeeded"):
                 pulled = pod_pull_error(s["nodes"][where]["host"], o.get("spec", {}))
                 if pulled:
                     st = {**pull_backoff_status(pulled[0], where), **({"bound": True} if st.get("bound") else {})}
             if st.get("bound"):  # the scheduler binds it: spec.nodeName is set
-                pods.append({**o, "spec": {**o.get("spec", {}), "nodeName": st["hostIP"]}, "status": st})
+                pods.append({**o, "metadata": md, "spec": {**o.get("spec", {}), "nodeName": st["hostIP"]},
+                             "status": st})
             else:
-                pods.append({**o, "status": st})
+                pods.append({**o, "metadata": md, "status": st})
     return pods
 
 
@@ -1104,9 +1125,9 @@ def _requests(pod: dict[str, Any]) -> dict[str, int]:
     return out
 
 
-def _used_before(s: dict[str, Any], pod: dict[str, Any], node: str) -> dict[str, int]:
-    """What the pods created before this one hold on the node: those bound and not finished."""
-    used: dict[str, int] = {}
+def _holding_before(s: dict[str, Any], pod: dict[str, Any], node: str) -> Iterator[tuple[dict[str, Any],
+                                                                                     dict[str, Any]]]:
+    """The pods created before this one that hold something on the node (bound, not finished), with their status."""
     for o in s.get("objects", {}).values():
         if o is pod:
             break
@@ -1118,9 +1139,30 @@ def _used_before(s: dict[str, Any], pod: dict[str, Any], node: str) -> dict[str,
             memo[key] = _pod_status(s, o)
         st = memo[key]
         if st.get("hostIP") == node and st.get("phase") in ("Running", "Pending") and st.get("bound"):
-            for k, v in _requests(o).items():
-                used[k] = used.get(k, 0) + v
+            yield o, st
+
+
+def _used_before(s: dict[str, Any], pod: dict[str, Any], node: str) -> dict[str, int]:
+    """What the pods created before this one hold on the node: those bound and not finished."""
+    used: dict[str, int] = {}
+    for o, _ in _holding_before(s, pod, node):
+        for k, v in _requests(o).items():
+            used[k] = used.get(k, 0) + v
     return used
+
+
+def _hami_held_before(s: dict[str, Any], pod: dict[str, Any], node: str) -> dict[str, int]:
+    """MiB of each GPU (by UUID) hami-scheduler gave the pods created before this one on the node."""
+    held: dict[str, int] = {}
+    for _, st in _holding_before(s, pod, node):
+        for uuid, mem, _cores in st.get("hami", []):
+            held[uuid] = held.get(uuid, 0) + mem
+    return held
+
+
+def _hami_allocated(devices: list[list[Any]]) -> str:
+    """hami.io/vgpu-devices-allocated of a one-container pod: `UUID,TYPE,MEMORY,CORES:` per device, then `;`."""
+    return "".join(f"{uuid},NVIDIA,{mem},{cores}:" for uuid, mem, cores in devices) + ";"
 
 
 def _runs_forever(pod: dict[str, Any]) -> bool:
@@ -1177,16 +1219,18 @@ def _shared_pod_status(s: dict[str, Any], pod: dict[str, Any], node: str, n: dic
             return {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False",
                     "reason": "Unschedulable", "message": f"0/{len(s['nodes'])} nodes are available: 1 "
                     "NodeUnfitPod."}]}
-        mem = int(json.loads((_host_dir(s["nodes"][node]["host"]) / "var_lib/gpuk8s-lab/host.json")
-                             .read_text()).get("gpu_memory_mib", 0))
-        used = _used_before(s, pod, node)
-        gpus = _gpus_on(s["nodes"][node]["host"])
-        if (wants.get("nvidia.com/gpumem", 0) > mem
-                or used.get("nvidia.com/gpumem", 0) + wants.get("nvidia.com/gpumem", 0) > gpus * mem):
+        mem, cores = wants.get("nvidia.com/gpumem", 0), wants.get("nvidia.com/gpucores", 0)
+        held = _hami_held_before(s, pod, node)
+        # spread, HAMi's default GPU policy: the least-used devices the pod's memory fits on, the lowest index on a
+        # tie; each of its nvidia.com/gpu on another device (the lab checks memory only, not cores or pod counts)
+        fits = sorted((d for d in _hami_devices(s, s["nodes"][node]) if held.get(d["id"], 0) + mem <= d["devmem"]),
+                      key=lambda d: (held.get(d["id"], 0), d["index"]))
+        if len(fits) < max(wants.get("nvidia.com/gpu", 1), 1):
             return {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False",
                     "reason": "Unschedulable", "message": f"0/{len(s['nodes'])} nodes are available: 1 "
                     "CardInsufficientMemory."}]}
-        return {"phase": "Running" if _runs_forever(pod) else "Succeeded", "hostIP": node, "bound": True}
+        return {"phase": "Running" if _runs_forever(pod) else "Succeeded", "hostIP": node, "bound": True,
+                "hami": [[d["id"], mem, cores] for d in fits[:max(wants.get("nvidia.com/gpu", 1), 1)]]}
     used = _used_before(s, pod, node)
     short = sorted(k for k, v in wants.items() if k.startswith(("nvidia.com/gpu", "nvidia.com/mig-"))
                    and int(alloc.get(k, 0)) - used.get(k, 0) < v)
