@@ -96,7 +96,7 @@ def _num(v: float | None, unit: str = "") -> str:
 
 
 def _share(s: al.HamiShare) -> str:
-    return f"{s.namespace}/{s.name} {s.memory_mib}MiB" + (f" {s.cores}%" if s.cores else "")
+    return f"{s.namespace}/{s.name} {s.memory_mib}MiB " + (f"{s.cores}%" if s.cores else "no core limit")
 
 
 def render_hami(alloc: al.ClusterAllocation) -> None:
@@ -104,9 +104,11 @@ def render_hami(alloc: al.ClusterAllocation) -> None:
     rows: list[list[object]] = []
     for n in alloc.nodes:
         for g in n.hami_gpus:
-            total = "-" if g.memory_total_mib is None else g.memory_total_mib
-            rows.append([n.node, f"{'-' if g.index is None else g.index} {g.uuid}", f"{g.memory_mib}/{total} MiB",
-                         f"{g.cores}%", ", ".join(_share(s) for s in g.pods)])
+            total = "?" if g.memory_total_mib is None else g.memory_total_mib
+            gpu = f"{'?' if g.index is None else g.index} {g.uuid}" + (
+                " (not registered)" if g.index is None else "" if g.healthy else " (unhealthy)")
+            rows.append([n.node, gpu, f"{g.memory_mib}/{total} MiB", f"{g.cores}/{g.cores_total}%",
+                         ", ".join(_share(s) for s in g.pods)])
     if rows:
         ui.table("HAMi GPUs", ["NODE", "GPU", "MEMORY", "CORES", "PODS"], rows)
 

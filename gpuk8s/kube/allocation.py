@@ -179,7 +179,17 @@ class HamiGrant:
 
 
 def _text_id(v: Any) -> str:
-    return one_line(v)[:HAMI_MAX_ID].strip() if isinstance(v, str) else ""
+    """An id or type as text; one longer than HAMI_MAX_ID is dropped (cut, two ids could become one)."""
+    t = one_line(v).strip() if isinstance(v, str) else ""
+    return t if len(t) <= HAMI_MAX_ID else ""
+
+
+def _base_uuid(uuid: str) -> tuple[str, str]:
+    """(GPU uuid, MIG slot): HAMi's MIG mode names a grant GPU-xxx[template-position]."""
+    if uuid.endswith("]") and "[" in uuid:
+        base, _, slot = uuid[:-1].partition("[")
+        return base, slot
+    return uuid, ""
 
 
 def _num(v: Any) -> int | None:
@@ -193,7 +203,7 @@ def _device(index: int, d: dict[str, Any]) -> HamiDevice | None:
     uuid = _text_id(d.get("id"))
     if not uuid:
         return None
-    idx = _num(d.get("index"))
+    idx = _num(d.get("index")) if d.get("index") is not None else (0 if d.get("_indexed") else None)
     health = d.get("health")
     return HamiDevice(index if idx is None else idx, uuid, _num(d.get("count")) or 0, _num(d.get("devmem")) or 0,
                       _num(d.get("devcore")) or 0, _text_id(d.get("type")), _num(d.get("numa")) or 0,
@@ -202,7 +212,8 @@ def _device(index: int, d: dict[str, Any]) -> HamiDevice | None:
 
 def hami_devices(text: Any) -> list[HamiDevice]:
     """The node's GPUs from `hami.io/node-nvidia-register`: a JSON list of {id, index, count, devmem, devcore,
-    type, numa, health} (newer HAMi), or `UUID,COUNT,MEMORY,CORES,TYPE,NUMA,HEALTHY:...:` (older)."""
+    type, numa, mode, health}, each omitted when zero or false (newer HAMi), or
+    `UUID,COUNT,MEMORY,CORES,TYPE,NUMA,HEALTHY[,INDEX,MODE]:...:` (older)."""
     if not isinstance(text, str) or len(text) > HAMI_MAX_TEXT or not text.strip():
         return []
     raw: list[dict[str, Any]] = []
@@ -212,10 +223,15 @@ def hami_devices(text: Any) -> list[HamiDevice]:
         except (ValueError, RecursionError):
             return []
         raw = [d for d in _l(doc) if isinstance(d, dict)]
+        # Go's omitempty leaves out index 0 (and numa 0, health false): where any entry has an index, a missing
+        # one is 0, not the entry's position
+        if any(d.get("index") is not None for d in raw):
+            raw = [{**d, "_indexed": True} for d in raw]
     else:
-        keys = ("id", "count", "devmem", "devcore", "type", "numa", "health")
-        raw = [dict(zip(keys, part.split(","), strict=False)) for part in text.split(":")[:HAMI_MAX_DEVICES * 2]
-               if part.strip()]
+        # ID,COUNT,MEM,CORE,TYPE,NUMA,HEALTH (older) or with ,INDEX,MODE (newer); HAMi skips any other shape
+        keys = ("id", "count", "devmem", "devcore", "type", "numa", "health", "index", "mode")
+        parts = [part.split(",") for part in text.split(":")[:HAMI_MAX_DEVICES * 2] if part.strip()]
+        raw = [dict(zip(keys, f, strict=False)) for f in parts if len(f) in (7, 9)]
     out: list[HamiDevice] = []
     for i, d in enumerate(raw):
         dev = _device(i, d)
@@ -272,6 +288,8 @@ class HamiGPU:
     type: str
     memory_total_mib: int | None  # the register's, else the plan's; None: unknown
     pods: list[HamiShare] = field(default_factory=list)
+    healthy: bool = True  # as the register says
+    cores_total: int = 100  # the register's devcore (HAMi scales it with deviceCoreScaling), else 100 %
 
     @property
     def memory_mib(self) -> int:
@@ -282,9 +300,10 @@ class HamiGPU:
         return sum(p.cores for p in self.pods)
 
     def to_json(self) -> dict[str, Any]:
-        return {"index": self.index, "uuid": self.uuid, "type": self.type,
+        return {"index": self.index, "uuid": self.uuid, "type": self.type, "healthy": self.healthy,
                 "memory_total_mib": self.memory_total_mib, "memory_mib": self.memory_mib,
-                "cores_percent": self.cores, "pods": [p.to_json() for p in self.pods]}
+                "cores_percent": self.cores, "cores_total_percent": self.cores_total,
+                "pods": [p.to_json() for p in self.pods]}
 
 
 def _annotation(obj: dict[str, Any], key: str) -> Any:
@@ -296,20 +315,24 @@ def _annotation(obj: dict[str, Any], key: str) -> Any:
 def hami_gpus(node: dict[str, Any], held: list[tuple[dict[str, Any], dict[str, int]]],
               plan_memory_mib: int | None = None) -> list[HamiGPU]:
     """A HAMi node's GPUs (the register's, and any other one a holding pod names), each with the pods on it."""
-    gpus = {d.uuid: HamiGPU(d.index, d.uuid, d.type, d.memory_mib or plan_memory_mib)
+    gpus = {d.uuid: HamiGPU(d.index, d.uuid, d.type, d.memory_mib or plan_memory_mib, healthy=d.healthy,
+                            cores_total=d.cores or 100)
             for d in hami_devices(_annotation(node, HAMI_REGISTER))}
+    registered = bool(gpus)
     for p, _ in held:
         shares: dict[str, tuple[str, int, int]] = {}
         for container in hami_allocations(_annotation(p, HAMI_ALLOCATED)):
             for grant in container:
-                _, mem, cores = shares.get(grant.uuid, ("", 0, 0))
-                shares[grant.uuid] = (grant.type, mem + grant.memory_mib, cores + grant.cores)
+                uuid = _base_uuid(grant.uuid)[0]  # a MIG slot of HAMi's MIG mode counts on its GPU
+                _, mem, cores = shares.get(uuid, ("", 0, 0))
+                shares[uuid] = (grant.type, mem + grant.memory_mib, cores + grant.cores)
         pns, pname = _pod_id(p)
         for uuid, (typ, mem, cores) in shares.items():
             if uuid not in gpus:
                 if len(gpus) >= HAMI_MAX_DEVICES:
                     continue
-                gpus[uuid] = HamiGPU(None, uuid, typ, plan_memory_mib)
+                # a GPU the register does not list: its size is not known (the plan's, only without a register)
+                gpus[uuid] = HamiGPU(None, uuid, typ, None if registered else plan_memory_mib)
             gpus[uuid].pods.append(HamiShare(pns, pname, mem, cores))
     for g in gpus.values():
         g.pods.sort(key=lambda s: (s.namespace, s.name))
@@ -395,12 +418,22 @@ def holding_pods(pods: list[dict[str, Any]]) -> dict[str, list[tuple[dict[str, A
     return out
 
 
+def _granted(hami: list[HamiGPU], res: str) -> dict[tuple[str, str], int]:
+    """(namespace, pod) -> the memory (MiB) or cores (%) HAMi's scheduler placed for it, over all GPUs."""
+    out: dict[tuple[str, str], int] = {}
+    for g in hami:
+        for s in g.pods:
+            out[(s.namespace, s.name)] = out.get((s.namespace, s.name), 0) + (
+                s.memory_mib if res == gpuplan.HAMI_MEMORY else s.cores)
+    return out
+
+
 def _hami_total(res: str, hami: list[HamiGPU], gpus: int | None, plan: GPUPlan | None) -> int:
     """A HAMi node's memory (MiB) or cores (percent) in all: its register's GPUs (what HAMi's scheduler counts
     against) where it has one, else the plan's GPUs x memory (or x 100 %)."""
     registered = [g for g in hami if g.index is not None]
     if registered and (res != gpuplan.HAMI_MEMORY or all(g.memory_total_mib for g in registered)):
-        return sum(g.memory_total_mib or 0 for g in registered) if res == gpuplan.HAMI_MEMORY else 100 * len(registered)
+        return sum((g.memory_total_mib or 0) if res == gpuplan.HAMI_MEMORY else g.cores_total for g in registered)
     per = (plan.gpu_memory_mib or 0) if res == gpuplan.HAMI_MEMORY and plan is not None else 100
     return (gpus or 0) * per
 
@@ -431,12 +464,16 @@ def node_allocation(node: dict[str, Any], held: list[tuple[dict[str, Any], dict[
             use = ResourceUse(res, total, total)
         else:
             use = ResourceUse(res, _qty(capacity.get(res, 0)), ns.allocatable_of(res), planned.get(res))
+        granted = _granted(hami, res) if res in HAMI_PER_POD else {}
         for p, req in held:
-            if req.get(res):
-                pns, pname = _pod_id(p)
+            pns, pname = _pod_id(p)
+            # what HAMi's scheduler placed (per GPU, a pod without gpumem holding the whole memory) where it
+            # recorded it, else what the pod asks for
+            count = granted.get((pns, pname), req.get(res, 0))
+            if count:
                 st = p.get("status")
                 phase = str(st.get("phase", "") or "") if isinstance(st, dict) else ""
-                use.pods.append(PodUse(pns, pname, req[res], phase))
+                use.pods.append(PodUse(pns, pname, count, phase))
         use.pods.sort(key=lambda u: (u.namespace, u.name))
         resources.append(use)
     mig = {r.resource[len(MIG_PREFIX):]: r.allocatable for r in resources if r.kind == "mig"}

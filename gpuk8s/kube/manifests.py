@@ -91,12 +91,15 @@ def _render(template: str, **values: Any) -> str:
         mps_root=MPS_ROOT, **values)
 
 
+PLUGIN_MANIFEST = "nvidia-device-plugin.yaml"
+
+
 def device_plugin(inv: Inventory) -> Manifest:
     """The plugin DaemonSet with its config-manager, and the RBAC that lets config-manager read node labels."""
     # where a node uses MIG, the plugin needs SYS_ADMIN and NVIDIA_MIG_MONITOR_DEVICES, as the v0.20.0 chart gives it
     # (templates/_helpers.tpl requiresCapSysAdmin, addMigMonitorDevices: a MIG strategy other than none)
     mig = any(is_gpu_node(h) and h.gpu.mig.enabled for h in inv.hosts)
-    return Manifest("nvidia-device-plugin.yaml", mirrors.rewrite_images(inv, _render(
+    return Manifest(PLUGIN_MANIFEST, mirrors.rewrite_images(inv, _render(
         device_plugin_template(), version=inv.install.device_plugin_version, mig=mig)))
 
 

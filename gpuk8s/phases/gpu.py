@@ -135,9 +135,10 @@ class GPUNodes(Phase):
                                commands="\n".join(f"kubectl delete {d['kind'].lower()} {d['metadata']['name']}"
                                                    for d in reversed(m.objects())))
                         for m in gone if manifests.present(ctx.kube, m)]
-        changes += [Change(f"restart the device plugin on {node} (its container runtime is reconfigured)",
-                           commands=state.restart_command(pod))
-                    for node, pod in self._stale_plugins(ctx, planning=True).items()]
+        if not any(m.name == manifests.PLUGIN_MANIFEST for m in todo):  # else the DaemonSet replaces its pods itself
+            changes += [Change(f"restart the device plugin on {node} (its container runtime is reconfigured)",
+                               commands=state.restart_command(pod))
+                        for node, pod in self._stale_plugins(ctx, planning=True).items()]
         for name, (labels, taints) in diffs.items():
             if labels:
                 changes.append(Change(f"label {name}", commands="kubectl " + shlex.join(label_args(name, labels))))
@@ -149,7 +150,11 @@ class GPUNodes(Phase):
 
     def run(self, ctx: Context) -> PhaseResult:
         r = self.result("unchanged", "manifests, labels and taints as wanted")
-        done = [f"applied {name}" for name in manifests.apply(ctx.kube, self._wanted(ctx))]
+        stale = self._stale_plugins(ctx, planning=False)  # the plugin pods that ran before this run's prepare
+        applied = manifests.apply(ctx.kube, self._wanted(ctx))
+        done = [f"applied {name}" for name in applied]
+        if manifests.PLUGIN_MANIFEST in applied:
+            stale = {}  # a new template: the DaemonSet replaces its pods itself
         done += [f"removed {name}" for name in manifests.remove(ctx.kube, manifests.unwanted(ctx.inv, ctx.plans))]
         for name, (labels, taints) in self._node_diffs(ctx).items():
             if labels:
@@ -165,7 +170,7 @@ class GPUNodes(Phase):
                 ctx.kube.taint(name, taints)
                 r.hosts[name] = (r.hosts.get(name, "") + " tainted " + ", ".join(taints)).strip()
                 done.append(f"taints on {name}")
-        for node, pod in self._stale_plugins(ctx, planning=False).items():
+        for node, pod in stale.items():
             ctx.kube.delete("pod", [pod], "kube-system")
             ctx.relabelled.add(node)  # verify waits for the new pod to register the node's GPUs
             r.hosts[node] = (r.hosts.get(node, "") + " device plugin restarted").strip()

@@ -35,7 +35,7 @@ def server_dir_of(text: str) -> str | None:
 # command line, which names a directory of the form mktemp makes, and only this user's processes are looked at.
 def stop_unknown(port: int = IPERF_PORT) -> str:
     return (f"pkill -u \"$(id -u)\" -x -f 'iperf3 -s -D -p {int(port)} -I /tmp/gpuk8s-iperf3\\.[A-Za-z0-9]"
-            "{10}/pid'; true")
+            "{10}/pid'; true")  # its directory is left: another run's may have the same form
 
 
 def stop_server(server_dir: str) -> str:
@@ -104,10 +104,12 @@ def measure(cp: Session, workers: dict[str, Session], seconds: float, max_worker
         start = cp.run(START_SERVER, display="start iperf3 server")
         server_dir = server_dir_of(start.stdout) if start.ok else None
         if server_dir is None:
-            if start.ok:  # started, but what it printed is not the directory: stop it by its command line
+            if start.exit_status != 127:  # it may have started (a start cut off after the fork too): stop it
                 cp.run(stop_unknown(), display="stop iperf3 server")
+            why = ("iperf3 not available on the control plane" if start.exit_status == 127 or not start.ok
+                   else "iperf3 started but printed no server directory: stopped")
             for link in links.values():
-                link.note = (link.note + "; " if link.note else "") + "iperf3 not available on the control plane"
+                link.note = (link.note + "; " if link.note else "") + why
             return list(links.values())
         try:
             for i, (name, s) in enumerate(workers.items()):

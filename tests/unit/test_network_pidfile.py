@@ -101,17 +101,18 @@ def test_a_started_server_whose_directory_line_is_not_recognised_is_stopped_all_
 
     w = NS(host=NS(address="10.0.0.2"), run=lambda *a, **k: NS(ok=True, stdout="", exit_status=0))
     links = network.measure(CP(), {"w": w}, seconds=1)  # type: ignore[arg-type, dict-item]
-    assert ran[-1] == network.stop_unknown() and "iperf3 not available" in links[0].note
-    # not started at all: nothing to stop
+    assert ran[-1] == network.stop_unknown()
+    assert links[0].note == "iperf3 started but printed no server directory: stopped"
+    # no iperf3 on the control plane (exit 127): nothing started, nothing to stop
     ran.clear()
 
     class NoServer(CP):
         def run(self, cmd: str, **_: object) -> object:
             ran.append(cmd)
-            return NS(ok=cmd != network.START_SERVER, stdout="", exit_status=0 if cmd != network.START_SERVER else 1)
+            return NS(ok=cmd != network.START_SERVER, stdout="", exit_status=0 if cmd != network.START_SERVER else 127)
 
-    network.measure(NoServer(), {"w": w}, seconds=1)  # type: ignore[arg-type, dict-item]
-    assert network.stop_unknown() not in ran
+    links = network.measure(NoServer(), {"w": w}, seconds=1)  # type: ignore[arg-type, dict-item]
+    assert network.stop_unknown() not in ran and "iperf3 not available on the control plane" in links[0].note
 
 
 @pytest.mark.skipif(shutil.which("iperf3") is None, reason="iperf3 is not installed (make lab-deps installs it)")

@@ -212,6 +212,15 @@ def test_a_plugin_is_restarted_where_prepare_restarted_the_runtime(tmp_path) -> 
     assert res.status == "changed" and res.hosts == {"gpu-2": "device plugin restarted"}
     assert kube.writes == [("delete", "pod", "nvidia-device-plugin-daemonset-gpu-2")]
     assert ctx.relabelled == {"gpu-2"}  # verify waits for the new pod to register the GPUs
+    # the plugin's manifest applied in the same run (a new template, or a first install): its DaemonSet replaces
+    # the pods itself, none is deleted by gpuk8s
+    kube.calls.clear()
+    _plugin_pods(kube)
+    kube.objects.pop(("daemonset", "kube-system", "nvidia-device-plugin-daemonset"))
+    assert not [c for c in GPUNodes().plan(ctx).changes if c.what.startswith("restart")]
+    res = GPUNodes().run(ctx)
+    assert res.hosts == {} and not [w for w in kube.writes if w[0] == "delete"]
+    assert [w[0] for w in kube.writes] == ["apply"]
     # nothing restarted by prepare (a re-run that changed nothing): no plugin touched
     kube.calls.clear()
     _plugin_pods(kube)

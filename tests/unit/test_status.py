@@ -207,6 +207,15 @@ def test_hami_register_in_both_formats() -> None:
     assert [(d.index, d.uuid, d.count, d.memory_mib, d.cores, d.type, d.numa, d.healthy) for d in old] == [
         (0, "GPU-aaaa", 10, 15360, 100, "NVIDIA-Tesla T4", 0, True),
         (1, "GPU-bbbb", 10, 15360, 100, "NVIDIA-Tesla T4", 0, False)]
+    # newer text form: ,INDEX,MODE at the end (the index said, not the position); other shapes skipped
+    nine = "GPU-b,10,15360,100,T4,0,true,1,hami-core:GPU-a,10,15360,100,T4,0,true,0,hami-core:GPU-c,10,1:"
+    assert [(d.index, d.uuid) for d in al.hami_devices(nine)] == [(1, "GPU-b"), (0, "GPU-a")]
+    # JSON as Go's omitempty writes it: index 0, numa 0 and health false left out
+    omit = json.dumps([{"id": "GPU-b", "index": 1, "count": 10, "devmem": 100, "devcore": 100, "health": True},
+                       {"id": "GPU-a", "count": 10, "devmem": 100, "devcore": 100}])
+    assert [(d.index, d.uuid, d.healthy) for d in al.hami_devices(omit)] == [(1, "GPU-b", True), (0, "GPU-a", False)]
+    # an id too long is dropped, not cut (two cut ids could merge into one GPU)
+    assert al.hami_devices(json.dumps([{"id": "G" * 200, "index": 0}])) == []
 
 
 def test_hami_allocations_per_container() -> None:
@@ -304,7 +313,8 @@ def test_hami_per_gpu_without_the_register_or_with_a_pod_on_an_unknown_gpu() -> 
     a = al.allocation([hami_node(reg)], [two], {"gpu-h": HAMI_PLAN})
     assert [(g.index, g.uuid, g.memory_total_mib, g.memory_mib, g.cores, [(p.name, p.memory_mib) for p in g.pods])
             for g in a.nodes[0].hami_gpus] == [(0, "GPU-aaaa", 40960, 101, 10, [("two", 101)]),
-                                               (None, "GPU-cccc", 40960, 200, 10, [("two", 200)])]
+                                               (None, "GPU-cccc", None, 200, 10, [("two", 200)])]
+    # (a GPU the register does not list has no known size: not the plan's, which could make a made-up GPU look real)
     # a node without HAMi: no list
     assert al.allocation(NODES, PODS).nodes[0].hami_gpus == []
 
@@ -314,14 +324,15 @@ def test_hami_table_and_json(capsys: pytest.CaptureFixture[str]) -> None:
     cmd.render(a)
     out = capsys.readouterr().out
     assert "# HAMi GPUs\nNODE\tGPU\tMEMORY\tCORES\tPODS\n" in out
-    assert "gpu-h\t0 GPU-aaaa\t6096/81920 MiB\t50%\tml/v1 4096MiB 30%, ml/v3 2000MiB 20%\n" in out
-    assert "gpu-h\t1 GPU-bbbb\t10000/81920 MiB\t0%\tml/v2 10000MiB\n" in out
+    assert "gpu-h\t0 GPU-aaaa\t6096/81920 MiB\t50/100%\tml/v1 4096MiB 30%, ml/v3 2000MiB 20%\n" in out
+    assert "gpu-h\t1 GPU-bbbb (unhealthy)\t10000/81920 MiB\t0/100%\tml/v2 10000MiB no core limit\n" in out
     assert out.index("# GPU allocation") < out.index("# HAMi GPUs")
     doc = cmd.to_json(a)
     jsonschema.validate(doc, SCHEMA)
     h = next(n for n in doc["nodes"] if n["node"] == "gpu-h")
-    assert h["hami_gpus"][0] == {"index": 0, "uuid": "GPU-aaaa", "type": "NVIDIA-A100", "memory_total_mib": 81920,
-                                 "memory_mib": 6096, "cores_percent": 50,
+    assert h["hami_gpus"][0] == {"index": 0, "uuid": "GPU-aaaa", "type": "NVIDIA-A100", "healthy": True,
+                                 "memory_total_mib": 81920, "memory_mib": 6096, "cores_percent": 50,
+                                 "cores_total_percent": 100,
                                  "pods": [{"namespace": "ml", "name": "v1", "memory_mib": 4096, "cores_percent": 30},
                                           {"namespace": "ml", "name": "v3", "memory_mib": 2000,
                                            "cores_percent": 20}]}
@@ -329,3 +340,37 @@ def test_hami_table_and_json(capsys: pytest.CaptureFixture[str]) -> None:
     # no HAMi anywhere: no such table
     cmd.render(al.allocation(NODES, PODS))
     assert "HAMi" not in capsys.readouterr().out
+
+
+def test_hami_requested_is_what_the_scheduler_placed() -> None:
+    # a 2-GPU pod gets its gpumem on each GPU; a pod without gpumem gets a whole GPU's memory; HAMi's MIG mode
+    # names a slot of a GPU as GPU-xxx[template-position]
+    big = hami_pod("big", "GPU-aaaa,NVIDIA,10000,0:GPU-bbbb,NVIDIA,10000,0:;", 10000)
+    big["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = 2
+    whole = pod("whole", "gpu-h", {"nvidia.com/gpu": 1}, phase="Running")
+    whole["metadata"]["annotations"] = {"hami.io/vgpu-devices-allocated": "GPU-aaaa,NVIDIA,81920,100:;"}
+    mig = hami_pod("mig", "GPU-bbbb[1-0],NVIDIA,20000,0:;", 20000)
+    a = al.allocation([hami_node(REGISTER_JSON)], [big, whole, mig], {"gpu-h": HAMI_PLAN})
+    g0, g1 = a.nodes[0].hami_gpus
+    assert (g0.memory_mib, g1.memory_mib) == (91920, 30000) and [p.name for p in g1.pods] == ["big", "mig"]
+    mem = next(r for r in a.nodes[0].resources if r.resource == "nvidia.com/gpumem")
+    assert {p.name: p.count for p in mem.pods} == {"big": 20000, "whole": 81920, "mig": 20000}
+    assert mem.requested == g0.memory_mib + g1.memory_mib == 121920 and mem.free == 163840 - 121920
+    # without HAMi's annotation (not placed yet by HAMi): what the pod asks for, as before
+    bare = hami_pod("bare", "", 3000)
+    bare["metadata"]["annotations"] = {}
+    a = al.allocation([hami_node(REGISTER_JSON)], [bare], {"gpu-h": HAMI_PLAN})
+    assert next(r for r in a.nodes[0].resources if r.resource == "nvidia.com/gpumem").requested == 3000
+
+
+def test_hami_table_shows_markup_in_annotations_as_text(monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    from gpuk8s import ui
+
+    monkeypatch.setattr(ui, "is_terminal", lambda: True)
+    monkeypatch.setenv("COLUMNS", "250")  # no wrapping inside the strings looked for
+    reg = json.dumps([{"id": "GPU-[bold red]x[/]", "index": 0, "devmem": 100}])
+    p = hami_pod("[link=http://evil]p[/link]", "GPU-[bold red]x[/],NVIDIA,10,0:;", 10)
+    cmd.render_hami(al.allocation([hami_node(reg)], [p], {"gpu-h": HAMI_PLAN}))
+    out = capsys.readouterr().out
+    assert "GPU-[bold red]x[/]" in out and "[link=http://evil]p[/link]" in out

@@ -1034,7 +1034,9 @@ def node_json(s: dict[str, Any], name: str) -> dict[str, Any]:
     annotations: dict[str, str] = {}
     if _hami_on(s, name, n) and _gpus_on(n["host"]):  # HAMi's plugin registers GPUs x deviceSplitCount
         capacity["nvidia.com/gpu"] = str(_gpus_on(n["host"]) * _hami_split(s))
-        annotations["hami.io/node-nvidia-register"] = json.dumps(_hami_devices(s, n))
+        # as HAMi's Go structs marshal it: omitempty leaves out a zero index or numa and a false health
+        annotations["hami.io/node-nvidia-register"] = json.dumps(
+            [{k: v for k, v in d.items() if v not in (0, False, "")} for d in _hami_devices(s, n)])
     allocatable = {k: ("0" if k in serving and k not in registered else v) for k, v in capacity.items()}
     # the CNI's pod on this node (and kube-proxy's) must pull its images: else no network plugin there
     ready = _cni_ready(s) and not any(_ds_pull(s, ds, n) for ds in _daemonsets(s)
