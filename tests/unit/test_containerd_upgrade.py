@@ -451,7 +451,8 @@ def apt_reads(etc_apt: Path) -> str:
     return "\n".join(ln for ln in (p.stdout + p.stderr).splitlines() if ln.startswith("E:"))
 
 
-@pytest.mark.skipif(APT_CACHE is None, reason="no apt-cache here")
+@pytest.mark.skipif(APT_CACHE is None, reason="apt's own Signed-By conflict check needs apt-cache (Debian or Ubuntu; "
+                    ".ci/run's machine has it): not on this machine")
 @pytest.mark.parametrize("existing", [None, "docker.list", "docker.sources"])
 def test_an_existing_docker_apt_source_is_used_not_duplicated(tmp_path, existing):
     """Finding 4: a second entry for Docker's repository with another signed-by stops apt for good; apt's real

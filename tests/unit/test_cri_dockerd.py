@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from dataclasses import replace
 
@@ -184,7 +183,6 @@ def test_a_mirror_url_reaches_the_script_quoted():
     assert f"url=http://mirror.lan:8080/cri/cri-dockerd-{PIN.version}.amd64.tgz" in binary.run
 
 
-@pytest.mark.skipif(not shutil.which("sh"), reason="no sh to parse the script with")
 def test_the_docker_script_is_valid_sh():
     script = build_script(steps(inv(), docker_facts()), owner="test", dry_run=False)
     p = subprocess.run(["sh", "-n"], input=script, capture_output=True, text=True)
