@@ -282,14 +282,18 @@ def parse_yaml(text: str) -> Ansible:
         except (yaml.YAMLError, RecursionError, TypeError):
             return "<unreadable>"
 
+    def items(node: Node, where: str, what: str) -> list[tuple[Node, Node]]:
+        """A mapping's (key, value) nodes; an empty value has none, anything else is noted as not imported."""
+        if isinstance(node, ScalarNode) and node.value in ("", "~", "null"):
+            return []
+        if not isinstance(node, MappingNode):
+            inv.notes.append(Note(line(node), where, f"{what} must be a mapping: not imported"))
+            return []
+        return list(node.value)
+
     def vars_of(node: Node, owner: str, where: str) -> dict[str, Var]:
         out: dict[str, Var] = {}
-        if isinstance(node, ScalarNode) and node.value in ("", "~", "null"):
-            return out
-        if not isinstance(node, MappingNode):
-            inv.notes.append(Note(line(node), where, f"{where} must be a mapping: not imported"))
-            return out
-        for k, v in node.value:
+        for k, v in items(node, where, where):
             key = str(k.value) if isinstance(k, ScalarNode) else "?"
             out[key] = Var(key, pyval(v), line(k), owner)
         return out
@@ -304,12 +308,7 @@ def parse_yaml(text: str) -> Ansible:
         for k, v in node.value:
             key = k.value if isinstance(k, ScalarNode) else "?"
             if key == "hosts":
-                if isinstance(v, ScalarNode) and v.value in ("", "~", "null"):
-                    continue
-                if not isinstance(v, MappingNode):
-                    inv.notes.append(Note(line(v), f"{name}.hosts", "hosts must be a mapping: not imported"))
-                    continue
-                for hk, hv in v.value:
+                for hk, hv in items(v, f"{name}.hosts", "hosts"):
                     hname = str(hk.value) if isinstance(hk, ScalarNode) else "?"
                     for expanded in _expand(hname, line(hk), inv.notes):
                         h = inv.host(expanded, line(hk))
@@ -319,12 +318,7 @@ def parse_yaml(text: str) -> Ansible:
             elif key == "vars":
                 g.vars.update(vars_of(v, f"group {name}", f"{name}.vars"))
             elif key == "children":
-                if isinstance(v, ScalarNode) and v.value in ("", "~", "null"):
-                    continue
-                if not isinstance(v, MappingNode):
-                    inv.notes.append(Note(line(v), f"{name}.children", "children must be a mapping: not imported"))
-                    continue
-                for ck, cv in v.value:
+                for ck, cv in items(v, f"{name}.children", "children"):
                     cname = str(ck.value) if isinstance(ck, ScalarNode) else "?"
                     g.children.setdefault(cname, line(ck))
                     group(cname, cv, line(ck))
