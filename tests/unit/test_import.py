@@ -208,3 +208,15 @@ def test_ssh_options_are_reported_by_name_only():
     res = convert(parse_ini(text))
     assert not any("S3CRET" in n.message or "S3CRET" in n.key for n in res.notes)
     assert "S3CRET" not in json.dumps(res.to_json()) and "S3CRET" not in res.text
+
+
+def test_a_yaml_entry_that_is_not_a_mapping_is_noted_by_line():
+    text = ("all:\n  children:\n    kube_control_plane:\n      hosts:\n        cp1: {ansible_host: 10.0.0.1}\n"
+            "    kube_node:\n      hosts: [w1, w2]\n      vars: 5\n    etcd:\n      children: x\n"
+            "    calico_rr:\n      hosts:\n")
+    a = parse(text, "inventory.yaml")
+    got = {(n.line, n.key, n.message) for n in a.notes}
+    assert (7, "kube_node.hosts", "hosts must be a mapping: not imported") in got
+    assert (8, "kube_node.vars", "kube_node.vars must be a mapping: not imported") in got
+    assert (10, "etcd.children", "children must be a mapping: not imported") in got
+    assert not any(n.key.startswith("calico_rr") for n in a.notes)  # an empty hosts: nothing to say
