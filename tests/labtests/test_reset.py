@@ -88,6 +88,15 @@ def preflight_checks(run_cli, lab, host: str) -> dict[str, dict]:
     return {c["id"]: c for h in rep["hosts"] if h["name"] == host for c in h["checks"]}
 
 
+def fresh_and_joins_again(run_cli, lab, name: str) -> None:
+    """After a reset: preflight passes the host as a fresh one, and it joins again with its GPUs."""
+    checks = preflight_checks(run_cli, lab, name)
+    assert checks and all(c["status"] != "fail" for c in checks.values()), checks
+    r = run_cli("join", name, "-i", str(lab.inventory), "-o", "json", "--no-test-pods")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert ready_gpus(nodes(lab)[name]) == (True, 2)
+
+
 def test_reset_a_worker_drains_leaves_passes_preflight_and_joins_again(lab_up, run_cli, tmp_path):
     lab = lab_up(FLEET)
     install(lab, run_cli, tmp_path)
@@ -152,14 +161,7 @@ def test_reset_a_worker_drains_leaves_passes_preflight_and_joins_again(lab_up, r
     assert gpu1.state()["services"].get("kubelet") != "active" and "kubelet" not in gpu1.state().get("enabled", [])
     assert any(a[:3] == ["kubeadm", "reset", "-f"] for a in gpu1.commands()), \
         [a for a in gpu1.commands() if a[:1] == ["kubeadm"]]
-    # preflight sees a fresh host
-    checks = preflight_checks(run_cli, lab, "gpu-1")
-    assert checks and all(c["status"] != "fail" for c in checks.values()), checks
-
-    # and it joins again
-    r = run_cli("join", "gpu-1", "-i", str(lab.inventory), "-o", "json", "--no-test-pods")
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert ready_gpus(nodes(lab)["gpu-1"]) == (True, 2)
+    fresh_and_joins_again(run_cli, lab, "gpu-1")
 
 
 def test_purge_restores_what_gpuk8s_changed(lab_up, run_cli, tmp_path):
@@ -183,11 +185,7 @@ def test_purge_restores_what_gpuk8s_changed(lab_up, run_cli, tmp_path):
     assert gpu1.exec("ls /var/lib/gpuk8s/backup", check=False).returncode != 0
     assert gpu1.exec("command -v kubeadm", check=False).returncode != 0
     assert gpu1.state()["services"].get("containerd") == "active"
-    checks = preflight_checks(run_cli, lab, "gpu-1")
-    assert checks and all(c["status"] != "fail" for c in checks.values()), checks
-    r = run_cli("join", "gpu-1", "-i", str(lab.inventory), "-o", "json", "--no-test-pods")
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert ready_gpus(nodes(lab)["gpu-1"]) == (True, 2)
+    fresh_and_joins_again(run_cli, lab, "gpu-1")
 
 
 def test_reset_all_then_install_again_converges(lab_up, run_cli, tmp_path):
