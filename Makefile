@@ -4,10 +4,14 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 FLEET   ?= tests/lab/fleets/demo.yaml
 LAB_DIR ?= /var/tmp/gpuk8s-lab
+# the demo runs what users install: the wheel (built from the sdist) in a venv outside the checkout
+DIST_VENV ?= /var/tmp/gpuk8s-dist/venv
+DEMO    := $(DIST_VENV)/bin/gpuk8s
 LAB_PKGS := openssh-server openssh-client sudo iproute2 iperf3 iputils-ping containerd util-linux openssl procps \
             python3-yaml gcc libc6-dev
 
-.PHONY: install lab-deps test test-unit test-kind lint lab-up lab-down lab-status demo bench bench-smoke clean
+
+.PHONY: install dist-venv lab-deps test test-unit test-kind lint lab-up lab-down lab-status demo bench bench-smoke clean
 
 install: $(VENV)/.installed
 
@@ -15,6 +19,12 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[test,lint]'
+	touch $@
+
+# sdist, wheel from the sdist, installed with its dependencies into $(DIST_VENV) (tests/wheel.py)
+dist-venv: $(DEMO)
+$(DEMO): $(VENV)/.installed $(shell git ls-files gpuk8s playbooks 2>/dev/null)
+	$(BIN)/python -m tests.wheel $(DIST_VENV) >/dev/null
 	touch $@
 
 # What the lab needs from the OS; installed only when missing, only as root on apt systems.
@@ -53,18 +63,18 @@ lab-down: install
 lab-status: install
 	$(BIN)/python -m tests.lab status
 
-demo: install lab-deps
+demo: install dist-venv lab-deps
 	@$(BIN)/python -m tests.lab up $(FLEET) >/dev/null
 	@echo "==> lab up: $(FLEET) (real sshd in network namespaces; make demo FLEET=tests/lab/fleets/shared.yaml shows shared GPUs)"
-	@echo "==> $(BIN)/gpuk8s preflight -i $(LAB_DIR)/inventory.yaml"
-	@$(BIN)/gpuk8s preflight -i $(LAB_DIR)/inventory.yaml; rc=$$?; \
+	@echo "==> $(DEMO) preflight -i $(LAB_DIR)/inventory.yaml"
+	@$(DEMO) preflight -i $(LAB_DIR)/inventory.yaml; rc=$$?; \
 	echo; echo "preflight exit status: $$rc (0: ready, warnings allowed; 1: something failed)"; \
-	echo "==> $(BIN)/gpuk8s install -i $(LAB_DIR)/inventory.yaml"; \
-	$(BIN)/gpuk8s install -i $(LAB_DIR)/inventory.yaml --kubeconfig-out $(LAB_DIR)/admin.kubeconfig --force; rc=$$?; \
+	echo "==> $(DEMO) install -i $(LAB_DIR)/inventory.yaml"; \
+	$(DEMO) install -i $(LAB_DIR)/inventory.yaml --kubeconfig-out $(LAB_DIR)/admin.kubeconfig --force; rc=$$?; \
 	echo; echo "install exit status: $$rc; run it again: every step is unchanged"; \
 	echo "Look around:"; \
-	echo "  $(BIN)/gpuk8s preflight -i $(LAB_DIR)/inventory.yaml -o json | less"; \
-	echo "  $(BIN)/gpuk8s install -i $(LAB_DIR)/inventory.yaml --dry-run"; \
+	echo "  $(DEMO) preflight -i $(LAB_DIR)/inventory.yaml -o json | less"; \
+	echo "  $(DEMO) install -i $(LAB_DIR)/inventory.yaml --dry-run"; \
 	echo "  cat $(LAB_DIR)/hosts/gpu-1/upper/etc/containerd/config.toml   # what install wrote on gpu-1"; \
 	echo "  ssh -i $(LAB_DIR)/id_ed25519 -o UserKnownHostsFile=$(LAB_DIR)/known_hosts gpuk8s@10.213.0.10 \\"; \
 	echo "      sudo kubectl --kubeconfig /etc/kubernetes/admin.conf get nodes   # the lab's simulated cluster"; \
@@ -84,4 +94,4 @@ bench-smoke: install lab-deps
 	$(BIN)/python -m tests.bench --sizes 8 --install-sizes 8 --json /var/tmp/gpuk8s-bench/bench-smoke.json
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(dir $(DIST_VENV)) *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
