@@ -18,11 +18,12 @@ from __future__ import annotations
 import base64
 import os
 import re
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
 from gpuk8s import versions
-from gpuk8s.inventory.model import Inventory, RegistrySettings
+from gpuk8s.inventory.model import Host, Inventory, RegistrySettings
 from gpuk8s.logs import register_secret
 
 # The registries the images gpuk8s installs come from, and the one kubeadm's images come from.
@@ -345,42 +346,64 @@ def _registry_url(host: str, insecure: bool) -> str:
     return f"{'http' if insecure else 'https'}://{api}/v2/"
 
 
+class SourcePlan:
+    """The sources every host of one inventory is checked against, decided once per run. The registries come
+    from every image the cluster runs (needed_images renders every manifest, tens of ms of CPU), which depends on
+    the inventory only; a host adds the toolkit repository (GPU nodes) and the CNI manifest (control planes).
+    Preflight builds one plan per run and asks it per host (it did the whole work twice per host before)."""
+
+    def __init__(self, inv: Inventory) -> None:
+        self._inv = inv
+        r = _settings(inv)
+        self._registries: list[Source] = []
+        seen: set[str] = set()
+        for n in needed_images(inv):
+            reg = parse(n.image).registry
+            if reg in seen:
+                continue
+            seen.add(reg)
+            mine = reg in _own_hosts(r)
+            self._registries.append(Source(f"the registry {reg}" + (" (the inventory's mirror)" if mine else ""),
+                                           _registry_url(reg, r.insecure_http and mine),
+                                           "registry.mirror (or registry.overrides)"))
+        self._by_kind: dict[tuple[bool, bool], list[Source]] = {}
+
+    def for_host(self, host: Host) -> list[Source]:
+        """What this host fetches from during install, in the order install needs them: the package repositories,
+        the image registries (the mirror and overrides where set, else the registries of the images gpuk8s runs)
+        and, on control planes, the CNI manifest."""
+        from gpuk8s.gpuplan import is_gpu_node
+
+        kind = (is_gpu_node(host), host.is_control_plane)
+        if kind not in self._by_kind:
+            inv = self._inv
+            out = []
+            if kind[0]:
+                out.append(Source("the NVIDIA container toolkit repository", inv.install.toolkit_repo,
+                                  "install.toolkit_repo"))
+            out.append(Source("the Kubernetes package repository", inv.install.kubernetes_repo,
+                              "install.kubernetes_repo"))
+            out += self._registries
+            if kind[1]:
+                out.append(Source(f"the {inv.cluster.cni} manifest", cni_manifest_url(inv),
+                                  "registry.manifests (or install." + inv.cluster.cni + "_manifest)"))
+            self._by_kind[kind] = out
+        return self._by_kind[kind]
+
+    def prelude(self, host: Host) -> str:
+        """The shell assignment put in front of the fact probe: the URLs its `sources` section asks for."""
+        urls = " ".join(s.url for s in self.for_host(host))
+        return f"GK_SOURCES={shlex.quote(urls)}\n" if urls else ""
+
+
 def sources(inv: Inventory, host_name: str) -> list[Source]:
-    """What this host fetches from during install, in the order install needs them: the package repositories,
-    the image registries (the mirror and overrides where set, else the registries of the images gpuk8s runs)
-    and, on control planes, the CNI manifest."""
-    from gpuk8s.gpuplan import is_gpu_node
-
-    host = inv.host(host_name)
-    r = _settings(inv)
-    out = []
-    if is_gpu_node(host):
-        out.append(Source("the NVIDIA container toolkit repository", inv.install.toolkit_repo,
-                          "install.toolkit_repo"))
-    out.append(Source("the Kubernetes package repository", inv.install.kubernetes_repo, "install.kubernetes_repo"))
-    seen: set[str] = set()
-    for n in needed_images(inv):
-        reg = parse(n.image).registry
-        if reg in seen:
-            continue
-        seen.add(reg)
-        mine = reg in _own_hosts(r)
-        out.append(Source(f"the registry {reg}" + (" (the inventory's mirror)" if mine else ""),
-                          _registry_url(reg, r.insecure_http and mine),
-                          "registry.mirror (or registry.overrides)"))
-    if host.is_control_plane:
-        out.append(Source(f"the {inv.cluster.cni} manifest", cni_manifest_url(inv),
-                          "registry.manifests (or install." + inv.cluster.cni + "_manifest)"))
-    return out
+    """The sources of one host (SourcePlan.for_host); a run over many hosts builds one SourcePlan instead."""
+    return SourcePlan(inv).for_host(inv.host(host_name))
 
 
-def probe_prelude(inv: Inventory, host: object) -> str:
-    """The shell assignment put in front of the fact probe: the URLs its `sources` section asks for."""
-    import shlex
-
-    name = getattr(host, "name", str(host))
-    urls = " ".join(s.url for s in sources(inv, name))
-    return f"GK_SOURCES={shlex.quote(urls)}\n" if urls else ""
+def probe_prelude(inv: Inventory, host: Host) -> str:
+    """The probe's prelude for one host (SourcePlan.prelude)."""
+    return SourcePlan(inv).prelude(host)
 
 
 def sed_rewrites(inv: Inventory) -> list[str]:

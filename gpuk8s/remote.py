@@ -31,7 +31,7 @@ from gpuk8s.text import clean
 
 log = logging.getLogger("gpuk8s.remote")
 
-MAX_OUTPUT = 1 << 20  # bytes kept per stream; the rest is counted and dropped
+MAX_OUTPUT = 1 << 20  # bytes kept per stream by default; the rest is counted and dropped (Result.truncated)
 T = TypeVar("T")
 
 
@@ -57,7 +57,8 @@ class Result:
     stdout: str
     stderr: str
     seconds: float
-    truncated: bool = False
+    truncated: bool = False  # a stream printed more than the run's max_output: the rest was dropped
+    stdout_bytes: int = 0  # how many bytes stdout printed in all, those dropped included
 
     @property
     def ok(self) -> bool:
@@ -268,11 +269,13 @@ class Session:
 
     def run(self, command: str, *, sudo: bool = False, timeout: float | None = None,
             stdin: bytes | None = None, display: str | None = None,
-            on_line: Callable[[str], None] | None = None, quiet: bool = False) -> Result:
+            on_line: Callable[[str], None] | None = None, quiet: bool = False,
+            max_output: int = MAX_OUTPUT) -> Result:
         """Run one command; never raises on a non-zero exit (see Result.exit_status).
 
         `on_line` sees each complete stdout line as it arrives (for live progress). `quiet` keeps the
-        output out of the log (a kubeconfig carries a client key).
+        output out of the log (a kubeconfig carries a client key). `max_output`: bytes kept per stream; a
+        caller that reads more than the default (kubectl's lists) says so, and must check Result.truncated.
         """
         self.connect()
         assert self._conn is not None
@@ -292,7 +295,7 @@ class Session:
                 if stdin:
                     chan.sendall(stdin)
                 chan.shutdown_write()
-            out, err, truncated = _drain(chan, start + timeout, on_line, gate)
+            out, err, truncated, total = _drain(chan, start + timeout, on_line, gate, max_output)
         except TimeoutError:
             raise RemoteError("command-timeout", f"'{shown}' on {self.host.name} did not finish within {timeout:g} s",
                               "raise ssh.command_timeout if the step is legitimately slow") from None
@@ -307,7 +310,7 @@ class Session:
             raise RemoteError("cut", f"the connection to {self.host.name} closed before '{shown}' finished",
                               "check the host and re-run")
         res = Result(shown, status, clean(out.decode("utf-8", "replace")), clean(err.decode("utf-8", "replace")),
-                     time.monotonic() - start, truncated)
+                     time.monotonic() - start, truncated, total)
         log.debug("%s: $ %s -> %d in %.2fs\n%s%s", self.host.name, shown, status, res.seconds,
                   "    (output not logged)\n" if quiet else _indent(res.stdout), _indent(res.stderr))
         return res
@@ -416,10 +419,12 @@ class SudoGate:
                 chan.shutdown_write()
 
 
-def _drain(chan: paramiko.Channel, deadline: float,
-           on_line: Callable[[str], None] | None = None, gate: SudoGate | None = None) -> tuple[bytes, bytes, bool]:
+def _drain(chan: paramiko.Channel, deadline: float, on_line: Callable[[str], None] | None = None,
+           gate: SudoGate | None = None, cap: int = MAX_OUTPUT) -> tuple[bytes, bytes, bool, int]:
+    """stdout, stderr (each at most `cap` bytes), whether either was cut, and stdout's whole size."""
     out, err = bytearray(), bytearray()
     truncated = False
+    total = err_total = 0
     pending = b""
     fd = chan.fileno()
     while True:
@@ -436,21 +441,23 @@ def _drain(chan: paramiko.Channel, deadline: float,
                 pending = pending[-65536:]  # a line that never ends must not grow without bound
                 for ln in lines:
                     on_line(ln.decode("utf-8", "replace"))
-            if len(out) < MAX_OUTPUT:
-                out += chunk[: MAX_OUTPUT - len(out)]
-            truncated |= len(out) >= MAX_OUTPUT
+            total += len(chunk)
+            if len(out) < cap:
+                out += chunk[: cap - len(out)]
+            truncated |= total > cap
         while chan.recv_stderr_ready():
             chunk = chan.recv_stderr(65536)
-            if len(err) < MAX_OUTPUT:
-                err += chunk[: MAX_OUTPUT - len(err)]
-            truncated |= len(err) >= MAX_OUTPUT
+            err_total += len(chunk)
+            if len(err) < cap:
+                err += chunk[: cap - len(err)]
+            truncated |= err_total > cap
         if gate is not None and not gate.open:
             gate.feed(chan, err)
         drained = not chan.recv_ready() and not chan.recv_stderr_ready()
         if chan.exit_status_ready() and drained and (chan.eof_received or chan.closed):
-            return bytes(out), bytes(err), truncated
+            return bytes(out), bytes(err), truncated, total
         if chan.closed and not chan.recv_ready():
-            return bytes(out), bytes(err), truncated
+            return bytes(out), bytes(err), truncated, total
 
 
 def _indent(text: str) -> str:

@@ -8,9 +8,11 @@ the same argv; values are quoted for the remote shell, never interpolated. Unit 
 
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -22,6 +24,11 @@ from gpuk8s.remote import Session
 from gpuk8s.text import clean
 
 ADMIN = "/etc/kubernetes/admin.conf"
+# What gpuk8s reads of one kubectl command. kubectl's lists hold whole objects: a real pod is several KB and a
+# GPU node tens of KB (status.images), so a cluster of a few hundred pods is past the 1 MiB other commands are
+# cut at; 5,000 pods and 512 nodes of real size are ~30 MB. A read over the cap is an error naming its size,
+# never a list with objects missing.
+READ_CAP = 128 << 20
 
 
 class KubeError(Exception):
@@ -39,6 +46,8 @@ class Output:
     ok: bool
     stdout: str
     stderr: str
+    truncated: bool = False  # kubectl printed more than READ_CAP: stdout is not all of it
+    size: int = 0  # bytes kubectl printed on stdout in all
 
     def tail(self, n: int = 8) -> str:
         return " | ".join(lines_that_matter(self.stderr + "\n" + self.stdout, n))
@@ -117,11 +126,21 @@ class Kubectl:
     where = "kubectl"
 
     def _kubectl(self, args: list[str], stdin: str | None = None, timeout: float | None = None) -> Output:
-        """kubectl ARGS; `timeout`: seconds it may take where kubectl has its own, longer bound (drain)."""
+        """kubectl ARGS; `timeout`: seconds it may take where kubectl has its own, longer bound (drain).
+        At most READ_CAP bytes of stdout are kept (Output.truncated says when more came)."""
         raise NotImplementedError
 
+    def _run(self, args: list[str], stdin: str | None = None, timeout: float | None = None) -> Output:
+        """_kubectl, where an output cut at READ_CAP is an error naming its size: never half a list."""
+        out = self._kubectl(args, stdin, timeout)
+        if out.truncated:
+            raise KubeError(f"kubectl {' '.join(args[:2])} ({self.where}) printed {out.size} bytes, more than the "
+                            f"{READ_CAP >> 20} MiB gpuk8s reads of one command; nothing was read from it",
+                            "name the nodes to look at (gpuk8s status NODE...) or report this with the log file")
+        return out
+
     def _checked(self, args: list[str], stdin: str | None = None) -> Output:
-        out = self._kubectl(args, stdin)
+        out = self._run(args, stdin)
         if not out.ok:
             raise KubeError(f"kubectl {args[0]} ({self.where}) failed: {out.tail()}",
                             "check the control plane (kubectl get nodes there) and re-run")
@@ -135,7 +154,7 @@ class Kubectl:
             args.append("-A")
         elif namespace is not None:
             args += ["-n", namespace]
-        out = self._kubectl([*args, "-o", "json"])
+        out = self._run([*args, "-o", "json"])
         if not out.ok:
             if name is not None and "NotFound" in out.stderr:
                 return []
@@ -162,7 +181,7 @@ class Kubectl:
             self._checked(["delete", kind, *names, "-n", namespace, "--ignore-not-found"])
 
     def logs(self, pod: str, namespace: str, tail: int = 50) -> str:
-        out = self._kubectl(["logs", pod, "-n", namespace, f"--tail={tail}"])
+        out = self._run(["logs", pod, "-n", namespace, f"--tail={tail}"])
         return out.stdout if out.ok else out.stderr
 
     def events(self, namespace: str | None = None) -> list[dict[str, Any]]:
@@ -171,7 +190,7 @@ class Kubectl:
     def raw_get(self, path: str) -> str:
         if not path.startswith("/"):
             raise ValueError(f"an API path starts with '/': {path!r}")
-        out = self._kubectl(["get", "--raw", path])
+        out = self._run(["get", "--raw", path])
         if not out.ok:
             raise KubeError(f"kubectl get --raw {path} ({self.where}) failed: {out.tail()}",
                             "check that the pod is Running and serves the port (kubectl get pods -o wide)")
@@ -179,7 +198,7 @@ class Kubectl:
 
     def drain(self, node: str, timeout_s: int) -> str:
         # kubectl's --timeout bounds the drain; the command's own limit leaves it a minute more to report
-        out = self._kubectl(drain_args(node, timeout_s), timeout=timeout_s + 60)
+        out = self._run(drain_args(node, timeout_s), timeout=timeout_s + 60)
         if not out.ok:
             raise KubeError(f"kubectl drain {node} ({self.where}) failed: {out.tail()}",
                             f"see why the pods cannot leave; 'kubectl uncordon {node}' undoes the cordon")
@@ -205,8 +224,8 @@ class SSHKubectl(Kubectl):
     def _kubectl(self, args: list[str], stdin: str | None = None, timeout: float | None = None) -> Output:
         line = shlex.join(["kubectl", "--kubeconfig", ADMIN, *args])
         res = self.session.run(line, sudo=True, stdin=stdin.encode() if stdin is not None else None,
-                               timeout=timeout)
-        return Output(res.ok, res.stdout, res.stderr)
+                               timeout=timeout, max_output=READ_CAP)
+        return Output(res.ok, res.stdout, res.stderr, res.truncated, res.stdout_bytes)
 
 
 class LocalKubectl(Kubectl):
@@ -227,9 +246,16 @@ class LocalKubectl(Kubectl):
         timeout = max(timeout or 0, self.timeout)
         argv = [self.exe, "--kubeconfig", self.kubeconfig, *(["--context", self.context] if self.context else []),
                 *args]
-        try:
-            p = subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=timeout,
-                               errors="replace")
-        except subprocess.TimeoutExpired:
-            return Output(False, "", f"kubectl did not finish within {timeout:g} s")
-        return Output(p.returncode == 0, clean(p.stdout), clean(p.stderr))
+        # stdout goes to a file, so that its size is known before any of it is read into memory
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+            try:
+                p = subprocess.run(argv, input=stdin.encode() if stdin is not None else None, stdout=out,
+                                   stderr=err, timeout=timeout)
+            except subprocess.TimeoutExpired:
+                return Output(False, "", f"kubectl did not finish within {timeout:g} s")
+            size = os.fstat(out.fileno()).st_size
+            out.seek(0)
+            err.seek(0)
+            text = out.read(READ_CAP).decode("utf-8", "replace")
+            etext = err.read(1 << 20).decode("utf-8", "replace")
+        return Output(p.returncode == 0, clean(text), clean(etext), size > READ_CAP, size)

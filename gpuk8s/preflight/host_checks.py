@@ -10,7 +10,7 @@ from gpuk8s import mirrors, versions
 from gpuk8s.facts.model import HostFacts
 from gpuk8s.facts.parse import CONTAINERD_CONFIG, TOO_LARGE
 from gpuk8s.gpuplan import is_gpu_node
-from gpuk8s.inventory.model import Cluster, Host, Inventory
+from gpuk8s.inventory.model import Cluster, Host
 from gpuk8s.preflight.mig_checks import mig_checks
 from gpuk8s.preflight.result import CheckResult, failed, passed, skipped
 from gpuk8s.versions import at_least, cuda_versions_supported, fmt, release
@@ -515,10 +515,9 @@ _CURL_EXIT = {6: "the name does not resolve", 7: "the connection was refused", 2
               35: "the TLS handshake failed", 60: "its certificate is not trusted", 127: "curl is not installed"}
 
 
-def sources_check(inv: Inventory, host: Host, f: HostFacts) -> CheckResult:
-    """net.sources: the host reaches each source install fetches from (gpuk8s/mirrors.py sources); the message
-    names the first one it cannot. Only the URLs gpuk8s asked for are read from the probe's output."""
-    wanted = mirrors.sources(inv, host.name)
+def sources_check(wanted: list[mirrors.Source], f: HostFacts) -> CheckResult:
+    """net.sources: the host reaches each source install fetches from (`wanted`: mirrors.SourcePlan.for_host);
+    the message names the first one it cannot. Only the URLs gpuk8s asked for are read from the probe's output."""
     got = {s.url: s for s in f.sources}
     if not wanted:
         return skipped("net.sources", "no source to check")

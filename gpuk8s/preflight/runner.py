@@ -136,6 +136,8 @@ def run_preflight(inv: Inventory, *, concurrency: int, ignore: set[str], sudo_pa
     # thread) open to the end.
     network_later = measure_network and bool(inv.control_planes) and bool(inv.workers)
     keep_all = keep_sessions is not None or network_later
+    # what depends on the inventory only is decided once per run, not per host (the sources render every manifest)
+    plan = mirrors.SourcePlan(inv)
 
     def one(host: Host) -> HostReport:
         rep = reports[host.name]
@@ -146,7 +148,7 @@ def run_preflight(inv: Inventory, *, concurrency: int, ignore: set[str], sudo_pa
         stage = "gathering its facts"
         checks: list[CheckResult] = []
         try:
-            facts, checks, now = gather(s, mirrors.probe_prelude(inv, host))
+            facts, checks, now = gather(s, plan.prelude(host))
             if keep_all:
                 sessions[host.name] = s
             else:
@@ -155,7 +157,7 @@ def run_preflight(inv: Inventory, *, concurrency: int, ignore: set[str], sudo_pa
             rep.facts = facts
             rep.local_time = now
             stage = "checking its facts"
-            rep.checks = checks + check_host(host, facts, inv.cluster) + [sources_check(inv, host, facts)]
+            rep.checks = checks + check_host(host, facts, inv.cluster) + [sources_check(plan.for_host(host), facts)]
         except RemoteError as e:
             if mine:
                 s.close()

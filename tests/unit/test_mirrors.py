@@ -396,12 +396,13 @@ def test_net_sources_names_the_first_source_it_cannot_reach():
     got = parse_sources(text)
     assert len(got) == len(urls) + 1
     f = replace(facts(), sources=got)
-    c = sources_check(i, host, f)
+    wanted = mirrors.sources(i, host.name)
+    c = sources_check(wanted, f)
     assert c.status == "warn" and urls[1] in c.message and "does not resolve" in c.message
     assert "1 more unreachable" in c.message and "evil" not in c.message + " ".join(c.evidence)
-    ok = sources_check(i, host, replace(facts(), sources=parse_sources("\n".join(f"0 401 {u}" for u in urls))))
+    ok = sources_check(wanted, replace(facts(), sources=parse_sources("\n".join(f"0 401 {u}" for u in urls))))
     assert ok.status == "pass"  # any HTTP answer is an answer (a registry's /v2/ says 401)
-    none = sources_check(i, host, replace(facts(), sources=parse_sources("\n".join(f"127 000 {u}" for u in urls))))
+    none = sources_check(wanted, replace(facts(), sources=parse_sources("\n".join(f"127 000 {u}" for u in urls))))
     assert none.status == "skip" and "curl" in none.message
 
 
@@ -422,3 +423,47 @@ def test_cni_manifest_images_are_rewritten_on_the_control_plane_as_image_would(t
     cmd = shell.command("cni-apply", url="https://x/c.yaml", https=True, sha256="a" * 64, pod_cidr="",
                         rewrites=mirrors.sed_rewrites(i))
     assert cmd.index("sha256sum") < cmd.index("sed -E -i") < cmd.index("apply -f")
+
+
+def test_preflight_decides_the_sources_once_per_run_not_per_host(monkeypatch):
+    """needed_images renders every manifest (the client's largest per-run cost): once for the run, whatever the
+    number of hosts; every host still gets the sources of its kind (counted, not timed)."""
+    import time
+
+    from gpuk8s.facts.parse import parse_probe
+    from gpuk8s.preflight import runner
+    from tests.unit.test_parsers_hostile import PROBE  # real output of a real H200 host
+
+    n = 40
+    hosts = "\n".join(f"  - {{name: w-{k}, address: 10.0.1.{k}, role: worker, gpus: 2}}" for k in range(n))
+    i = inv(BASE.split("hosts:")[0] + "hosts:\n  - {name: cp-1, address: 10.0.0.10, role: control-plane}\n"
+            + hosts + "\n")
+    calls = {"needed": 0}
+    real = mirrors.needed_images
+
+    def counted(x):
+        calls["needed"] += 1
+        return real(x)
+
+    monkeypatch.setattr(mirrors, "needed_images", counted)
+    preludes: dict[str, str] = {}
+
+    class Dummy:
+        def __init__(self, host, password=None):
+            self.host = host
+
+        def close(self):
+            pass
+
+    def gather(s, prelude=""):
+        preludes[s.host.name] = prelude
+        return parse_probe(PROBE), [], time.time()
+
+    monkeypatch.setattr(runner, "Session", Dummy)
+    monkeypatch.setattr(runner, "gather", gather)
+    rep = runner.run_preflight(i, concurrency=4, ignore=set(), sudo_passwords={}, measure_network=False)
+    assert len(rep.hosts) == n + 1
+    assert calls["needed"] == 1
+    assert preludes["w-0"] == preludes[f"w-{n - 1}"] == mirrors.probe_prelude(i, i.host("w-0"))
+    assert preludes["cp-1"] == mirrors.probe_prelude(i, i.host("cp-1")) != preludes["w-0"]
+    assert all(any(c.id == "net.sources" for c in h.checks) for h in rep.hosts)

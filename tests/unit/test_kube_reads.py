@@ -1,0 +1,100 @@
+"""kubectl reads that hold at scale: a list over the 1 MiB other commands are cut at is read whole (over real SSH,
+against the scripted host of tests/unit/hostile_ssh.py), and a read over the kube client's cap is an error that
+names its size, never a list with objects missing."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuk8s.inventory.loader import load
+from gpuk8s.kube import client
+from gpuk8s.kube.client import KubeError, LocalKubectl, SSHKubectl
+from gpuk8s.remote import MAX_OUTPUT, Session
+from tests.unit import hostile_ssh
+from tests.unit.hostile_ssh import HostileSSH
+from tests.unit.test_status import node, pod
+
+hostile_host = hostile_ssh.hostile_host  # the fixture
+
+NOTE = "x" * 4096  # an ordinary tenant's 4 KB annotation
+
+
+def big_pods(n: int) -> dict[str, Any]:
+    pods = [pod(f"web-{i}", "gpu-a", {"cpu": 1}) for i in range(n)]
+    for p in pods:
+        p["metadata"]["annotations"] = {"example.com/config": NOTE}
+    pods += [pod("train", "gpu-a", {"nvidia.com/gpu": 3})]
+    return {"apiVersion": "v1", "kind": "List", "items": pods}
+
+
+NODES = {"apiVersion": "v1", "kind": "List", "items": [node("cp-1", {}), node("gpu-a", {"nvidia.com/gpu": 8})]}
+
+
+def kubectl_answer(pods: dict[str, Any]):
+    text = json.dumps(pods)
+
+    def answer(command: str) -> hostile_ssh.Answer:
+        if "get nodes" in command:
+            return json.dumps(NODES), "", 0
+        if "get pods" in command:
+            return text, "", 0
+        return "", f"not scripted: {command[:80]}", 1
+
+    return answer
+
+
+def test_status_reads_a_pod_list_larger_than_1_mib(run_cli, hostile_host: HostileSSH) -> None:
+    pods = big_pods(300)
+    assert len(json.dumps(pods)) > 1.2 * MAX_OUTPUT
+    hostile_host.answer = kubectl_answer(pods)
+    r = run_cli("status", "-i", str(hostile_host.inventory), "-o", "json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = json.loads(r.stdout)
+    [gpu_a] = [n for n in out["nodes"] if n["node"] == "gpu-a"]
+    [res] = gpu_a["resources"]
+    assert (res["allocatable"], res["requested"], res["free"]) == (8, 3, 5)
+    assert [p["name"] for p in res["pods"]] == ["train"]
+
+
+def test_a_read_over_the_cap_is_an_error_naming_its_size(hostile_host: HostileSSH,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    pods = big_pods(300)
+    size = len(json.dumps(pods))
+    hostile_host.answer = kubectl_answer(pods)
+    monkeypatch.setattr(client, "READ_CAP", MAX_OUTPUT)
+    with Session(load(hostile_host.inventory).hosts[0]) as s:
+        kube = SSHKubectl(s)
+        assert len(kube.get("nodes")) == 2  # small reads go on as before
+        with pytest.raises(KubeError) as e:
+            kube.get("pods", namespace="*")
+    assert f"printed {size} bytes" in e.value.message and "1 MiB" in e.value.message
+
+
+def fake_kubectl(tmp_path: Path, payload: Path) -> Path:
+    exe = tmp_path / "bin" / "kubectl"
+    exe.parent.mkdir()
+    exe.write_text(f"#!/bin/sh\ncat {payload}\n")
+    exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
+    return exe
+
+
+def test_local_kubectl_reads_whole_lists_and_refuses_one_over_the_cap(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    payload = tmp_path / "pods.json"
+    payload.write_text(json.dumps(big_pods(600)))
+    size = payload.stat().st_size
+    assert size > 2 * MAX_OUTPUT
+    fake_kubectl(tmp_path, payload)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    kube = LocalKubectl(str(tmp_path / "kc.yaml"))
+    assert len(kube.get("pods", namespace="*")) == 601
+    monkeypatch.setattr(client, "READ_CAP", MAX_OUTPUT)
+    with pytest.raises(KubeError) as e:
+        kube.get("pods", namespace="*")
+    assert f"printed {size} bytes" in e.value.message
