@@ -1,0 +1,75 @@
+"""The bench's regression guard (tests/bench.py check_budgets, the budgets in tests/bench_budgets.json): figures
+within the budgets pass; a deliberately slowed copy of the same run fails with its figures. The real bench is
+never timed by a test: this checks the checker."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from tests.bench import Run, check_budgets, goals, load_budgets, schedulable_table
+
+
+def run(tool: str, hosts: int, cpu_s: float, wall_s: float = 1.0) -> Run:
+    return Run(tool=tool, hosts=hosts, rtt_ms=0, concurrency=16, wall_s=wall_s, cpu_s=cpu_s, rss_mb=70,
+               tree_pss_mb=60, machine_cpu_s=2 * cpu_s, rc=0)
+
+
+def at_budget() -> list[Run]:
+    """A run exactly at every budget of the file, for every size it names."""
+    b = load_budgets()["budgets"]
+    out = []
+    for n_, ms in b["preflight_cpu_ms_per_host"].items():
+        n = int(n_)
+        pre = run("gpuk8s", n, ms * n / 1000)
+        out.append(pre)
+        ratio = b["noop_install_over_preflight_cpu"].get(n_)
+        if ratio is not None:
+            out.append(run("install-noop", n, pre.cpu_s * ratio, wall_s=3.0))
+            out.append(run("install-first", n, pre.cpu_s * 3, wall_s=9.0))
+    return out
+
+
+def test_every_size_the_smoke_bench_measures_has_budgets() -> None:
+    b = load_budgets()["budgets"]
+    assert b["factor"] == 2.0
+    assert "8" in b["preflight_cpu_ms_per_host"] and "8" in b["noop_install_over_preflight_cpu"]
+
+
+def test_figures_within_the_budgets_pass() -> None:
+    runs = at_budget()
+    assert check_budgets(runs) == []
+    # up to the factor is noise, not a regression (preflight and no-op slowed alike keep their ratio)
+    assert check_budgets([replace(r, cpu_s=r.cpu_s * 1.9) for r in runs]) == []
+
+
+def test_a_slowed_preflight_fails_with_its_figures() -> None:
+    runs = at_budget()
+    slowed = [replace(r, cpu_s=r.cpu_s * 2.5) if (r.tool, r.hosts) == ("gpuk8s", 8) else r for r in runs]
+    # slowing the preflight lowers the no-op ratio at that size: only the CPU budget can fail
+    [line] = check_budgets(slowed)
+    b = load_budgets()["budgets"]["preflight_cpu_ms_per_host"]["8"]
+    assert line.startswith("8 hosts: preflight client CPU ") and f"{2.5 * b:.1f} ms per host" in line
+    assert f"budget {b:g} ms" in line
+
+
+def test_a_slowed_no_op_install_fails_with_its_figures() -> None:
+    runs = at_budget()
+    slowed = [replace(r, cpu_s=r.cpu_s * 2.2) if (r.tool, r.hosts) == ("install-noop", 128) else r for r in runs]
+    [line] = check_budgets(slowed)
+    assert line.startswith("128 hosts: no-op install re-run ") and "the client CPU of a preflight" in line
+
+
+def test_a_size_the_run_did_not_measure_is_not_checked() -> None:
+    assert check_budgets([run("gpuk8s", 8, 0.01)]) == []
+    assert check_budgets([run("gpuk8s", 7, 100.0)]) == []
+
+
+def test_goals_and_the_schedulable_table_read_the_targets() -> None:
+    runs = at_budget() + [run("floor-b", 128, 1.0, wall_s=1.0), run("ansible", 128, 10.0, wall_s=5.0)]
+    g = {goal: verdict for goal, _, verdict in goals(runs)}
+    assert g["128 hosts: client CPU at most 12 ms per host"] == "met"
+    assert g["128 hosts, RTT 0 ms: preflight within 1.1x of floor B"] == "met"
+    assert g["128 hosts, RTT 0 ms: at least 4x faster than Ansible's fact gathering"] == "met"
+    assert g["128 hosts: no-op install re-run within 1.5x of a preflight"].startswith("missed")  # 3 s vs 1 s
+    table = schedulable_table(runs)
+    assert table[0].startswith("| hosts | time to every GPU schedulable") and "| 128 | 9.0 |" in "\n".join(table)
