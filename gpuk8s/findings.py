@@ -182,7 +182,7 @@ FINDINGS: dict[str, Spec] = {
         'series has a pod label)'),
     "monitoring.prometheus-missing": _v(
         'no Prometheus to ask: the deployed one is not Running, or (servicemonitor) no '
-        'prometheus-operated Service exists'),
+        'prometheus-operated Service exists in monitoring.prometheus_namespace'),
     "monitoring.target-missing": _v(
         "Prometheus has no scrape target for the node's exporter (its ServiceMonitor is "
         'not selected, or the scrape job finds no endpoint)'),

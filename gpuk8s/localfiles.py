@@ -7,6 +7,7 @@ holds something else unless asked to. `merge_kubeconfig` adds one cluster to an 
 (`~/.kube/config`) under names of its own, keeping every other entry and the current context.
 
 Messages and return values name paths and entries only: never the content, which holds a private key.
+Kubeconfigs are read as plain YAML (gpuk8s/plainyaml.py): bounded, and one with anchors or aliases is refused.
 """
 
 from __future__ import annotations
@@ -23,7 +24,10 @@ from typing import Any, Literal
 
 import yaml
 
+from gpuk8s import plainyaml
+
 MAX_READ = 16 << 20  # an existing kubeconfig larger than this is not one we should parse
+MAX_ADMIN = 1 << 20  # kubeadm's admin.conf is about 6 KiB
 _NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,251}[A-Za-z0-9])?$")
 
 
@@ -220,6 +224,50 @@ def _last_line(node: yaml.Node) -> int:
     return max(last, node.start_mark.line)
 
 
+def write_into(directory: str | os.PathLike[str], files: dict[str, str]) -> list[Written]:
+    """Write each of `files` (file name -> text) into `directory`, as `write_private` writes: mode 0600, a new
+    file renamed over the old, never through a symbolic link (`gpuk8s render --output-dir`).
+
+    The directory is created 0700 when missing. One that belongs to another user, or that group or others may
+    write, is refused: whoever can write it could swap a file for a link between two runs. Every name is
+    checked before anything is written: a link, or anything but a regular file, refuses the whole lot.
+    """
+    target = Path(os.path.expanduser(os.fspath(directory)))
+    try:
+        os.makedirs(target, mode=0o700, exist_ok=True)
+        dfd = os.open(target, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as e:
+        raise LocalFileError(f"cannot use the directory {target}: {e.strerror or type(e).__name__}",
+                             "choose a directory you can write") from None
+    try:
+        st = os.fstat(dfd)  # the directory opened, whatever a link on the way named
+        if st.st_uid != os.geteuid():
+            raise LocalFileError(f"{target} belongs to another user (uid {st.st_uid}): nothing written",
+                                 "choose a directory of your own (a new path is created with mode 0700)")
+        if stat.S_IMODE(st.st_mode) & 0o022:
+            raise LocalFileError(f"{target} is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o}): "
+                                 "nothing written", f"run: chmod go-w {target}, or choose a directory of your own")
+        for name in files:
+            if not name or name in (".", "..") or "/" in name or "\0" in name:
+                raise LocalFileError(f"{name!r} is not a file name: nothing written", "a bug: report it")
+            found = _lstat(name, dfd)
+            if found is not None and stat.S_ISLNK(found.st_mode):
+                raise LocalFileError(f"{target / name} is a symbolic link: not followed, nothing written",
+                                     "remove the link, or choose another directory")
+            if found is not None and not stat.S_ISREG(found.st_mode):
+                raise LocalFileError(f"{target / name} exists and is not a regular file: nothing written",
+                                     "move it away, or choose another directory")
+        out = []
+        for name, text in files.items():
+            existed = _lstat(name, dfd) is not None
+            _replace(target / name, name, dfd, text.encode("utf-8"))
+            out.append(Written(target / name, "replaced" if existed else "created",
+                               f"{'replaced' if existed else 'written'} with mode 0600: {target / name}"))
+    finally:
+        os.close(dfd)
+    return out
+
+
 # -- helpers -------------------------------------------------------------------------------------
 
 @contextlib.contextmanager
@@ -319,8 +367,14 @@ def _replace(target: Path, name: str, dfd: int, data: bytes) -> None:
 
 
 def _parse(text: str, what: str, remedy: str) -> Any:
+    """A kubeconfig's text as data. Anchors and aliases are refused (plainyaml): kubectl writes none, and the
+    merge compares and dumps what it loaded, which expands an alias bomb (745 bytes took 120 s)."""
     try:
-        data = yaml.safe_load(text)
+        data = plainyaml.load(text, MAX_READ)
+    except plainyaml.PlainYAMLError as e:
+        where = f" (line {e.line})" if e.line else ""
+        raise LocalFileError(f"{what} {e.reason}{where}: gpuk8s reads only plain kubeconfigs (kubectl writes "
+                             "no anchors or aliases)", remedy) from None
     except yaml.MarkedYAMLError as e:
         # the exception's own text quotes the file: only its position is kept
         mark = e.problem_mark or e.context_mark
@@ -384,7 +438,10 @@ def admin_kubeconfig(text: str) -> str:
     key data) and one context are taken; anything else is refused. Errors never quote the content.
     """
     try:
-        cfg = yaml.safe_load(text)
+        cfg = plainyaml.load(text, MAX_ADMIN)
+    except plainyaml.PlainYAMLError as e:
+        raise LocalFileError(f"the control plane's admin.conf {e.reason}: not what kubeadm writes",
+                             _ADMIN_FIX) from None
     except yaml.YAMLError:
         raise LocalFileError("the control plane's admin.conf is not YAML", _ADMIN_FIX) from None
     if not isinstance(cfg, dict):

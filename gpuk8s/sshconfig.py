@@ -308,6 +308,7 @@ def resolve(address: str, settings: SSHSettings, alias: str | None = None,
     opts = config.config.lookup((alias or address).lower())
     user = settings.user if "user" in explicit else opts.get("user", settings.user)
     port = settings.port if "port" in explicit else _port(opts.get("port"), config, notes, settings.port)
+    _unhonoured(opts, config, notes)  # whichever keys are used: not inside the identity lookup below
     if "identity_file" in explicit:
         ids, agent, look = direct.identity_files, False, False
     else:
@@ -384,14 +385,27 @@ def _identities(opts: Mapping[str, Any], config: ParsedConfig, notes: list[Note]
             agent = False
         elif src.value not in ("SSH_AUTH_SOCK", "$SSH_AUTH_SOCK"):
             notes.append(_note(src))
-    for key in _NOT_HONOURED:
-        if key in ("proxycommand", "identityagent"):
-            continue
+    for key in _IDENTITY_KEYS:
         src = config.source(opts.get(key))
-        if src is not None and not (key == "stricthostkeychecking" and src.value.lower() == "yes"):
+        if src is not None:
             notes.append(_note(src))
     existing = tuple(f for f in files if os.path.exists(f))
     return existing, agent, not files
+
+
+# What only the file's own identities would use: reported where they are (not with ssh.identity_file).
+_IDENTITY_KEYS = ("certificatefile", "pkcs11provider", "securitykeyprovider")
+# Reported for every host looked up, whatever its keys: what would run a command or change the host key check.
+_HOST_KEYS = ("localcommand", "knownhostscommand", "hostkeyalias", "stricthostkeychecking")
+
+
+def _unhonoured(opts: Mapping[str, Any], config: ParsedConfig, notes: list[Note]) -> None:
+    """Note, at file:line, each keyword of the looked-up host that gpuk8s never honours (LocalCommand,
+    KnownHostsCommand, HostKeyAlias, StrictHostKeyChecking other than yes). Nothing is executed either way."""
+    for key in _HOST_KEYS:
+        src = config.source(opts.get(key))
+        if src is not None and not (key == "stricthostkeychecking" and src.value.lower() == "yes"):
+            notes.append(_note(src))
 
 
 def _note(src: _Line) -> Note:
@@ -451,6 +465,7 @@ def _hop(spec: str, src: _Line, config: ParsedConfig, notes: list[Note], seen: t
                              f"{MAX_HOPS} jumps)", "exclude the jump host from the Host pattern that names it as a "
                              "jump, e.g. Host * !jump", src.file, src.line)
     opts = config.config.lookup(host.lower())
+    _unhonoured(opts, config, notes)
     ids, agent, look = _identities(opts, config, notes)
     port = port or _port(opts.get("port"), config, notes, 22)
     user = user or opts.get("user") or getpass.getuser()

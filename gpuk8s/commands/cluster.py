@@ -5,7 +5,7 @@ from typing import Any
 
 import typer
 
-from gpuk8s import flows, gpuplan, ui
+from gpuk8s import flows, gpuplan, localfiles, ui
 from gpuk8s.commands.common import finish, ignored_checks, local_kubectl, passwords
 from gpuk8s.exitcodes import ExitCode
 from gpuk8s.kube import monitoring, render
@@ -84,9 +84,12 @@ def register(app: typer.Typer, load_inventory: Any) -> None:
         docs = render.manifests(inv)
         docs.update(monitoring.rendered(inv, gpuplan.plans(inv)))  # with monitoring enabled
         if output_dir is not None:
-            output_dir.mkdir(parents=True, exist_ok=True)
-            for name, text in docs.items():
-                (output_dir / name).write_text(text)
+            # as the kubeconfig is written: never through a link, in a directory no one else may write
+            try:
+                localfiles.write_into(output_dir, docs)
+            except localfiles.LocalFileError as e:
+                ui.say(ui.console(stderr=True), f"{e.message}; {e.remedy}")
+                raise typer.Exit(ExitCode.FAILED) from None
             ui.say(ui.console(stderr=True), f"wrote {len(docs)} file(s) to {output_dir}")
             return
         for name, text in docs.items():

@@ -32,7 +32,12 @@ from gpuk8s.versions import CUDA_DRIVER_FLOORS, cuda_versions_supported, fmt, re
 
 # kube-scheduler pkg/scheduler/framework/types.go FitError.Error(): "0/%v nodes are available: %v." with the
 # reasons "N reason" sorted, then (since 1.24) " preemption: 0/%v nodes are available: ..."
-FIT = re.compile(r"0/(\d+) nodes are available: (.*?)(?:\.?\s*preemption: (.*))?$", re.S)
+# Only the head is a regular expression (literal, bounded digits: linear); the rest is split with str.partition:
+# the old pattern's lazy group before an optional `\.?\s*preemption: ` was quadratic on runs of whitespace, and
+# anyone who may create Events in a pod's namespace writes the message (160 KiB froze doctor for a minute).
+FIT_HEAD = re.compile(r"0/(\d{1,9}) nodes are available: ")
+PREEMPTION = "preemption: "
+MAX_MESSAGE = 8192  # characters of a scheduler message kept (real ones: one "N reason" per distinct cause, ~300)
 INSUFFICIENT = re.compile(r"^Insufficient (\S+)$")
 TAINT = re.compile(r"^node\(s\) had untolerated taint \{(.*)\}$")
 SELECTOR = "node(s) didn't match Pod's node affinity/selector"
@@ -67,17 +72,38 @@ class FitError:
 
 
 def parse_fit_error(message: str) -> FitError | None:
-    """kube-scheduler's FailedScheduling message, or None when it is not one."""
-    m = FIT.search(message.strip())
+    """kube-scheduler's FailedScheduling message, or None when it is not one. Linear time; only the first
+    MAX_MESSAGE characters are read."""
+    text = message[:MAX_MESSAGE].strip()
+    m = FIT_HEAD.search(text)
     if not m:
         return None
+    body, found, preemption = text[m.end():].partition(PREEMPTION)
+    if found:  # the whitespace and the one "." before "preemption: " end the reasons, as in FitError.Error()
+        body = body.rstrip()
+        body = body[:-1] if body.endswith(".") else body
     reasons: dict[str, int] = {}
-    for part in re.split(r",\s+(?=\d+ )", m.group(2).strip().rstrip(".")):
-        pm = re.match(r"^(\d+) (.+)$", part.strip())
-        if pm:
-            reason = pm.group(2).strip().rstrip(".")
-            reasons[reason] = reasons.get(reason, 0) + int(pm.group(1))
-    return FitError(int(m.group(1)), reasons, (m.group(3) or "").strip())
+    for part in _reason_parts(body.strip().rstrip(".")):
+        count, _, reason = part.strip().partition(" ")
+        if count.isascii() and count.isdigit() and len(count) <= 9 and reason and "\n" not in reason:
+            reason = reason.strip().rstrip(".")
+            reasons[reason] = reasons.get(reason, 0) + int(count)
+    return FitError(int(m.group(1)), reasons, preemption.strip())
+
+
+def _reason_parts(text: str) -> list[str]:
+    """`text` split at each comma followed by whitespace and then a count ("N "): a reason may hold commas
+    ("node(s) had untolerated taint {a: b, c: d}"), a new reason starts with its count."""
+    parts: list[list[str]] = []  # each reason's pieces, joined once at the end (no repeated concatenation)
+    for i, piece in enumerate(text.split(",")):
+        rest = piece.lstrip()
+        count, sp, _ = rest.partition(" ")
+        starts = rest != piece and sp and count.isascii() and count.isdigit()
+        if i == 0 or starts:
+            parts.append([piece])
+        else:
+            parts[-1].append(piece)
+    return [",".join(p) for p in parts]
 
 
 def _l(v: Any) -> list[Any]:
@@ -136,19 +162,29 @@ def is_gpu_pod(pod: dict[str, Any]) -> bool:
 def scheduler_message(pod: dict[str, Any], events: list[dict[str, Any]]) -> str:
     """The scheduler's latest word on a pod: its last FailedScheduling event, else the PodScheduled condition."""
     ns, name = pod_key(pod)
-    last = ""
+    last: object = None  # the raw message of the last such event: only that one is converted and cleaned
     for e in events:
         io = e.get("involvedObject") if isinstance(e.get("involvedObject"), dict) else {}
         assert isinstance(io, dict)
         if io.get("kind") == "Pod" and io.get("name") == name and io.get("namespace", ns) == ns \
                 and e.get("reason") == "FailedScheduling":
-            last = clean(str(e.get("message", "")))
-    if last:
-        return last
+            last = e.get("message", "")
+    text = _capped(last) if last is not None else ""
+    if text:
+        return text
     for c in _l(_status(pod).get("conditions")):
         if isinstance(c, dict) and c.get("type") == "PodScheduled" and c.get("reason") == "Unschedulable":
-            return clean(str(c.get("message", "")))
+            return _capped(c.get("message", ""))
     return ""
+
+
+def _capped(message: object) -> str:
+    """An event's or condition's message as text to parse and show: at most MAX_MESSAGE characters (anyone
+    who may create Events in the namespace writes it), control characters removed."""
+    if not isinstance(message, (str, int, float)):
+        return ""  # a list or mapping is no message (and its str() would walk all of it)
+    text = str(message)
+    return clean(text[:MAX_MESSAGE] + ("..." if len(text) > MAX_MESSAGE else ""))
 
 
 def container_messages(pod: dict[str, Any]) -> list[str]:
@@ -523,15 +559,15 @@ def troubled(pod: dict[str, Any]) -> bool:
 # -- nodes ----------------------------------------------------------------------------------------------------
 
 def plugin_pod(ev: ClusterEvidence, node: str) -> dict[str, Any] | None:
-    """The device plugin DaemonSet's pod on the node: in kube-system and owned by that DaemonSet (any user may make
-    a pod with a look-alike name in a namespace of theirs; its name and image end up in remedies)."""
+    """The device plugin DaemonSet's pod on the node (state.is_device_plugin_pod, the one ownership check that
+    --fix's restart makes too): any user may make a pod with a look-alike name; its name and image end up in
+    remedies."""
     for p in ev.pods:
-        name = str(_md(p).get("name", ""))
-        owners = [o for o in _l(_md(p).get("ownerReferences")) if isinstance(o, dict)]
-        ours = name.startswith(state.DEVICE_PLUGIN_POD_PREFIX) and not name.startswith(state.MPS_DAEMON_POD_PREFIX)
-        if ours and _node_of(p) == node and _md(p).get("namespace") == "kube-system" \
-                and any(o.get("kind") == "DaemonSet" and o.get("name") == state.DEVICE_PLUGIN for o in owners):
-            return p
+        try:
+            if state.is_device_plugin_pod(state.pod_state(p), node):
+                return p
+        except StateError:
+            continue
     return None
 
 

@@ -6,14 +6,24 @@ variables, a bastion, a few cluster variables) and returns a commented gpuk8s in
 per thing it did not map, with its line. Nothing of the file is executed or evaluated: a `{{ }}` value is
 reported, never rendered, and a secret (a password) is reported by its name only, never copied.
 Why a parser of our own rather than ansible-core's InventoryManager: docs/import.md.
+
+The file is someone else's text, so every walk is bounded per file, not per line: hosts, host-in-group
+entries, groups, child entries and variables each have a cap for the whole file (the first line past one is
+noted, the rest of that kind skipped); group walks keep a visited set (a YAML alias may make the groups a DAG,
+or a cycle); a YAML list or mapping where a variable's value was is never constructed or turned into text (an
+alias bomb expands there), and a key path is imported only if it is a regular file of key size (its type and
+size are looked at with stat, never its content) or does not exist here.
 """
 
 from __future__ import annotations
 
 import ast
+import os
 import re
 import shlex
-from collections.abc import Iterable
+import stat
+from collections import Counter
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,6 +63,14 @@ _RANGE = re.compile(r"\[([0-9]+):([0-9]+)\]")
 _SECTION = re.compile(r"^\[([^\]\s]+)\]\s*([#;].*)?$")
 _HOSTPORT = re.compile(r"^(?P<host>[^:\[\]]+):(?P<port>[0-9]{1,5})$")
 _MAX_RANGE = 4096  # hosts one pattern may expand to
+# Bounds per file (a file of 2 KB could name millions of hosts, one pattern at a time): the first entry past one
+# is noted with its line, and every later entry of that kind is skipped.
+_MAX_HOSTS = 5000  # distinct hosts (Kubernetes' own bound on a cluster's nodes)
+_MAX_MEMBERSHIPS = 20000  # host-in-group entries, each host a pattern expands to counted
+_MAX_GROUPS = 256  # group names (sections, YAML keys, children); Kubespray's layout has about ten
+_MAX_CHILDREN = 4096  # child-group entries
+_MAX_VARS = 65536  # variables, a host line's counted once per host its pattern expands to
+_MAX_KEY_FILE = 64 << 10  # an SSH private key is a few KiB; a larger file (or /dev/zero) is not one
 
 
 class ImportError_(Exception):
@@ -109,9 +127,18 @@ class Ansible:
     groups: dict[str, Group] = field(default_factory=dict)
     hosts: dict[str, AHost] = field(default_factory=dict)
     notes: list[Note] = field(default_factory=list)
+    # what the file used of its bounds (the _MAX_* above), and the bounds already noted
+    names: set[str] = field(default_factory=set)  # group names, defined or named as a child
+    memberships: int = 0
+    child_entries: int = 0
+    variables: int = 0
+    exhausted: set[str] = field(default_factory=set)
 
-    def group(self, name: str, line: int) -> Group:
+    def group(self, name: str, line: int) -> Group | None:
+        """The group `name`, created at `line` if new; None (noted) past the file's bound on groups."""
         if name not in self.groups:
+            if not self.admit_name(name, line):
+                return None
             self.groups[name] = Group(name, line)
         return self.groups[name]
 
@@ -119,6 +146,66 @@ class Ansible:
         if name not in self.hosts:
             self.hosts[name] = AHost(name, line)
         return self.hosts[name]
+
+    def over(self, kind: str, line: int, key: str, message: str) -> None:
+        """Note, once per file, that a bound was reached at `line`; everything later of that kind is skipped."""
+        if kind not in self.exhausted:
+            self.exhausted.add(kind)
+            self.notes.append(Note(line, key, message))
+
+    def admit_name(self, name: str, line: int) -> bool:
+        if name in self.names:
+            return True
+        if len(self.names) >= _MAX_GROUPS:
+            self.over("groups", line, name, f"more than {_MAX_GROUPS} groups in the file: group {one_line(name)} "
+                      "and every later new group are not imported")
+            return False
+        self.names.add(name)
+        return True
+
+    def child(self, parent: Group, name: str, line: int) -> bool:
+        """Record `name` as a child of `parent` (first line kept); False (noted) past the file's bounds."""
+        if name in parent.children:
+            return True
+        if self.child_entries >= _MAX_CHILDREN:
+            self.over("children", line, name, f"more than {_MAX_CHILDREN} child-group entries in the file: this "
+                      "and every later one are not imported")
+            return False
+        if not self.admit_name(name, line):
+            return False
+        self.child_entries += 1
+        parent.children[name] = line
+        return True
+
+    def admit_vars(self, count: int, line: int, key: str) -> bool:
+        if "vars" in self.exhausted or self.variables + count > _MAX_VARS:
+            self.over("vars", line, key, f"more than {_MAX_VARS} variables in the file (a host line's counted "
+                      "once per host it names): these and every later ones are not imported")
+            return False
+        self.variables += count
+        return True
+
+    def members(self, pattern: str, line: int, nvars: int) -> list[str]:
+        """The hosts `pattern` names (its ranges expanded), within the file's bounds on hosts, host-in-group
+        entries and variables (`nvars` per host); [] (noted) past one."""
+        if self.exhausted & {"hosts", "memberships"} or nvars and "vars" in self.exhausted:
+            return []
+        names = _expand(pattern, line, self.notes)
+        if not names:
+            return []
+        new = (names[0] not in self.hosts) if len(names) == 1 else len(set(names).difference(self.hosts))
+        if len(self.hosts) + new > _MAX_HOSTS:
+            self.over("hosts", line, pattern, f"more than {_MAX_HOSTS} hosts in the file: host pattern "
+                      f"{one_line(pattern)} and every later host entry are not imported")
+            return []
+        if self.memberships + len(names) > _MAX_MEMBERSHIPS:
+            self.over("memberships", line, pattern, f"more than {_MAX_MEMBERSHIPS} host-in-group entries in the "
+                      f"file: host pattern {one_line(pattern)} and every later host entry are not imported")
+            return []
+        if nvars and not self.admit_vars(nvars * len(names), line, pattern):
+            return []
+        self.memberships += len(names)
+        return names
 
 
 # -- parsing ------------------------------------------------------------------------------------------
@@ -208,7 +295,8 @@ def parse_ini(text: str) -> Ansible:
                 section, kind = "", "skip"
                 continue
             section = name
-            inv.group(name, n)
+            if inv.group(name, n) is None:
+                section, kind = "", "skip"
             continue
         if kind == "skip":
             continue
@@ -217,11 +305,11 @@ def parse_ini(text: str) -> Ansible:
             if not eq or not key.strip():
                 inv.notes.append(Note(n, "", f"[{section}:vars] line is not key=value: not imported"))
                 continue
-            inv.groups[section].vars[key.strip()] = Var(key.strip(), _value(val.strip()), n, f"group {section}")
+            if inv.admit_vars(1, n, key.strip()):
+                inv.groups[section].vars[key.strip()] = Var(key.strip(), _value(val.strip()), n, f"group {section}")
             continue
         if kind == "children":
-            child = s.split()[0]
-            inv.groups[section].children.setdefault(child, n)
+            inv.child(inv.groups[section], s.split()[0], n)
             continue
         try:
             tokens = shlex.split(s, comments=True)
@@ -245,7 +333,9 @@ def parse_ini(text: str) -> Ansible:
                 continue
             hvars[k] = Var(k, _value(v), n, f"host {pattern}")
         group = inv.group(section, n)
-        for name in _expand(pattern, n, inv.notes):
+        if group is None:
+            continue
+        for name in inv.members(pattern, n, len(hvars)):
             h = inv.host(name, n)
             for k, hv in hvars.items():
                 h.vars[k] = Var(k, hv.value, n, f"host {name}")
@@ -257,11 +347,31 @@ class _Constructor(SafeConstructor):
     pass
 
 
+@dataclass(frozen=True)
+class Composite:
+    """Where a YAML variable's value is a list or a mapping: its kind, never the value. gpuk8s maps only single
+    values, and constructing (then printing or comparing) an aliased structure expands it: an alias bomb."""
+
+    kind: str  # "list" or "mapping"
+
+    def __str__(self) -> str:
+        return f"<a {self.kind}>"
+
+
+# libyaml's parser and composer when PyYAML has them: the same nodes and marks, in C (the pure-Python
+# composer took 0.15 s for 23 KB); libyaml refuses nesting deeper than 1000 levels with an error
+_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_MAX_ENTRIES = 1 << 18  # YAML entries walked in all (aliases repeat entries; 5000 hosts with 50 variables each fit)
+
+
 def parse_yaml(text: str) -> Ansible:
-    """Ansible's YAML inventory: GROUP: {hosts: {NAME: {vars}}, vars: {...}, children: {GROUP: ...}}."""
+    """Ansible's YAML inventory: GROUP: {hosts: {NAME: {vars}}, vars: {...}, children: {GROUP: ...}}.
+
+    The groups are walked with an explicit stack and a visited set of (group name, node): an alias can make
+    them a DAG (walked once per name, not once per path) or a cycle (walked once), and no nesting recurses."""
     inv = Ansible("yaml")
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        root = yaml.compose(text, Loader=_LOADER)
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         raise ImportError_(mark.line + 1 if mark else 1, f"YAML syntax error: {e.problem or e}") from None
@@ -272,14 +382,18 @@ def parse_yaml(text: str) -> Ansible:
     if not isinstance(root, MappingNode):
         raise ImportError_(root.start_mark.line + 1, "the top level must be a mapping of groups (all: ...)")
     con = _Constructor()
+    walked = [0]  # entries walked so far (a list: the nested functions add to it)
 
     def line(node: Node) -> int:
         return node.start_mark.line + 1
 
     def pyval(node: Node) -> Any:
+        """A scalar's value; a list or mapping by its kind only (never constructed: see Composite)."""
+        if not isinstance(node, ScalarNode):
+            return Composite("mapping" if isinstance(node, MappingNode) else "list")
         try:
             return con.construct_object(node, deep=True)
-        except (yaml.YAMLError, RecursionError, TypeError):
+        except (yaml.YAMLError, RecursionError, TypeError, ValueError):
             return "<unreadable>"
 
     def items(node: Node, where: str, what: str) -> list[tuple[Node, Node]]:
@@ -289,6 +403,10 @@ def parse_yaml(text: str) -> Ansible:
         if not isinstance(node, MappingNode):
             inv.notes.append(Note(line(node), where, f"{what} must be a mapping: not imported"))
             return []
+        walked[0] += len(node.value)
+        if walked[0] > _MAX_ENTRIES:
+            raise ImportError_(line(node), f"the file's YAML entries, repeated by its aliases, are more than "
+                                           f"{_MAX_ENTRIES}: not an inventory to import")
         return list(node.value)
 
     def vars_of(node: Node, owner: str, where: str) -> dict[str, Var]:
@@ -298,37 +416,58 @@ def parse_yaml(text: str) -> Ansible:
             out[key] = Var(key, pyval(v), line(k), owner)
         return out
 
-    def group(name: str, node: Node, at: int) -> None:
+    def group(name: str, node: Node, at: int) -> Iterator[tuple[str, Node, int]]:
+        """Read one group's entry; yield its children (name, node, line), which the caller walks."""
         g = inv.group(name, at)
+        if g is None:
+            return
         if isinstance(node, ScalarNode) and node.value in ("", "~", "null"):
             return
         if not isinstance(node, MappingNode):
             inv.notes.append(Note(at, name, f"group {one_line(name)} must be a mapping: not imported"))
             return
-        for k, v in node.value:
+        for k, v in items(node, name, f"group {one_line(name)}"):
             key = k.value if isinstance(k, ScalarNode) else "?"
             if key == "hosts":
+                if inv.exhausted & {"hosts", "memberships"}:
+                    continue  # noted once already; an alias may repeat a long hosts mapping in every group
                 for hk, hv in items(v, f"{name}.hosts", "hosts"):
                     hname = str(hk.value) if isinstance(hk, ScalarNode) else "?"
-                    for expanded in _expand(hname, line(hk), inv.notes):
+                    hvars = vars_of(hv, f"host {hname}", f"host {hname}")
+                    for expanded in inv.members(hname, line(hk), len(hvars)):
                         h = inv.host(expanded, line(hk))
-                        for vk, var in vars_of(hv, f"host {expanded}", f"host {hname}").items():
-                            h.vars[vk] = var
+                        for vk, var in hvars.items():
+                            h.vars[vk] = Var(vk, var.value, var.line, f"host {expanded}")
                         g.hosts.setdefault(expanded, line(hk))
             elif key == "vars":
-                g.vars.update(vars_of(v, f"group {name}", f"{name}.vars"))
+                gvars = vars_of(v, f"group {name}", f"{name}.vars")
+                if gvars and inv.admit_vars(len(gvars), line(k), f"{name}.vars"):
+                    g.vars.update(gvars)
             elif key == "children":
                 for ck, cv in items(v, f"{name}.children", "children"):
                     cname = str(ck.value) if isinstance(ck, ScalarNode) else "?"
-                    g.children.setdefault(cname, line(ck))
-                    group(cname, cv, line(ck))
+                    if inv.child(g, cname, line(ck)):
+                        yield cname, cv, line(ck)
             else:
                 inv.notes.append(Note(line(k), f"{name}.{key}", f"{one_line(str(key))!r} in group "
                                       f"{one_line(name)} is not hosts, vars or children: not imported"))
 
-    for k, v in root.value:
-        name = str(k.value) if isinstance(k, ScalarNode) else "?"
-        group(name, v, line(k))
+    def top() -> Iterator[tuple[str, Node, int]]:
+        for k, v in items(root, "", "the top level"):
+            yield (str(k.value) if isinstance(k, ScalarNode) else "?"), v, line(k)
+
+    visited: set[tuple[str, int]] = set()
+    stack: list[Iterator[tuple[str, Node, int]]] = [top()]
+    while stack:
+        entry = next(stack[-1], None)
+        if entry is None:
+            stack.pop()
+            continue
+        name, node, at = entry
+        if (name, id(node)) in visited:  # a group entry seen before (through an alias): nothing new in it
+            continue
+        visited.add((name, id(node)))
+        stack.append(group(name, node, at))
     return inv
 
 
@@ -363,21 +502,24 @@ class Result:
 
 
 def _ancestors(inv: Ansible) -> dict[str, list[str]]:
+    """Each group with every group above it (itself first), in walk order; a set of what was seen keeps each
+    walk linear in the groups and child entries (a list made a chain of groups cubic)."""
     parents: dict[str, set[str]] = {g: set() for g in inv.groups}
     for g in inv.groups.values():
         for c in g.children:
             parents.setdefault(c, set()).add(g.name)
+    ordered = {g: sorted(ps) for g, ps in parents.items()}
     out: dict[str, list[str]] = {}
     for gname in parents:
-        seen: list[str] = []
+        seen: dict[str, None] = {}  # insertion-ordered set
         todo = [gname]
         while todo:
             x = todo.pop()
             if x in seen:
                 continue
-            seen.append(x)
-            todo += sorted(parents.get(x, set()))
-        out[gname] = seen
+            seen[x] = None
+            todo += [p for p in ordered.get(x, ()) if p not in seen]
+        out[gname] = list(seen)
     return out
 
 
@@ -400,6 +542,42 @@ def _depths(inv: Ansible) -> dict[str, int]:
 
 def _is_jinja(v: Any) -> bool:
     return isinstance(v, str) and ("{{" in v or "{%" in v)
+
+
+def _single(v: Any) -> bool:
+    """A single value (what every variable gpuk8s maps is): not a list or mapping (INI literal or YAML)."""
+    return v is None or isinstance(v, (str, int, float))
+
+
+def _usable(v: Any) -> bool:
+    """A value gpuk8s may map: a single value that is no Jinja expression."""
+    return _single(v) and not _is_jinja(v)
+
+
+_MAPPED = frozenset((*_CONNECTION, *_CLUSTER_VARS, *_SECRETS))
+
+
+def _mapped(vs: dict[str, Var]) -> dict[str, Var]:
+    """The variables convert() reads (connection, cluster, secrets): the others are only reported."""
+    return {k: v for k, v in vs.items() if k in _MAPPED}
+
+
+def _key_file_problem(path: str, cache: dict[str, str]) -> str:
+    """Why `path` cannot be imported as an SSH private key ('' when it can): a device (/dev/zero), a FIFO, a
+    directory or a file larger than _MAX_KEY_FILE would be read whole by every SSH connection. Its type and size
+    only (stat), never its content; a path that does not exist here is imported (the key may be elsewhere)."""
+    if path not in cache:
+        try:
+            st = os.stat(os.path.expanduser(path))
+        except (FileNotFoundError, NotADirectoryError):
+            cache[path] = ""
+        except (OSError, ValueError) as e:
+            cache[path] = f"cannot be checked ({getattr(e, 'strerror', None) or type(e).__name__})"
+        else:
+            cache[path] = ("is not a regular file" if not stat.S_ISREG(st.st_mode) else
+                           f"is larger than {_MAX_KEY_FILE >> 10} KiB: not a private key"
+                           if st.st_size > _MAX_KEY_FILE else "")
+    return cache[path]
 
 
 def _bool(v: Any) -> bool | None:
@@ -528,25 +706,35 @@ def convert(inv: Ansible, source: str = "FILE") -> Result:
             notes.append(Note(g.line, g.name, "calico route reflectors (calico_rr) have no gpuk8s equivalent: "
                               "their hosts get a role only from kube_control_plane/kube_node"))
 
+    # a host's groups and the group variables it sees depend only on the groups it is listed in: computed once
+    # per such list (thousands of hosts of one range share one), never by scanning every group per host
+    direct: dict[str, list[str]] = {}
+    for g in inv.groups.values():
+        for hname in g.hosts:
+            direct.setdefault(hname, []).append(g.name)
+    seen_groups: dict[tuple[str, ...], tuple[list[str], dict[str, Var]]] = {}
+
+    def group_view(host: str) -> tuple[list[str], dict[str, Var]]:
+        key = tuple(direct.get(host, ()))
+        if key not in seen_groups:
+            out: dict[str, None] = {}  # insertion-ordered set
+            for d in key:
+                out.update(dict.fromkeys(anc.get(d, [d])))
+            out.setdefault("all")
+            gvars: dict[str, Var] = {}
+            for gname in sorted(out, key=lambda g: (depth.get(g, 1), g)):
+                if gname in inv.groups:
+                    gvars.update(_mapped(inv.groups[gname].vars))
+            seen_groups[key] = (list(out), gvars)
+        return seen_groups[key]
+
     def groups_of(host: str) -> list[str]:
-        direct = [g.name for g in inv.groups.values() if host in g.hosts]
-        out: list[str] = []
-        for d in direct:
-            for a in anc.get(d, [d]):
-                if a not in out:
-                    out.append(a)
-        if "all" not in out:
-            out.append("all")
-        return out
+        return list(group_view(host)[0])
 
     def effective(host: str) -> dict[str, Var]:
-        out: dict[str, Var] = {}
-        gs = sorted(groups_of(host), key=lambda g: (depth.get(g, 1), g))
-        for g in gs:
-            if g in inv.groups:
-                out.update(inv.groups[g].vars)
-        out.update(inv.hosts[host].vars)
-        return out
+        """The variables gpuk8s maps that apply to the host, as Ansible merges them (shallow to deep groups,
+        then the host's own)."""
+        return {**group_view(host)[1], **_mapped(inv.hosts[host].vars)}
 
     # every declaration of a variable, reported once (by its line), whatever it applies to
     for owner, vs in [(f"group {g.name}", g.vars) for g in inv.groups.values()] + \
@@ -560,6 +748,9 @@ def convert(inv: Ansible, source: str = "FILE") -> Result:
             elif _is_jinja(v.value):
                 notes.append(Note(v.line, v.key, f"{v.key} ({owner}) is a Jinja expression: not evaluated, not "
                                   "imported; write its value in the gpuk8s inventory by hand"))
+            elif (v.key in _CONNECTION or v.key in _CLUSTER_VARS) and not _single(v.value):
+                notes.append(Note(v.line, v.key, f"{v.key} ({one_line(owner)}) is a list or mapping, not a single "
+                                  "value: not imported"))
             elif v.key in _CONNECTION or v.key in _CLUSTER_VARS:
                 continue
             else:
@@ -569,15 +760,16 @@ def convert(inv: Ansible, source: str = "FILE") -> Result:
     # bastion group (Kubespray's special group): the jump host of every connection
     group_bastion: tuple[str, str, int] | None = None
     bastion_hosts: set[str] = set()
+    key_files: dict[str, str] = {}  # key path -> why it is not imported ('' when it is), stat'ed once
     for bg in BASTION_GROUPS:
         bgroup = inv.groups.get(bg)
         if bgroup and bgroup.hosts:
             bname = next(iter(bgroup.hosts))
             bastion_hosts |= set(bgroup.hosts)
             ev = effective(bname)
-            addr = next((str(ev[k].value) for k in _HOST_KEYS if k in ev and not _is_jinja(ev[k].value)), bname)
-            user = next((str(ev[k].value) for k in _USER_KEYS if k in ev and not _is_jinja(ev[k].value)), None)
-            port = next((ev[k].value for k in _PORT_KEYS if k in ev), 22)
+            addr = next((str(ev[k].value) for k in _HOST_KEYS if k in ev and _usable(ev[k].value)), bname)
+            user = next((str(ev[k].value) for k in _USER_KEYS if k in ev and _usable(ev[k].value)), None)
+            port = next((ev[k].value for k in _PORT_KEYS if k in ev and _usable(ev[k].value)), 22)
             if user is None:
                 notes.append(Note(bgroup.hosts[bname], bname, "the bastion has no ansible_user: not imported "
                                   "(gpuk8s's ssh.bastion needs a user)"))
@@ -621,13 +813,14 @@ def convert(inv: Ansible, source: str = "FILE") -> Result:
         def val(keys: Iterable[str], ev: dict[str, Var] = ev) -> Var | None:
             for k in keys:
                 v = ev.get(k)
-                if v is not None and not _is_jinja(v.value):
+                if v is not None and _usable(v.value):
                     return v
             return None
 
-        if any(k in ev and _is_jinja(ev[k].value) for k in _HOST_KEYS):
-            notes.append(Note(h.line, h.name, f"host {one_line(h.name)}: its address is a Jinja expression: "
-                              "host not imported"))
+        if any(k in ev and not _usable(ev[k].value) for k in _HOST_KEYS):
+            what = ("a Jinja expression" if any(k in ev and _is_jinja(ev[k].value) for k in _HOST_KEYS)
+                    else "a list or mapping")
+            notes.append(Note(h.line, h.name, f"host {one_line(h.name)}: its address is {what}: host not imported"))
             continue
         av = val(_HOST_KEYS)
         address = str(av.value) if av else h.name
@@ -637,7 +830,7 @@ def convert(inv: Ansible, source: str = "FILE") -> Result:
             continue
         for k in ("ip", "access_ip"):
             ipv = ev.get(k)
-            if ipv is not None and not _is_jinja(ipv.value) and str(ipv.value) != address:
+            if ipv is not None and _usable(ipv.value) and str(ipv.value) != address:
                 notes.append(Note(ipv.line, k, f"host {name}: {k}={one_line(str(ipv.value))} (the address Kubernetes "
                                   f"binds/advertises) differs from the SSH address {address}: not imported; "
                                   "kubelet and kubeadm use the node's default-route address", "info"))
@@ -661,18 +854,23 @@ def convert(inv: Ansible, source: str = "FILE") -> Result:
                 notes.append(Note(pv.line, pv.key, f"host {name}: {pv.key} is not a port number: not imported"))
         kv = val(_KEY_KEYS)
         if kv is not None:
-            mh.identity_file = str(kv.value)
+            problem = _key_file_problem(str(kv.value), key_files)
+            if problem:
+                notes.append(Note(kv.line, kv.key, f"host {name}: {kv.key} {one_line(str(kv.value))!r} {problem}: "
+                                  "not imported"))
+            else:
+                mh.identity_file = str(kv.value)
         cv = ev.get("ansible_connection")
-        if cv is not None and str(cv.value) not in ("ssh", "paramiko", "smart"):
+        if cv is not None and _single(cv.value) and str(cv.value) not in ("ssh", "paramiko", "smart"):
             notes.append(Note(cv.line, "ansible_connection", f"host {name}: ansible_connection="
                               f"{one_line(str(cv.value))}: gpuk8s always connects over SSH"))
         bv = ev.get("ansible_become")
         buser = ev.get("ansible_become_user")
-        if buser is not None and str(buser.value) != "root":
+        if buser is not None and _single(buser.value) and str(buser.value) != "root":
             notes.append(Note(buser.line, "ansible_become_user", f"host {name}: gpuk8s becomes root with sudo, "
                               f"not {one_line(str(buser.value))}"))
         bm = ev.get("ansible_become_method")
-        if bm is not None and str(bm.value) != "sudo":
+        if bm is not None and _single(bm.value) and str(bm.value) != "sudo":
             notes.append(Note(bm.line, "ansible_become_method", f"host {name}: become method "
                               f"{one_line(str(bm.value))} is not supported: gpuk8s uses sudo"))
         if bv is not None and _bool(bv.value) is False and mh.user not in (None, "root"):
@@ -683,7 +881,7 @@ def convert(inv: Ansible, source: str = "FILE") -> Result:
             mh.sudo_password = True
         for k in _ARGS_KEYS:
             av2 = ev.get(k)
-            if av2 is None or _is_jinja(av2.value):
+            if av2 is None or not _usable(av2.value):
                 continue
             jump, other = bastion_of_args(str(av2.value))
             if jump is not None:
@@ -712,7 +910,7 @@ def convert(inv: Ansible, source: str = "FILE") -> Result:
     cev = effective(seen_names[first_cp.name])
     for key in _CLUSTER_VARS:
         cvar = cev.get(key)
-        if cvar is None or _is_jinja(cvar.value):
+        if cvar is None or not _usable(cvar.value):
             continue
         s = str(cvar.value)
         if key == "kube_network_plugin":
@@ -777,9 +975,11 @@ def _comment(text: str) -> str:
 
 
 def _most_common(values: list[Any]) -> Any:
+    """The value most often in `values` (the first seen among equals; None for none): one count, not one per
+    value (list.count per value was quadratic in the hosts)."""
+    counts = Counter(values)
     best, count = None, 0
-    for v in values:
-        c = values.count(v)
+    for v, c in counts.items():  # in first-seen order: a later value must be strictly more common
         if c > count:
             best, count = v, c
     return best

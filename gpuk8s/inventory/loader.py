@@ -105,7 +105,8 @@ _CREDENTIAL_KEYS = ("env", "file")
 _REGISTRY_REPO = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?(:[0-9]{1,5})?(/[a-z0-9]+([._-][a-z0-9]+)*)*$")
 _REGISTRY_HOST = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?(:[0-9]{1,5})?$")
 _HOST_PATH = re.compile(r"^/[A-Za-z0-9._/-]{0,255}$")
-_MONITORING_KEYS = ("enabled", "namespace", "prometheus", "retention", "storage_class", "storage_size", "grafana")
+_MONITORING_KEYS = ("enabled", "namespace", "prometheus", "retention", "storage_class", "storage_size", "grafana",
+                    "prometheus_namespace")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")  # a namespace name (RFC 1123 label)
 _DURATION = re.compile(r"^([0-9]{1,6}(ms|s|m|h|d|w|y))+$")  # a Prometheus duration: 15d, 12h, 1y
 _QUANTITY = re.compile(r"^[0-9]{1,9}(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$")  # a storage quantity: 20Gi
@@ -544,6 +545,9 @@ class _Reader:
                                                       "(kubectl get storageclass)", "storage class name"),
             "storage_size": lambda n, k: self.string(n, k, _QUANTITY, "a size, e.g. 20Gi", "size"),
             "grafana": self.boolean,
+            "prometheus_namespace": lambda n, k: self.string(
+                n, k, _DNS_LABEL, "the namespace of your Prometheus resource (kubectl get prometheus -A), e.g. "
+                "monitoring", "namespace"),
         }
         return MonitoringSettings(**self.fields(node, "monitoring", _MONITORING_KEYS, readers))
 
@@ -624,6 +628,13 @@ class _Reader:
                 k in m for k in ("credentials", "insecure_http", "ca_file")):
             self.report(node, "registry", "credentials, insecure_http and ca_file apply to a mirror, and none "
                         "is set", "add 'mirror: registry.example.cn/k8s' (or overrides:)")
+        if out.insecure_http and "credentials" in m and (out.credentials_env or out.credentials_file):
+            # hosts.toml would send them as a Basic header to the http mirror: to anyone on the network path
+            self.report(m["credentials"][1], "registry.credentials",
+                        "refused with insecure_http: every node would send the mirror's user:password over plain "
+                        "http (a Basic header anyone on the network path can read)",
+                        "serve the mirror over https (ca_file for a private CA) and remove insecure_http, or remove "
+                        "credentials and let the mirror serve anonymous pulls")
         if out.insecure_http and out.ca_file:
             self.report(m["ca_file"][1], "registry.ca_file", "has no effect with insecure_http (plain http)",
                         "remove ca_file, or insecure_http", severity="warning")

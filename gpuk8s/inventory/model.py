@@ -196,6 +196,9 @@ class MonitoringSettings:
     storage_class: str | None = None  # None: emptyDir (the data is lost when the pod restarts)
     storage_size: str = "20Gi"
     grafana: bool = False
+    # servicemonitor: the namespace of the Prometheus Operator's Prometheus whose Service prometheus-operated
+    # verify asks (None: `namespace`); never a Service of that name found elsewhere, which anyone may create
+    prometheus_namespace: str | None = None
 
 
 @dataclass(frozen=True)

@@ -15,12 +15,17 @@ node's GPUs (`hami.io/node-nvidia-register`) and the scheduler's placement of ea
 hostile text: bounded sizes, and an odd shape gives fewer devices, never an exception.
 
 Utilisation and memory come from the DCGM exporter's /metrics (read through the API server's pod proxy, as
-monitoring verify does), parsed by prometheus-client's parser.
+monitoring verify does), parsed by prometheus-client's parser after `dcgm_text` has cut the body down to the
+series gpuk8s reads (the parser is quadratic on hostile lines; the exporter's pod runs on a node that may be
+compromised).
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -510,11 +515,57 @@ class MetricsError(Exception):
 
 UTIL, FB_USED, FB_FREE = "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE"
 
+# The exporter's /metrics is text from a pod on a GPU node: a compromised node writes what it likes there, and
+# prometheus-client's parser is quadratic in a line's labels and escaped quotes (1 MiB of them stalled `status`
+# 12-16 s). So the body is bounded, and only the sample lines of the series gpuk8s reads reach the parser, each
+# bounded too; every other line (HELP/TYPE comments included: the parser does not need them for gauges) is dropped.
+METRICS_MAX_BYTES = 4 << 20  # a larger body is not read (an 8-GPU exporter serves about 100 KiB)
+METRICS_MAX_LINE = 2048  # characters of one sample line (DCGM's longest, all names at their limits: ~1 KiB)
+METRICS_MAX_LABELS = 24  # labels of one series (DCGM's: gpu, UUID, device, modelName, Hostname, pod... ~14)
+METRICS_MAX_SERIES = 1024  # sample lines kept (8 GPUs x 7 MIG devices x 3 series is 168)
+METRICS_MAX_MENTIONS = 2 * METRICS_MAX_SERIES  # lines naming these series at all (their HELP/TYPE lines too)
+
+
+@functools.lru_cache(maxsize=8)
+def _mentions(names: tuple[str, ...]) -> re.Pattern[str]:
+    """From one of `names` (followed by its labels or its value) to the end of that line: the parser's lines
+    end at newlines only. The rest of the line is taken, so a line matches at most once."""
+    return re.compile("(?:" + "|".join(re.escape(n) for n in names) + ")[{ \t][^\n]*")
+
+
+def dcgm_text(text: str, names: Iterable[str]) -> str:
+    """The sample lines of the series `names` in an exporter's /metrics text, for prometheus-client's parser.
+
+    Linear time, and a bounded number of Python steps: the lines are found by a regular expression (in C), and a
+    body over METRICS_MAX_BYTES, with more than METRICS_MAX_MENTIONS lines naming these series or more than
+    METRICS_MAX_SERIES sample lines of them is a MetricsError. A line longer than METRICS_MAX_LINE, with more
+    labels than METRICS_MAX_LABELS, or with a backslash (an escape: no label of these series holds one; escaped
+    quotes are what the parser is quadratic in) is dropped, as is every other line."""
+    if len(text) > METRICS_MAX_BYTES:
+        raise MetricsError(f"the body is larger than {METRICS_MAX_BYTES >> 20} MiB: not read")
+    wanted = tuple(sorted(set(names)))
+    kept: list[str] = []
+    for n, found in enumerate(_mentions(wanted).finditer(text)):
+        if n >= METRICS_MAX_MENTIONS:
+            raise MetricsError(f"more than {METRICS_MAX_MENTIONS} lines name {', '.join(wanted)}: not read")
+        start = found.start()
+        begin = text.rfind("\n", 0, start) + 1  # back over this line's start only (one match a line): linear
+        if begin < start and not text[begin:start].isspace():
+            continue  # the name in the middle of a line: a comment, another metric's label
+        line = found.group(0).rstrip()
+        if len(line) > METRICS_MAX_LINE or "\\" in line or line.count("=") > METRICS_MAX_LABELS:
+            continue
+        if len(kept) >= METRICS_MAX_SERIES:
+            raise MetricsError(f"more than {METRICS_MAX_SERIES} series of {', '.join(wanted)}: not read")
+        kept.append(line)
+    return "\n".join(kept) + "\n"
+
 
 def gpu_metrics(text: str) -> list[GPUMetric]:
     """Utilisation and framebuffer memory per device (gpu, MIG instance GPU_I_ID) from the DCGM exporter's
     /metrics; the pods it names (pod/namespace labels, when it reads the kubelet's pod-resources)."""
     values: dict[tuple[str, str], dict[str, Any]] = {}
+    text = dcgm_text(text, (UTIL, FB_USED, FB_FREE))
     try:
         for fam in text_string_to_metric_families(text):
             for s in fam.samples:

@@ -4,11 +4,17 @@ The applied hash is the SHA-256 of the rendered text: any change of a template, 
 changes it, and the next install applies the manifest again. It is written on every object of the
 manifest as the annotation gpuk8s.io/manifest-sha256; a manifest is unchanged when its first object
 carries the hash of the text gpuk8s would apply now.
+
+The annotation is also gpuk8s's proof of ownership: an object is deleted only when it carries it, checked on
+each object (`owned`), never because an object of the same name exists (HAMi's own Helm chart, for one,
+uses the names of hami.yaml in kube-system).
 """
 
 from __future__ import annotations
 
 import hashlib
+import shlex
+from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -19,7 +25,7 @@ import yaml
 from gpuk8s import mirrors, versions
 from gpuk8s.gpuplan import CONFIG_LABEL, RUNTIME_HANDLER, GPUPlan, PluginSettings, is_gpu_node
 from gpuk8s.inventory.model import Inventory
-from gpuk8s.kube.client import KubeClient
+from gpuk8s.kube.client import KubeClient, KubeError
 
 ANNOTATION = "gpuk8s.io/manifest-sha256"
 DEVICE_PLUGIN = "nvidia-device-plugin-daemonset"
@@ -200,24 +206,62 @@ def unwanted(inv: Inventory, plans: dict[str, GPUPlan]) -> list[Manifest]:
     return [] if any(p.sharing == "hami" for p in plans.values()) else [hami(inv, plans)]
 
 
-def present(kube: KubeClient, m: Manifest) -> bool:
-    kind, name, namespace = m.anchor()
-    return bool(kube.get(kind.lower(), name, namespace))
+Ref = tuple[str, str, str]  # (kind, name, namespace) of an object; kubectl ignores -n for a cluster-scoped kind
 
 
-def remove(kube: KubeClient, manifests: list[Manifest]) -> list[str]:
-    """Delete the objects of the manifests whose first object exists; the names of those removed."""
-    done = []
-    for m in manifests:
-        if not present(kube, m):
+def applied_by_gpuk8s(obj: Any) -> bool:
+    """Whether gpuk8s applied the object, as the cluster returned it: it carries the manifest annotation
+    (`Manifest.applied_text` writes it on every object). The one test of ownership before a deletion."""
+    md = obj.get("metadata") if isinstance(obj, dict) else None
+    ann = md.get("annotations") if isinstance(md, dict) else None
+    return isinstance(ann, dict) and ANNOTATION in ann
+
+
+def owned(kube: KubeClient, objs: Iterable[Ref]) -> list[Ref]:
+    """Those of `objs` that exist in the cluster and carry gpuk8s's annotation, each checked on its own, in
+    the order given, once each: what gpuk8s may delete. A kind the cluster does not serve has none there."""
+    out: list[Ref] = []
+    for ref in objs:
+        kind, name, namespace = ref
+        if ref in out:
             continue
-        for d in reversed(m.objects()):
-            md = d.get("metadata", {})
-            # a cluster-scoped object: kubectl ignores -n
-            kube.delete(str(d.get("kind", "")).lower(), [str(md.get("name", ""))],
-                        str(md.get("namespace") or "kube-system"))
-        done.append(m.name)
-    return done
+        try:
+            found = kube.get(kind.lower(), name, namespace)
+        except KubeError:
+            continue
+        if found and applied_by_gpuk8s(found[0]):
+            out.append(ref)
+    return out
+
+
+def refs(m: Manifest) -> list[Ref]:
+    """(kind, name, namespace) of every object of the manifest, last first (the order of deletion); gpuk8s's
+    GPU manifests live in kube-system."""
+    out = []
+    for d in reversed(m.objects()):
+        md = d.get("metadata") or {}
+        out.append((str(d.get("kind", "")), str(md.get("name", "")), str(md.get("namespace") or "kube-system")))
+    return out
+
+
+def removable(kube: KubeClient, m: Manifest) -> list[Ref]:
+    """The objects of `m` in the cluster that gpuk8s applied: an object of the same name that another tool
+    made (HAMi's Helm chart) is not among them, whatever the manifest's other objects are."""
+    return owned(kube, refs(m))
+
+
+def delete_command(ref: Ref) -> str:
+    """The kubectl command that deletes the object, as --dry-run shows it."""
+    kind, name, namespace = ref
+    return "kubectl " + shlex.join(["-n", namespace, "delete", kind.lower(), name])
+
+
+def remove(kube: KubeClient, m: Manifest) -> list[Ref]:
+    """Delete the objects of `m` that gpuk8s applied (`removable`); those deleted."""
+    gone = removable(kube, m)
+    for kind, name, namespace in gone:
+        kube.delete(kind.lower(), [name], namespace)
+    return gone
 
 
 def applied_hash(kube: KubeClient, m: Manifest) -> str:

@@ -22,7 +22,7 @@ from gpuk8s import mirrors, versions
 from gpuk8s.gpuplan import GPU_PRESENT, GPU_RESOURCE, GPUPlan
 from gpuk8s.inventory.model import Inventory
 from gpuk8s.kube.client import KubeClient
-from gpuk8s.kube.manifests import ANNOTATION, Manifest
+from gpuk8s.kube.manifests import Manifest, applied_by_gpuk8s
 
 EXPORTER = "dcgm-exporter"  # the DaemonSet, its Service, its ServiceMonitor, and the scrape job
 NAME_LABEL = "app.kubernetes.io/name"
@@ -188,7 +188,7 @@ def owns_namespace(inv: Inventory, kube: KubeClient) -> bool:
     if not found:
         return True
     md = found[0].get("metadata", {})
-    return ANNOTATION in (md.get("annotations") or {}) or (md.get("labels") or {}).get(MANAGED_BY) == "gpuk8s"
+    return applied_by_gpuk8s(found[0]) or (md.get("labels") or {}).get(MANAGED_BY) == "gpuk8s"
 
 
 def objects(ms: list[Manifest]) -> list[tuple[str, str, str | None]]:

@@ -144,6 +144,14 @@ class PodState:
     reason: str = ""  # status.reason: e.g. OutOfnvidia.com/gpu when the kubelet rejected the pod
     message: str = ""
     namespace: str = ""
+    owners: tuple[tuple[str, str], ...] = ()  # (kind, name) of each metadata.ownerReferences entry
+
+
+def owners_of(obj: Any) -> tuple[tuple[str, str], ...]:
+    """(kind, name) of each of an object's ownerReferences that names both."""
+    refs = _list(_sub(obj, "metadata").get("ownerReferences")) if isinstance(obj, dict) else []
+    return tuple((r["kind"], r["name"]) for r in refs
+                 if isinstance(r, dict) and isinstance(r.get("kind"), str) and isinstance(r.get("name"), str))
 
 
 def pod_state(pod: Any) -> PodState:
@@ -162,7 +170,8 @@ def pod_state(pod: Any) -> PodState:
                     if isinstance(c, dict) and c.get("reason") == "Unschedulable"), "")
     text = {k: str(status.get(k, "") or "") for k in ("phase", "reason", "message")}
     return PodState(name_of(pod), str(_sub(pod, "spec").get("nodeName", "") or ""), text["phase"], waiting, restarts,
-                    unsched, text["reason"], text["message"], str(_sub(pod, "metadata").get("namespace", "") or ""))
+                    unsched, text["reason"], text["message"], str(_sub(pod, "metadata").get("namespace", "") or ""),
+                    owners_of(pod))
 
 
 def pod_states(pods: list[dict[str, Any]]) -> list[PodState]:
@@ -282,11 +291,19 @@ def restart_command(pod: str) -> str:
     return "kubectl " + shlex.join(["-n", "kube-system", "delete", "pod", pod])
 
 
+def is_device_plugin_pod(pod: PodState, node: str) -> bool:
+    """Whether the pod is gpuk8s's device plugin on the node: in kube-system and owned by the DaemonSet gpuk8s
+    deploys. The one ownership check of the diagnosis (verify, doctor) and of the restart that deletes the pod
+    (doctor --fix, the gpu phase): a look-alike name (any user's pod, or another tool's in kube-system) is not
+    it, and its name goes into remedies and into what is deleted."""
+    return (pod.node == node and pod.name.startswith(DEVICE_PLUGIN_POD_PREFIX)
+            and not pod.name.startswith(MPS_DAEMON_POD_PREFIX) and pod.namespace in ("kube-system", "")
+            and ("DaemonSet", DEVICE_PLUGIN) in pod.owners)
+
+
 def device_plugin_pod(pods: list[PodState], node: str) -> PodState | None:
-    """The device plugin's pod on the node: only in kube-system (a pod of that name in a user's namespace is not
-    it; its name goes into remedies and into what --fix deletes)."""
-    return next((p for p in pods if p.node == node and p.name.startswith(DEVICE_PLUGIN_POD_PREFIX)
-                 and not p.name.startswith(MPS_DAEMON_POD_PREFIX) and p.namespace in ("kube-system", "")), None)
+    """The device plugin's pod on the node (`is_device_plugin_pod`), or None."""
+    return next((p for p in pods if is_device_plugin_pod(p, node)), None)
 
 
 def check_node(name: str, want: int, node: Any, pods: list[PodState], plugin: DaemonSetState | None, *,

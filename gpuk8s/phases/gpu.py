@@ -47,7 +47,8 @@ def runtime_restarted(ctx: Context, planning: bool = False) -> list[str]:
 
 
 def plugin_pods(ctx: Context, nodes: list[str]) -> dict[str, str]:
-    """node -> the name of the device plugin's pod on it, for those of `nodes` that have one."""
+    """node -> the name of the device plugin's pod on it, for those of `nodes` that have one: the pod gpuk8s's
+    DaemonSet owns (state.device_plugin_pod, the check the diagnosis makes), the only pod a restart deletes."""
     if not nodes:
         return {}
     pods = state.pod_states(ctx.kube.get("pods", namespace="kube-system"))
@@ -129,12 +130,12 @@ class GPUNodes(Phase):
             todo, diffs = manifests.out_of_date(ctx.kube, wanted), self._node_diffs(ctx)
             reason = "what differs from the cluster"
         changes = [Change(f"apply {m.name} (sha256 {m.sha256[:12]})", manifest=m.applied_text()) for m in todo]
-        gone = manifests.unwanted(ctx.inv, ctx.plans)
         if ctx.initialized():
-            changes += [Change(f"delete the objects of {m.name} (no node asks for it)",
-                               commands="\n".join(f"kubectl delete {d['kind'].lower()} {d['metadata']['name']}"
-                                                   for d in reversed(m.objects())))
-                        for m in gone if manifests.present(ctx.kube, m)]
+            # one change per object gpuk8s applied: a namesake another tool made is neither named nor deleted
+            changes += [Change(f"delete {kind.lower()}/{name} of {m.name} (no node asks for it)",
+                               commands=manifests.delete_command((kind, name, ns)))
+                        for m in manifests.unwanted(ctx.inv, ctx.plans)
+                        for kind, name, ns in manifests.removable(ctx.kube, m)]
         if not any(m.name == manifests.PLUGIN_MANIFEST for m in todo):  # else the DaemonSet replaces its pods itself
             changes += [Change(f"restart the device plugin on {node} (its container runtime is reconfigured)",
                                commands=state.restart_command(pod))
@@ -155,7 +156,10 @@ class GPUNodes(Phase):
         done = [f"applied {name}" for name in applied]
         if manifests.PLUGIN_MANIFEST in applied:
             stale = {}  # a new template: the DaemonSet replaces its pods itself
-        done += [f"removed {name}" for name in manifests.remove(ctx.kube, manifests.unwanted(ctx.inv, ctx.plans))]
+        for m in manifests.unwanted(ctx.inv, ctx.plans):
+            gone = manifests.remove(ctx.kube, m)
+            if gone:
+                done.append(f"removed {m.name} ({len(gone)} object(s) gpuk8s applied)")
         for name, (labels, taints) in self._node_diffs(ctx).items():
             if labels:
                 ctx.kube.label(name, labels)

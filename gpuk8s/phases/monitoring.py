@@ -15,7 +15,7 @@ from typing import Any
 from gpuk8s.kube import manifests
 from gpuk8s.kube import monitoring as mon
 from gpuk8s.kube.client import KubeError
-from gpuk8s.kube.manifests import ANNOTATION, Manifest
+from gpuk8s.kube.manifests import Manifest
 from gpuk8s.phases.base import Change, Context, Phase, PhaseError, PhasePlan, PhaseResult
 
 EMPTYDIR_WARNING = ("Prometheus keeps its data in an emptyDir: it is lost when the pod restarts "
@@ -42,7 +42,7 @@ def is_ours(obj: dict[str, Any]) -> bool:
     """Whether gpuk8s applied the object: its manifest annotation, or (an annotation edited away by hand)
     the managed-by label every monitoring object carries. A Helm chart's object says managed-by: Helm."""
     md = obj.get("metadata") or {}
-    return ANNOTATION in (md.get("annotations") or {}) or (md.get("labels") or {}).get(mon.MANAGED_BY) == "gpuk8s"
+    return manifests.applied_by_gpuk8s(obj) or (md.get("labels") or {}).get(mon.MANAGED_BY) == "gpuk8s"
 
 
 def name_taken(ctx: Context, todo: list[Manifest]) -> list[str]:
@@ -189,22 +189,13 @@ class Monitoring(Phase):
         return r
 
     def _present(self, ctx: Context) -> list[tuple[str, str, str]]:
-        """The objects gpuk8s's monitoring created that are in the cluster now, in deletion order."""
+        """The objects gpuk8s's monitoring created that are in the cluster now, in deletion order: those carrying
+        its annotation, each checked on its own (manifests.owned, as the gpu phase's removal of HAMi), and the
+        namespace last. A kind the cluster does not know (ServiceMonitor without the Operator) has none."""
         ns = ctx.inv.monitoring.namespace
-        out: list[tuple[str, str, str]] = []
-        for kind, name, _ in reversed(mon.objects(mon.every_manifest(ctx.inv, ctx.plans))):
-            try:
-                found = ctx.kube.get(kind.lower(), name, ns)
-            except KubeError:
-                continue  # a kind the cluster does not know (ServiceMonitor without the Operator): none there
-            ann = (found[0].get("metadata", {}).get("annotations") or {}) if found else {}
-            if found and ANNOTATION in ann and (kind, name, ns) not in out:
-                out.append((kind, name, ns))
-        for found in [ctx.kube.get("namespace", ns)]:
-            md = found[0].get("metadata", {}) if found else {}
-            if found and (ANNOTATION in (md.get("annotations") or {})):
-                out.append(("Namespace", ns, ns))
-        return out
+        return manifests.owned(ctx.kube, [
+            *((kind, name, ns) for kind, name, _ in reversed(mon.objects(mon.every_manifest(ctx.inv, ctx.plans)))),
+            ("Namespace", ns, ns)])
 
     def _removal(self, ctx: Context) -> tuple[list[tuple[str, str, str]], str]:
         """What --remove deletes, and (a sentence) why the namespace is kept when it holds an object gpuk8s did

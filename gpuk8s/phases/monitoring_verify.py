@@ -3,8 +3,15 @@ Running, its /metrics with one DCGM_FI_DEV_GPU_UTIL series per GPU of the node's
 physical GPU under sharing), read through the API server's pod proxy so that no port must be open; pods
 attributed (the pod-resources mount); and Prometheus reporting every exporter target up.
 
+The Prometheus asked is one the inventory names: gpuk8s's own in `monitoring.namespace` (deploy), or the
+Prometheus Operator's Service prometheus-operated in `monitoring.prometheus_namespace` (servicemonitor), never a
+Service of that name found elsewhere (anyone who may create a Service could answer for it). Its answer is
+bounded (MAX_TARGETS_BODY), and any JSON, however nested, is a finding, never an exception.
+
 Every verdict is a finding (gpuk8s/findings.py, ids monitoring.*), about its node or the cluster. The
-metrics are parsed with prometheus-client's parser of the text exposition format, not by hand.
+metrics are parsed with prometheus-client's parser of the text exposition format, not by hand, after
+gpuk8s/kube/allocation.dcgm_text has kept only the bounded lines of the series read (the parser is quadratic
+on hostile text, and the exporter runs on a node that may be compromised).
 """
 
 from __future__ import annotations
@@ -22,6 +29,8 @@ from gpuk8s.findings import Finding
 from gpuk8s.gpuplan import GPU_RESOURCE, GPUPlan
 from gpuk8s.kube import monitoring as mon
 from gpuk8s.kube import state
+from gpuk8s.kube.allocation import MetricsError as AllocationMetricsError
+from gpuk8s.kube.allocation import dcgm_text
 from gpuk8s.kube.client import KubeError
 from gpuk8s.phases.base import Context, Phase, PhasePlan, PhaseResult
 from gpuk8s.text import clean
@@ -30,6 +39,7 @@ UTIL = "DCGM_FI_DEV_GPU_UTIL"
 POD_RESOURCES = "/var/lib/kubelet/pod-resources"
 NVML_MARKERS = ("NVML", "libnvidia-ml")  # the exporter's log when the container has no NVML
 MIG_PREFIX = "nvidia.com/mig-"
+MAX_TARGETS_BODY = 16 << 20  # Prometheus's /api/v1/targets: a few KiB per target; more is not a targets list
 
 
 class MetricsError(Exception):
@@ -43,7 +53,12 @@ class Series:
 
 
 def util_series(text: str) -> list[Series]:
-    """The DCGM_FI_DEV_GPU_UTIL samples of an exporter's /metrics text (prometheus-client's parser)."""
+    """The DCGM_FI_DEV_GPU_UTIL samples of an exporter's /metrics text (prometheus-client's parser, on the
+    bounded lines of that series only: allocation.dcgm_text; the text is a node's, maybe hostile)."""
+    try:
+        text = dcgm_text(text, (UTIL,))
+    except AllocationMetricsError as e:
+        raise MetricsError(str(e)) from None
     try:
         return [Series(dict(s.labels), float(s.value)) for fam in text_string_to_metric_families(text)
                 for s in fam.samples if s.name == UTIL]
@@ -75,15 +90,22 @@ def mounts_pod_resources(ds: dict[str, Any]) -> bool:
     return False
 
 
+def _obj(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
 def gpu_pods_running(pods: list[dict[str, Any]]) -> dict[str, list[str]]:
     """node -> the Running pods there that asked for GPUs."""
     out: dict[str, list[str]] = {}
-    for p in pods:
-        spec, st = p.get("spec", {}), p.get("status", {})
-        wants = any(int(str((c.get("resources", {}).get("limits") or {}).get(GPU_RESOURCE, 0)) or 0)
-                    for c in spec.get("containers") or [] if isinstance(c, dict))
-        if wants and st.get("phase") == "Running" and spec.get("nodeName"):
-            out.setdefault(spec["nodeName"], []).append(p.get("metadata", {}).get("name", ""))
+    for p in pods:  # every namespace's: a field not shaped as the API shapes it counts as absent
+        spec, st, md = _obj(p.get("spec")), _obj(p.get("status")), _obj(p.get("metadata"))
+        containers = spec.get("containers")
+        limits = [_obj(_obj(_obj(c).get("resources")).get("limits")).get(GPU_RESOURCE)
+                  for c in (containers if isinstance(containers, list) else [])]
+        wants = any(isinstance(n, (str, int)) and str(n) not in ("0", "") for n in limits)
+        node, name = spec.get("nodeName"), md.get("name")
+        if wants and st.get("phase") == "Running" and isinstance(node, str) and node and isinstance(name, str):
+            out.setdefault(node, []).append(name)
     return out
 
 
@@ -111,17 +133,38 @@ def metrics_path(ns: str, pod: str) -> str:
 
 
 def exporter_targets(body: str) -> list[dict[str, Any]]:
-    """The active targets of /api/v1/targets that scrape the DCGM exporter."""
-    data = json.loads(body)
+    """The active targets of /api/v1/targets that scrape the DCGM exporter. ValueError for anything else: a body
+    over MAX_TARGETS_BODY, text that is not JSON, JSON nested deeper than the parser recurses, another shape."""
+    if len(body) > MAX_TARGETS_BODY:
+        raise ValueError(f"the targets API answered more than {MAX_TARGETS_BODY >> 20} MiB")
+    try:
+        data = json.loads(body)
+    except RecursionError:
+        raise ValueError("the targets API answered JSON nested too deep") from None
     if not isinstance(data, dict) or data.get("status") != "success":
         raise ValueError("the targets API did not answer status success")
-    active = data.get("data", {}).get("activeTargets") or []
-    return [t for t in active if isinstance(t, dict) and mon.EXPORTER in str(t.get("scrapePool", ""))]
+    inner = data.get("data")
+    active = inner.get("activeTargets", []) if isinstance(inner, dict) else None
+    if active is None and isinstance(inner, dict):
+        active = []  # none yet (null): no target, as an empty list
+    if not isinstance(active, list):
+        raise ValueError("the targets API's answer has no list of active targets")
+    return [t for t in active if isinstance(t, dict) and mon.EXPORTER in _text(t.get("scrapePool"))]
+
+
+def _text(value: Any) -> str:
+    """A string field of a target; '' for any other JSON value (never the str() of a nested one)."""
+    return value if isinstance(value, str) else ""
+
+
+def _labels(t: dict[str, Any], key: str) -> dict[str, Any]:
+    value = t.get(key)
+    return value if isinstance(value, dict) else {}
 
 
 def target_node(t: dict[str, Any]) -> str:
-    return str((t.get("discoveredLabels") or {}).get("__meta_kubernetes_pod_node_name")
-               or (t.get("labels") or {}).get("node", ""))
+    return (_text(_labels(t, "discoveredLabels").get("__meta_kubernetes_pod_node_name"))
+            or _text(_labels(t, "labels").get("node")))
 
 
 @dataclass
@@ -246,18 +289,35 @@ class MonitoringVerify(Phase):
                                evidence=evidence)
 
     def _prometheus(self, ctx: Context, ns: str) -> tuple[str, str] | None:
-        """(namespace, targets API path) of the Prometheus to ask, None when monitoring.prometheus is none."""
+        """(namespace, targets API path) of the Prometheus to ask, None when monitoring.prometheus is none; the
+        path is '' when the Operator's Service is not in the namespace the inventory names."""
         mode = mon.resolve_mode(ctx.inv, ctx.kube)
         if mode == "none":
             return None
         if mode == "deploy":
             return ns, targets_path(ns, mon.PROMETHEUS, mon.PROMETHEUS_PORT)
-        for svc in ctx.kube.get("service", namespace="*"):
-            md = svc.get("metadata", {})
-            svc_ns = str(md.get("namespace", ""))
-            if md.get("name") == mon.OPERATOR_SERVICE and _DNS1123_LABEL.match(svc_ns):
-                return svc_ns, targets_path(svc_ns, mon.OPERATOR_SERVICE, mon.PROMETHEUS_PORT)
-        return "", ""
+        # the namespace comes from the inventory: a tenant's Service prometheus-operated in a namespace of theirs
+        # would otherwise answer for Prometheus (every target up)
+        prom_ns = ctx.inv.monitoring.prometheus_namespace or ns
+        if not ctx.kube.get("service", mon.OPERATOR_SERVICE, prom_ns):
+            return prom_ns, ""
+        return prom_ns, targets_path(prom_ns, mon.OPERATOR_SERVICE, mon.PROMETHEUS_PORT)
+
+    def _elsewhere(self, ctx: Context) -> list[str]:
+        """The namespaces where a Service prometheus-operated exists (at most 5, Kubernetes names only): named
+        in the remedy, never asked."""
+        try:
+            found = ctx.kube.get("service", namespace="*")
+        except KubeError:
+            return []
+        out: list[str] = []
+        for svc in found:
+            md = svc.get("metadata") if isinstance(svc, dict) else None
+            svc_ns = md.get("namespace") if isinstance(md, dict) else None
+            if md and md.get("name") == mon.OPERATOR_SERVICE and isinstance(svc_ns, str) \
+                    and _DNS1123_LABEL.match(svc_ns) and svc_ns not in out:
+                out.append(svc_ns)
+        return out[:5]
 
     def _targets(self, ctx: Context, ns: str, nodes: list[str]) -> list[Finding]:
         where = self._prometheus(ctx, ns)
@@ -265,9 +325,13 @@ class MonitoringVerify(Phase):
             return []
         prom_ns, path = where
         if not path:
+            seen = self._elsewhere(ctx)
+            hint = f" (Services prometheus-operated exist in: {', '.join(seen)}; not asked)" if seen else ""
             return [findings.failed("monitoring.prometheus-missing",
-                                    "no Prometheus Operator Service (prometheus-operated) in the cluster",
-                                    "create a Prometheus resource, or set monitoring.prometheus: deploy",
+                                    f"no Prometheus Operator Service (prometheus-operated) in namespace {prom_ns}"
+                                    + hint,
+                                    "set monitoring.prometheus_namespace to the namespace of your Prometheus resource "
+                                    "(kubectl get prometheus -A), or set monitoring.prometheus: deploy",
                                     subject=findings.cluster())]
         deadline = time.monotonic() + self.target_wait
         while True:
@@ -280,7 +344,7 @@ class MonitoringVerify(Phase):
                                         f"kubectl -n {prom_ns} get pods; re-run gpuk8s monitoring",
                                         subject=findings.cluster())]
             by_node = {target_node(t): t for t in targets}
-            if not any(str(by_node[n].get("health")) == "unknown" for n in nodes if n in by_node) \
+            if not any(_text(by_node[n].get("health")) == "unknown" for n in nodes if n in by_node) \
                     or time.monotonic() > deadline:
                 break
             time.sleep(3)
@@ -293,9 +357,9 @@ class MonitoringVerify(Phase):
                     "with a ServiceMonitor: make the Prometheus resource's serviceMonitorSelector and "
                     "serviceMonitorNamespaceSelector select it (docs/monitoring.md); else re-run gpuk8s monitoring",
                     subject=findings.node(n)))
-            elif str(t.get("health")) != "up":
+            elif _text(t.get("health")) != "up":
                 out.append(findings.failed(
                     "monitoring.target-down", f"Prometheus cannot scrape the exporter on {n}",
                     "see the exporter pod's state and log", subject=findings.node(n),
-                    evidence=(clean(str(t.get("scrapeUrl", "")))[:200], clean(str(t.get("lastError", "")))[:300])))
+                    evidence=(clean(_text(t.get("scrapeUrl"))[:200]), clean(_text(t.get("lastError"))[:300]))))
         return out

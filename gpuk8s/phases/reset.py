@@ -36,6 +36,7 @@ from gpuk8s.phases import shell
 from gpuk8s.phases.base import Change, Context, Phase, PhaseError, PhasePlan, PhaseResult
 from gpuk8s.phases.hostfiles import tail
 from gpuk8s.remote import RemoteError
+from gpuk8s.text import clean
 
 RESET_TIMEOUT = 900.0  # kubeadm reset waits for the kubelet and containers to stop
 
@@ -126,6 +127,8 @@ class NodeOutcome:
 
 
 ETCD_KEPT = "/var/lib/gpuk8s/etcd-member-kept"  # reset-node.sh: this control plane's etcd member is still in etcd
+# reset-node.sh: the etcd manifest's --data-dir is not below /var/lib, so it was named and not removed
+ETCD_DIR_REFUSED = "@@gpuk8s-etcd-dir-refused"
 
 
 def _node_values(inv: Inventory, h: Host) -> dict[str, str]:
@@ -278,6 +281,13 @@ class Reset(Phase):
         else:
             out.steps.append("kubeadm reset")
         out.steps.append("leftovers removed, kubelet stopped and disabled")
+        refused = next((ln.split(" ", 1)[1] for ln in res.stdout.splitlines()
+                        if ln.startswith(f"{ETCD_DIR_REFUSED} ")), None)
+        if refused is not None:  # host text: shown cleaned and cut, never acted on
+            shown = clean(refused)[:200]
+            out.steps.append(f"etcd's --data-dir {shown} kept: not below /var/lib, not removed")
+            out.remedy = (f"check {shown} on {h.name}: the etcd manifest named it as etcd's data directory; remove "
+                          "it by hand if it is")
         if in_cluster and not last:
             ctx.kube.delete_node(h.name)
             out.steps.append("Node deleted")

@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from gpuk8s import findings, gpuplan, versions
+from gpuk8s import findings, gpuplan, plainyaml, versions
 from gpuk8s.inventory.model import Host, InstallSettings, Inventory
 from gpuk8s.kube.client import KubeError, drain_args
 from gpuk8s.phases import shell
@@ -40,6 +40,7 @@ APISERVER_MANIFEST = "/etc/kubernetes/manifests/kube-apiserver.yaml"
 CORDONED_BY_UPGRADE = "gpuk8s.io/cordoned-by-upgrade"
 _VERSION = re.compile(r"^v?1\.(\d{1,3})\.(\d{1,3})")
 _IMAGE_TAG = re.compile(r":v?(1\.\d{1,3}\.\d{1,3})(?:[-+@].*)?$")
+MAX_MANIFEST = 256 << 10  # kubeadm's kube-apiserver.yaml is about 4 KiB; a larger one is not read
 
 
 class NodeFailure(PhaseError):
@@ -117,18 +118,47 @@ class NodeVersions:
         return min(got)
 
 
+class ManifestError(PhaseError):
+    """The control plane's kube-apiserver manifest is not plain data kubeadm could have written."""
+
+
+def manifest_version(text: str) -> str | None:
+    """The version of the kube-apiserver image in the text of its static pod manifest; None when it names none
+    (not YAML, no spec.containers[0].image string, no version tag).
+
+    The text is a host's: bounded (MAX_MANIFEST), without anchors or aliases (an alias bomb expanded 9-fold per
+    level when the image was turned into text), nested at most plainyaml.MAX_DEPTH deep (deeper raised an
+    uncaught RecursionError), every field type-checked. A text that is not plain data is a ManifestError: kubeadm
+    never writes one, so something else did."""
+    try:
+        doc = plainyaml.load(text, MAX_MANIFEST)
+    except plainyaml.PlainYAMLError as e:
+        raise ManifestError(f"{APISERVER_MANIFEST} {e}: not a manifest kubeadm wrote",
+                            f"look at {APISERVER_MANIFEST} on this control plane: kubeadm writes it without anchors "
+                            "or aliases; put kubeadm's back (kubeadm upgrade keeps earlier ones in "
+                            "/etc/kubernetes/tmp/kubeadm-backup-manifests-*), then re-run gpuk8s upgrade") from None
+    except yaml.YAMLError:
+        return None
+    spec = doc.get("spec") if isinstance(doc, dict) else None
+    containers = spec.get("containers") if isinstance(spec, dict) else None
+    first = containers[0] if isinstance(containers, list) and containers else None
+    image = first.get("image") if isinstance(first, dict) else None
+    if not isinstance(image, str) or len(image) > 512:
+        return None
+    m = _IMAGE_TAG.search(image)
+    return "v" + m.group(1) if m else None
+
+
 def apiserver_version(s: Session) -> str | None:
-    """The version of the kube-apiserver image in this control plane's static pod manifest, or None."""
+    """The version of the kube-apiserver image in this control plane's static pod manifest, or None (no file,
+    or it names no version). A manifest that is not plain data: ManifestError (a PhaseError), naming the host."""
     res = s.run(f"cat {APISERVER_MANIFEST}", sudo=True)
     if not res.ok:
         return None
     try:
-        doc = yaml.safe_load(res.stdout)
-        image = doc["spec"]["containers"][0].get("image", "")
-    except (yaml.YAMLError, KeyError, IndexError, TypeError, AttributeError):
-        return None
-    m = _IMAGE_TAG.search(str(image))
-    return "v" + m.group(1) if m else None
+        return manifest_version(res.stdout)
+    except ManifestError as e:
+        raise ManifestError(f"{s.host.name}: {e.message}", e.remedy) from None
 
 
 def read_versions(ctx: Context) -> NodeVersions:

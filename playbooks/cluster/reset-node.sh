@@ -12,14 +12,26 @@ if [ "$control_plane" = yes ] && [ -e "$kept" ]; then
   exit 0
 fi
 # the etcd data directory of kubeadm's stacked etcd, read where kubeadm reset reads it (the static pod's
-# --data-dir), before kubeadm reset removes the manifest; on a control plane only
+# --data-dir in manifest $1), before kubeadm reset removes the manifest; on a control plane only. Printed, and
+# 0, only when it lies below /var/lib (kubeadm's default, /var/lib/etcd, when none is named): any other path
+# (/, /home, one with . or ..) is printed with status 1 and is never removed. Only root writes the manifest:
+# defence in depth against a hand-edited or planted one.
+gk_etcd_data_dir() {
+  d=$(sed -n 's/^[[:space:]]*-[[:space:]]*--data-dir=//p' "$1" 2>/dev/null | head -n 1)
+  case "$d" in /*) ;; *) d=/var/lib/etcd ;; esac
+  while [ "$d" != / ] && [ "${d%/}" != "$d" ]; do d=${d%/}; done
+  printf '%s\n' "$d"
+  case "$d/" in */../*|*/./*|*//*) return 1 ;; esac
+  case "$d" in /var/lib/?*) return 0 ;; esac
+  return 1
+}
 etcd_manifest=/etc/kubernetes/manifests/etcd.yaml
 etcd_dir=
+etcd_refused=
 member=
 if [ "$control_plane" = yes ]; then
   [ -e "$etcd_manifest" ] && member=1
-  etcd_dir=$(sed -n 's/^[[:space:]]*-[[:space:]]*--data-dir=//p' "$etcd_manifest" 2>/dev/null | head -n 1)
-  case "$etcd_dir" in /?*) ;; *) etcd_dir=/var/lib/etcd ;; esac
+  etcd_dir=$(gk_etcd_data_dir "$etcd_manifest") || { etcd_refused=$etcd_dir; etcd_dir=; }
 fi
 failed=
 if command -v kubeadm >/dev/null 2>&1; then
@@ -76,6 +88,10 @@ if [ -n "$left" ]; then
 fi
 rm -rf --one-file-system /var/lib/kubelet /etc/kubernetes
 if [ -n "$etcd_dir" ] && [ -d "$etcd_dir" ]; then rm -rf --one-file-system "$etcd_dir"; fi
+if [ -n "$etcd_refused" ]; then
+  echo "not removed: etcd's --data-dir $etcd_refused ($etcd_manifest) is not below /var/lib" >&2
+  echo "@@gpuk8s-etcd-dir-refused $etcd_refused"
+fi
 # kubeconfigs on the host (root's and the login user's) whose only cluster is this one; kept aside, 0600
 want={{ 'server: https://' ~ endpoint }}
 for home in /root $(getent passwd {{ user }} | cut -d: -f6); do

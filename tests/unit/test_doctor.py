@@ -324,10 +324,11 @@ def test_an_init_container_that_cannot_pull_and_hostile_names() -> None:
         {"name": "nvidia-device-plugin-init", "state": {"waiting": {"reason": "ErrImagePull"}}}])
     [f] = classify.node_causes("gpu-1", dataclasses.replace(ev, pods=[fake]))
     assert f.id == "gpu.plugin-not-scheduled"
-    # nor is one in kube-system that no DaemonSet owns a source of remedies
+    # nor is one in kube-system that the plugin's DaemonSet does not own: not the plugin for the verdict either
+    # (state.is_device_plugin_pod, the one ownership check), and no source of remedies
     orphan = {**pulling, "metadata": {**pulling["metadata"], "ownerReferences": []}}
     [f] = classify.node_causes("gpu-1", dataclasses.replace(ev, pods=[orphan]))
-    assert f.id == "gpu.plugin-crashing" and "crictl" not in f.remedy
+    assert f.id == "gpu.plugin-not-scheduled" and "crictl" not in f.remedy
 
 
 def test_the_toolkit_refusing_the_envvar_to_an_unprivileged_plugin() -> None:

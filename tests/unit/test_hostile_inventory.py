@@ -39,7 +39,8 @@ FIELDS = [
     "install.containerd_repo.url", "hosts.1.mig.config", "install.cri_dockerd_url",
     "install.cri_dockerd_sha256.amd64",
 ]
-FIELDS += ["monitoring.namespace", "monitoring.retention", "monitoring.storage_class", "monitoring.storage_size"]
+FIELDS += ["monitoring.namespace", "monitoring.retention", "monitoring.storage_class", "monitoring.storage_size",
+           "monitoring.prometheus_namespace"]
 FIELDS += ["hosts.1.gpu_sharing.strategy", "hosts.1.gpu_group", "gpu_defaults.gpu_sharing.strategy"]
 # issue 21: the registry block reaches hosts.toml, containerd's config, kubeadm's and curl's command lines
 FIELDS += ["registry.mirror", "registry.overrides.localhost", "registry.overrides.KEY", "registry.manifests",

@@ -33,7 +33,9 @@ def pod(name: str, node_name: str, phase: str = "Running", waiting: str | None =
         restarts: int = 0) -> s.PodState:
     cs: dict[str, Any] = {"name": "c", "restartCount": restarts,
                           "state": {"waiting": {"reason": waiting}} if waiting else {"running": {}}}
-    return s.pod_state({"metadata": {"name": name}, "spec": {"nodeName": node_name},
+    # owned by the plugin's DaemonSet, as its pods are (the one ownership check: s.is_device_plugin_pod)
+    return s.pod_state({"metadata": {"name": name, "ownerReferences": [{"kind": "DaemonSet", "name": s.DEVICE_PLUGIN}]},
+                        "spec": {"nodeName": node_name},
                         "status": {"phase": phase, "containerStatuses": [cs]}})
 
 
@@ -70,6 +72,20 @@ def test_check_node_all_good() -> None:
 
 
 PLUGIN_POD = "nvidia-device-plugin-daemonset-x"
+
+
+def test_the_device_plugin_pod_is_the_one_its_daemonset_owns() -> None:
+    # issue 28 item 9: one ownership check for the diagnosis and for what doctor --fix deletes
+    mine = pod(PLUGIN_POD, "gpu-1")
+    assert s.device_plugin_pod([mine], "gpu-1") is mine and s.is_device_plugin_pod(mine, "gpu-1")
+    for owners in ([], [{"kind": "DaemonSet", "name": "other"}], [{"kind": "ReplicaSet", "name": s.DEVICE_PLUGIN}],
+                   "junk", [{"kind": "DaemonSet"}]):
+        look_alike = s.pod_state({"metadata": {"name": PLUGIN_POD, "namespace": "kube-system",
+                                               "ownerReferences": owners}, "spec": {"nodeName": "gpu-1"}})
+        assert s.device_plugin_pod([look_alike], "gpu-1") is None, owners
+    elsewhere = s.pod_state({"metadata": {"name": PLUGIN_POD, "namespace": "team-a", "ownerReferences": [
+        {"kind": "DaemonSet", "name": s.DEVICE_PLUGIN}]}, "spec": {"nodeName": "gpu-1"}})
+    assert s.device_plugin_pod([elsewhere], "gpu-1") is None
 
 
 @pytest.mark.parametrize(("kwargs", "expected", "cause_id", "evidence"), [

@@ -115,6 +115,11 @@ def test_the_block_is_read():
     ("registry:\n  mirror: r.example.cn\n  credentials: {env: A, file: /b}", ":9:", "exactly one of env and file"),
     ("registry:\n  mirror: r.example.cn\n  credentials: {password: hunter2}", ":9:", "secrets must not"),
     ("registry:\n  credentials: {env: A}", ":8:", "apply to a mirror"),
+    # issue 28 item 11: Basic credentials over plain http, refused at the credentials' line
+    ("registry:\n  mirror: '10.0.0.5:5000'\n  insecure_http: true\n  credentials: {env: A}", ":10:",
+     "refused with insecure_http"),
+    ("registry:\n  mirror: r.example.cn\n  credentials: {file: /a}\n  insecure_http: true", ":9:",
+     "over plain http"),
     ("registry:\n  mirror: r.example.cn\n  mirorr: x", ":9:", "did you mean 'mirror'"),
     ("registry:\n  mirror: r.example.cn\n  manifests: 'https://x.cn/$(reboot)'", ":9:", "not a valid URL"),
     ("registry:\n  mirror: r.example.cn\n  ca_file: relative/ca.crt", ":9:", "absolute path"),

@@ -371,7 +371,8 @@ def test_verify_names_unreadable_metrics_and_a_missing_prometheus():
 
 
 def test_verify_with_a_service_monitor_asks_the_operators_prometheus():
-    inv = inventory("{enabled: true, prometheus: servicemonitor}")
+    inv = inventory("{enabled: true, prometheus: servicemonitor, prometheus_namespace: obs}")
+    assert inv.monitoring.prometheus_namespace == "obs"
     kube = cluster(inv)
     bad, _ = verdicts(inv, kube)
     assert bad == {"cluster": "monitoring.prometheus-missing"}
@@ -380,6 +381,66 @@ def test_verify_with_a_service_monitor_asks_the_operators_prometheus():
     kube.raw[targets_path("obs", "prometheus-operated", 9090)] = \
         kube.raw[targets_path("gpu-monitoring", "prometheus", 9090)]
     assert verdicts(inv, kube)[0] == {}
+
+
+def test_verify_asks_only_the_prometheus_the_inventory_names():
+    # issue 28 item 7: verify asked the first Service prometheus-operated in any namespace, so a tenant's Service
+    # (its pods answering the targets API) could make every target look up
+    for section, where in (("{enabled: true, prometheus: servicemonitor}", "gpu-monitoring"),
+                           ("{enabled: true, prometheus: servicemonitor, prometheus_namespace: obs}", "obs")):
+        inv = inventory(section)
+        kube = cluster(inv, targets={"gpu-1": "up"})  # the real Prometheus: no target for gpu-2
+        kube.apply(yaml.safe_dump({"apiVersion": "v1", "kind": "Service",
+                                   "metadata": {"name": "prometheus-operated", "namespace": "team-a"}}))
+        fake = cluster(inventory("{enabled: true, prometheus: deploy}"))  # every target up
+        kube.raw[targets_path("team-a", "prometheus-operated", 9090)] = \
+            fake.raw[targets_path("gpu-monitoring", "prometheus", 9090)]
+        bad, check = verdicts(inv, kube)
+        assert bad == {"cluster": "monitoring.prometheus-missing"}, bad
+        assert not any(c[0] == "raw_get" and "team-a" in c[1] for c in kube.calls)
+        [f] = [f for f in check.findings if not f.ok]
+        assert f"in namespace {where}" in f.message and "team-a; not asked" in f.message
+        assert "monitoring.prometheus_namespace" in f.remedy
+        # the Operator's Service in the namespace the inventory names is the one asked
+        kube.apply(yaml.safe_dump({"apiVersion": "v1", "kind": "Service",
+                                   "metadata": {"name": "prometheus-operated", "namespace": where}}))
+        kube.raw[targets_path(where, "prometheus-operated", 9090)] = \
+            kube.raw[targets_path("gpu-monitoring", "prometheus", 9090)]
+        assert verdicts(inv, kube)[0] == {"gpu-2": "monitoring.target-missing"}
+
+
+@pytest.mark.parametrize("body", [
+    "[" * 200_000,  # a RecursionError in json.loads
+    '{"status": "success", "data": ' + "[" * 200_000 + "]" * 200_000 + "}",
+    '{"status": "success", "data": []}', '{"status": "success", "data": {"activeTargets": 7}}',
+    '{"status": "success", "data": {"activeTargets": [{"scrapePool": [[[["dcgm-exporter"]]]], "health": "up"}]}}',
+    " " * (17 << 20),  # over MAX_TARGETS_BODY
+])
+def test_a_hostile_targets_answer_is_a_finding(body, monkeypatch):
+    # issue 28 item 7: deep JSON from the targets API raised a RecursionError out of verify
+    import time
+
+    inv = inventory("{enabled: true, prometheus: deploy}")
+    kube = cluster(inv)
+    kube.raw[targets_path("gpu-monitoring", "prometheus", 9090)] = body
+    monkeypatch.setattr(MonitoringVerify, "target_wait", 0.0)
+    t0 = time.monotonic()
+    bad, _ = verdicts(inv, kube)
+    assert time.monotonic() - t0 < 1.0
+    # not a targets list: Prometheus named as not answering; a list without a usable target: none for the nodes
+    assert bad in ({"cluster": "monitoring.prometheus-missing"},
+                   {"gpu-1": "monitoring.target-missing", "gpu-2": "monitoring.target-missing"}), bad
+
+
+def test_targets_of_any_shape_are_read_without_an_exception():
+    from gpuk8s.phases.monitoring_verify import exporter_targets, target_node
+
+    body = json.dumps({"status": "success", "data": {"activeTargets": [
+        {"scrapePool": "serviceMonitor/gpu-monitoring/dcgm-exporter/0", "discoveredLabels": ["x"],
+         "labels": {"node": {"a": 1}}, "health": ["up"]},
+        {"scrapePool": "dcgm-exporter", "discoveredLabels": {"__meta_kubernetes_pod_node_name": "gpu-1"}}]}})
+    got = exporter_targets(body)
+    assert [target_node(t) for t in got] == ["", "gpu-1"]
 
 
 def test_verify_with_prometheus_none_checks_the_exporters_only():
@@ -418,7 +479,7 @@ def test_names_from_the_api_are_checked_before_they_reach_a_proxy_path():
     bad, _ = verdicts(inv, kube)
     assert bad.get("gpu-1") == "monitoring.metrics-unreadable"
     assert not any(c[0] == "raw_get" and hostile in c[1] for c in kube.calls)
-    # a prometheus-operated Service in a namespace with a hostile name is not asked
+    # a prometheus-operated Service in a namespace with a hostile name is not asked (nor named)
     inv = inventory("{enabled: true, prometheus: servicemonitor}")
     kube = cluster(inv)
     kube.apply(yaml.safe_dump({"apiVersion": "v1", "kind": "Service",

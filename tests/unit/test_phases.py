@@ -189,7 +189,8 @@ def _restarted(*hosts: str, status: str = "changed") -> Any:
 def _plugin_pods(kube: FakeKube) -> None:
     for n in ("gpu-1", "gpu-2"):
         kube.apply(yaml.safe_dump({"apiVersion": "v1", "kind": "Pod", "metadata": {
-            "name": f"nvidia-device-plugin-daemonset-{n}", "namespace": "kube-system"},
+            "name": f"nvidia-device-plugin-daemonset-{n}", "namespace": "kube-system",
+            "ownerReferences": [{"kind": "DaemonSet", "name": "nvidia-device-plugin-daemonset"}]},
             "spec": {"nodeName": n}, "status": {"phase": "Running"}}))
     kube.calls.clear()
 
@@ -245,3 +246,33 @@ def test_restart_plugin_deletes_only_the_named_nodes_plugin_pods(tmp_path) -> No
     assert res.status == "changed" and res.hosts == {"gpu-1": "device plugin restarted"}
     assert kube.writes == [("delete", "pod", "nvidia-device-plugin-daemonset-gpu-1")]
     assert RestartPlugin(["cp-1"]).run(ctx).status == "unchanged"
+
+
+def test_the_plugin_restart_deletes_only_the_pods_of_gpuk8s_daemonset(tmp_path) -> None:
+    # issue 28 item 9: doctor --fix and the gpu phase deleted any kube-system pod named nvidia-device-plugin* on
+    # the node, while the diagnosis wanted gpuk8s's DaemonSet as owner; one check (state.is_device_plugin_pod) now
+    from gpuk8s.phases.gpu import RestartPlugin
+
+    kube = FakeKube()
+    running_cluster(kube)
+    for name, owners in (("nvidia-device-plugin-mine", []),  # a bare pod in kube-system
+                         ("nvidia-device-plugin-helm-gpu-1",  # another tool's DaemonSet (the NVIDIA Helm chart's)
+                          [{"kind": "DaemonSet", "name": "nvidia-device-plugin-helm"}]),
+                         ("nvidia-device-plugin-daemonset-x",  # the right name, another kind of owner
+                          [{"kind": "ReplicaSet", "name": "nvidia-device-plugin-daemonset"}])):
+        kube.apply(yaml.safe_dump({"apiVersion": "v1", "kind": "Pod", "metadata": {
+            "name": name, "namespace": "kube-system", "ownerReferences": owners},
+            "spec": {"nodeName": "gpu-1"}, "status": {"phase": "Running"}}))
+    kube.calls.clear()
+    ctx = ctx_for(kube, True, tmp_path)
+    assert RestartPlugin(["gpu-1"]).plan(ctx).changes == []
+    assert RestartPlugin(["gpu-1"]).run(ctx).status == "unchanged" and kube.writes == []
+    ctx.prepare_report = _restarted("gpu-1")  # the runtime reconfigured under it: still not gpuk8s's pod
+    assert not [c for c in GPUNodes().plan(ctx).changes if c.what.startswith("restart")]
+    GPUNodes().run(ctx)
+    assert not [w for w in kube.writes if w[0] == "delete"]
+    # gpuk8s's own pod beside them is the one restarted
+    _plugin_pods(kube)
+    ctx.prepare_report = None
+    assert RestartPlugin(["gpu-1"]).run(ctx).status == "changed"
+    assert kube.writes == [("delete", "pod", "nvidia-device-plugin-daemonset-gpu-1")]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import stat
 import subprocess
 from dataclasses import replace
 
@@ -173,3 +174,72 @@ hosts:
     script = tmp_path / "n.sh"
     script.write_text(text)
     assert subprocess.run(["sh", "-n", str(script)]).returncode == 0
+
+
+# -- render --output-dir: written as the kubeconfig is (issue 28 item 10) --------------------------------------
+
+def test_output_dir_files_are_written_without_following_a_link(tmp_path):
+    # another local user who made the directory first could point a manifest's name at the operator's ~/.bashrc
+    from gpuk8s import localfiles
+
+    out, victim = tmp_path / "out", tmp_path / "bashrc"
+    victim.write_text("mine\n")
+    out.mkdir(mode=0o700)
+    (out / "a.yaml").symlink_to(victim)
+    with pytest.raises(localfiles.LocalFileError, match="a.yaml is a symbolic link: not followed, nothing written"):
+        localfiles.write_into(out, {"b.yaml": "b\n", "a.yaml": "a\n"})
+    assert victim.read_text() == "mine\n" and sorted(p.name for p in out.iterdir()) == ["a.yaml"]  # nothing written
+    (out / "a.yaml").unlink()
+    (out / "a.yaml").mkdir()
+    with pytest.raises(localfiles.LocalFileError, match="not a regular file"):
+        localfiles.write_into(out, {"a.yaml": "a\n"})
+    (out / "a.yaml").rmdir()
+    (out / "a.yaml").write_text("old\n")
+    got = localfiles.write_into(out, {"a.yaml": "a\n", "b.yaml": "b\n"})
+    assert [w.status for w in got] == ["replaced", "created"]
+    assert (out / "a.yaml").read_text() == "a\n" and stat.S_IMODE((out / "b.yaml").stat().st_mode) == 0o600
+    assert sorted(p.name for p in out.iterdir()) == ["a.yaml", "b.yaml"]  # no temporary file left
+    new = tmp_path / "new" / "dir"
+    localfiles.write_into(new, {"a.yaml": "a\n"})
+    assert stat.S_IMODE(new.stat().st_mode) & 0o077 == 0
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o1777, 0o770, 0o755 | 0o020, 0o702])
+def test_output_dir_writable_by_others_is_refused(tmp_path, mode):
+    from gpuk8s import localfiles
+
+    out = tmp_path / "out"
+    out.mkdir()
+    out.chmod(mode)
+    with pytest.raises(localfiles.LocalFileError, match="writable by group or others") as e:
+        localfiles.write_into(out, {"a.yaml": "a\n"})
+    assert "chmod go-w" in e.value.remedy and list(out.iterdir()) == []
+
+
+def test_output_dir_of_another_user_is_refused(tmp_path, monkeypatch):
+    import os
+
+    from gpuk8s import localfiles
+
+    out = tmp_path / "out"
+    out.mkdir(mode=0o755)
+    monkeypatch.setattr(os, "geteuid", lambda: out.stat().st_uid + 1)
+    with pytest.raises(localfiles.LocalFileError, match="belongs to another user"):
+        localfiles.write_into(out, {"a.yaml": "a\n"})
+    assert list(out.iterdir()) == []
+
+
+def test_render_refuses_a_link_in_its_output_dir(run_cli, tmp_path):
+    inv = tmp_path / "inv.yaml"
+    inv.write_text("hosts:\n  - {name: cp-1, address: 10.0.0.10, role: control-plane}\n")
+    out, victim = tmp_path / "out", tmp_path / "bashrc"
+    victim.write_text("mine\n")
+    out.mkdir(mode=0o700)
+    (out / "kubeadm-init.yaml").symlink_to(victim)
+    r = run_cli("render", "-i", str(inv), "--output-dir", str(out))
+    assert r.returncode == 1 and "kubeadm-init.yaml is a symbolic link: not followed" in r.stderr, r.stderr
+    assert victim.read_text() == "mine\n"
+    out.chmod(0o777)
+    (out / "kubeadm-init.yaml").unlink()
+    r = run_cli("render", "-i", str(inv), "--output-dir", str(out))
+    assert r.returncode == 1 and "writable by group or others" in r.stderr and list(out.iterdir()) == []

@@ -264,3 +264,77 @@ def test_quorum_counts_ready_control_planes(names, ready, want):
     assert (got.id if got else None) == want
     if got:
         assert "Ready" in got.message and "cp-2" in got.message
+
+
+# -- issue 28 item 13: an etcd --data-dir outside /var/lib is named, never removed --------------------------------
+
+def _etcd_snippet(manifest: str) -> str:
+    """reset-node.sh's own lines that read etcd's --data-dir and remove it, run against `manifest`, with `rm` a
+    function that only says what it would remove (the rest of the script resets the machine it runs on)."""
+    text = node_script(INV, INV.host("cp-2"))
+    head = text[text.index("# the etcd data directory of kubeadm's stacked etcd"):text.index("failed=\n")]
+    start = text.index('if [ -n "$etcd_dir" ] && [ -d "$etcd_dir" ]')
+    tail = text[start:text.index("# kubeconfigs on the host", start)]
+    assert head.count("/etc/kubernetes/manifests/etcd.yaml") == 1
+    head = head.replace("/etc/kubernetes/manifests/etcd.yaml", shlex.quote(manifest))
+    return 'rm() { echo "rm $*"; }\ncontrol_plane=yes\n' + head + tail + 'echo "dir=$etcd_dir"\n'
+
+
+@pytest.mark.parametrize("line, want, ok", [
+    ("    - --data-dir=/var/lib/etcd", "/var/lib/etcd", True),
+    ("    - --data-dir=/var/lib/etcd-main/", "/var/lib/etcd-main", True),
+    ("    - --listen-peer-urls=https://10.0.0.10:2380", "/var/lib/etcd", True),  # none named: kubeadm's default
+    ("    - --data-dir=relative/etcd", "/var/lib/etcd", True),
+    ("    - --data-dir=/", "/", False),
+    ("    - --data-dir=/home", "/home", False),
+    ("    - --data-dir=/var/lib", "/var/lib", False),
+    ("    - --data-dir=/var/lib//", "/var/lib", False),
+    ("    - --data-dir=/var/lib/../../home/ops", "/var/lib/../../home/ops", False),
+    ("    - --data-dir=/var/lib/./etcd", "/var/lib/./etcd", False),
+    ("    - --data-dir=/var/libx", "/var/libx", False),
+    ("    - --data-dir=/etc", "/etc", False),
+])
+def test_reset_removes_etcds_data_dir_only_below_var_lib(tmp_path, line, want, ok):
+    import subprocess
+
+    manifest = tmp_path / "etcd.yaml"
+    manifest.write_text(f"spec:\n  containers:\n  - command:\n    - etcd\n{line}\n")
+    text = node_script(INV, INV.host("cp-2"))
+    func = text[text.index("gk_etcd_data_dir() {"):text.index("\n}\n", text.index("gk_etcd_data_dir() {")) + 3]
+    p = subprocess.run(["sh", "-c", func + f'gk_etcd_data_dir {shlex.quote(str(manifest))}; echo "rc=$?"'],
+                       capture_output=True, text=True)
+    assert p.stdout == f"{want}\nrc={0 if ok else 1}\n", p.stdout + p.stderr
+    p = subprocess.run(["sh", "-c", _etcd_snippet(str(manifest))], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    if ok:
+        assert "@@gpuk8s-etcd-dir-refused" not in p.stdout and f"dir={want}\n" in p.stdout
+    else:
+        assert f"@@gpuk8s-etcd-dir-refused {want}\n" in p.stdout and "dir=\n" in p.stdout and "rm " not in p.stdout
+        assert f"not removed: etcd's --data-dir {want}" in p.stderr
+
+
+def test_reset_names_and_keeps_a_data_dir_outside_var_lib(tmp_path):
+    import subprocess
+
+    victim = tmp_path / "home"
+    victim.mkdir()
+    (victim / "keep").write_text("mine")
+    manifest = tmp_path / "etcd.yaml"
+    manifest.write_text(f"    - --data-dir={victim}\n")
+    p = subprocess.run(["sh", "-c", _etcd_snippet(str(manifest)).replace('rm() { echo "rm $*"; }\n', "")],
+                       capture_output=True, text=True)  # the real rm: still nothing removed
+    assert f"@@gpuk8s-etcd-dir-refused {victim}\n" in p.stdout and (victim / "keep").read_text() == "mine"
+
+    class Refused(FakeHost):
+        def run(self, command: str, **kw: object) -> Result:
+            if "kubeadm reset -f" in command:
+                self.ran.append(command)
+                return Result(command, 0, "@@gpuk8s-etcd-dir-refused /ho\x1bme\n@@gpuk8s-reset-done\n", "", 0.0)
+            return super().run(command, **kw)
+
+    kube = cluster("cp-1", "cp-2", "cp-3")
+    phase = Reset(hosts("cp-3"), purge=False, drain_timeout=5, all_hosts=False)
+    assert run_phases([phase], ctx_for(kube, {"cp-1": FakeHost("cp-1"), "cp-3": Refused("cp-3")}), [])
+    [out] = phase.outcomes
+    assert out.status == "reset" and "etcd's --data-dir /home kept: not below /var/lib" in out.message
+    assert "check /home on cp-3" in out.remedy and "\x1b" not in out.message + out.remedy

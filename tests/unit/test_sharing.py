@@ -200,10 +200,50 @@ def test_hami_is_wanted_only_with_a_hami_node_and_otherwise_removed() -> None:
     manifests.apply(kube, [h])
     ctx = Context(plain, plans=gpuplan.plans(plain), kube_client=kube, initialized_cache=True)
     plan = GPUNodes().plan(ctx)
-    assert any(c.what == "delete the objects of hami.yaml (no node asks for it)" for c in plan.changes)
+    deletes = [c for c in plan.changes if c.what.startswith("delete ")]
+    assert len(deletes) == len(h.objects()) == 12  # each object named, in the plan and in --dry-run
+    assert deletes[-1].what == "delete daemonset/hami-device-plugin of hami.yaml (no node asks for it)"
+    assert deletes[-1].commands == "kubectl -n kube-system delete daemonset hami-device-plugin"
     res = GPUNodes().run(ctx)
-    assert "removed hami.yaml" in res.message
+    assert "removed hami.yaml (12 object(s) gpuk8s applied)" in res.message
     assert not [k for k in kube.objects if k[2].startswith("hami-")]
+
+
+def _helm_hami(kube: FakeKube, h: manifests.Manifest) -> None:
+    """HAMi's objects as its own Helm chart makes them: the names of hami.yaml, without gpuk8s's annotation."""
+    for o in h.objects():
+        o["metadata"]["labels"] = {"app.kubernetes.io/managed-by": "Helm"}
+        kube.apply(yaml.safe_dump(o))
+
+
+def test_the_gpu_phase_never_deletes_a_hami_it_did_not_install() -> None:
+    # issue 28 item 1: HAMi's Helm chart uses hami.yaml's names in kube-system; without a node asking for HAMi,
+    # install, join and doctor --fix deleted all twelve objects (cluster-scoped RBAC included) because the first
+    # one existed. Only objects carrying gpuk8s's annotation go, each checked on its own.
+    i, plain = inv(), loads(HOST)
+    h = manifests.hami(i, gpuplan.plans(i))
+    kube = FakeKube()
+    kube.add_node("w-1")
+    _helm_hami(kube, h)
+    ctx = Context(plain, plans=gpuplan.plans(plain), kube_client=kube, initialized_cache=True)
+    helm = set(kube.objects)
+    assert not [c for c in GPUNodes().plan(ctx).changes if c.what.startswith("delete ")]
+    res = GPUNodes().run(ctx)
+    assert "hami" not in res.message and not [w for w in kube.writes if w[0] == "delete"]
+    assert helm <= set(kube.objects)
+    # one object gpuk8s applied among Helm's (a half-finished migration): that one alone is deleted
+    ours = next(o for o in h.objects() if o["kind"] == "ClusterRole")
+    kube.apply(manifests.Manifest("x.yaml", yaml.safe_dump(ours)).applied_text())
+    kube.calls.clear()
+    plan = GPUNodes().plan(ctx)
+    name = ours["metadata"]["name"]
+    assert [(c.what, c.commands) for c in plan.changes if c.what.startswith("delete ")] == [
+        (f"delete clusterrole/{name} of hami.yaml (no node asks for it)",
+         f"kubectl -n kube-system delete clusterrole {name}")]
+    res = GPUNodes().run(ctx)
+    assert [w for w in kube.writes if w[0] == "delete"] == [("delete", "clusterrole", name)]
+    assert "removed hami.yaml (1 object(s) gpuk8s applied)" in res.message
+    assert helm - {("clusterrole", "", name)} <= set(kube.objects)
 
 
 @pytest.mark.parametrize("minor", versions.supported_minors())
@@ -291,7 +331,8 @@ def node(labels: dict[str, str], alloc: dict[str, str]) -> dict:
 
 
 def pod(name: str, phase: str = "Running", waiting: str = "") -> state.PodState:
-    return state.PodState(name, "w-1", phase, waiting, 3 if waiting else 0, "")
+    return state.PodState(name, "w-1", phase, waiting, 3 if waiting else 0, "",
+                          owners=(("DaemonSet", state.DEVICE_PLUGIN),))
 
 
 PLUGIN = state.DaemonSetState("nvidia-device-plugin-daemonset", 1, 1, 1)

@@ -203,6 +203,26 @@ def test_not_honoured_keywords_reported_only_for_hosts_they_apply_to(tmp_path: P
     assert sshconfig.resolve("x", settings(cfg), alias="c").notes == ()
 
 
+def test_not_honoured_keywords_are_reported_with_an_identity_file_in_the_inventory(tmp_path: Path) -> None:
+    # issue 28 item 12: the report sat inside the identity lookup, which ssh.identity_file skips
+    key = tmp_path / "id"
+    key.write_text("x")
+    cfg = write(tmp_path, "Host a\n  LocalCommand touch /tmp/x\n  KnownHostsCommand /bin/kh %H\n"
+                          "  HostKeyAlias other\n  StrictHostKeyChecking no\n  IdentityFile ~/.ssh/other\n"
+                          "Host jump\n  LocalCommand echo jump\nHost a\n  ProxyJump jump\n")
+    want = [("LocalCommand", 2), ("KnownHostsCommand", 3), ("HostKeyAlias", 4), ("StrictHostKeyChecking", 5)]
+    for s in (settings(cfg), settings(cfg, identity_file=str(key))):
+        r = sshconfig.resolve("x", s, alias="a")
+        assert [(n.key, n.line) for n in r.notes if n.line < 7] == want, s
+        assert all(n.file == cfg for n in r.notes)
+        assert ("LocalCommand", 8) in [(n.key, n.line) for n in r.notes]  # the jump host's, too
+    explicit = sshconfig.resolve("x", settings(cfg, identity_file=str(key)), alias="a")
+    assert explicit.target.identity_files == (str(key),) and not explicit.target.allow_agent
+    # through the loader: warnings at file:line, as without identity_file
+    inv = loads(inventory(cfg, f"    ssh: {{alias: a, identity_file: {key}}}"))
+    assert [(w.file, w.line, w.key) for w in inv.warnings if w.line < 7] == [(cfg, line, k) for k, line in want]
+
+
 def test_unparsable_line_names_file_and_line(tmp_path: Path) -> None:
     cfg = write(tmp_path, "Host a\n  User ops\n  justakeyword\n")
     with pytest.raises(sshconfig.SSHConfigError) as e:
