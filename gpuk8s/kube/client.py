@@ -9,6 +9,7 @@ the same argv; values are quoted for the remote shell, never interpolated. Unit 
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -58,10 +59,13 @@ class KubeClient(Protocol):
 
     where: str  # for messages: "kubectl on cp-1" or "kubectl with ./lab.kubeconfig"
 
-    def get(self, kind: str, name: str | None = None, namespace: str | None = None) -> list[dict[str, Any]]:
+    def get(self, kind: str, name: str | None = None, namespace: str | None = None,
+            field_selector: str | None = None) -> list[dict[str, Any]]:
         """Objects of `kind`: in namespace `namespace`, in every namespace with '*' (-A), and with None as
         kubectl without -n does (the kubeconfig context's namespace, `default`; cluster-scoped kinds are
-        unaffected); with `name`, the one object or [] when it does not exist."""
+        unaffected); with `name`, the one object or [] when it does not exist. `field_selector`: only the
+        objects the API server selects (`spec.nodeName=N`, `status.phase!=Succeeded`; the fields each kind
+        supports), so that a read at scale carries only what is needed."""
         ...
 
     def apply(self, text: str) -> str:
@@ -106,6 +110,25 @@ class KubeClient(Protocol):
         ...
 
 
+# Pods that hold nothing any more (their resources are free again): what status and verify leave out of their reads
+NOT_DONE = "status.phase!=Succeeded,status.phase!=Failed"
+
+
+_NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")  # a DNS-1123 subdomain, as Node names are
+
+
+def is_node_name(name: str) -> bool:
+    return bool(_NODE_NAME.fullmatch(name))
+
+
+def on_node(node: str) -> str:
+    """The field selector of the pods bound to one node, less those that are done. A name that no Node can have
+    (a ',' would add a term of its own) is refused."""
+    if not is_node_name(node):
+        raise ValueError(f"not a node name: {node!r}")
+    return f"spec.nodeName={node},{NOT_DONE}"
+
+
 def drain_args(node: str, timeout_s: int) -> list[str]:
     return ["drain", node, "--ignore-daemonsets", "--delete-emptydir-data", f"--timeout={timeout_s}s"]
 
@@ -146,10 +169,13 @@ class Kubectl:
                             "check the control plane (kubectl get nodes there) and re-run")
         return out
 
-    def get(self, kind: str, name: str | None = None, namespace: str | None = None) -> list[dict[str, Any]]:
+    def get(self, kind: str, name: str | None = None, namespace: str | None = None,
+            field_selector: str | None = None) -> list[dict[str, Any]]:
         args = ["get", kind]
         if name is not None:
             args.append(name)
+        if field_selector:
+            args += ["--field-selector", field_selector]
         if namespace == "*":
             args.append("-A")
         elif namespace is not None:

@@ -19,7 +19,7 @@ import yaml
 
 from gpuk8s.gpuplan import GPU_RESOURCE, HAMI_CORES, HAMI_MEMORY, GPUPlan
 from gpuk8s.kube import allocation, manifests, render, state
-from gpuk8s.kube.client import KubeError
+from gpuk8s.kube.client import KubeError, on_node
 from gpuk8s.kube.state import DaemonSetState, NodeCheck, StateError
 from gpuk8s.mig import layout as miglayout
 from gpuk8s.phases.base import Change, Context, Phase, PhasePlan, PhaseResult
@@ -139,7 +139,9 @@ class Verify(Phase):
         self._configs = False
         self._settle(ctx)
         nodes = state.by_name(ctx.kube.get("nodes"))
-        pods = state.pod_states(ctx.kube.get("pods", namespace="*"))
+        # the node checks look at the GPU daemons' pods only (the plugin's, MPS's, HAMi's: all in kube-system), not
+        # at every pod of the cluster
+        pods = state.pod_states(ctx.kube.get("pods", namespace="kube-system"))
         plugin = device_plugin(ctx)
         checks = []
         for h in ctx.inv.hosts:
@@ -271,7 +273,7 @@ class Verify(Phase):
     def _in_use(ctx: Context, plan: GPUPlan) -> tuple[int, int | None]:
         """(slices of the plan's resource other pods hold on the node, how many more pods the node takes: its
         allocatable pods, the kubelet's maxPods, less the pods bound to it; None when the node does not say)."""
-        pods = ctx.kube.get("pods", namespace="*")
+        pods = ctx.kube.get("pods", namespace="*", field_selector=on_node(plan.node))  # that node's, not done
         held = allocation.holding_pods(pods).get(plan.node, [])
         used = sum(req.get(plan.resource_name, 0) for _p, req in held)
         found = ctx.kube.get("nodes", plan.node)

@@ -12,6 +12,27 @@ from typing import Any
 import yaml
 
 
+def _field(obj: dict[str, Any], path: str) -> str:
+    v: Any = obj
+    for part in path.split("."):
+        v = v.get(part) if isinstance(v, dict) else None
+    return "" if v is None else str(v)
+
+
+def selected(obj: dict[str, Any], field_selector: str | None) -> bool:
+    """Whether the API server's field selector (a=b, a==b, a!=b, comma-separated: all must hold) selects obj."""
+    for term in filter(None, (field_selector or "").split(",")):
+        if "!=" in term:
+            f, v = term.split("!=", 1)
+            if _field(obj, f) == v:
+                return False
+        else:
+            f, v = term.replace("==", "=").split("=", 1)
+            if _field(obj, f) != v:
+                return False
+    return True
+
+
 class FakeKube:
     where = "the fake API"
 
@@ -34,8 +55,9 @@ class FakeKube:
     def writes(self) -> list[tuple[str, ...]]:
         return [c for c in self.calls if c[0] in ("apply", "label", "taint", "delete", "drain")]
 
-    def get(self, kind: str, name: str | None = None, namespace: str | None = None) -> list[dict[str, Any]]:
-        self.calls.append(("get", kind, name or "", namespace or ""))
+    def get(self, kind: str, name: str | None = None, namespace: str | None = None,
+            field_selector: str | None = None) -> list[dict[str, Any]]:
+        self.calls.append(("get", kind, name or "", namespace or "") + ((field_selector,) if field_selector else ()))
         k = {"nodes": "node", "pods": "pod", "daemonsets": "daemonset", "ds": "daemonset"}.get(kind, kind)
         if k == "node":
             items = list(self.nodes.values())
@@ -44,8 +66,8 @@ class FakeKube:
             items = [o for (ok, ns, _), o in self.objects.items()
                      if ok == k and (namespace == "*" or ns in (namespace or "default", ""))]
         if name is not None:
-            return [o for o in items if o["metadata"]["name"] == name]
-        return items
+            items = [o for o in items if o["metadata"]["name"] == name]
+        return [o for o in items if selected(o, field_selector)]
 
     def apply(self, text: str) -> str:
         self.calls.append(("apply", text))
