@@ -22,6 +22,9 @@ from gpuk8s.remote import RemoteError, Session, for_each_host
 log = logging.getLogger("gpuk8s.preflight")
 
 PROBE = resources.files("gpuk8s.facts").joinpath("probe.sh").read_text()
+# The probe caps each of its ~31 sections at 256 KiB (probe.sh), so a real host never prints more than this;
+# more is a host that does not run the probe as written, and a cut output would read as missing sections
+PROBE_MAX_OUTPUT = 8 << 20
 
 
 @dataclass
@@ -84,14 +87,20 @@ def gather(session: Session, prelude: str = "") -> tuple[HostFacts, list[CheckRe
     `prelude`: shell assignments in front of the probe (the sources it checks: mirrors.probe_prelude)."""
     session.connect()
     checks = [passed("ssh.reachable", f"{session.settings.user}@{session.host.address}:{session.settings.port}")]
-    res = session.run(prelude + PROBE, sudo=True, timeout=120, display="gpuk8s fact probe (read-only)")
+    res = session.run(prelude + PROBE, sudo=True, timeout=120, display="gpuk8s fact probe (read-only)",
+                      max_output=PROBE_MAX_OUTPUT)
     now = time.time()
     if "@@gpuk8s-begin" not in res.stdout:
         checks.append(failed("ssh.sudo", _sudo_problem(res.stderr, session), _sudo_remedy(res.stderr, session)))
-        res = session.run(prelude + PROBE, timeout=120, display="gpuk8s fact probe (read-only, without sudo)")
+        res = session.run(prelude + PROBE, timeout=120, display="gpuk8s fact probe (read-only, without sudo)",
+                          max_output=PROBE_MAX_OUTPUT)
         now = time.time()
     else:
         checks.append(passed("ssh.sudo", "root" if session.is_root else f"sudo ({session.settings.sudo.mode})"))
+    if res.truncated:
+        raise RemoteError("probe", f"the fact probe printed {res.stdout_bytes} bytes, more than the "
+                          f"{PROBE_MAX_OUTPUT >> 20} MiB its sections can add up to: not read",
+                          "check what the host runs as sh and sudo; run the probe by hand with --verbose")
     try:
         facts = parse_probe(res.stdout)
     except ParseError as e:

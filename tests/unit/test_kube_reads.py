@@ -98,3 +98,18 @@ def test_local_kubectl_reads_whole_lists_and_refuses_one_over_the_cap(tmp_path: 
     with pytest.raises(KubeError) as e:
         kube.get("pods", namespace="*")
     assert f"printed {size} bytes" in e.value.message
+
+
+def test_a_probe_output_past_what_its_sections_can_add_up_to_is_an_error(run_cli, hostile_host: HostileSSH) -> None:
+    """Cut silently, the probe's last sections would read as missing (no containerd, no kubelet...): a host that
+    prints more than the probe's section caps add up to is named, its facts not read."""
+    from gpuk8s.preflight.runner import PROBE_MAX_OUTPUT
+
+    padding = "@@gpuk8s-begin os-release\n" + ("x" * 1023 + "\n") * (PROBE_MAX_OUTPUT // 1024 + 8)
+    hostile_host.answer = lambda command: (padding + hostile_ssh.PROBE, "", 0) if "@@gpuk8s-begin" in command \
+        else ("", "no", 1)
+    r = run_cli("preflight", "--no-network", "-i", str(hostile_host.inventory), "-o", "json")
+    assert r.returncode == 1, r.stdout + r.stderr
+    [host] = json.loads(r.stdout)["hosts"]
+    [c] = [c for c in host["checks"] if c["id"] == "ssh.reachable"]
+    assert c["status"] == "fail" and f"printed {len(padding) + len(hostile_ssh.PROBE)} bytes" in c["message"]
