@@ -4,7 +4,12 @@ The probe's `mig` section (gpuk8s/facts/probe.sh) holds sub-sections framed by l
 `mode` (`nvidia-smi --query-gpu=index,uuid,mig.mode.current,mig.mode.pending --format=csv,noheader`),
 `lgip`, `lgi`, `lci` (`nvidia-smi mig -lgip|-lgi|-lci`: box tables, only where a GPU is in MIG mode) and
 `apps` (`nvidia-smi --query-compute-apps=gpu_uuid,pid,process_name --format=csv,noheader`). The table
-layouts are those of NVIDIA's MIG user guide; tests/fixtures/mig says which outputs are modelled from it.
+layouts are those real drivers print: tests/fixtures/real/mig holds real outputs with their sources (R450 to
+R610; A30, A100 40/80GB, H100, H200, RTX PRO 6000 Blackwell) and tests/unit/test_real_corpus_smi.py reads them
+all. Two layouts of `-lci` are real: the six-column table of the MIG user guide's early examples and the
+seven-column one of later drivers, whose last column is the compute instance's Placement `Start:Size`.
+Profile names carry suffixes beyond `+me`: `+me.all`, `+gfx` and `-me` (RTX PRO 6000 Blackwell, R575+), and
+a compute instance smaller than its GPU instance is named `1c.3g.20gb`.
 Host output is hostile data: names are kept short and printable, numbers are ASCII digits only.
 """
 
@@ -16,11 +21,14 @@ from gpuk8s.facts.model import GpuProcess, MigComputeInstance, MigFacts, MigGPU,
 
 MAX_ROWS = 4096  # more rows than any board has: the rest is ignored
 _NUM = re.compile(r"^[0-9]{1,9}$")
-_PROFILE = re.compile(r"^[0-9]{1,2}[gc][.0-9a-z+]{1,24}$")
+# 1g.10gb, 1g.10gb+me, 1g.24gb+me.all, 1g.24gb+gfx, 1g.24gb-me (GPU instances); 1c.3g.20gb (compute instances)
+_PROFILE = re.compile(r"^[0-9]{1,2}[gc]\.[.0-9a-z+-]{1,24}$")
 _MODE = ("Enabled", "Disabled", "[N/A]", "N/A")
 _SUB = re.compile(r"^@@mig ([a-z]{1,8}) (-?[0-9]{1,9})$")
-_MIGDEV = re.compile(r"^\s+MIG ([0-9]{1,2}g\.[.0-9a-z+]{1,24})\s+Device\s+([0-9]{1,3}): \(UUID: ([!-~]{1,100})\)\s*$")
+_MIGDEV = re.compile(r"^\s+MIG ([0-9]{1,2}[gc]\.[.0-9a-z+-]{1,24})\s+Device\s+([0-9]{1,3}): "
+                     r"\(UUID: ([!-~]{1,100})\)\s*$")
 _GPULINE = re.compile(r"^GPU ([0-9]{1,3}): ")
+_PLACEMENT = re.compile(r"^[0-9]{1,3}:[0-9]{1,3}$")
 
 
 class ParseError(ValueError):
@@ -97,19 +105,20 @@ def parse_lgi(text: str) -> tuple[MigGpuInstance, ...]:
     for cells in _rows(text, "GPU instances:"):
         if len(cells) != 6:
             raise ParseError(f"unexpected -lgi row: {_printable(' '.join(cells), 80)!r}")
-        start, sep, size = cells[5].partition(":")
-        _int(start), _int(size)
-        if not sep:
-            raise ParseError(f"unexpected placement {cells[5][:20]!r}")
+        if not _PLACEMENT.match(cells[5]):
+            raise ParseError(f"unexpected placement {_printable(cells[5], 20)!r}")
         out.append(MigGpuInstance(_int(cells[0]), _profile(cells, 1), _int(cells[3]), _int(cells[4]), cells[5]))
     return tuple(out)
 
 
 def parse_lci(text: str) -> tuple[MigComputeInstance, ...]:
-    """`nvidia-smi mig -lci`: GPU, GPU instance ID, profile name, CI profile ID, CI ID."""
+    """`nvidia-smi mig -lci`: GPU, GPU instance ID, profile name, CI profile ID, CI ID and, in the tables of
+    current drivers, the compute instance's Placement `Start:Size` (checked, not kept). Both layouts are real:
+    the six-column one of the MIG user guide's A100 examples and the seven-column one of current drivers (R610
+    in the corpus; public R515 captures show it too)."""
     out = []
     for cells in _rows(text, "Compute instances:"):
-        if len(cells) != 6:
+        if len(cells) not in (6, 7) or (len(cells) == 7 and not _PLACEMENT.match(cells[6])):
             raise ParseError(f"unexpected -lci row: {_printable(' '.join(cells), 80)!r}")
         out.append(MigComputeInstance(_int(cells[0]), _int(cells[1]), _profile(cells, 2), _int(cells[4]),
                                       _int(cells[5])))
@@ -148,7 +157,9 @@ def parse_compute_apps(text: str) -> tuple[GpuProcess, ...]:
 
 
 def parse_list(text: str) -> dict[int, tuple[tuple[str, str], ...]]:
-    """`nvidia-smi -L`: per GPU index its MIG devices (profile, MIG UUID), in order."""
+    """`nvidia-smi -L`: per GPU index its MIG devices (profile, MIG UUID), in order. A MIG device is named by
+    its GPU instance profile (3g.40gb) or, for a compute instance smaller than its GPU instance, by both
+    (1c.3g.71gb); its UUID is MIG-<uuid> (R470 on) or MIG-GPU-<uuid>/<gi>/<ci> (R450)."""
     out: dict[int, list[tuple[str, str]]] = {}
     gpu: int | None = None
     for ln in text.splitlines()[:MAX_ROWS]:

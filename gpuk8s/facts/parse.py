@@ -137,15 +137,25 @@ def parse_nvidia_smi(section: Section | None, version_section: Section | None = 
             return GPUInfo("failed", error=f"unexpected nvidia-smi output: {line[:120]!r}")
         gpus.append(GPU(index, cols[1], cols[2], _ascii_int(cols[4].replace("MiB", ""), 12), cols[5]))
         driver = driver or cols[3]
-    cuda = None
-    if version_section is not None and version_section.ok:
-        for ln in version_section.output.splitlines():
-            key, sep, value = ln.partition(":")
-            if sep and key.strip() == "CUDA Version":
-                words = value.split()
-                cuda = words[0] if words and len(words[0]) <= 32 else None
-                break
-    return GPUInfo("ok", driver, release(driver or ""), cuda, tuple(gpus))
+    return GPUInfo("ok", driver, release(driver or ""), _cuda_version(version_section), tuple(gpus))
+
+
+_CUDA_VERSION = re.compile(r"[0-9]{1,3}\.[0-9]{1,3}")
+
+
+def _cuda_version(section: Section | None) -> str | None:
+    """The CUDA version `nvidia-smi --version` reports: `CUDA Version : 13.1` up to R595; from R610 on that line
+    reads `CUDA version : Deprecated, see "CUDA UMD version" instead` and `CUDA UMD version : 13.3` carries the
+    number (real captures: tests/fixtures/real/nvidia-smi/version-*)."""
+    if section is None or not section.ok:
+        return None
+    found: dict[str, str] = {}
+    for ln in section.output.splitlines():
+        key, sep, value = ln.partition(":")
+        words = value.split()
+        if sep and words and _CUDA_VERSION.fullmatch(words[0]):
+            found.setdefault(" ".join(key.split()).lower(), words[0])
+    return found.get("cuda umd version") or found.get("cuda version")
 
 
 def parse_compute_caps(section: Section | None) -> tuple[str, ...]:

@@ -21,12 +21,15 @@ from itertools import permutations
 from typing import Literal
 
 from gpuk8s.facts.model import MigGPU
-from gpuk8s.mig.profiles import MODELS, Model
+from gpuk8s.mig.profiles import MODELS, Model, no_table_fix
 
 Strategy = Literal["none", "single", "mixed"]
 STRATEGIES: tuple[str, ...] = ("none", "single", "mixed")
-PROFILE_RE = re.compile(r"^[1-8]g\.[0-9]{1,3}gb(\+me)?$")
-NAME_RE = re.compile(r"^all-(disabled|enabled|balanced|[1-8]g\.[0-9]{1,3}gb(\.me)?)$")
+# the variants real -lgip tables list: +me (A100/A30/H100/H200/B200), +me.all, +gfx and -me (RTX PRO 6000
+# Blackwell, tests/fixtures/real/mig/rtxpro6000-lgip.txt); nvidia-mig-parted names a layout of a variant with
+# '.' for '+' (all-1g.10gb.me, all-1g.24gb.gfx, all-1g.24gb.me.all)
+PROFILE_RE = re.compile(r"^[1-8]g\.[0-9]{1,3}gb(\+me\.all|\+me|\+gfx|-me)?$")
+NAME_RE = re.compile(r"^all-(disabled|enabled|balanced|[1-8]g\.[0-9]{1,3}gb(\.me\.all|\.me|\.gfx|-me)?)$")
 MAX = -1  # "as many as the GPU holds" (the all-<profile> layouts)
 
 
@@ -72,7 +75,7 @@ def check_profile(name: str) -> None:
 def named(name: str) -> Layout:
     """The named layout `name`; LayoutError(unknown-name) for any other name."""
     m = NAME_RE.match(name)
-    profile = m.group(1).replace(".me", "+me") if m else ""
+    profile = m.group(1).replace(".me", "+me").replace(".gfx", "+gfx") if m else ""
     if not m or (profile not in ("disabled", "enabled", "balanced") and profile not in known_profiles()):
         sample = ", ".join(sorted(f"all-{p.name}" for p in MODELS["A100-80GB"].profiles if not p.media))
         raise LayoutError("unknown-name", f"unknown MIG layout {name!r}",
@@ -120,8 +123,7 @@ def wanted(layout: Layout, index: int, model: Model | None, gpu_label: str = "")
         return None
     label = gpu_label or (model.key if model else "this GPU")
     if model is None:
-        raise LayoutError("unknown-profile", f"gpuk8s has no MIG profile table for {label}",
-                          "MIG is known on A100 40/80GB, A30, H100-80GB and H200-141GB")
+        raise LayoutError("unknown-profile", f"gpuk8s has no MIG profile table for {label}", no_table_fix(label))
     if layout.balanced:
         names: list[str] = list(_balanced(model))
     else:

@@ -3,7 +3,7 @@ floor, pending mode and the processes that would block a change. Pure: host and 
 
 from __future__ import annotations
 
-from gpuk8s.facts.model import GPU, HostFacts
+from gpuk8s.facts.model import GPU, HostFacts, MigGPU
 from gpuk8s.gpuplan import is_gpu_node
 from gpuk8s.inventory.model import Host
 from gpuk8s.mig import layout as L
@@ -36,6 +36,7 @@ def mig_checks(host: Host, f: HostFacts) -> list[CheckResult]:
         capable = family(g.name) is not None and (m is None or m.capable)
         try:
             want = L.wanted(s.layout, g.index, model, f"{g.name} ({(g.memory_mib or 0) // 1024} GiB)")
+            _offered(want, m, g)
         except L.LayoutError as e:
             if not capable:
                 no_mig.append(g)
@@ -88,6 +89,22 @@ def mig_checks(host: Host, f: HostFacts) -> list[CheckResult]:
     else:
         out.append(passed("gpu.mig-processes", "no process holds a GPU whose MIG layout must change"))
     return out
+
+
+def _offered(want: tuple[str, ...] | None, m: MigGPU | None, g: GPU) -> None:
+    """LayoutError where the host's own `nvidia-smi mig -lgip` (read when the GPU is or will be in MIG mode) does
+    not list a profile the layout wants: drivers differ from the tables (an A100-80GB on R515 has no 1g.20gb;
+    gpu-operator issue 351 met 7g.79gb where the table says 7g.80gb)."""
+    if not want or m is None or not m.profiles:
+        return
+    offered = {p.name for p in m.profiles}
+    missing = sorted(set(want) - offered)
+    if missing:
+        raise L.LayoutError("unknown-profile",
+                            f"the driver on this {g.name} does not offer {', '.join(missing)} "
+                            f"(nvidia-smi mig -lgip lists {', '.join(p.name for p in m.profiles)})",
+                            "choose the layout from the profiles nvidia-smi mig -lgip lists on this host, or "
+                            "install the driver branch that offers it")
 
 
 def _models(f: HostFacts) -> str:

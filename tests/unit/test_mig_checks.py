@@ -128,3 +128,25 @@ def test_the_scripts_result_lines():
            "@@gpuk8s-mig gpu x changed\nnoise\n")
     assert parse_result(out) == (True, {0: ("changed", ""), 1: (
         "needs-reboot", "GPU 00000000:11:00.0 is currently in use by another process.")})
+
+
+def test_a_profile_the_hosts_driver_does_not_list_fails_before_the_install():
+    """The host's own -lgip is the truth: an A100-80GB on R515 lists no 1g.20gb (NVIDIA/mig-parted issue 97 and
+    public R515 captures show 1g.10gb, 1g.10gb+me, 2g.20gb, 3g.40gb, 4g.40gb, 7g.80gb). The table here is the
+    modelled fixture less its 1g.20gb rows."""
+    rows = (MIGFIX / "a100-80gb-lgip.txt").read_text().splitlines()
+    at = next(n for n, ln in enumerate(rows) if "MIG 1g.20gb" in ln)
+    lgip = "\n".join(rows[:at] + rows[at + 3:]) + "\n"
+    name, mem = A100
+    smi = f"0, {name}, GPU-0, 515.86.01, {mem}, Enabled\n"
+    sub = (f"@@mig mode 0\n0, GPU-0, Enabled, Enabled\n@@mig lgip 0\n{lgip}"
+           "@@mig lgi 6\nNo GPU instances found: Not Found\n")
+    f = parse_probe(f"@@gpuk8s-begin nvidia-smi\n{smi}\n@@gpuk8s-end nvidia-smi 0\n"
+                    f"@@gpuk8s-begin mig\n{sub}@@mig apps 0\n\n@@gpuk8s-end mig 0\n")
+    assert f.mig.state == "ok" and "1g.20gb" not in {p.name for p in f.mig.gpus[0].profiles}
+    r = by_id(mig_checks(host("{strategy: single, config: all-1g.20gb}", gpus=1), f))
+    p = r["gpu.mig-profile"]
+    assert p.status == "fail" and "does not offer 1g.20gb" in p.message and "1g.10gb, 1g.10gb+me" in p.message
+    assert "nvidia-smi mig -lgip" in p.remedy
+    assert by_id(mig_checks(host("{strategy: single, config: all-1g.10gb}", gpus=1), f))[
+        "gpu.mig-profile"].status == "pass"

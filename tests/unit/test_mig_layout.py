@@ -166,3 +166,54 @@ def test_any_request_resolves_to_a_placeable_list_or_a_layout_error(key, devices
     # the diff of a fresh GPU creates exactly these, and a GPU holding them is unchanged
     assert sorted(L.diff(L.GPUState(0), got, model).create) == sorted(got)
     assert L.diff(L.GPUState(0, "Enabled", "Enabled", got), got, model).status == "unchanged"
+
+
+# ---- the boards the real corpus covers (tests/fixtures/real/mig; test_real_corpus_smi.py checks the tables)
+RTX = MODELS["RTX-PRO-6000-96GB"]
+
+
+def test_models_of_the_real_corpus_boards():
+    assert model_for("NVIDIA H100 PCIe", 81559) is MODELS["H100-PCIE-80GB"]  # Scaleway's, 525.125.06
+    assert model_for("NVIDIA RTX PRO 6000 Blackwell Server Edition", 97887) is RTX  # 610.43.02
+    # A800 and H800 are grouped with the A100 and H100 by nvidia-mig-parted's config-default.yaml
+    assert model_for("NVIDIA A800 80GB PCIe", 81920) is A100 and family("NVIDIA A800 80GB PCIe") == "A800"
+    assert model_for("NVIDIA H800", 81559) is H100 and mig_capable("NVIDIA H800")
+    assert [p.placements for p in MODELS["H100-PCIE-80GB"].profiles] == [p.placements for p in H100.profiles]
+
+
+@pytest.mark.parametrize(("name", "mib"), [
+    ("NVIDIA GH200 480GB", 97871), ("NVIDIA B200", 183359), ("NVIDIA GB200", 189471), ("NVIDIA H20", 97871),
+    ("NVIDIA H100 NVL", 95830), ("NVIDIA RTX PRO 5000 Blackwell", 48935),
+])
+def test_a_mig_board_without_a_table_is_named_with_what_to_do_not_planned(name, mib):
+    assert mig_capable(name) and model_for(name, mib) is None
+    with pytest.raises(L.LayoutError) as e:
+        L.wanted(L.named("all-balanced"), 0, model_for(name, mib), name)
+    assert e.value.kind == "unknown-profile" and e.value.message == f"gpuk8s has no MIG profile table for {name}"
+    assert name in e.value.fix and "remove mig from this host" in e.value.fix and "RTX PRO 6000" in e.value.fix
+
+
+@pytest.mark.parametrize(("name", "want"), [
+    ("all-1g.24gb", ("1g.24gb",) * 4),
+    ("all-2g.48gb", ("2g.48gb",) * 2),
+    ("all-4g.96gb", ("4g.96gb",)),
+    ("all-1g.24gb.gfx", ("1g.24gb+gfx",) * 4),  # nvidia-mig-parted's name for it
+    ("all-1g.24gb.me.all", ("1g.24gb+me.all",)),
+    ("all-1g.24gb-me", ("1g.24gb-me",) * 4),
+    ("all-balanced", ("1g.24gb", "1g.24gb", "2g.48gb")),  # mig-parted's all-balanced for the RTX PRO 6000
+])
+def test_named_layouts_on_the_rtx_pro_6000(name, want):
+    assert L.wanted(L.named(name), 0, RTX) == want
+
+
+def test_what_fits_on_the_rtx_pro_6000_twelve_unit_grid():
+    fits = L.explicit([L.Entry("all", True, (("2g.48gb", 1), ("1g.24gb", 2)))])
+    assert L.wanted(fits, 0, RTX) == ("1g.24gb", "1g.24gb", "2g.48gb")
+    order = L.creation_order(RTX, ["1g.24gb", "1g.24gb", "2g.48gb"])
+    assert order is not None and order[0] == "2g.48gb" and L._first_fit(RTX, order)  # 0:6, then 6:3 and 9:3
+    for devices in ((("2g.48gb", 2), ("1g.24gb", 1)), (("4g.96gb", 1), ("1g.24gb-me", 1)), (("1g.24gb+me", 2),)):
+        with pytest.raises(L.LayoutError):
+            L.wanted(L.explicit([L.Entry("all", True, devices)]), 0, RTX)
+    L.check_profile("1g.24gb+me.all")
+    with pytest.raises(L.LayoutError):
+        L.check_profile("1g.24gb+foo")

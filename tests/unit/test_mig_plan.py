@@ -70,7 +70,7 @@ def test_single_advertises_the_mig_devices_as_gpus_with_gfds_mig_labels() -> Non
     assert {k: v for k, v in p.labels.items() if k.startswith(ours)} == {
         "nvidia.com/mig.strategy": "single", "nvidia.com/device-plugin.config": "mig-single",
         "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB-MIG-1g.10gb", "nvidia.com/gpu.count": "14",
-        "nvidia.com/gpu.replicas": "1", "nvidia.com/gpu.memory": str(round(9.75 * 1024)),
+        "nvidia.com/gpu.replicas": "1", "nvidia.com/gpu.memory": str(round(9.50 * 1024)),  # -lgip's 9.50 GiB
         "nvidia.com/gpu.present": "true", "nvidia.com/gpu.sharing-strategy": "none"}
 
 
