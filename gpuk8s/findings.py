@@ -263,6 +263,28 @@ FINDINGS.update({
                                 "is in the container"),
     "pod.gpu-oom": _d("a pod on a time-sliced (or MPS) GPU ran out of GPU memory: the replicas share one GPU's "
                       "memory with no isolation (time-slicing) or beyond their limit"),
+    "pod.runtime-handler-missing": _d(
+        "the pod's sandbox cannot be created (FailedCreatePodSandBox, ContainerCreating): its RuntimeClass names a "
+        "runtime handler (nvidia) the node's container runtime does not have (containerd: no runtime for \"nvidia\" "
+        "is configured; CRI-O: failed to find runtime handler nvidia from runtime list)"),
+    "pod.driver-not-loaded": _d("the NVIDIA container toolkit's hook cannot reach the driver (nvidia-container-cli: "
+                                "initialization error: nvml error: driver not loaded; load library failed: "
+                                "libnvidia-ml.so.1; driver/library version mismatch): the kernel module is not "
+                                "loaded (kernel update, nouveau, Secure Boot) or the driver is not installed"),
+    "pod.device-nodes-missing": _d("a device node the container needs (/dev/nvidia0, /dev/nvidiactl, "
+                                   "/dev/nvidia-uvm, or one a CDI spec names) does not exist on the node: lstat ... "
+                                   "no such file or directory"),
+    "pod.toolkit-error": _d("the NVIDIA container toolkit's hook failed for another reason (nvidia-container-cli: "
+                            "ldcache error, mount error, device error: unknown device, detection error; CRI-O's "
+                            "hook; unresolvable CDI devices): its message and a remedy by its text"),
+    "pod.admission-rejected": _d("the kubelet refused the pod at admission (UnexpectedAdmissionError): its device "
+                                 "manager could not allocate the GPU (requested number of devices unavailable, a "
+                                 "GPU lost)"),
+    "pod.unknown": _d("a GPU pod that is not Running or Succeeded (or has a container waiting) for a reason doctor "
+                      "does not recognise: the raw evidence (status reasons, the kubelet's events, the scheduler's "
+                      "message, the last log lines, the node's conditions) and where to look next"),
+    "gpu.unknown": _d("a GPU node short of its plan for a reason doctor does not recognise: the node's conditions, "
+                      "allocatable, the device plugin pod and its last log lines, and where to look next"),
     "gpu.plugin-image-pull": _d("the device plugin pod cannot start: its node cannot pull the plugin's image (the "
                                 "kubelet's 'Failed to pull image' event says why: no such host, not found, ...)"),
     "gpu.plugin-socket-missing": _d("the device plugin pod runs but its socket is not in the kubelet's "

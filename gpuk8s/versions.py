@@ -49,21 +49,90 @@ def fmt(r: Release) -> str:
     return ".".join(str(p) for p in r)
 
 
-# Minimum Linux driver per CUDA major version (NVIDIA's compatibility tables).
+class MatrixError(Exception):
+    """gpuk8s/data/versions.yaml is malformed: a bug in gpuk8s (tests/unit/test_versions.py catches it)."""
+
+
+# -- CUDA and the driver: versions.yaml's `cuda` section (NVIDIA's CUDA Toolkit release notes tables) ------------
+
+MATRIX_FILE = "data/versions.yaml"
+
+
+def _cuda_section() -> dict[str, dict[str, str]]:
+    """versions.yaml's cuda.driver_per_minor and cuda.driver_per_major (CUDA version -> driver version as NVIDIA
+    writes it: "560.28.03"), newest first; MatrixError when malformed."""
+    data = yaml.safe_load(resources.files("gpuk8s").joinpath(MATRIX_FILE).read_text(encoding="utf-8"))
+    cuda = data.get("cuda") if isinstance(data, dict) else None
+    out: dict[str, dict[str, str]] = {}
+    for key, shape in (("driver_per_minor", r"[0-9]{1,2}\.[0-9]{1,2}"), ("driver_per_major", r"[0-9]{1,2}")):
+        table = cuda.get(key) if isinstance(cuda, dict) else None
+        if not isinstance(table, dict) or not table:
+            raise MatrixError(f"cuda.{key}: a mapping of CUDA version to driver version expected")
+        for k, v in table.items():
+            if not isinstance(k, str) or not re.fullmatch(shape, k) or not isinstance(v, str) \
+                    or not re.fullmatch(r"[0-9]{3}(\.[0-9]{1,3}){0,2}", v):
+                raise MatrixError(f"cuda.{key}.{k}: {v!r} is not a quoted CUDA version and driver version")
+        out[key] = dict(sorted(table.items(), key=lambda kv: tuple(int(x) for x in kv[0].split(".")), reverse=True))
+    return out
+
+
+def _driver(text: str) -> Release:
+    return tuple(int(x) for x in text.split(".")) + ((0,) if "." not in text else ())
+
+
+_CUDA = _cuda_section()
+# The oldest driver per CUDA minor (Table 3 of the release notes: the GA release's row), newest minor first
+CUDA_MINOR_FLOORS: tuple[tuple[str, Release], ...] = tuple(
+    (k, _driver(v)) for k, v in _CUDA["driver_per_minor"].items())
+CUDA_DRIVER_TEXT: dict[str, str] = dict(_CUDA["driver_per_minor"])  # CUDA minor -> the driver as NVIDIA writes it
+# The oldest driver per CUDA major through minor version compatibility, then the 10.x and 9.0 minors (which have
+# no minor version compatibility): what preflight's gpu.cuda and the GPU test image go by, as before
 CUDA_DRIVER_FLOORS: tuple[tuple[str, Release], ...] = (
-    ("13", (580, 0)),
-    ("12", (525, 60, 13)),
-    ("11", (450, 80, 2)),
-    ("10.2", (440, 33)),
-    ("10.1", (418, 39)),
-    ("10.0", (410, 48)),
-    ("9.0", (384, 81)),
+    *((k, _driver(v)) for k, v in _CUDA["driver_per_major"].items()),
+    *((k, v) for k, v in CUDA_MINOR_FLOORS if k in ("10.2", "10.1", "10.0", "9.0")),
 )
 
 
 def cuda_versions_supported(driver: Release) -> list[str]:
     """CUDA versions (majors, and the 10.x/9.0 minors) whose images this driver can run, newest first."""
     return [cuda for cuda, floor in CUDA_DRIVER_FLOORS if at_least(driver, floor)]
+
+
+@dataclass(frozen=True)
+class CudaFloor:
+    """The oldest driver for a CUDA version as nvidia-container-cli's requirement check needs it."""
+
+    cuda: str  # the CUDA version asked for ("12.6")
+    driver: Release  # the floor; a lower bound only when `exact` is False
+    known: str  # the CUDA minor of the matrix the floor is that of ("12.6"; the newest known one when not exact)
+    exact: bool  # the matrix has this minor (else: a newer minor than the matrix knows, `driver` a lower bound)
+
+    @property
+    def text(self) -> str:
+        """The floor as NVIDIA writes it ("560.28.03", not 560.28.3)."""
+        return CUDA_DRIVER_TEXT[self.known]
+
+
+def cuda_driver_floor(cuda: str) -> CudaFloor | None:
+    """The oldest Linux driver whose CUDA version is at least `cuda` ("12.6", or "12" for 12.0), from the
+    matrix's per-minor table; None for a version older than the table or not a version."""
+    parts = cuda.strip().split(".")
+    if not 1 <= len(parts) <= 3 or not all(p.isascii() and p.isdigit() and len(p) <= 3 for p in parts):
+        return None
+    want = (int(parts[0]), int(parts[1]) if len(parts) > 1 else 0)
+    shown = f"{want[0]}.{want[1]}"
+    for minor, floor in CUDA_MINOR_FLOORS:  # newest first
+        have = tuple(int(x) for x in minor.split("."))
+        if have == want:
+            return CudaFloor(shown, floor, minor, True)
+        if have < want:  # a minor newer than the table knows: the newest older one's floor is a lower bound
+            return CudaFloor(shown, floor, minor, False)
+    return None
+
+
+def cuda_of_driver(driver: Release) -> str | None:
+    """The newest CUDA minor of the matrix whose floor this driver meets ("12.2" for 535.104.05)."""
+    return next((minor for minor, floor in CUDA_MINOR_FLOORS if at_least(driver, floor)), None)
 
 
 # -- the version matrix: gpuk8s/data/versions.yaml --------------------------------------------------------
@@ -75,14 +144,9 @@ def cuda_versions_supported(driver: Release) -> list[str]:
 # version string of the matrix is written anywhere else in gpuk8s/ or playbooks/
 # (tests/unit/test_versions.py).
 
-MATRIX_FILE = "data/versions.yaml"
 _MINOR = re.compile(r"^1\.([0-9]{1,3})$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _KUBEADM_API = re.compile(r"^kubeadm\.k8s\.io/v1beta[0-9]+$")
-
-
-class MatrixError(Exception):
-    """gpuk8s/data/versions.yaml is malformed: a bug in gpuk8s (tests/unit/test_versions.py catches it)."""
 
 
 @dataclass(frozen=True)

@@ -1,18 +1,24 @@
 """Evidence -> causes: why a GPU pod is Pending or failing, why a GPU node lacks its GPUs. Pure functions.
 
 Each cause is a finding (gpuk8s/findings.py) about pod/NAMESPACE/NAME or node/NAME, with the lines that show it
-and a remedy, most likely first. The texts matched are the real components' (quoted where they are matched):
-kube-scheduler's FitError ("0/3 nodes are available: 1 Insufficient nvidia.com/gpu, 2 node(s) didn't match Pod's
-node affinity/selector. preemption: ..."), the kubelet's admission error wrapping the device plugin's Allocate
-refusal, nvidia-container-cli's requirement error, NVML's messages in the device plugin's and the pod's logs.
-A node's own causes are verify's (gpuk8s/kube/state.check_node): the same cause gets the same id.
+and a remedy, most likely first. The texts matched are the real components' (quoted where they are matched; each
+has real samples with their sources in tests/fixtures/real/, run through this module by
+tests/unit/test_real_corpus_doctor.py): kube-scheduler's FitError in each minor's wording ("0/3 nodes are
+available: 1 Insufficient nvidia.com/gpu, 2 node(s) didn't match Pod's node affinity/selector. preemption: ..."),
+the kubelet's events and container statuses for a bound pod (FailedCreatePodSandBox with the runtime's missing
+handler, RunContainerError/CreateContainerError/StartError with the NVIDIA container toolkit's nvidia-container-cli
+errors, the device manager's admission errors), NVML's messages in the device plugin's and the pod's logs. A GPU pod
+that is failing for a reason none of these explains gets pod.unknown, a GPU node short of its plan gpu.unknown:
+doctor is never silent about them. A node's own causes are verify's (gpuk8s/kube/state.check_node): the same cause
+gets the same id.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpuk8s import findings, gpuplan
@@ -22,34 +28,47 @@ from gpuk8s.doctor.evidence import (
     PLUGIN_SOCKET_PREFIX,
     TOOLKIT_CONFIG,
     ClusterEvidence,
+    HostEvidence,
 )
 from gpuk8s.findings import Finding
 from gpuk8s.kube import allocation as al
 from gpuk8s.kube import state
 from gpuk8s.kube.state import StateError, restart_command
 from gpuk8s.text import clean
-from gpuk8s.versions import CUDA_DRIVER_FLOORS, cuda_versions_supported, fmt, release
+from gpuk8s.versions import at_least, cuda_driver_floor, cuda_of_driver, release
 
-# kube-scheduler pkg/scheduler/framework/types.go FitError.Error(): "0/%v nodes are available: %v." with the
-# reasons "N reason" sorted, then (since 1.24) " preemption: 0/%v nodes are available: ..."
-# Only the head is a regular expression (literal, bounded digits: linear); the rest is split with str.partition:
-# the old pattern's lazy group before an optional `\.?\s*preemption: ` was quadratic on runs of whitespace, and
-# anyone who may create Events in a pod's namespace writes the message (160 KiB froze doctor for a minute).
+# kube-scheduler pkg/scheduler/framework/types.go FitError.Error(): "0/%v nodes are available:" then the PreFilter
+# message or the sorted "N reason" histogram joined with ", " and a ".", then " " and the PostFilter plugins'
+# messages: " preemption: 0/%v nodes are available: ..." (since 1.24), and from the minors where the
+# DynamicResources plugin runs (on by default since DRA went GA) "no new claims to deallocate, " before it:
+# "0/3 nodes are available: 1 node(s) had untolerated taint(s), 2 Insufficient cpu. no new claims to deallocate,
+# preemption: 0/3 nodes are available: ..." (tests/fixtures/real/kubernetes/scheduler/).
+# Only the head is a regular expression (literal, bounded digits: linear); the rest is split with str.find and
+# str.partition: the old pattern's lazy group before an optional `\.?\s*preemption: ` was quadratic on runs of
+# whitespace, and anyone who may create Events in a pod's namespace writes the message (160 KiB froze doctor).
 FIT_HEAD = re.compile(r"0/(\d{1,9}) nodes are available: ")
 PREEMPTION = "preemption: "
 MAX_MESSAGE = 8192  # characters of a scheduler message kept (real ones: one "N reason" per distinct cause, ~300)
 INSUFFICIENT = re.compile(r"^Insufficient (\S+)$")
+# The TaintToleration plugin's reason, by Kubernetes minor: "node(s) had untolerated taint {KEY: VALUE}" (seen from
+# 1.24 on), then "node(s) had untolerated taint(s)" from kubernetes PR 134740 ("remove taint values from
+# unschedulable messages in pod status"; its cherry-pick PR 135023 brought it to the previous minor's later
+# patches; docs/troubleshooting.md names the minors). The key is no longer named: every GPU node's untolerated
+# taint is then a candidate. Older wordings, matched too: "node(s) had taint {KEY: VALUE}, that the pod didn't
+# tolerate" and, before it (kubernetes PR 87250), "node(s) had taints that the pod didn't tolerate".
 TAINT = re.compile(r"^node\(s\) had untolerated taint \{(.*)\}$")
+TAINT_OLD = re.compile(r"^node\(s\) had taint \{(.*)\}, that the pod didn't tolerate$")
+TAINT_UNNAMED = ("node(s) had untolerated taint(s)", "node(s) had taints that the pod didn't tolerate")
 SELECTOR = "node(s) didn't match Pod's node affinity/selector"
 # The kubelet's admission error for the plugin's Allocate refusal (k8s-device-plugin internal/rm/rm.go)
 SHARED_GT1 = "maximum request size for shared resources is 1"
 # nvidia-container-cli (libnvidia-container): "requirement error: unsatisfied condition: cuda>=12.4, please update
 # your driver to a newer version, or use an earlier cuda container"
-CUDA_REQ = re.compile(r"unsatisfied condition: cuda\s*>=\s*([0-9]+(?:\.[0-9]+)?)")
+CUDA_REQ = re.compile(r"unsatisfied condition: cuda\s*>=\s*([0-9]{1,3}(?:\.[0-9]{1,3})?)")
 NVML_UNKNOWN = "Failed to initialize NVML: Unknown Error"
 # The device plugin without NVML in its container: "could not load NVML library" (before v0.14),
 # "Detected non-NVML platform: could not load NVML library: libnvidia-ml.so.1: cannot open shared object file"
-# and "Incompatible strategy detected auto" (v0.14 on), "ERROR_LIBRARY_NOT_FOUND"
+# and "Incompatible strategy detected auto" (v0.14 on), "Failed to initialize NVML: ERROR_LIBRARY_NOT_FOUND" (v0.19)
 PLUGIN_NVML = ("could not load NVML library", "Incompatible strategy detected", "Incompatible platform detected",
                "ERROR_LIBRARY_NOT_FOUND", "libnvidia-ml.so.1: cannot open shared object file")
 # A container that did not get the GPU through the nvidia runtime: no nvidia-smi, no driver library in it
@@ -58,10 +77,49 @@ NO_RUNTIME = ('exec: "nvidia-smi": executable file not found', "nvidia-smi: not 
               "Found no NVIDIA driver on your system", "libcuda.so.1: cannot open shared object file")
 # CUDA's out-of-memory errors (cudaErrorMemoryAllocation's text, PyTorch's)
 GPU_OOM = ("CUDA out of memory", "CUDA error: out of memory", "cudaErrorMemoryAllocation")
+# The device plugin's health checker taking a GPU off the node (internal/rm/health.go, plugin/server.go):
+# "XidCriticalError: Xid=79 on Device=GPU-...; marking device as unhealthy.", "'nvidia.com/gpu' device marked
+# unhealthy: GPU-..."
+PLUGIN_UNHEALTHY = ("marking device as unhealthy", "device marked unhealthy")
+XID = re.compile(r"Xid=([0-9]{1,4})")
 HAMI_SCHEDULER = "hami-scheduler"
 # An image reference as a pod spec names it (registry/path:tag@digest); anything else is not put in a remedy
 IMAGE_REF = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,254}(?::[A-Za-z0-9._-]{1,128})?(?:@sha256:[0-9a-f]{64})?")
 STANDARD = ("cpu", "memory", "ephemeral-storage", "pods")
+
+# -- a bound pod whose sandbox or containers do not start (the kubelet's events and container statuses) ----------
+# The runtime handler a RuntimeClass names is not in the runtime's config. containerd's CRI plugin: "failed to get
+# sandbox runtime: no runtime for "nvidia" is configured" (1.6/1.7), "unable to get OCI runtime for sandbox
+# "<id>": no runtime for "nvidia" is configured" (2.x, and 1.7's sandboxed CRI); CRI-O: "failed to find runtime
+# handler nvidia from runtime list map[crun:0xc00047e300 runc:0xc00047ef00]". In the kubelet's
+# FailedCreatePodSandBox event ("Failed to create pod sandbox: rpc error: code = Unknown desc = ..."); the pod
+# stays Pending in ContainerCreating.
+RUNTIME_HANDLER = re.compile(r'no runtime for "([^"\s]{1,64})" is configured'
+                             r"|failed to find runtime handler (\S{1,64}) from runtime list")
+# The NVIDIA container runtime hook's CLI (libnvidia-container) failing: "nvidia-container-cli: <stage> error:
+# <what>" (nvidia-container-cli.real under the GPU Operator's toolkit), inside the runtime's error
+# ("... error running hook #0: error running hook: exit status 1, stdout: , stderr: Auto-detected mode as
+# 'legacy'\nnvidia-container-cli: initialization error: nvml error: driver not loaded: unknown"); the kubelet
+# reports it as RunContainerError/CreateContainerError (waiting), StartError (terminated) or a Failed event.
+HOOK_CLI = re.compile(r"nvidia-container-cli(?:\.real)?: ([a-z]{1,20}(?: [a-z]{1,20})? error): ([^\n]{0,400})")
+# The driver's kernel module is not loaded (or its libraries are not installed): the CLI cannot initialize NVML
+DRIVER_NOT_LOADED = ("nvml error: driver not loaded", "load library failed: libnvidia-ml.so.1",
+                     "driver/library version mismatch")
+# A device node the runtime (or a CDI spec) names does not exist on the host: lstat /dev/nvidia-uvm, stat failed:
+# /dev/nvidia0, failed to stat CDI host device "/dev/dri/renderD129", under a driver root (/run/nvidia/driver/dev)
+DEVICE_NODE = re.compile(r'(/(?:[A-Za-z0-9_.-]{1,64}/){0,6}dev/(?:nvidia[A-Za-z0-9-]{0,32}|dri/[A-Za-z0-9-]{1,32}))'
+                         r'"?: no such file or directory')
+# The toolkit failing outside nvidia-container-cli: CRI-O's OCI hook ("error executing hook
+# `/usr/local/nvidia/toolkit/nvidia-container-runtime-hook` (exit code: 1)"), the runtime binary missing, CDI
+TOOLKIT_OTHER = ("nvidia-container-runtime-hook` (exit code:", 'exec: "nvidia-container-runtime": executable file',
+                 "unresolvable CDI devices", "nvidia-container-runtime did not terminate successfully")
+# The kubelet's device manager refusing a pod at admission (UnexpectedAdmissionError): "Allocate failed due to
+# requested number of devices unavailable for nvidia.com/gpu. Requested: 1, Available: 0, which is unexpected",
+# "Pod Allocate failed due to device plugin GetPreferredAllocation rpc failed with err: ...: nvml: GPU is lost"
+ADMISSION = ("Allocate failed due to", "UnexpectedAdmissionError")
+# The kubelet's events that say why a bound pod's sandbox or containers do not start
+KUBELET_WARNINGS = ("FailedCreatePodSandBox", "Failed", "BackOff", "FailedMount", "UnexpectedAdmissionError",
+                    "FailedPostStartHook", "FailedPreStopHook", "InspectFailed", "ErrImageNeverPull")
 
 
 @dataclass(frozen=True)
@@ -69,6 +127,9 @@ class FitError:
     total: int
     reasons: dict[str, int]  # reason -> how many nodes
     preemption: str
+    # every PostFilter message, as the scheduler joined them ("no new claims to deallocate, preemption: ...");
+    # not compared: what the reasons and the preemption say is the parse
+    post_filter: str = field(default="", compare=False)
 
 
 def parse_fit_error(message: str) -> FitError | None:
@@ -82,13 +143,29 @@ def parse_fit_error(message: str) -> FitError | None:
     if found:  # the whitespace and the one "." before "preemption: " end the reasons, as in FitError.Error()
         body = body.rstrip()
         body = body[:-1] if body.endswith(".") else body
+    cut = _post_filter_start(body)  # other PostFilter messages before it: "... cpu. no new claims to deallocate,"
+    post = body[cut + 2:].strip() if cut >= 0 else ""
+    body = body[:cut] if cut >= 0 else body
     reasons: dict[str, int] = {}
     for part in _reason_parts(body.strip().rstrip(".")):
         count, _, reason = part.strip().partition(" ")
         if count.isascii() and count.isdigit() and len(count) <= 9 and reason and "\n" not in reason:
             reason = reason.strip().rstrip(".")
             reasons[reason] = reasons.get(reason, 0) + int(count)
-    return FitError(int(m.group(1)), reasons, preemption.strip())
+    post = " ".join(x for x in (post, PREEMPTION + preemption.strip() if found else "") if x)
+    return FitError(int(m.group(1)), reasons, preemption.strip(), post)
+
+
+def _post_filter_start(body: str) -> int:
+    """Where the reasons end and a PostFilter message begins: the first ". " not followed by a count (a reason
+    never holds ". "; the next reason of the histogram starts with its count); -1 when none does."""
+    i = body.find(". ")
+    while i >= 0:
+        nxt = body[i + 2:i + 3]
+        if not (nxt.isascii() and nxt.isdigit()):
+            return i
+        i = body.find(". ", i + 1)
+    return -1
 
 
 def _reason_parts(text: str) -> list[str]:
@@ -361,8 +438,10 @@ def _taint(pod: dict[str, Any], ev: ClusterEvidence, msg: str, shown: str) -> Fi
                 if t not in missing:
                     missing.append(t)
     need = ", ".join(f"{{key: {t.get('key')}, operator: Exists, effect: {t.get('effect')}}}" for t in missing)
+    named = f"({shown})" if shown else ("(newer schedulers do not name it, kubernetes PR 134740: the GPU nodes' "
+                                        "taints the pod does not tolerate are below)")
     return findings.failed(
-        "pod.untolerated-taint", f"the GPU nodes carry a taint the pod does not tolerate ({shown})",
+        "pod.untolerated-taint", f"the GPU nodes carry a taint the pod does not tolerate {named}",
         (f"add to the pod's spec: tolerations: [{need}]" if need else "add a toleration for the taint to the pod")
         + " (or remove the taint: kubectl taint node NODE KEY:EFFECT-)",
         subject=_subject(pod), evidence=lines)
@@ -405,10 +484,10 @@ def _pending(pod: dict[str, Any], ev: ClusterEvidence) -> list[Finding]:
                                        subject=_subject(pod), evidence=[f"scheduler: {msg}"]))
         return out
     ranked: list[tuple[int, Finding]] = []
-    other: list[str] = []
+    other: list[str] = []  # the reasons no GPU node explains: the scheduler's own words for pod.unschedulable
     for reason, count in fit.reasons.items():
         m = INSUFFICIENT.match(reason)
-        t = TAINT.match(reason)
+        t = TAINT.match(reason) or TAINT_OLD.match(reason)
         if m:
             if m.group(1) not in offered:
                 continue  # said above: no node offers it at all
@@ -416,14 +495,18 @@ def _pending(pod: dict[str, Any], ev: ClusterEvidence) -> list[Finding]:
                 ranked.append((count, _insufficient(pod, ev, m.group(1), msg)))
             else:
                 other.append(f"{count} {reason}")
-        elif t:
-            f = _taint(pod, ev, msg, "{" + t.group(1) + "}")
+        elif t or reason in TAINT_UNNAMED:
+            f = _taint(pod, ev, msg, "{" + t.group(1) + "}" if t else "")
             if any(e.endswith("not tolerated by the pod") for e in f.evidence):  # a GPU node's, not the CP's
                 ranked.append((count, f))
+            else:
+                other.append(f"{count} {reason}")
         elif reason == SELECTOR:
             f = _selector(pod, ev, msg)
             if len(f.evidence) > 1:  # some GPU node does not match
                 ranked.append((count, f))
+            else:
+                other.append(f"{count} {reason}")
         else:
             other.append(f"{count} {reason}")
     out += [f for _, f in sorted(ranked, key=lambda cf: -cf[0])]
@@ -442,44 +525,196 @@ def _image_cuda(pod: dict[str, Any]) -> list[str]:
     return [str(c.get("image", "")) for c in _l(_spec(pod).get("containers")) if isinstance(c, dict)]
 
 
+def pod_events(pod: dict[str, Any], events: list[dict[str, Any]]) -> list[str]:
+    """The kubelet's warnings about a pod ("REASON: message", in the order the API lists them; at most the last 8,
+    each message capped): why its sandbox or containers do not start."""
+    ns, name = pod_key(pod)
+    out: list[str] = []
+    for e in events:
+        io = e.get("involvedObject") if isinstance(e.get("involvedObject"), dict) else {}
+        assert isinstance(io, dict)
+        if io.get("kind") == "Pod" and io.get("name") == name and io.get("namespace", ns) == ns \
+                and e.get("reason") in KUBELET_WARNINGS:
+            text = _capped(e.get("message", ""))
+            if text:
+                out.append(f"event {e.get('reason')}: {text}")
+    return out[-8:]
+
+
+def _cli_errors(text: str) -> list[tuple[str, str]]:
+    """Each nvidia-container-cli error in the text as (stage, what): ("initialization error", "nvml error: driver
+    not loaded"); the runtime's escaping of the hook's stderr and its trailing ": unknown" taken off."""
+    out: list[tuple[str, str]] = []
+    for m in HOOK_CLI.finditer(text):
+        what = m.group(2).split("\\n", 1)[0].rstrip('\\"').strip()
+        for tail in (": unknown.", ": unknown", "."):
+            what = what.removesuffix(tail)
+        if (m.group(1), what) not in out:
+            out.append((m.group(1), what))
+    return out
+
+
+def _said(lines: list[str], *keys: str) -> list[str]:
+    """The lines that say one of `keys`, each cut to 600 characters (at most 3)."""
+    return [x[:600] for x in lines if any(k in x for k in keys)][:3]
+
+
+def _node_lines(ev: ClusterEvidence, node: str) -> list[str]:
+    """The node's Ready condition and any pressure condition that is True, as the kubelet reports them."""
+    n = ev.nodes.get(node)
+    if not node:
+        return []
+    if n is None:
+        return [f"node {node}: not in the cluster"]
+    out = []
+    for c in _l(_status(n).get("conditions")):
+        if not isinstance(c, dict):
+            continue
+        if c.get("type") == "Ready" or c.get("status") == "True" and c.get("type") != "Ready":
+            out.append(clean(f"node {node} condition {c.get('type')}={c.get('status')}"
+                             + (f" ({c.get('reason')})" if c.get("reason") else "")
+                             + (f": {str(c.get('message'))[:300]}" if c.get("message") else "")))
+    return out
+
+
+def _toolkit_remedy(what: str, node: str) -> str:
+    """What to do about an nvidia-container-cli error the other causes do not cover, by its text."""
+    on = f"on {node or 'the node'}"
+    if "ldcache error" in what or "ldconfig" in what:
+        return (f"{on}: the hook's ldconfig is not where the toolkit's config says (ldconfig = "
+                "\"@/sbin/ldconfig.real\" is Debian/Ubuntu's; \"@/sbin/ldconfig\" elsewhere): fix ldconfig in "
+                "/etc/nvidia-container-runtime/config.toml to the host's ldconfig, then delete the pod")
+    if "unknown device" in what:
+        return ("the device the container was handed (NVIDIA_VISIBLE_DEVICES) is not a GPU of the node: a GPU was "
+                "reset or re-partitioned (MIG) after the device plugin listed it, or the image sets "
+                f"NVIDIA_VISIBLE_DEVICES itself: restart the device plugin pod {on}, check the pod's env, "
+                "delete the pod")
+    if "mount error" in what and "file exists" in what:
+        return ("the image already holds the driver's files the hook mounts (an image built on another machine's "
+                "driver, or with /usr/lib/.../libnvidia-* in it): use an image without driver libraries")
+    if "change root failed" in what or "driver root" in what:
+        return (f"{on}: the toolkit's driver root (root in /etc/nvidia-container-runtime/config.toml, /run/nvidia/"
+                "driver for the GPU Operator's driver container) does not exist: point it at the host's driver (/)")
+    if "driver rpc error" in what or "driver error" in what:
+        return (f"{on}: the driver did not answer the hook (a GPU fallen off the bus, Xid 79; a hung driver): "
+                "dmesg | grep -i -e xid -e NVRM and nvidia-smi on the node; a GPU in that state needs a reset or a "
+                "reboot; then delete the pod")
+    if "cgroup" in what or "device rules" in what or "bpf" in what:
+        return (f"{on}: the hook cannot set the container's device cgroup (cgroup v2 with a runtime or toolkit too old "
+                "for it): upgrade nvidia-container-toolkit (gpuk8s install pins it), or use CDI mode")
+    return (f"{on}: run nvidia-container-cli -k -d /dev/tty info and read the toolkit's log "
+            "(/var/log/nvidia-container-toolkit.log with debug set in /etc/nvidia-container-runtime/config.toml); "
+            "reinstall or upgrade nvidia-container-toolkit (gpuk8s install pins it); then delete the pod")
+
+
 def _failing(pod: dict[str, Any], ev: ClusterEvidence) -> list[Finding]:
     msgs = container_messages(pod)
     ns, name = pod_key(pod)
     log = clean(ev.logs.get((ns, name), ""))
-    text = "\n".join(msgs) + "\n" + log
+    events = pod_events(pod, ev.events)
+    said = msgs + events
+    text = "\n".join(said) + "\n" + log
     node = _node_of(pod) or str(_status(pod).get("hostIP", "") or "")
     host = ev.hosts.get(node)
     plan = ev.plans.get(node)
     host_lines = host.lines() if host is not None else []
     log_lines = [ln for ln in log.splitlines() if ln.strip()][-3:]
+    on = node or "its node"
     out: list[Finding] = []
     if SHARED_GT1 in text:
         n = max((v for k, v in extended_requests(pod).items() if al.is_gpu_resource(k)), default=2)
         out.append(findings.failed(
             "pod.shared-request-gt1",
-            f"the pod asks for {n} shared GPUs on {node or 'its node'}, whose sharing config refuses more than one "
+            f"the pod asks for {n} shared GPUs on {on}, whose sharing config refuses more than one "
             "(failRequestsGreaterThanOne)",
             "ask for 1 (a slice of a time-shared GPU gives no more compute than one), or set gpu_sharing: "
             "{fail_requests_greater_than_one: false} in the inventory and re-run gpuk8s install",
-            subject=_subject(pod), evidence=msgs))
+            subject=_subject(pod), evidence=_said(said, SHARED_GT1) or msgs))
+    elif any(k in text for k in ADMISSION):
+        lines = _said(said, *ADMISSION)
+        lost = "GPU is lost" in text
+        out.append(findings.failed(
+            "pod.admission-rejected",
+            f"the kubelet on {on} refused the pod at admission: its device manager could not allocate the GPU "
+            + ("(the driver reports a GPU lost: it fell off the bus)" if lost else
+               "(the device plugin listed fewer healthy devices than the node advertised, or it restarted)"),
+            (f"on {on}: nvidia-smi and dmesg | grep -i xid (a lost GPU needs a reset or a reboot); " if lost else
+             f"check the device plugin pod on {on} (kubectl -n kube-system logs) and gpuk8s doctor node/{node}; ")
+            + "then delete the pod so that it is scheduled again",
+            subject=_subject(pod), evidence=lines + _node_lines(ev, node)))
+    hm = RUNTIME_HANDLER.search(text)
+    if hm:
+        handler = hm.group(1) or hm.group(2)
+        lines = _said(said, "no runtime for", "failed to find runtime handler")
+        rc = str(_spec(pod).get("runtimeClassName") or "")
+        lines.append(f"pod runtimeClassName: {rc or 'none'}")
+        if host is not None and host.facts is not None and host.runtime == "containerd":
+            cfg = host.facts.containerd_config
+            lines.append(f"{on}: containerd config defines the nvidia runtime: {'yes' if cfg.nvidia_runtime else 'no'}"
+                         + (f" (imports: {', '.join(cfg.imports)})" if cfg.imports else ""))
+        lines += host_lines
+        out.append(findings.failed(
+            "pod.runtime-handler-missing",
+            f"the pod's sandbox cannot be created on {on}: its RuntimeClass names the runtime handler "
+            f"{handler!r}, which the node's container runtime does not have (the pod stays in ContainerCreating)",
+            f"configure the {handler} runtime on {on}: gpuk8s doctor --fix (re-runs node preparation: nvidia-ctk "
+            "runtime configure --runtime=containerd, then a containerd restart); by hand: sudo nvidia-ctk runtime "
+            "configure --runtime=containerd && sudo systemctl restart containerd. A drop-in nvidia-ctk 1.18.0 wrote to "
+            "/etc/containerd/config.d/ is not read (gpuk8s preflight: toolkit.dropin-path); k3s, RKE2 and k0s keep "
+            "their own containerd config. Then delete the pod",
+            subject=_subject(pod), evidence=lines))
+    cli = _cli_errors(text)
     m = CUDA_REQ.search(text)
     if m:
-        need = m.group(1)
-        f = host.facts if host is not None else None
-        driver = f.gpu.driver if f is not None else None
-        rel = release(driver) if driver else None
-        ok = cuda_versions_supported(rel) if rel else []
-        floors = dict(CUDA_DRIVER_FLOORS)
-        floor = floors.get(need) or floors.get(need.split(".", 1)[0])
-        lines = [x for x in msgs if "cuda" in x.lower()] + [f"images: {', '.join(_image_cuda(pod))}"] + host_lines
+        out.append(_cuda_too_new(pod, m.group(1), said, node, host, host_lines))
+    dn = DEVICE_NODE.search(text)
+    drv = next(((st, w) for st, w in cli if any(k in w for k in DRIVER_NOT_LOADED)), None)
+    if drv is not None:
+        lines = _said(said, "nvidia-container-cli") + host_lines
+        modules = host.facts.modules if host is not None and host.facts is not None else None
+        if modules is not None:
+            lines.append(f"{on}: kernel modules nvidia: {'loaded' if 'nvidia' in modules else 'not loaded'}"
+                         + (", nouveau: loaded" if "nouveau" in modules else ""))
+        mismatch = "version mismatch" in drv[1]
+        nouveau = modules is not None and "nouveau" in modules
         out.append(findings.failed(
-            "pod.cuda-too-new",
-            f"the image needs CUDA {need}, newer than the driver {driver or '?'} on {node or 'its node'} supports"
-            + (f" (CUDA {f.gpu.cuda_version})" if f is not None and f.gpu.cuda_version else ""),
-            f"use an image built for the driver's CUDA ({', '.join(ok[:2]) or 'older'}; e.g. nvidia/cuda:"
-            f"{(f.gpu.cuda_version if f is not None and f.gpu.cuda_version else '12.2')}.0-base-ubuntu22.04), or "
-            f"upgrade the driver on {node or 'the node'}" + (f" to at least {fmt(floor)}" if floor else ""),
+            "pod.driver-not-loaded",
+            f"the NVIDIA container toolkit on {on} cannot reach the driver ({drv[0]}: {drv[1]}): "
+            + ("the driver's kernel module and its libraries differ (an upgrade without a reboot)" if mismatch else
+               "the kernel module is not loaded" + (" (nouveau holds the GPU)" if nouveau else "")
+               + " or the driver's libraries are not installed"),
+            (f"reboot {on} (or unload and reload the nvidia modules) so that the kernel module matches the driver's "
+             "libraries" if mismatch else
+             (f"on {on}: blacklist nouveau (/etc/modprobe.d/blacklist-nouveau.conf: blacklist nouveau, options "
+              "nouveau modeset=0), update-initramfs -u, reboot; " if nouveau else
+              f"on {on}: sudo modprobe nvidia and nvidia-smi; if the module is missing for the running kernel "
+              "(uname -r; after a kernel update, or Secure Boot refusing it), reinstall the driver for it and "
+              "reboot; ")) + "gpuk8s doctor node/" + (node or "NAME") + " then shows the node's side; delete the pod",
             subject=_subject(pod), evidence=lines))
+    elif dn is not None:
+        path = dn.group(1)
+        lines = _said(said, "no such file or directory") + host_lines
+        if host is not None and host.dev_nodes:
+            lines.append(f"{on}: /dev/nvidia*: {', '.join(host.dev_nodes)}")
+        out.append(findings.failed(
+            "pod.device-nodes-missing",
+            f"the container needs the device node {path}, which does not exist on {on}: the driver is loaded "
+            "without its device nodes (nvidia-uvm is created on first use, /dev/nvidiaN by nvidia-smi or "
+            "nvidia-modprobe), or a driver root or CDI spec names nodes of another driver",
+            f"on {on}: sudo nvidia-ctk system create-device-nodes --control-devices --load-kernel-modules (or run "
+            "nvidia-smi and nvidia-modprobe -u -c=0), make it run at boot; if a CDI spec names the node, regenerate "
+            "it (sudo nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml); then delete the pod",
+            subject=_subject(pod), evidence=lines))
+    other = [(st, w) for st, w in cli if st != "requirement error" and (st, w) != drv]
+    if (other or any(k in text for k in TOOLKIT_OTHER)) and drv is None and dn is None:
+        st, w = other[0] if other else ("", next(k for k in TOOLKIT_OTHER if k in text))
+        what = f"{st}: {w}" if st else w
+        out.append(findings.failed(
+            "pod.toolkit-error",
+            f"the NVIDIA container toolkit's hook on {on} failed to set up the container's GPU ({what[:300]})",
+            _toolkit_remedy(what, node),
+            subject=_subject(pod),
+            evidence=_said(said, "nvidia-container-cli", *TOOLKIT_OTHER) + host_lines))
     if NVML_UNKNOWN in text:
         lines = [x for x in (msgs + log_lines) if "NVML" in x][:2] + host_lines
         if host is not None and host.systemd_cgroup is not None:
@@ -529,14 +764,91 @@ def _failing(pod: dict[str, Any], ev: ClusterEvidence) -> list[Finding]:
     return out
 
 
+def _cuda_too_new(pod: dict[str, Any], need: str, said: list[str], node: str, host: HostEvidence | None,
+                  host_lines: list[str]) -> Finding:
+    """pod.cuda-too-new: nvidia-container-cli's requirement check refused an image needing CUDA `need` ("12.6"). The
+    driver floor is the minor's (the release notes' table 3: 12.6 needs 560.28.03), not the major's (12.x runs on
+    525.60.13 only through minor version compatibility, which the check does not consider)."""
+    f = host.facts if host is not None else None
+    driver = f.gpu.driver if f is not None else None
+    rel = release(driver) if driver else None
+    floor = cuda_driver_floor(need)
+    has = (f.gpu.cuda_version if f is not None and f.gpu.cuda_version else None) or (cuda_of_driver(rel) if rel
+                                                                                      else None)
+    lines = _said(said, "cuda>=", "requirement error") + [f"images: {', '.join(_image_cuda(pod))}"] + host_lines
+    if floor is not None:
+        lines.append(f"CUDA {floor.known}'s driver floor (NVIDIA's CUDA release notes, table 3): {floor.text}"
+                     + ("" if floor.exact else f" (CUDA {need} is newer than the version matrix knows: a lower bound)"))
+    on = node or "its node"
+    image = f"e.g. nvidia/cuda:{has}.0-base-ubuntu22.04" if has else "e.g. nvidia/cuda:12.2.0-base-ubuntu22.04"
+    if floor is not None and rel is not None and floor.exact and at_least(rel, floor.driver):
+        upgrade = (f"the driver {driver} already meets CUDA {need}'s floor {floor.text}: the container sees "
+                   f"another driver than the host's nvidia-smi (a driver container, the toolkit's root), check "
+                   f"nvidia-smi inside a GPU pod on {on}")
+    elif floor is not None:
+        upgrade = (f"upgrade the driver on {node or 'the node'} to at least {floor.text}"
+                   + ("" if floor.exact else f" (CUDA {floor.known}'s; CUDA {need} needs a newer one: the release "
+                      "notes' table 3 names it)"))
+    else:
+        upgrade = f"upgrade the driver on {node or 'the node'}"
+    return findings.failed(
+        "pod.cuda-too-new",
+        f"the image needs CUDA {need}, newer than the driver {driver or '?'} on {on} supports"
+        + (f" (CUDA {has})" if has else ""),
+        f"use an image built for the driver's CUDA ({image}), or {upgrade}",
+        subject=_subject(pod), evidence=lines)
+
+
+def failing(pod: dict[str, Any]) -> bool:
+    """A pod that is not where a healthy pod is: not Running or Succeeded, or Running with a container waiting
+    (CrashLoopBackOff, RunContainerError, ...)."""
+    st = _status(pod)
+    if str(st.get("phase", "") or "") not in ("Running", "Succeeded"):
+        return True
+    return any(isinstance(_dd(cs.get("state")).get("waiting"), dict)
+               for cs in _l(st.get("initContainerStatuses")) + _l(st.get("containerStatuses")) if isinstance(cs, dict))
+
+
+def _unknown(pod: dict[str, Any], ev: ClusterEvidence) -> Finding:
+    """pod.unknown: a failing GPU pod whose cause doctor does not recognise, with what it read and where to look."""
+    ns, name = pod_key(pod)
+    st = _status(pod)
+    node = _node_of(pod)
+    phase = str(st.get("phase", "") or "unknown")
+    lines = [f"pod phase: {phase}" + (f", node {node}" if node else ", not bound to a node")]
+    lines += container_messages(pod)[:4]
+    if not node:
+        msg = scheduler_message(pod, ev.events)
+        lines.append(f"scheduler: {msg}" if msg else "scheduler: no FailedScheduling event, no PodScheduled reason")
+    lines += pod_events(pod, ev.events)[-4:]
+    log = clean(ev.logs.get((ns, name), ""))
+    lines += [f"log: {ln[:300]}" for ln in [x for x in log.splitlines() if x.strip()][-3:]]
+    lines += _node_lines(ev, node)
+    host = ev.hosts.get(node)
+    if host is not None:
+        lines += host.lines()
+    where = (f"kubectl -n {ns} describe pod {name} (its events), kubectl -n {ns} logs {name} --previous"
+             + (f"; on {node}: journalctl -u kubelet -u containerd --since '-30min' | grep {name}" if node else
+                "; kubectl -n kube-system logs -l component=kube-scheduler (is a scheduler running for it?)"))
+    return findings.failed(
+        "pod.unknown",
+        f"the GPU pod is {phase if phase != 'unknown' else 'failing'}"
+        + (" with a container waiting" if phase == "Running" else "")
+        + " for a reason doctor does not recognise: the evidence it read is below",
+        f"look at {where}; if it is a GPU cause doctor should name, report its text",
+        subject=_subject(pod), evidence=lines)
+
+
 def pod_causes(pod: dict[str, Any], ev: ClusterEvidence) -> list[Finding]:
-    """Why a GPU pod is Pending or failing (most likely first); [] when nothing is wrong with it."""
+    """Why a GPU pod is Pending or failing (most likely first); [] when nothing is wrong with it. A pod that is
+    failing (`failing`) and whose cause is not recognised gets pod.unknown: doctor is never silent about it."""
     st = _status(pod)
     phase = str(st.get("phase", "") or "")
     bound = bool(_node_of(pod))
-    if phase == "Pending" and not bound:
-        return _pending(pod, ev)
-    return _failing(pod, ev)
+    out = _pending(pod, ev) if phase == "Pending" and not bound else _failing(pod, ev)
+    if not out and failing(pod):
+        out = [_unknown(pod, ev)]
+    return out
 
 
 def troubled(pod: dict[str, Any]) -> bool:
@@ -632,11 +944,16 @@ def node_causes(name: str, ev: ClusterEvidence) -> list[Finding]:
                                 plan.plugin.config_name if plan.plugin else "", ev.configs)
     problem = host.driver_problem if host is not None else ""
     default = host.runtime_default if host is not None else None
-    check = state.check_node(name, want, node, state.pod_states(ev.pods), ev.plugin, driver_problem=problem,
-                             runtime_default=default, resource=plan.resource_name, sharing=sharing)
+    count_unknown = not want and node_problem(name, ev)  # neither the inventory nor the facts say how many
+    check = state.check_node(name, want or (1 if count_unknown else 0), node, state.pod_states(ev.pods), ev.plugin,
+                             driver_problem=problem, runtime_default=default, resource=plan.resource_name,
+                             sharing=sharing)
     if check.ok:
-        return []
+        return [_node_unknown(name, ev)] if node_problem(name, ev) else []
     f = check.finding()
+    if count_unknown and f.message.startswith(UNKNOWN_COUNT_HEAD):
+        f = dataclasses.replace(f, message="no GPU schedulable (how many is not in the inventory, and the host's facts "
+                                "were not read): " + f.message[len(UNKNOWN_COUNT_HEAD):])
     extra: list[str] = []
     plugin = plugin_pod(ev, name)
     log = ""
@@ -645,6 +962,8 @@ def node_causes(name: str, ev: ClusterEvidence) -> list[Finding]:
         ns, pname = pod_key(plugin)
         log = clean(ev.logs.get((ns, pname), ""))
         extra += [f"{pname} log: {ln.strip()}" for ln in log.splitlines() if any(k in ln for k in PLUGIN_NVML)][:3]
+        extra += [f"{pname} log: {ln.strip()[:300]}" for ln in log.splitlines()
+                  if any(k in ln for k in PLUGIN_UNHEALTHY)][:3]
     if host is not None:
         said = " ".join(f.evidence)
         extra += [ln for ln in host.lines()  # what verify's evidence said already is not repeated
@@ -653,6 +972,14 @@ def node_causes(name: str, ev: ClusterEvidence) -> list[Finding]:
     remedy = f.remedy
     fid = f.id
     message = f.message
+    if fid == "gpu.fewer-registered" and any(k in log for k in PLUGIN_UNHEALTHY):
+        xid = XID.search(log)
+        message = (f"{f.message.split(': ', 1)[0]}: the device plugin marked a GPU unhealthy"
+                   + (f" (Xid {xid.group(1)})" if xid else "") + " and no longer advertises it")
+        remedy = (f"on {name}: nvidia-smi and dmesg | grep -i xid say which GPU and why (Xid 79: fallen off the bus; "
+                  "48: a double-bit ECC error); such a GPU needs a reset (nvidia-smi -r -i N with no process on it) or "
+                  "a reboot, or a repair; the plugin advertises it again once it is healthy "
+                  f"({restart_command(pname)})")
     if fid == "gpu.plugin-crashing" and plugin is not None:
         waiting = " ".join(container_messages(plugin))
         if "ImagePull" in waiting or "ErrImagePull" in waiting:
@@ -668,7 +995,7 @@ def node_causes(name: str, ev: ClusterEvidence) -> list[Finding]:
                       "copy there) and re-run gpuk8s install")
             extra = [waiting[:300], *(f"event: {m[:400]}" for m in pulls[-1:]), *extra]
     if fid in ("gpu.plugin-no-nvml", "gpu.fewer-registered") and host is not None and not problem \
-            and not any(k in log for k in PLUGIN_NVML) and host.sockets is not None \
+            and not any(k in log for k in PLUGIN_NVML + PLUGIN_UNHEALTHY) and host.sockets is not None \
             and not any(s.startswith(PLUGIN_SOCKET_PREFIX) for s in host.sockets):
         fid, message = "gpu.plugin-socket-missing", (
             f"the device plugin runs on {name} but its socket is not in the kubelet's {DEVICE_PLUGINS}/: it is not "
@@ -696,6 +1023,40 @@ def node_causes(name: str, ev: ClusterEvidence) -> list[Finding]:
     return [findings.failed(fid, message, remedy, subject=f.subject, evidence=[*f.evidence, *extra])]
 
 
+UNKNOWN_COUNT_HEAD = "0 of 1 GPU(s) schedulable: "  # state.diagnose_gpus's head when doctor asks for "at least 1"
+
+
+def _node_unknown(name: str, ev: ClusterEvidence) -> Finding:
+    """gpu.unknown: a GPU node short of its plan that verify's classifier finds nothing wrong with."""
+    plan = ev.plans.get(name)
+    n = ev.nodes.get(name) or {}
+    alloc = {str(k): str(v) for k, v in _dd(_status(n).get("allocatable")).items() if "/" in str(k)}
+    lines = _node_lines(ev, name)
+    lines.append("allocatable: " + (", ".join(f"{k}={v}" for k, v in sorted(alloc.items())) or "no extended "
+                                    "resource"))
+    if plan is not None:
+        lines.append(f"plan: {plan.expected_gpus or 'some'} {plan.resource_name}"
+                     + (f", sharing {plan.sharing} x{plan.replicas}" if plan.sharing != "none" else ""))
+    plugin = plugin_pod(ev, name)
+    if plugin is not None:
+        ns, pname = pod_key(plugin)
+        lines.append(f"plugin pod {ns}/{pname}: {_status(plugin).get('phase', '?')}"
+                     + "".join(f"; {m}" for m in container_messages(plugin)[:2]))
+        log = clean(ev.logs.get((ns, pname), ""))
+        lines += [f"{pname} log: {ln[:300]}" for ln in [x for x in log.splitlines() if x.strip()][-3:]]
+    else:
+        lines.append(f"no device plugin pod on {name}")
+    host = ev.hosts.get(name)
+    if host is not None:
+        lines += host.lines()
+    return findings.failed(
+        "gpu.unknown",
+        f"{name} does not show the GPUs of its plan and doctor does not recognise why: the evidence it read is below",
+        f"look at kubectl describe node {name} (conditions, allocatable), the device plugin's log on it (kubectl -n "
+        f"kube-system logs POD), nvidia-smi and journalctl -u kubelet on {name}; gpuk8s verify",
+        subject=findings.node(name), evidence=lines)
+
+
 def node_problem(name: str, ev: ClusterEvidence) -> bool:
     """A GPU node whose allocatable differs from its plan (cheap: the cluster's side only)."""
     plan = ev.plans.get(name)
@@ -713,12 +1074,14 @@ def node_problem(name: str, ev: ClusterEvidence) -> bool:
     return not ns.ready or ns.allocatable_of(plan.resource_name) != plan.expected_gpus
 
 
-# Causes --fix can remedy by re-running install's phases on the node (prepare: the runtime default and the toolkit;
+# Causes --fix can remedy by re-running install's phases on the node (prepare: the runtime default, the toolkit and
+# the nvidia runtime handler in containerd's config;
 # gpu: the device plugin's manifests, its config, the node's labels; plugin: a restart of the node's plugin pod),
 # with what it re-runs.
 FIXES: dict[str, str] = {
     "gpu.runtime-not-nvidia": "prepare",
     "pod.no-nvidia-runtime": "prepare",
+    "pod.runtime-handler-missing": "prepare",
     "gpu.plugin-missing": "gpu",
     "gpu.plugin-not-scheduled": "gpu",
     "gpu.sharing-config": "gpu",

@@ -293,3 +293,52 @@ def test_readme_names_the_default_versions():
     for s in (f"Kubernetes {M.default}", p.device_plugin, p.toolkit, p.calico.version, p.flannel.version,
               "docs/versions.md", "gpuk8s versions", "kubernetes_version"):
         assert s in section, s
+
+
+# --- CUDA and the driver (versions.yaml's cuda section) ---------------------------------------------------------
+
+
+def test_the_cuda_driver_floors_are_the_release_notes_table_per_minor():
+    # NVIDIA's CUDA Toolkit release notes, "CUDA Toolkit and Corresponding Driver Versions" (table 3), Linux x86_64
+    table = {"13.1": "590.44.01", "13.0": "580.65.06", "12.9": "575.51.03", "12.8": "570.26", "12.6": "560.28.03",
+             "12.5": "555.42.02", "12.4": "550.54.14", "12.3": "545.23.06", "12.2": "535.54.03", "12.1": "530.30.02",
+             "12.0": "525.60.13", "11.8": "520.61.05", "11.0": "450.36.06", "10.1": "418.39"}
+    for cuda, driver in table.items():
+        floor = versions.cuda_driver_floor(cuda)
+        assert floor is not None and floor.exact and floor.text == driver and versions.fmt(floor.driver) == \
+            ".".join(str(int(x)) for x in driver.split(".")), cuda
+    # the case: a minor's requirement is its own floor, not the major's (12.x -> 525.60.13)
+    assert versions.cuda_driver_floor("12.6").text == "560.28.03"
+    assert not versions.at_least((535, 104, 5), versions.cuda_driver_floor("12.6").driver)
+    # a minor newer than the table: the newest known one's floor, marked as a lower bound
+    newer = versions.cuda_driver_floor("13.9")
+    assert newer is not None and not newer.exact and newer.known == next(iter(dict(versions.CUDA_MINOR_FLOORS)))
+    assert versions.cuda_driver_floor("8.0") is None and versions.cuda_driver_floor("x") is None
+    assert versions.cuda_of_driver((535, 104, 5)) == "12.2" and versions.cuda_of_driver((580, 95, 5)) == "13.0"
+
+
+def test_the_major_floors_are_unchanged_for_preflight_and_the_test_image():
+    assert versions.CUDA_DRIVER_FLOORS == (("13", (580, 0)), ("12", (525, 60, 13)), ("11", (450, 80, 2)),
+                                           ("10.2", (440, 33)), ("10.1", (418, 39)), ("10.0", (410, 48)),
+                                           ("9.0", (384, 81)))
+
+
+@pytest.mark.parametrize("edit", [
+    lambda d: d.pop("cuda"),
+    lambda d: d["cuda"]["driver_per_minor"].update({"12.6": "latest"}),
+    lambda d: d["cuda"].update(driver_per_major=[]),
+])
+def test_a_malformed_cuda_section_is_refused(edit, monkeypatch):
+    data = yaml.safe_load(MATRIX.read_text())
+    edit(data)
+
+    class Files:
+        def joinpath(self, _):
+            return self
+
+        def read_text(self, encoding="utf-8"):
+            return yaml.safe_dump(data)
+
+    monkeypatch.setattr(versions.resources, "files", lambda _: Files())
+    with pytest.raises(versions.MatrixError, match="cuda"):
+        versions._cuda_section()
