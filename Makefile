@@ -95,4 +95,6 @@ bench-smoke: install lab-deps
 	$(BIN)/python -m tests.bench --sizes 8 --install-sizes 8 --check-budgets --json /var/tmp/gpuk8s-bench/bench-smoke.json
 
 clean:
-	rm -rf $(VENV) $(dir $(DIST_VENV)) *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	[ ! -e $(DIST_VENV)/pyvenv.cfg ] || rm -rf $(DIST_VENV)   # only a venv: a wrong DIST_VENV costs nobody their files
+	rm -f $(DIST_VENV)-dist/gpuk8s-*; rmdir $(DIST_VENV)-dist 2>/dev/null || true
+	rm -rf $(VENV) *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis

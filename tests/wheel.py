@@ -17,9 +17,22 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def _replaceable(path: Path, marker: str) -> None:
+    """Refuse to empty a directory that is not what this module made (a venv has pyvenv.cfg, a dist directory
+    holds only gpuk8s archives): a wrong DIST_VENV must not cost anyone their files."""
+    if not path.exists():
+        return
+    names = [p.name for p in path.iterdir()] if path.is_dir() else ["(not a directory)"]
+    ok = marker in names if marker else all(n.startswith("gpuk8s-") for n in names)
+    if names and not ok:
+        raise RuntimeError(f"{path} exists and is not a gpuk8s {'venv' if marker else 'dist directory'}: "
+                           "not replaced")
+
+
 def build(out_dir: Path) -> tuple[Path, Path]:
     """sdist and wheel into out_dir (emptied first); `python -m build` builds the wheel from the sdist, so a
     file missing from the sdist is missing from the wheel too. Returns (sdist, wheel)."""
+    _replaceable(out_dir, "")
     shutil.rmtree(out_dir, ignore_errors=True)
     out_dir.mkdir(parents=True)
     # the build runs in a copy: setuptools writes build/ and *.egg-info next to the sources
@@ -49,6 +62,7 @@ def wheel_names(wheel: Path) -> list[str]:
 def install(wheel: Path, venv: Path) -> Path:
     """A fresh virtual environment at `venv` with the wheel and its dependencies (from the package index);
     returns its gpuk8s executable."""
+    _replaceable(venv, "pyvenv.cfg")
     shutil.rmtree(venv, ignore_errors=True)
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
