@@ -74,7 +74,7 @@ def read_metrics(kube: KubeClient, inv: Inventory, pods: list[dict[str, Any]],
             n.metrics_note = f"no DCGM exporter pod on {n.node} (gpuk8s verify says why)"
             continue
         try:
-            n.metrics = al.gpu_metrics(kube.raw_get(metrics_path(ns, pod)))
+            n.metrics = al.gpu_metrics(kube.raw_get(metrics_path(ns, pod), cap=al.METRICS_MAX_BYTES))
         except (KubeError, al.MetricsError) as e:
             n.metrics_note = f"metrics of {ns}/{pod} unreadable: {e}"
 

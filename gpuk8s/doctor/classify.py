@@ -642,7 +642,8 @@ def _failing(pod: dict[str, Any], ev: ClusterEvidence) -> list[Finding]:
              f"check the device plugin pod on {on} (kubectl -n kube-system logs) and gpuk8s doctor node/{node}; ")
             + "then delete the pod so that it is scheduled again",
             subject=_subject(pod), evidence=lines + _node_lines(ev, node)))
-    hm = RUNTIME_HANDLER.search(text)
+    # the kubelet's words only (its events and the pod's status), never the pod's own log, which its owner writes
+    hm = RUNTIME_HANDLER.search("\n".join(said))
     if hm:
         handler = hm.group(1) or hm.group(2)
         lines = _said(said, "no runtime for", "failed to find runtime handler")
@@ -1093,10 +1094,31 @@ FIXES: dict[str, str] = {
 }
 
 
+def _host_of(f: Finding, ev: ClusterEvidence) -> HostEvidence | None:
+    """The host evidence of the node a pod finding's pod is bound to (from the pod object, not from any text)."""
+    if f.subject is None or f.subject.kind != "pod":
+        return None
+    ns, _, name = f.subject.name.partition("/")
+    pod = ev.pod(ns, name)
+    node = _node_of(pod) if pod is not None else ""
+    return ev.hosts.get(node) if node else None
+
+
 def fixable(f: Finding, ev: ClusterEvidence) -> str:
     """The phase that remedies `f` ('' when gpuk8s cannot fix it safely). A plugin not scheduled because of a
-    taint of the user's own is not fixable: only the missing label is."""
+    taint of the user's own is not fixable: only the missing label is. A pod's cause that re-runs node preparation
+    is fixable only where the host's own facts (read over SSH, not the pod's words, which a tenant can write)
+    show what preparation fixes: containerd without the nvidia runtime, or a default runtime other than nvidia."""
     phase = FIXES.get(f.id, "")
+    if f.id in ("pod.runtime-handler-missing", "pod.no-nvidia-runtime"):
+        host = _host_of(f, ev)
+        if host is None or host.facts is None:
+            return ""
+        if f.id == "pod.runtime-handler-missing" and not (
+                host.runtime == "containerd" and not host.facts.containerd_config.nvidia_runtime):
+            return ""
+        if f.id == "pod.no-nvidia-runtime" and host.runtime_default in (None, "nvidia"):
+            return ""
     if f.id == "gpu.plugin-not-scheduled" and not any(
             e.startswith(f"node label {gpuplan.GPU_PRESENT}: missing") for e in f.evidence):
         return ""

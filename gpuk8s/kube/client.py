@@ -14,6 +14,7 @@ import shlex
 import shutil
 import subprocess
 import tempfile
+import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -30,6 +31,10 @@ ADMIN = "/etc/kubernetes/admin.conf"
 # cut at; 5,000 pods and 512 nodes of real size are ~30 MB. A read over the cap is an error naming its size,
 # never a list with objects missing.
 READ_CAP = 128 << 20
+# What is read of text a tenant or a node writes (a pod's log, a /metrics body through the API server's proxy):
+# far less than a list of objects, so that a huge answer costs nothing to refuse
+LOG_CAP = 1 << 20
+RAW_CAP = 16 << 20
 
 
 class KubeError(Exception):
@@ -47,7 +52,7 @@ class Output:
     ok: bool
     stdout: str
     stderr: str
-    truncated: bool = False  # kubectl printed more than READ_CAP: stdout is not all of it
+    truncated: bool = False  # kubectl printed more than the read's cap on stdout: stdout is not all of it
     size: int = 0  # bytes kubectl printed on stdout in all
 
     def tail(self, n: int = 8) -> str:
@@ -87,9 +92,10 @@ class KubeClient(Protocol):
     def events(self, namespace: str | None = None) -> list[dict[str, Any]]:
         ...
 
-    def raw_get(self, path: str) -> str:
+    def raw_get(self, path: str, cap: int = RAW_CAP) -> str:
         """`kubectl get --raw PATH`: an API server path, e.g. a pod's proxy
-        /api/v1/namespaces/NS/pods/POD:9400/proxy/metrics; the body as text."""
+        /api/v1/namespaces/NS/pods/POD:9400/proxy/metrics; the body as text. A body over `cap` bytes is a
+        KubeError naming its size."""
         ...
 
     def drain(self, node: str, timeout_s: int) -> str:
@@ -148,17 +154,21 @@ class Kubectl:
 
     where = "kubectl"
 
-    def _kubectl(self, args: list[str], stdin: str | None = None, timeout: float | None = None) -> Output:
+    def _kubectl(self, args: list[str], stdin: str | None = None, timeout: float | None = None,
+                 cap: int | None = None) -> Output:
         """kubectl ARGS; `timeout`: seconds it may take where kubectl has its own, longer bound (drain).
-        At most READ_CAP bytes of stdout are kept (Output.truncated says when more came)."""
+        At most `cap` bytes of stdout are kept (Output.truncated says when more came)."""
         raise NotImplementedError
 
-    def _run(self, args: list[str], stdin: str | None = None, timeout: float | None = None) -> Output:
-        """_kubectl, where an output cut at READ_CAP is an error naming its size: never half a list."""
-        out = self._kubectl(args, stdin, timeout)
+    def _run(self, args: list[str], stdin: str | None = None, timeout: float | None = None,
+             cap: int | None = None) -> Output:
+        """_kubectl, where an output cut at `cap` (default READ_CAP) is an error naming its size: never half a
+        list."""
+        cap = READ_CAP if cap is None else cap
+        out = self._kubectl(args, stdin, timeout, cap)
         if out.truncated:
             raise KubeError(f"kubectl {' '.join(args[:2])} ({self.where}) printed {out.size} bytes, more than the "
-                            f"{READ_CAP >> 20} MiB gpuk8s reads of one command; nothing was read from it",
+                            f"{cap >> 20} MiB gpuk8s reads of it; nothing was read from it",
                             "name the nodes to look at (gpuk8s status NODE...) or report this with the log file")
         return out
 
@@ -207,16 +217,18 @@ class Kubectl:
             self._checked(["delete", kind, *names, "-n", namespace, "--ignore-not-found"])
 
     def logs(self, pod: str, namespace: str, tail: int = 50) -> str:
-        out = self._run(["logs", pod, "-n", namespace, f"--tail={tail}"])
+        # a tenant writes the log: kubectl stops at 1 MiB, and a cut log is still a log (its last lines matter)
+        out = self._kubectl(["logs", f"--limit-bytes={LOG_CAP}", pod, "-n", namespace, f"--tail={tail}"],
+                            cap=2 * LOG_CAP)
         return out.stdout if out.ok else out.stderr
 
     def events(self, namespace: str | None = None) -> list[dict[str, Any]]:
         return self.get("events", namespace=namespace if namespace is not None else "*")
 
-    def raw_get(self, path: str) -> str:
+    def raw_get(self, path: str, cap: int = RAW_CAP) -> str:
         if not path.startswith("/"):
             raise ValueError(f"an API path starts with '/': {path!r}")
-        out = self._run(["get", "--raw", path])
+        out = self._run(["get", "--raw", path], cap=cap)
         if not out.ok:
             raise KubeError(f"kubectl get --raw {path} ({self.where}) failed: {out.tail()}",
                             "check that the pod is Running and serves the port (kubectl get pods -o wide)")
@@ -247,11 +259,14 @@ class SSHKubectl(Kubectl):
         self.session = session
         self.where = f"kubectl on {session.host.name}"
 
-    def _kubectl(self, args: list[str], stdin: str | None = None, timeout: float | None = None) -> Output:
+    def _kubectl(self, args: list[str], stdin: str | None = None, timeout: float | None = None,
+                 cap: int | None = None) -> Output:
+        cap = READ_CAP if cap is None else cap
         line = shlex.join(["kubectl", "--kubeconfig", ADMIN, *args])
         res = self.session.run(line, sudo=True, stdin=stdin.encode() if stdin is not None else None,
-                               timeout=timeout, max_output=READ_CAP)
-        return Output(res.ok, res.stdout, res.stderr, res.truncated, res.stdout_bytes)
+                               timeout=timeout, max_output=cap)
+        # stdout decides (a long stderr is cut and only its last lines are shown anyway)
+        return Output(res.ok, res.stdout, res.stderr, res.stdout_bytes > cap, res.stdout_bytes)
 
 
 class LocalKubectl(Kubectl):
@@ -268,20 +283,39 @@ class LocalKubectl(Kubectl):
         self.timeout = timeout
         self.where = f"kubectl with {kubeconfig}"
 
-    def _kubectl(self, args: list[str], stdin: str | None = None, timeout: float | None = None) -> Output:
+    def _kubectl(self, args: list[str], stdin: str | None = None, timeout: float | None = None,
+                 cap: int | None = None) -> Output:
         timeout = max(timeout or 0, self.timeout)
+        cap = READ_CAP if cap is None else cap
         argv = [self.exe, "--kubeconfig", self.kubeconfig, *(["--context", self.context] if self.context else []),
                 *args]
-        # stdout goes to a file, so that its size is known before any of it is read into memory
+        # stdout goes to a file, so that its size is known before any of it is read into memory; kubectl is
+        # stopped as soon as it has written more than the cap (it must not fill the disk until its timeout)
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-            try:
-                p = subprocess.run(argv, input=stdin.encode() if stdin is not None else None, stdout=out,
-                                   stderr=err, timeout=timeout)
-            except subprocess.TimeoutExpired:
-                return Output(False, "", f"kubectl did not finish within {timeout:g} s")
+            p = subprocess.Popen(argv, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                                 stdout=out, stderr=err)
+            if stdin is not None and p.stdin is not None:
+                try:
+                    p.stdin.write(stdin.encode())
+                    p.stdin.close()
+                except BrokenPipeError:
+                    pass
+            deadline = time.monotonic() + timeout
+            delay = 0.005
+            while p.poll() is None:
+                if os.fstat(out.fileno()).st_size > cap or os.fstat(err.fileno()).st_size > cap:
+                    p.kill()
+                    p.wait()
+                    break
+                if time.monotonic() > deadline:
+                    p.kill()
+                    p.wait()
+                    return Output(False, "", f"kubectl did not finish within {timeout:g} s")
+                time.sleep(delay)
+                delay = min(delay * 2, 0.1)
             size = os.fstat(out.fileno()).st_size
             out.seek(0)
             err.seek(0)
-            text = out.read(READ_CAP).decode("utf-8", "replace")
+            text = out.read(cap).decode("utf-8", "replace")
             etext = err.read(1 << 20).decode("utf-8", "replace")
-        return Output(p.returncode == 0, clean(text), clean(etext), size > READ_CAP, size)
+        return Output(p.returncode == 0 and size <= cap, clean(text), clean(etext), size > cap, size)

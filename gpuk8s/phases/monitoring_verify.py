@@ -30,7 +30,7 @@ from gpuk8s.gpuplan import GPU_RESOURCE, GPUPlan
 from gpuk8s.kube import monitoring as mon
 from gpuk8s.kube import state
 from gpuk8s.kube.allocation import MetricsError as AllocationMetricsError
-from gpuk8s.kube.allocation import dcgm_text
+from gpuk8s.kube.allocation import METRICS_MAX_BYTES, dcgm_text
 from gpuk8s.kube.client import KubeError
 from gpuk8s.phases.base import Context, Phase, PhasePlan, PhaseResult
 from gpuk8s.text import clean
@@ -259,7 +259,7 @@ class MonitoringVerify(Phase):
                                    f"kubectl -n {ns} describe pod {pod.name}", subject=subject,
                                    evidence=evidence + lines)
         try:
-            series = util_series(ctx.kube.raw_get(metrics_path(ns, pod.name)))
+            series = util_series(ctx.kube.raw_get(metrics_path(ns, pod.name), cap=METRICS_MAX_BYTES))
         except (KubeError, MetricsError) as e:
             msg = e.message if isinstance(e, KubeError) else str(e)
             return findings.failed("monitoring.metrics-unreadable",

@@ -108,7 +108,7 @@ class FakeKube:
     # without an entry fails as the API server does when the pod does not answer
     raw: dict[str, str]
 
-    def raw_get(self, path: str) -> str:
+    def raw_get(self, path: str, cap: int = 16 << 20) -> str:
         from gpuk8s.kube.client import KubeError
 
         self.calls.append(("raw_get", path))
@@ -116,6 +116,9 @@ class FakeKube:
         if path not in answers:
             raise KubeError(f"kubectl get --raw {path} (the fake API) failed: Error from server "
                             "(ServiceUnavailable): the server is currently unable to handle the request")
+        if len(answers[path].encode()) > cap:
+            raise KubeError(f"kubectl get --raw {path} (the fake API) printed {len(answers[path].encode())} bytes, "
+                            f"more than the {cap >> 20} MiB gpuk8s reads of it")
         return answers[path]
 
     # drain and delete_node: a drain cordons (spec.unschedulable); `self.drain_error` makes it fail as

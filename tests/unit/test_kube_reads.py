@@ -113,3 +113,38 @@ def test_a_probe_output_past_what_its_sections_can_add_up_to_is_an_error(run_cli
     [host] = json.loads(r.stdout)["hosts"]
     [c] = [c for c in host["checks"] if c["id"] == "ssh.reachable"]
     assert c["status"] == "fail" and f"printed {len(padding) + len(hostile_ssh.PROBE)} bytes" in c["message"]
+
+
+def test_local_kubectl_is_stopped_once_past_the_cap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kubectl (or an API server behind it) that never stops writing is killed once past the cap, not left to
+    fill the disk until its timeout."""
+    import time
+
+    exe = tmp_path / "bin" / "kubectl"
+    exe.parent.mkdir()
+    exe.write_text("#!/bin/sh\nexec yes '{\"items\": []}'\n")
+    exe.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    monkeypatch.setattr(client, "READ_CAP", MAX_OUTPUT)
+    kube = LocalKubectl(str(tmp_path / "kc.yaml"), timeout=60)
+    t0 = time.monotonic()
+    with pytest.raises(KubeError) as e:
+        kube.get("pods", namespace="*")
+    assert time.monotonic() - t0 < 30
+    assert "more than the 1 MiB" in e.value.message
+
+
+def test_a_tenants_huge_log_is_read_cut_not_refused(hostile_host: HostileSSH) -> None:
+    """A pod's log is the tenant's text: kubectl is asked for at most LOG_CAP bytes, and a longer answer is cut
+    (its last lines are what doctor shows), never an error or a 128 MiB read."""
+    big = "x" * 1000 + "\n"
+
+    def answer(command: str) -> hostile_ssh.Answer:
+        return (big * (3 * client.LOG_CAP // len(big)), "", 0) if " logs " in command else ("", "no", 1)
+
+    hostile_host.answer = answer
+    with Session(load(hostile_host.inventory).hosts[0]) as s:
+        text = SSHKubectl(s).logs("train", "ml", tail=20)
+    command = hostile_host.execs[-1][0]
+    assert f"--limit-bytes={client.LOG_CAP}" in command
+    assert client.LOG_CAP < len(text) <= 2 * client.LOG_CAP

@@ -420,10 +420,35 @@ def test_the_kubelet_and_kubeadm_words_gpuk8s_quotes_are_real(name: str) -> None
 
 def test_a_pod_in_container_creating_for_a_missing_runtime_handler_is_not_an_all_clear() -> None:
     """Before: FailedCreatePodSandBox was not read at all: "doctor: nothing wrong found", exit 0."""
-    found, _ = diagnose("kubernetes/kubelet/sandbox-no-runtime-nvidia-kops.txt", "nvidia")
+    found, text = diagnose("kubernetes/kubelet/sandbox-no-runtime-nvidia-kops.txt", "nvidia")
     [f] = found
     assert f.id == "pod.runtime-handler-missing" and f.subject == findings.pod("ml/train")
-    assert classify.fixable(f, ClusterEvidence({}, [])) == "prepare"  # --fix re-runs node preparation
+    # --fix re-runs node preparation only where the host's own facts show containerd without the nvidia runtime:
+    # the pod's words (events, its log) are a tenant's to write
+    message = next(m for r, m in events_of("describe-events", text) if r == "FailedCreatePodSandBox")
+    p, ev = bound("nvidia", events=[("FailedCreatePodSandBox", message)])
+    [f] = classify.pod_causes(p, ev)
+    h = ev.hosts["gpu-1"]
+    assert h.facts is not None
+
+    def with_runtime(defined: bool) -> HostEvidence:
+        assert h.facts is not None
+        return dataclasses.replace(h, facts=dataclasses.replace(h.facts, containerd_config=dataclasses.replace(
+            h.facts.containerd_config, nvidia_runtime=defined)))
+
+    ev.hosts["gpu-1"] = with_runtime(True)
+    assert classify.fixable(f, ev) == ""  # the host has the runtime: nothing for preparation to fix
+    ev.hosts["gpu-1"] = with_runtime(False)
+    assert classify.fixable(f, ev) == "prepare"
+    assert classify.fixable(f, ClusterEvidence({}, [p])) == ""  # no facts read: not fixable
+
+
+def test_a_tenants_log_never_makes_a_cause_that_fix_acts_on() -> None:
+    """The pod's log is its owner's text: 'no runtime for "nvidia"' there names no runtime handler cause."""
+    p, ev = bound("nvidia", status=terminated("Error", exit_code=1),
+                  log='failed to get sandbox runtime: no runtime for "nvidia" is configured')
+    found = classify.pod_causes(p, ev)
+    assert found and not [f for f in found if f.id == "pod.runtime-handler-missing"]
 
 
 def test_a_cuda_minor_requirement_is_compared_with_the_minors_driver_floor() -> None:
