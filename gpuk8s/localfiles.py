@@ -13,6 +13,7 @@ Kubeconfigs are read as plain YAML (gpuk8s/plainyaml.py): bounded, and one with 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import secrets
@@ -224,6 +225,21 @@ def _last_line(node: yaml.Node) -> int:
     return max(last, node.start_mark.line)
 
 
+def _no_foreign_links(path: Path) -> None:
+    """Refuse a path with a symbolic link on the way that neither root nor this user made (root's links, such as
+    /var -> /private/var, are the system's; another user's link decides where the files go)."""
+    cur = Path("/")
+    for part in Path(os.path.abspath(path)).parts[1:]:
+        cur = cur / part
+        try:
+            st = os.lstat(cur)
+        except OSError:
+            return  # from here on the path does not exist: makedirs creates it
+        if stat.S_ISLNK(st.st_mode) and st.st_uid not in (0, os.geteuid()):
+            raise LocalFileError(f"{cur} is a symbolic link of another user (uid {st.st_uid}): not followed, "
+                                 "nothing written", "choose a directory of your own")
+
+
 def write_into(directory: str | os.PathLike[str], files: dict[str, str]) -> list[Written]:
     """Write each of `files` (file name -> text) into `directory`, as `write_private` writes: mode 0600, a new
     file renamed over the old, never through a symbolic link (`gpuk8s render --output-dir`).
@@ -233,10 +249,16 @@ def write_into(directory: str | os.PathLike[str], files: dict[str, str]) -> list
     checked before anything is written: a link, or anything but a regular file, refuses the whole lot.
     """
     target = Path(os.path.expanduser(os.fspath(directory)))
+    _no_foreign_links(target)
     try:
         os.makedirs(target, mode=0o700, exist_ok=True)
-        dfd = os.open(target, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        # O_NOFOLLOW: the directory itself is never a link (another user's /tmp/out pointing at a directory of the
+        # operator's own would pass every check below and have its files replaced)
+        dfd = os.open(target, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW)
     except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR) and os.path.islink(target):  # O_DIRECTORY may say ENOTDIR
+            raise LocalFileError(f"{target} is a symbolic link: not followed, nothing written",
+                                 "name the directory itself, or choose another") from None
         raise LocalFileError(f"cannot use the directory {target}: {e.strerror or type(e).__name__}",
                              "choose a directory you can write") from None
     try:

@@ -29,8 +29,8 @@ from gpuk8s.findings import Finding
 from gpuk8s.gpuplan import GPU_RESOURCE, GPUPlan
 from gpuk8s.kube import monitoring as mon
 from gpuk8s.kube import state
-from gpuk8s.kube.allocation import MetricsError as AllocationMetricsError
 from gpuk8s.kube.allocation import METRICS_MAX_BYTES, dcgm_text
+from gpuk8s.kube.allocation import MetricsError as AllocationMetricsError
 from gpuk8s.kube.client import KubeError
 from gpuk8s.phases.base import Context, Phase, PhasePlan, PhaseResult
 from gpuk8s.text import clean

@@ -13,8 +13,9 @@ if [ "$control_plane" = yes ] && [ -e "$kept" ]; then
 fi
 # the etcd data directory of kubeadm's stacked etcd, read where kubeadm reset reads it (the static pod's
 # --data-dir in manifest $1), before kubeadm reset removes the manifest; on a control plane only. Printed, and
-# 0, only when it lies below /var/lib (kubeadm's default, /var/lib/etcd, when none is named): any other path
-# (/, /home, one with . or ..) is printed with status 1 and is never removed. Only root writes the manifest:
+# 0, only when it lies below /var/lib and is etcd's (named etcd*, or holding etcd's member/; kubeadm's default,
+# /var/lib/etcd, when none is named): any other path (/, /home, /var/lib/dpkg, one with . or ..) is printed with
+# status 1 and is never removed. Only root writes the manifest:
 # defence in depth against a hand-edited or planted one.
 gk_etcd_data_dir() {
   d=$(sed -n 's/^[[:space:]]*-[[:space:]]*--data-dir=//p' "$1" 2>/dev/null | head -n 1)
@@ -22,7 +23,11 @@ gk_etcd_data_dir() {
   while [ "$d" != / ] && [ "${d%/}" != "$d" ]; do d=${d%/}; done
   printf '%s\n' "$d"
   case "$d/" in */../*|*/./*|*//*) return 1 ;; esac
-  case "$d" in /var/lib/?*) return 0 ;; esac
+  # an etcd-named directory, or one that holds etcd's data (member/): not /var/lib/dpkg or /var/lib/containerd
+  case "$d" in
+    /var/lib/etcd|/var/lib/etcd[-_.0-9]*) return 0 ;;
+    /var/lib/?*) [ -d "$d/member" ] && return 0 ;;
+  esac
   return 1
 }
 etcd_manifest=/etc/kubernetes/manifests/etcd.yaml

@@ -243,3 +243,39 @@ def test_render_refuses_a_link_in_its_output_dir(run_cli, tmp_path):
     (out / "kubeadm-init.yaml").unlink()
     r = run_cli("render", "-i", str(inv), "--output-dir", str(out))
     assert r.returncode == 1 and "writable by group or others" in r.stderr and list(out.iterdir()) == []
+
+
+def test_output_dir_that_is_a_link_is_refused(tmp_path):
+    """Another user's /tmp/out pointing at a directory of the operator's own would pass the owner and mode
+    checks of the directory it names: the directory itself is never a link."""
+    from gpuk8s import localfiles
+
+    mine = tmp_path / "config"
+    mine.mkdir(mode=0o700)
+    (mine / "a.yaml").write_text("precious\n")
+    link = tmp_path / "out"
+    link.symlink_to(mine)
+    with pytest.raises(localfiles.LocalFileError, match="is a symbolic link: not followed"):
+        localfiles.write_into(link, {"a.yaml": "a\n"})
+    assert (mine / "a.yaml").read_text() == "precious\n"
+
+
+def test_a_link_of_another_user_on_the_way_is_refused(tmp_path):
+    import os
+
+    from gpuk8s import localfiles
+
+    if os.geteuid() != 0:
+        pytest.skip("making a link owned by another user needs root (CI runs as root)")
+    mine = tmp_path / "mine"
+    (mine / "out").mkdir(parents=True, mode=0o700)
+    (mine / "out" / "a.yaml").write_text("precious\n")
+    link = tmp_path / "shared"
+    link.symlink_to(mine)
+    os.lchown(link, 4242, 4242)
+    with pytest.raises(localfiles.LocalFileError, match="symbolic link of another user"):
+        localfiles.write_into(link / "out", {"a.yaml": "a\n"})
+    assert (mine / "out" / "a.yaml").read_text() == "precious\n"
+    os.lchown(link, 0, 0)  # root's own link: the system's, followed
+    localfiles.write_into(link / "out", {"a.yaml": "a\n"})
+    assert (mine / "out" / "a.yaml").read_text() == "a\n"

@@ -293,6 +293,8 @@ def _etcd_snippet(manifest: str) -> str:
     ("    - --data-dir=/var/lib/./etcd", "/var/lib/./etcd", False),
     ("    - --data-dir=/var/libx", "/var/libx", False),
     ("    - --data-dir=/etc", "/etc", False),
+    ("    - --data-dir=/var/lib/dpkg", "/var/lib/dpkg", False),  # below /var/lib, but not etcd's (no member/)
+    ("    - --data-dir=/var/lib/etcd2", "/var/lib/etcd2", True),
 ])
 def test_reset_removes_etcds_data_dir_only_below_var_lib(tmp_path, line, want, ok):
     import subprocess
