@@ -80,22 +80,39 @@ def _driver(text: str) -> Release:
     return tuple(int(x) for x in text.split(".")) + ((0,) if "." not in text else ())
 
 
-_CUDA = _cuda_section()
-# The oldest driver per CUDA minor (Table 3 of the release notes: the GA release's row), newest minor first
-CUDA_MINOR_FLOORS: tuple[tuple[str, Release], ...] = tuple(
-    (k, _driver(v)) for k, v in _CUDA["driver_per_minor"].items())
-CUDA_DRIVER_TEXT: dict[str, str] = dict(_CUDA["driver_per_minor"])  # CUDA minor -> the driver as NVIDIA writes it
-# The oldest driver per CUDA major through minor version compatibility, then the 10.x and 9.0 minors (which have
-# no minor version compatibility): what preflight's gpu.cuda and the GPU test image go by, as before
-CUDA_DRIVER_FLOORS: tuple[tuple[str, Release], ...] = (
-    *((k, _driver(v)) for k, v in _CUDA["driver_per_major"].items()),
-    *((k, v) for k, v in CUDA_MINOR_FLOORS if k in ("10.2", "10.1", "10.0", "9.0")),
-)
+@dataclass(frozen=True)
+class _CudaTables:
+    # The oldest driver per CUDA minor (Table 3 of the release notes: the GA release's row), newest minor first
+    minor_floors: tuple[tuple[str, Release], ...]
+    driver_text: dict[str, str]  # CUDA minor -> the driver as NVIDIA writes it
+    # The oldest driver per CUDA major through minor version compatibility, then the 10.x and 9.0 minors (which
+    # have no minor version compatibility): what preflight's gpu.cuda and the GPU test image go by, as before
+    driver_floors: tuple[tuple[str, Release], ...]
+
+
+@functools.lru_cache(maxsize=1)
+def _cuda_tables() -> _CudaTables:
+    """Read on first use, not at import: every command (--help too) imports this module."""
+    cuda = _cuda_section()
+    minor = tuple((k, _driver(v)) for k, v in cuda["driver_per_minor"].items())
+    return _CudaTables(minor, dict(cuda["driver_per_minor"]), (
+        *((k, _driver(v)) for k, v in cuda["driver_per_major"].items()),
+        *((k, v) for k, v in minor if k in ("10.2", "10.1", "10.0", "9.0")),
+    ))
+
+
+def __getattr__(name: str) -> object:
+    """CUDA_MINOR_FLOORS, CUDA_DRIVER_TEXT and CUDA_DRIVER_FLOORS, computed on first use (PEP 562)."""
+    attr = {"CUDA_MINOR_FLOORS": "minor_floors", "CUDA_DRIVER_TEXT": "driver_text",
+            "CUDA_DRIVER_FLOORS": "driver_floors"}.get(name)
+    if attr is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(_cuda_tables(), attr)
 
 
 def cuda_versions_supported(driver: Release) -> list[str]:
     """CUDA versions (majors, and the 10.x/9.0 minors) whose images this driver can run, newest first."""
-    return [cuda for cuda, floor in CUDA_DRIVER_FLOORS if at_least(driver, floor)]
+    return [cuda for cuda, floor in _cuda_tables().driver_floors if at_least(driver, floor)]
 
 
 @dataclass(frozen=True)
@@ -110,7 +127,7 @@ class CudaFloor:
     @property
     def text(self) -> str:
         """The floor as NVIDIA writes it ("560.28.03", not 560.28.3)."""
-        return CUDA_DRIVER_TEXT[self.known]
+        return _cuda_tables().driver_text[self.known]
 
 
 def cuda_driver_floor(cuda: str) -> CudaFloor | None:
@@ -121,7 +138,7 @@ def cuda_driver_floor(cuda: str) -> CudaFloor | None:
         return None
     want = (int(parts[0]), int(parts[1]) if len(parts) > 1 else 0)
     shown = f"{want[0]}.{want[1]}"
-    for minor, floor in CUDA_MINOR_FLOORS:  # newest first
+    for minor, floor in _cuda_tables().minor_floors:  # newest first
         have = tuple(int(x) for x in minor.split("."))
         if have == want:
             return CudaFloor(shown, floor, minor, True)
@@ -132,7 +149,7 @@ def cuda_driver_floor(cuda: str) -> CudaFloor | None:
 
 def cuda_of_driver(driver: Release) -> str | None:
     """The newest CUDA minor of the matrix whose floor this driver meets ("12.2" for 535.104.05)."""
-    return next((minor for minor, floor in CUDA_MINOR_FLOORS if at_least(driver, floor)), None)
+    return next((minor for minor, floor in _cuda_tables().minor_floors if at_least(driver, floor)), None)
 
 
 # -- the version matrix: gpuk8s/data/versions.yaml --------------------------------------------------------
@@ -376,17 +393,17 @@ def _image_cuda(image: str) -> str | None:
     """The key of CUDA_DRIVER_FLOORS an nvidia/cuda image needs: "13" for 13.0.0-base-..., "10.1" for 10.1-base."""
     tag = image.rpartition(":")[2]
     v = tag.split("-", 1)[0]
-    if v in dict(CUDA_DRIVER_FLOORS):
+    if v in dict(_cuda_tables().driver_floors):
         return v
     major = v.split(".", 1)[0]
-    return major if major in dict(CUDA_DRIVER_FLOORS) else None
+    return major if major in dict(_cuda_tables().driver_floors) else None
 
 
 def cuda_test_image(driver: Release | None) -> str:
     """The newest GPU test image the driver can run; the oldest one when the driver is unknown or older."""
     images = matrix().cuda_test_images
     if driver is not None:
-        floors = dict(CUDA_DRIVER_FLOORS)
+        floors = dict(_cuda_tables().driver_floors)
         for img in images:
             cuda = _image_cuda(img)
             if cuda is not None and at_least(driver, floors[cuda]):
