@@ -151,13 +151,28 @@ def floor(lab: Lab, probe: bool, rtt: float, concurrency: int) -> Run:
     return r
 
 
-def gpuk8s(lab: Lab, rtt: float, concurrency: int = GPUK8S_CONCURRENCY, tool: str = "gpuk8s") -> Run:
-    cmd = [sys.executable, "-m", "gpuk8s", "preflight", "-i", str(lab.inventory), "--no-network", "-o", "json",
-           "-c", str(concurrency)]
-    r = measure(tool, cmd, len(lab.hosts), rtt, concurrency, env=_gpuk8s_env())
+def gpuk8s(lab: Lab, rtt: float, concurrency: int = GPUK8S_CONCURRENCY, tool: str = "gpuk8s",
+           inventory: Path | None = None, hosts: int | None = None) -> Run:
+    cmd = [sys.executable, "-m", "gpuk8s", "preflight", "-i", str(inventory or lab.inventory), "--no-network", "-o",
+           "json", "-c", str(concurrency)]
+    r = measure(tool, cmd, hosts or len(lab.hosts), rtt, concurrency, env=_gpuk8s_env())
     r.extra = _preflight_summary(Path(r.note))
     r.note = "preflight --no-network"
     return r
+
+
+def gpuk8s_one_host(lab: Lab, rtt: float) -> Run:
+    """The same preflight on the lab's first host alone (tool gpuk8s-1ofN, N the lab's size): what a run costs
+    whatever the number of hosts (the start, the imports, the per-run work). (gpuk8s - gpuk8s-1ofN) / (N - 1) is
+    the cost of one more host, which a small fleet's per-host average hides under the start (bench-smoke's
+    budget)."""
+    import yaml
+
+    inv = yaml.safe_load(lab.inventory.read_text())
+    inv["hosts"] = inv["hosts"][:1]
+    one = BENCH_DIR / "inventory-one-host.yaml"
+    one.write_text(yaml.safe_dump(inv, sort_keys=False))
+    return gpuk8s(lab, rtt, tool=f"gpuk8s-1of{len(lab.hosts)}", inventory=one, hosts=1)
 
 
 def _gpuk8s_env() -> dict[str, str]:
@@ -260,6 +275,10 @@ def bench_size(n: int, rtts: list[float], with_ansible: bool, install_sizes: lis
                 if r is not None:
                     runs.append(r)
                     print(f"  {_row(r)}", file=log, flush=True)
+            if rtt == 0:
+                r = gpuk8s_one_host(lab, rtt)
+                runs.append(r)
+                print(f"  {_row(r)}", file=log, flush=True)
             if sweep:
                 for c in (16, 32, 64, 128):
                     r = gpuk8s(lab, rtt, c, tool=f"gpuk8s-c{c}")
@@ -359,6 +378,14 @@ def check_budgets(runs: list[Run], budgets: dict[str, Any] | None = None) -> lis
         if g and g.cpu_ms_per_host > factor * budget:
             over.append(f"{n_} hosts: preflight client CPU {g.cpu_ms_per_host:.1f} ms per host ({g.cpu_s:.2f} s), "
                         f"budget {budget:g} ms, fails above {factor * budget:g} ms")
+    for n_, budget in b.get("preflight_cpu_ms_per_extra_host", {}).items():
+        g, one = _get(runs, "gpuk8s", int(n_)), _get(runs, f"gpuk8s-1of{n_}", 1)
+        if g and one and int(n_) > 1:
+            extra = 1000 * (g.cpu_s - one.cpu_s) / (int(n_) - 1)
+            if extra > factor * budget:
+                over.append(f"{n_} hosts: preflight client CPU {extra:.1f} ms per extra host (({g.cpu_s:.2f} s - "
+                            f"{one.cpu_s:.2f} s for one host) / {int(n_) - 1}), budget {budget:g} ms, fails above "
+                            f"{factor * budget:g} ms")
     for n_, budget in b["noop_install_over_preflight_cpu"].items():
         i, g = _get(runs, "install-noop", int(n_)), _get(runs, "gpuk8s", int(n_))
         if i and g and g.cpu_s > 0 and i.cpu_s / g.cpu_s > factor * budget:

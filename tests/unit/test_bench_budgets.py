@@ -22,6 +22,9 @@ def at_budget() -> list[Run]:
         n = int(n_)
         pre = run("gpuk8s", n, ms * n / 1000)
         out.append(pre)
+        extra = b["preflight_cpu_ms_per_extra_host"].get(n_)
+        if extra is not None:  # one host costs the rest: the start
+            out.append(run(f"gpuk8s-1of{n}", 1, pre.cpu_s - extra * (n - 1) / 1000))
         ratio = b["noop_install_over_preflight_cpu"].get(n_)
         if ratio is not None:
             out.append(run("install-noop", n, pre.cpu_s * ratio, wall_s=3.0))
@@ -45,11 +48,27 @@ def test_figures_within_the_budgets_pass() -> None:
 def test_a_slowed_preflight_fails_with_its_figures() -> None:
     runs = at_budget()
     slowed = [replace(r, cpu_s=r.cpu_s * 2.5) if (r.tool, r.hosts) == ("gpuk8s", 8) else r for r in runs]
-    # slowing the preflight lowers the no-op ratio at that size: only the CPU budget can fail
-    [line] = check_budgets(slowed)
+    # slowing the preflight lowers the no-op ratio at that size: the CPU budgets fail (the average and the slope)
+    line, slope = check_budgets(slowed)
+    assert "per extra host" in slope
     b = load_budgets()["budgets"]["preflight_cpu_ms_per_host"]["8"]
     assert line.startswith("8 hosts: preflight client CPU ") and f"{2.5 * b:.1f} ms per host" in line
     assert f"budget {b:g} ms" in line
+
+
+def test_a_slower_host_hidden_under_the_start_fails_the_per_extra_host_budget() -> None:
+    """At 8 hosts the start dominates the average: a host that costs 2.5x more per host stays under the average's
+    budget, and the slope (8 hosts less one, over 7) catches it."""
+    runs = at_budget()
+    b = load_budgets()["budgets"]
+    one = next(r for r in runs if r.tool == "gpuk8s-1of8")
+    per_extra = b["preflight_cpu_ms_per_extra_host"]["8"]
+    slowed = [replace(r, cpu_s=one.cpu_s + 2.5 * per_extra * 7 / 1000) if (r.tool, r.hosts) == ("gpuk8s", 8) else r
+              for r in runs]
+    g = next(r for r in slowed if (r.tool, r.hosts) == ("gpuk8s", 8))
+    assert g.cpu_ms_per_host <= b["factor"] * b["preflight_cpu_ms_per_host"]["8"]  # the average does not see it
+    [line] = check_budgets(slowed)
+    assert line.startswith("8 hosts: preflight client CPU ") and "per extra host" in line
 
 
 def test_a_slowed_no_op_install_fails_with_its_figures() -> None:
