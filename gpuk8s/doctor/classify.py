@@ -614,7 +614,7 @@ def _failing(pod: dict[str, Any], ev: ClusterEvidence) -> list[Finding]:
     events = pod_events(pod, ev.events)
     said = msgs + events
     text = "\n".join(said) + "\n" + log
-    node = _node_of(pod) or str(_status(pod).get("hostIP", "") or "")
+    node = _node_of(pod)  # spec.nodeName; status.hostIP is the node's address, not its name
     host = ev.hosts.get(node)
     plan = ev.plans.get(node)
     host_lines = host.lines() if host is not None else []

@@ -35,6 +35,7 @@ LAB_ROOT = Path(os.environ.get("GPUK8S_LAB_DIR", "/var/tmp/gpuk8s-lab"))
 BRIDGE = "gk8s0"
 NS_PREFIX = "gk8s-"
 FAKES_SRC = Path(__file__).parent / "fakes"
+REAL_OBJECTS = Path(__file__).resolve().parents[1] / "fixtures" / "real" / "objects"  # its SOURCE.md
 LAB_USER, LAB_UID = "gpuk8s", 2742
 OVERLAYS = ("etc", "usr", "var/lib", "root", "home")
 FAKED = ("nvidia-smi", "lsmod", "modprobe", "sysctl", "swapon", "swapoff", "systemctl", "uname", "nproc",
@@ -523,6 +524,8 @@ class Lab:
         self.fleet = fleet
         self.root.mkdir(parents=True, exist_ok=True)
         shutil.copytree(FAKES_SRC, self.root / "fakes", ignore=shutil.ignore_patterns("__pycache__"))
+        if REAL_OBJECTS.is_dir():  # real Node and Pod objects: the simulated API server serves objects in their shape
+            shutil.copytree(REAL_OBJECTS, self.root / "fakes" / "real")
         self._start_fake_server()
         (self.root / "cluster").mkdir()
         (self.root / "real").mkdir()
@@ -538,6 +541,7 @@ class Lab:
         _run(["ip", "-batch", "-"], input=f"link add {BRIDGE} type bridge\naddr add {gw} dev {BRIDGE}\n"
              f"link set {BRIDGE} up\n")
         self.hosts = {s.name: LabHost(self, s, i) for i, s in enumerate(fleet.hosts)}
+        self._neighbour_room(len(self.hosts))
         pub = (self.root / "id_ed25519.pub").read_text()
         self._defer_links = True
         try:
@@ -789,9 +793,36 @@ class Lab:
             dev = line.split(":")[1].strip().split("@")[0]
             if dev == BRIDGE or dev.startswith("gk8s-v"):
                 _run(["ip", "link", "del", dev], check=False)
+        self._neighbour_room_back()
         if self.root.exists():
             shutil.rmtree(self.root, ignore_errors=True)
         self.hosts = {}
+
+    # The kernel's neighbour (ARP, NDP) tables are one for all network namespaces, with a hard limit of 1024
+    # entries by default (gc_thresh3). Every lab host's namespace, the control plane's (one entry per node that
+    # talks to its API server) and the bridge's side hold entries: at 512 hosts the table overflows ("neighbour:
+    # arp_cache: neighbor table overflow!" in the kernel log) and joins fail with "no route to host" or time out.
+    # up raises the limits to what the fleet needs (never lowers them); down puts back what was there.
+    _NEIGH = tuple(f"/proc/sys/net/{v}/neigh/default/gc_thresh{i}" for v in ("ipv4", "ipv6") for i in (1, 2, 3))
+
+    def _neighbour_room(self, hosts: int) -> None:
+        want = {1: 2 * hosts, 2: 4 * hosts, 3: 8 * hosts}
+        before = {}
+        for path in self._NEIGH:
+            with contextlib.suppress(OSError, ValueError):
+                now = int(Path(path).read_text())
+                need = want[int(path[-1])]
+                if need > now:
+                    before[path] = now
+                    Path(path).write_text(f"{need}\n")
+        if before:
+            (self.root / "neigh.json").write_text(json.dumps(before))
+
+    def _neighbour_room_back(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            for path, value in json.loads((self.root / "neigh.json").read_text()).items():
+                with contextlib.suppress(OSError):
+                    Path(path).write_text(f"{value}\n")
 
     def status(self) -> list[dict[str, Any]]:
         return [{"name": h.name, "address": h.address, "role": h.spec.spec["role"],

@@ -1,6 +1,7 @@
 """A lab GPU cluster installed once per test module, for the status and doctor tests (test_status.py,
-test_doctor.py): the gpuk8s CLI run as a user would, kubectl on the control plane, GPU pods, doctor's JSON checked
-against its schema, and the timings of install, status and doctor."""
+test_doctor.py, test_scale.py): the gpuk8s CLI run as a user would, kubectl on the control plane, GPU pods, doctor's
+JSON checked against its schema, the timings of install, status and doctor, and a cluster loaded with ordinary pods
+of real size (real_pods, Cluster.load)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import Any
 
 import jsonschema
 import pytest
+import yaml
 
 from tests.conftest import lab_unavailable
 
@@ -23,6 +25,38 @@ KUBECTL = "kubectl --kubeconfig /etc/kubernetes/admin.conf "
 STATUS_SCHEMA = json.loads((ROOT / "docs" / "status.schema.json").read_text())
 DOCTOR_SCHEMA = json.loads((ROOT / "docs" / "doctor.schema.json").read_text())
 IMAGE = "nvidia/cuda:12.0.0-base-ubuntu22.04"
+REAL = ROOT / "tests" / "fixtures" / "real" / "objects"  # real Node and Pod objects, verbatim (SOURCE.md)
+# what the API server and the kubelet add to a pod (the simulated API server adds them when it serves the pod)
+_SERVER_SET = ("uid", "resourceVersion", "creationTimestamp", "managedFields", "selfLink", "generateName")
+
+
+def real_pods(count: int, nodes: list[str], namespace: str = "apps", annotation_bytes: int = 4096,
+              prefix: str = "queue") -> list[dict[str, Any]]:
+    """`count` ordinary pods of real size, bound round-robin to `nodes` as a scheduler binds a ReplicaSet's pods
+    (spec.nodeName; restartPolicy Always: they run). Each is the minikube pod of pods-kuard-minikube.json (its
+    labels, ownerReferences, container) with the Run:ai pod's container of pod-gpu-runai-fraction.yaml (17 env
+    vars, mounts) as a second container and that pod's volumes, as applied (what the API server sets is left for
+    it: uid, status, the kube-api-access volume), plus an annotation of `annotation_bytes` (issue 27 measured
+    300 pods with 4 KB each). Served by the lab, one is ~14 KB of `kubectl get pods -o json`, as real pods of that
+    shape are."""
+    kuard = json.loads((REAL / "pods-kuard-minikube.json").read_text())["items"][0]
+    runai = yaml.safe_load((REAL / "pod-gpu-runai-fraction.yaml").read_text())
+    token = lambda name: name.startswith("kube-api-access-")  # noqa: E731  (the API server's own volume)
+    second = {k: v for k, v in runai["spec"]["containers"][0].items()}
+    second["volumeMounts"] = [m for m in second.get("volumeMounts", []) if not token(m["name"])]
+    main = dict(kuard["spec"]["containers"][0])
+    main["volumeMounts"] = [m for m in main.get("volumeMounts", []) if not token(m["name"])]
+    volumes = [v for v in runai["spec"].get("volumes", []) if not token(v["name"])]
+    ballast = ("0123456789abcdef" * (annotation_bytes // 16 + 1))[:annotation_bytes]
+    pods = []
+    for i in range(count):
+        md = {k: v for k, v in kuard["metadata"].items() if k not in _SERVER_SET}
+        md.update({"name": f"{prefix}-{i:05d}", "namespace": namespace,
+                   **({"annotations": {"lab.gpuk8s.io/ballast": ballast}} if annotation_bytes else {})})
+        spec = {"containers": [main, second], "volumes": volumes, "nodeName": nodes[i % len(nodes)],
+                "restartPolicy": "Always", "terminationGracePeriodSeconds": 30, "dnsPolicy": "ClusterFirst"}
+        pods.append({"apiVersion": "v1", "kind": "Pod", "metadata": md, "spec": spec})
+    return pods
 
 
 class Cluster:
@@ -73,6 +107,14 @@ class Cluster:
     def pods(self) -> dict[str, Any]:
         """Every pod in the cluster (kubectl get pods -A)."""
         return json.loads(self.kubectl("get pods -A -o json"))
+
+    def load(self, count: int, nodes: list[str], namespace: str = "apps", annotation_bytes: int = 4096) -> None:
+        """Add `count` ordinary pods of real size (real_pods) in one kubectl apply of a List."""
+        cp = self.lab.host("cp-1")
+        name = f"/root/load-{namespace}-{count}.json"
+        items = real_pods(count, nodes, namespace, annotation_bytes)
+        cp.write(name, json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
+        cp.exec(KUBECTL + f"apply -f {name} >/dev/null")
 
 
 def installed(tmp_path_factory: pytest.TempPathFactory, name: str, fleet: str,

@@ -23,6 +23,7 @@ import fcntl
 import hashlib
 import json
 import os
+import pickle
 import re
 import secrets
 import socket
@@ -30,7 +31,9 @@ import stat
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
+from json.encoder import encode_basestring_ascii as _encode_str  # the C string encoder json.dumps uses
 from pathlib import Path
 from typing import Any
 
@@ -51,8 +54,111 @@ def err(text: str) -> None:
     sys.stderr.write(text)
 
 
+# -- what a call costs -------------------------------------------------------------------------------------------
+# The simulated API server and kubelets cost in proportion to what a call touches (issue 27: one `kubectl delete
+# pod` naming 127 pods at 128 nodes took 11 minutes of CPU, listing 300 pods 24 s). So:
+# - the cluster state is read once per call under a shared lock and written (compact JSON, the C encoder) only by
+#   a call that changes it, once, however many objects it changes;
+# - within a call, what depends only on the state and the hosts' files is computed once: each host file is read
+#   and parsed once (containerd's config.toml took ~3 ms a parse, and was parsed per pod per node), each node's
+#   status once, the objects indexed by kind once, and the pods' statuses in one pass in creation order
+#   (_Placement) instead of a scan of the pods before each pod;
+# - a TOML file's parse is kept across calls too, on disk, by the hash of its text (never stale: another text is
+#   another key), since `get nodes` at 512 hosts would otherwise parse 512 containerd configs per call.
+# _CALL holds one call's memo; kubectl() and kubeadm() start with it empty, cluster_state() empties it when it
+# writes (what was computed from the old state is gone with it).
+_CALL: dict[Any, Any] = {}
+PARSED = LAB_ROOT / "cache" / "parsed"
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml where installed: ~10x PyYAML's speed
+
+
+def new_call() -> None:
+    """Forget what an earlier call computed: state, host files, nodes (a fake process may serve more than one)."""
+    _CALL.clear()
+
+
+def _memo(key: Any, make: Any) -> Any:
+    """make(), once per call for `key`."""
+    try:
+        return _CALL[key]
+    except KeyError:
+        value = _CALL[key] = make()
+        return value
+
+
+def _read(path: Path | str) -> str:
+    """A file's text, read once per call; OSError as Path.read_text raises it."""
+    key = ("file", str(path))
+    hit = _CALL.get(key)
+    if hit is None:
+        try:
+            hit = ("ok", Path(path).read_text())
+        except OSError as e:
+            hit = ("err", e)
+        _CALL[key] = hit
+    if hit[0] == "err":
+        raise hit[1]
+    return str(hit[1])
+
+
+def _read_json(path: Path | str) -> Any:
+    """A JSON file, parsed once per call (the caller must not change what it gets)."""
+    key = ("json", str(path))
+    hit = _CALL.get(key)
+    if hit is None:
+        try:
+            hit = ("ok", json.loads(_read(path)))
+        except (OSError, ValueError) as e:
+            hit = ("err", e)
+        _CALL[key] = hit
+    if hit[0] == "err":
+        raise hit[1]
+    return hit[1]
+
+
+def _parse_cached(text: str, fmt: str) -> Any:
+    """tomllib.loads or yaml.safe_load of a text, from the on-disk parse cache when that text was parsed before
+    (by any call: the key is the text's hash, so a changed file is another key). A parse error goes to the
+    caller, as tomllib's or PyYAML's."""
+    digest = hashlib.sha1(text.encode()).hexdigest()
+    key = (fmt, digest)
+    if key in _CALL:
+        return _CALL[key]
+    cached = PARSED / f"{digest}.{fmt}.pickle"
+    try:
+        doc = pickle.loads(cached.read_bytes())
+    except (OSError, pickle.PickleError, EOFError, ValueError, TypeError, AttributeError):
+        doc = tomllib.loads(text) if fmt == "toml" else yaml.load(text, Loader=_YAML_LOADER)
+        with contextlib.suppress(OSError):
+            PARSED.mkdir(parents=True, exist_ok=True)
+            tmp = cached.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_bytes(pickle.dumps(doc))
+            os.replace(tmp, cached)
+    _CALL[key] = doc
+    return doc
+
+
+def _toml_text(text: str) -> dict[str, Any]:
+    return dict(_parse_cached(text, "toml"))
+
+
+def _read_toml(path: Path | str) -> dict[str, Any]:
+    """A TOML file, parsed once (OSError when unreadable, ValueError when it is not TOML)."""
+    return _toml_text(_read(path))
+
+
+def _yaml_docs(text: str) -> list[Any]:
+    return list(yaml.load_all(text, Loader=_YAML_LOADER))
+
+
+def _yaml_one(text: str) -> Any:
+    """yaml.safe_load of a text, once per call per text (ConfigMap data read for every node)."""
+    return _memo(("yaml", text), lambda: yaml.load(text, Loader=_YAML_LOADER))
+
+
 @contextlib.contextmanager
 def cluster_state() -> Iterator[dict[str, Any]]:
+    """The cluster state to change: locked for the call, written back once when the block ends."""
     CLUSTER.mkdir(parents=True, exist_ok=True)
     with open(CLUSTER / "state.json", "a+") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
@@ -61,12 +167,17 @@ def cluster_state() -> Iterator[dict[str, Any]]:
         yield state
         f.seek(0)
         f.truncate()
-        f.write(json.dumps(state, indent=1))
+        f.write(json.dumps(state, separators=(",", ":")))
+    new_call()
 
 
 def read_state() -> dict[str, Any]:
-    with cluster_state() as s:
-        return json.loads(json.dumps(s))
+    """The cluster state to read: parsed under a shared lock (a writer waits), never written back."""
+    CLUSTER.mkdir(parents=True, exist_ok=True)
+    with open(CLUSTER / "state.json", "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_SH)
+        f.seek(0)
+        return dict(json.loads(f.read() or "{}"))
 
 
 def me() -> dict[str, Any]:
@@ -85,7 +196,7 @@ def _flag(args: list[str], name: str) -> str | None:
 def _load_config(path: str | None) -> dict[str, dict[str, Any]]:
     if not path:
         return {}
-    docs = [d for d in yaml.safe_load_all(Path(path).read_text()) if isinstance(d, dict)]
+    docs = [d for d in _yaml_docs(Path(path).read_text()) if isinstance(d, dict)]
     return {d.get("kind", ""): d for d in docs}
 
 
@@ -184,7 +295,7 @@ def _cri_dockerd_problem(h: Any) -> str:
 
 def _cri_disabled() -> bool:
     try:
-        cfg = tomllib.loads(Path("/etc/containerd/config.toml").read_text())
+        cfg = _read_toml("/etc/containerd/config.toml")
     except (OSError, ValueError):
         return False
     return any(p in ("cri", "io.containerd.grpc.v1.cri") for p in cfg.get("disabled_plugins", []))
@@ -216,6 +327,7 @@ def _kubeconfig(server: str, user: str) -> str:
 
 
 def kubeadm(h: Any, args: list[str]) -> int:
+    new_call()
     verb = args[0] if args else ""
     if verb == "version":
         out("v" + h.state.get("packages", {}).get("kubeadm", "1.30.0-1.1").split("-")[0] + "\n")
@@ -347,7 +459,7 @@ def _init(h: Any, args: list[str]) -> int:
                   "certificate_key": cert_key, "version": version,
                   "pod_subnet": cc.get("networking", {}).get("podSubnet", ""), "objects": {},
                   "kube_proxy_image": images[3],
-                  "nodes": {name: {"host": spec["name"], "role": "control-plane", "labels": {
+                  "nodes": {name: {"host": spec["name"], "role": "control-plane", "created": _now(), "labels": {
                       "node-role.kubernetes.io/control-plane": ""},
                       "taints": [{"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}]}}})
     h.state.setdefault("services", {})["kubelet"] = "active"
@@ -414,7 +526,8 @@ def _admit(req: dict[str, Any]) -> dict[str, Any]:
             return {"ok": False, "error": "error downloading certs: error decoding certificate key: the "
                         "certificate key does not match, or the kubeadm-certs Secret has expired"}
         role = "control-plane" if req.get("control_plane") else "worker"
-        s.setdefault("nodes", {})[req["name"]] = {"host": req["host"], "role": role, "labels": {}, "taints": []}
+        s.setdefault("nodes", {})[req["name"]] = {"host": req["host"], "role": role, "labels": {}, "taints": [],
+                                                  "created": _now()}
         return {"ok": True}
 
 
@@ -484,7 +597,7 @@ def _server_from_kubeconfig(args: list[str]) -> str | None:
     if not Path(path).exists():
         path = "/etc/kubernetes/admin.conf" if os.geteuid() == 0 and _flag(args, "--kubeconfig") is None else path
     try:
-        cfg = yaml.safe_load(Path(path).read_text())
+        cfg = _yaml_one(_read(path))
         cluster = _context_cluster(cfg, _flag(args, "--context"))
         return str(cluster["cluster"]["server"]).removeprefix("https://")
     except (OSError, ValueError, KeyError, TypeError, IndexError):
@@ -507,7 +620,7 @@ def _missing_context(args: list[str]) -> str | None:
     name = _flag(args, "--context")
     path = _flag(args, "--kubeconfig") or os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
     try:
-        cfg = yaml.safe_load(Path(path).read_text())
+        cfg = _yaml_one(_read(path))
         names = {c.get("name") for c in cfg.get("contexts") or []}
     except (OSError, ValueError, AttributeError):
         return None
@@ -518,29 +631,38 @@ def _host_dir(host: str) -> Path:
     return LAB_ROOT / "hosts" / host / "upper"
 
 
+def _hp(host: str, rel: str) -> str:
+    """The path of a file of the host's upper layer, as a string (the key _read caches it by: a Path per read of
+    per node per call cost more than the read)."""
+    return f"{LAB_ROOT}/hosts/{host}/upper/{rel}"
+
+
 def _runtime_handlers(host: str) -> tuple[str | None, set[str]]:
     """(default runtime, runtime handlers) as the node's own container runtime config says."""
-    up = _host_dir(host)
-    spec = json.loads((up / "var_lib/gpuk8s-lab/host.json").read_text())
+    return _memo(("handlers", host), lambda: _read_handlers(host))  # type: ignore[no-any-return]
+
+
+def _read_handlers(host: str) -> tuple[str | None, set[str]]:
+    spec = _read_json(_hp(host, "var_lib/gpuk8s-lab/host.json"))
     if spec["runtime"] == "docker":
         try:
-            d = json.loads((up / "etc/docker/daemon.json").read_text())
+            d = _read_json(_hp(host, "etc/docker/daemon.json"))
         except (OSError, ValueError):
             return "runc", {"runc"}
         return d.get("default-runtime", "runc"), {"runc", *d.get("runtimes", {})}
     try:
-        cfg = tomllib.loads((up / "etc/containerd/config.toml").read_text())
+        cfg = _read_toml(_hp(host, "etc/containerd/config.toml"))
     except (OSError, ValueError):
         return "runc", {"runc"}
     # config.toml, then its imports in order (the toolkit's drop-in /etc/containerd/conf.d/99-nvidia.toml
     # since 1.18): a later file's value wins, as containerd merges them
     docs = [cfg]
     for pattern in cfg.get("imports", []):
-        base = up / str(pattern).lstrip("/")
+        base = _host_dir(host) / str(pattern).lstrip("/")
         for f in sorted(base.parent.glob(base.name)) if str(pattern).startswith("/etc/") and base.parent.is_dir() \
                 else []:
             with contextlib.suppress(OSError, ValueError):
-                docs.append(tomllib.loads(f.read_text()))
+                docs.append(_read_toml(f))
     default, handlers = "runc", {"runc"}
     for d in docs:
         plugins = d.get("plugins", {})
@@ -578,7 +700,7 @@ def _ref_parts(ref: str) -> tuple[str, str, str]:
 
 def _containerd_cfg(host: str) -> dict[str, Any]:
     with contextlib.suppress(OSError, ValueError):
-        return tomllib.loads((_host_dir(host) / "etc/containerd/config.toml").read_text())
+        return _read_toml(_hp(host, "etc/containerd/config.toml"))
     return {}
 
 
@@ -608,7 +730,7 @@ def _endpoints(host: str, registry: str) -> list[tuple[str, bool]]:
         return [(server, False)]
     f = _host_dir(host) / d.lstrip("/") / registry / "hosts.toml"
     try:
-        cfg = tomllib.loads(f.read_text())
+        cfg = _read_toml(f)
     except (OSError, ValueError):
         return [(server, False)]
     out = [(str(u), bool(h.get("override_path"))) for u, h in (cfg.get("host") or {}).items()
@@ -618,11 +740,15 @@ def _endpoints(host: str, registry: str) -> list[tuple[str, bool]]:
 
 def pull_error(host: str, ref: str) -> str | None:
     """containerd's error pulling `ref` on the node of lab host `host`, or None when the pull succeeds."""
+    return _memo(("pull", host, ref), lambda: _pull_error(host, ref))  # type: ignore[no-any-return]
+
+
+def _pull_error(host: str, ref: str) -> str | None:
     registry, path, tag = _ref_parts(ref)
-    state = json.loads((_host_dir(host) / "var_lib/gpuk8s-lab/state.json").read_text())
+    state = _read_json(_hp(host, "var_lib/gpuk8s-lab/state.json"))
     unreachable = set(state.get("unreachable_hosts", []))
     try:
-        held = json.loads(REGISTRIES.read_text())
+        held = _read_json(REGISTRIES)
     except (OSError, ValueError):
         held = {}
     full = f"{registry}/{path}{tag}"
@@ -690,11 +816,32 @@ def _ds_pull(s: dict[str, Any], ds: dict[str, Any] | None, node: dict[str, Any])
     return pod_pull_error(node["host"], ds.get("spec", {}).get("template", {}).get("spec", {}))
 
 
+def _of_kind(s: dict[str, Any], kind: str) -> list[dict[str, Any]]:
+    """The stored objects of a kind, in creation order: the objects indexed once per call (a scan of every object
+    for every pod or node was the quadratic part of a large cluster)."""
+    def index() -> dict[str, list[dict[str, Any]]]:
+        by: dict[str, list[dict[str, Any]]] = {}
+        for o in s.get("objects", {}).values():
+            by.setdefault(str(o.get("kind")), []).append(o)
+        return by
+    return _memo(("kinds", id(s)), index).get(kind, [])  # type: ignore[no-any-return]
+
+
+def _named(s: dict[str, Any], kind: str, name: str) -> bool:
+    """Whether an object of that kind and name exists (any namespace)."""
+    names = _memo(("names", id(s), kind), lambda: {o.get("metadata", {}).get("name") for o in _of_kind(s, kind)})
+    return name in names
+
+
 def _daemonsets(s: dict[str, Any]) -> list[dict[str, Any]]:
-    return [o for o in s.get("objects", {}).values() if o.get("kind") == "DaemonSet"]
+    return _of_kind(s, "DaemonSet")
 
 
 def _device_plugin(s: dict[str, Any]) -> dict[str, Any] | None:
+    return _memo(("device-plugin", id(s)), lambda: _find_device_plugin(s))  # type: ignore[no-any-return]
+
+
+def _find_device_plugin(s: dict[str, Any]) -> dict[str, Any] | None:
     for ds in _daemonsets(s):
         containers = ds.get("spec", {}).get("template", {}).get("spec", {}).get("containers", [])
         if any("k8s-device-plugin" in str(c.get("image", "")) and c.get("command", ["nvidia-device-plugin"])[:1]
@@ -761,7 +908,7 @@ def _selected_config(s: dict[str, Any], ds: dict[str, Any],
     data = cm.get("data") or {}
     if name not in data:  # cmd/config-manager/main.go updateConfigName
         return {}, f"error setting up config: specified config {name} does not exist"
-    return yaml.safe_load(data[name]) or {}, ""
+    return _yaml_one(data[name]) or {}, ""
 
 
 def _sharing(config: dict[str, Any] | None) -> dict[str, Any]:
@@ -788,6 +935,10 @@ def _mps_daemon_on(s: dict[str, Any], labels: dict[str, str]) -> bool:
 
 def _plugin_on_node(s: dict[str, Any], name: str, n: dict[str, Any]) -> dict[str, Any]:
     """What the NVIDIA plugin does on this node: runs?, the resource and count it registers, its failure."""
+    return _memo(("plugin-on", id(s), name), lambda: _plugin_on(s, name, n))  # type: ignore[no-any-return]
+
+
+def _plugin_on(s: dict[str, Any], name: str, n: dict[str, Any]) -> dict[str, Any]:
     plugin = _device_plugin(s)
     labels = _node_labels(name, n)
     if plugin is None or not _runs_on(plugin, labels):
@@ -807,8 +958,8 @@ def _plugin_on_node(s: dict[str, Any], name: str, n: dict[str, Any]) -> dict[str
 def _mig_devices(host: str) -> dict[int, list[str] | None]:
     """Per GPU of the host: None when MIG mode is off (a whole GPU), else the profiles of its MIG devices (GPU
     instances with a compute instance), as the faked nvidia-smi keeps them (fakes/fake.py state["mig"])."""
-    spec = json.loads((_host_dir(host) / "var_lib/gpuk8s-lab/host.json").read_text())
-    state = json.loads((_host_dir(host) / "var_lib/gpuk8s-lab/state.json").read_text())
+    spec = _read_json(_hp(host, "var_lib/gpuk8s-lab/host.json"))
+    state = _read_json(_hp(host, "var_lib/gpuk8s-lab/state.json"))
     on = 1 if spec.get("mig") == "Enabled" else 0
     out: dict[int, list[str] | None] = {}
     for i in range(int(spec.get("gpus", 0))):
@@ -846,10 +997,9 @@ def _mig_capacity(host: str, p: dict[str, Any]) -> dict[str, str]:
 
 
 def _hami_split(s: dict[str, Any]) -> int:
-    cm = next((o for o in s.get("objects", {}).values() if o.get("kind") == "ConfigMap"
-               and o["metadata"]["name"] == "hami-scheduler-device"), None)
+    cm = next((o for o in _of_kind(s, "ConfigMap") if o["metadata"]["name"] == "hami-scheduler-device"), None)
     try:
-        return int(yaml.safe_load(cm["data"]["device-config.yaml"])["nvidia"]["deviceSplitCount"])  # type: ignore[index]
+        return int(_yaml_one(cm["data"]["device-config.yaml"])["nvidia"]["deviceSplitCount"])  # type: ignore[index]
     except (TypeError, KeyError, ValueError):
         return 10  # HAMi's default (charts/hami/values.yaml)
 
@@ -858,7 +1008,7 @@ def _hami_devices(s: dict[str, Any], n: dict[str, Any]) -> list[dict[str, Any]]:
     """The node's GPUs as HAMi's device plugin registers them (hami.io/node-nvidia-register, its JSON form), with the
     UUIDs the lab's nvidia-smi prints."""
     host = n["host"]
-    spec = json.loads((_host_dir(host) / "var_lib/gpuk8s-lab/host.json").read_text())
+    spec = _read_json(_hp(host, "var_lib/gpuk8s-lab/host.json"))
     model = spec.get("gpu_model")
     return [{"id": f"GPU-{host}-{i:04d}-lab", "index": i, "count": _hami_split(s),
              "devmem": int(spec.get("gpu_memory_mib", 0)), "devcore": 100,
@@ -867,17 +1017,19 @@ def _hami_devices(s: dict[str, Any], n: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _hami_on(s: dict[str, Any], name: str, n: dict[str, Any]) -> bool:
-    return any(_is_hami_plugin(ds) and _runs_on(ds, _node_labels(name, n)) and not _ds_pull(s, ds, n)
-               for ds in _daemonsets(s))
+    return _memo(("hami-on", id(s), name), lambda: any(  # type: ignore[no-any-return]
+        _is_hami_plugin(ds) and _runs_on(ds, _node_labels(name, n)) and not _ds_pull(s, ds, n)
+        for ds in _daemonsets(s)))
 
 
 def _cni_ready(s: dict[str, Any]) -> bool:
-    return any(re.search(r"calico-node|flannel", ds["metadata"]["name"]) for ds in _daemonsets(s))
+    return _memo(("cni", id(s)), lambda: any(  # type: ignore[no-any-return]
+        re.search(r"calico-node|flannel", ds["metadata"]["name"]) for ds in _daemonsets(s)))
 
 
 def _gpus_on(host: str) -> int:
-    spec = json.loads((_host_dir(host) / "var_lib/gpuk8s-lab/host.json").read_text())
-    state = json.loads((_host_dir(host) / "var_lib/gpuk8s-lab/state.json").read_text())
+    spec = _read_json(_hp(host, "var_lib/gpuk8s-lab/host.json"))
+    state = _read_json(_hp(host, "var_lib/gpuk8s-lab/state.json"))
     if "nvidia-smi" in state.get("overrides", {}):
         return 0  # a broken driver: NVML cannot load
     return int(spec.get("gpus", 0))
@@ -897,7 +1049,7 @@ def _envvar_refused(host: str) -> bool:
     """accept-nvidia-visible-devices-envvar-when-unprivileged = false in the host's toolkit config: the runtime
     ignores NVIDIA_VISIBLE_DEVICES (which the plugin's image sets) in an unprivileged container."""
     with contextlib.suppress(OSError, ValueError):
-        cfg = tomllib.loads((_host_dir(host) / "etc/nvidia-container-runtime/config.toml").read_text())
+        cfg = _read_toml(_hp(host, "etc/nvidia-container-runtime/config.toml"))
         return cfg.get("accept-nvidia-visible-devices-envvar-when-unprivileged") is False
     return False
 
@@ -971,7 +1123,7 @@ def _plugin_start(s: dict[str, Any], name: str, n: dict[str, Any]) -> dict[str, 
     pod = f"{plugin['metadata']['name']}-{name}"
     # the plugin's watcher sees kubelet.sock made anew and starts again; a test's fault makes it miss that
     # (the race of bottlerocket-os/bottlerocket issue 4250): it then stays registered with a kubelet that is gone
-    missed = bool(json.loads((_host_dir(n["host"]) / "var_lib/gpuk8s-lab/state.json").read_text())
+    missed = bool(_read_json(_hp(n["host"], "var_lib/gpuk8s-lab/state.json"))
                   .get("plugin_misses_kubelet_restart"))
     key = hashlib.sha1(json.dumps([_pod_spec(plugin), p.get("config"), s.get("pod_restarts", {}).get(pod, 0)],
                                   sort_keys=True, default=str).encode()).hexdigest()
@@ -994,7 +1146,8 @@ def _plugin_start(s: dict[str, Any], name: str, n: dict[str, Any]) -> dict[str, 
 
 def _plugin_gpus(s: dict[str, Any], name: str, n: dict[str, Any]) -> int:
     """The GPUs the running plugin sees: none when it started without NVML."""
-    return _node_gpus(s, n) if _plugin_start(s, name, n).get("nvml") else 0
+    return _memo(("plugin-gpus", id(s), name),  # type: ignore[no-any-return]
+                 lambda: _node_gpus(s, n) if _plugin_start(s, name, n).get("nvml") else 0)
 
 
 def _registered(s: dict[str, Any], name: str, n: dict[str, Any], serving: list[str]) -> set[str]:
@@ -1017,6 +1170,12 @@ def _registered(s: dict[str, Any], name: str, n: dict[str, Any], serving: list[s
 
 
 def node_json(s: dict[str, Any], name: str) -> dict[str, Any]:
+    """The Node object as the fakes reason about it (kubectl serves _served_node of it); once per call per node
+    (the caller must not change it)."""
+    return _memo(("node", id(s), name), lambda: _node_now(s, name))  # type: ignore[no-any-return]
+
+
+def _node_now(s: dict[str, Any], name: str) -> dict[str, Any]:
     n = s["nodes"][name]
     capacity = {"cpu": "16", "memory": "65536Mi", "pods": "110"}
     gpus = _plugin_gpus(s, name, n)
@@ -1064,58 +1223,85 @@ def node_json(s: dict[str, Any], name: str) -> dict[str, Any]:
     }
 
 
-def _pods(s: dict[str, Any]) -> list[dict[str, Any]]:
+def _pods(s: dict[str, Any], ns: str | None = None, name: str | None = None,
+          node: str | None = None) -> list[dict[str, Any]]:
+    """The pods the API server serves: the DaemonSets' (one per node they place) and the stored ones with their
+    statuses; only those in namespace `ns`, named `name`, on node `node` where given (a DaemonSet's pods of other
+    nodes, namespaces or names are not made at all)."""
     pods = []
     for ds in _daemonsets(s):
         md = ds["metadata"]
-        for name, n in s.get("nodes", {}).items():
-            if not _runs_on(ds, _node_labels(name, n)) or not _ds_places(s, ds, name, n):
+        if ns is not None and md.get("namespace", "default") != ns:
+            continue
+        prefix = f"{md['name']}-"
+        if name is not None and not name.startswith(prefix):
+            continue
+        for nname, n in s.get("nodes", {}).items():
+            if (node is not None and nname != node) or (name is not None and name != prefix + nname):
                 continue
-            status: dict[str, Any] = {"phase": "Running"}
-            if ds is _device_plugin(s) and _gpus_on(n["host"]) and not _plugin_gpus(s, name, n):
-                status = {"phase": "Running"}  # it runs, but registers no GPU (logs say NVML could not load)
-            elif ds is _device_plugin(s) and _plugin_on_node(s, name, n).get("error"):
-                error = _plugin_on_node(s, name, n)["error"]
-                where = "initContainerStatuses" if "config" in error else "containerStatuses"
-                status = {"phase": "Pending" if where == "initContainerStatuses" else "Running",
-                          where: [{"name": "nvidia-device-plugin-init" if where == "initContainerStatuses"
-                                   else "nvidia-device-plugin-ctr", "restartCount": 4,
-                                   "state": {"waiting": {"reason": "CrashLoopBackOff", "message": error}}}]}
-            pulled = _ds_pull(s, ds, n)
-            tpl = _pod_spec(ds)
-            if pulled:
-                status = pull_backoff_status(pulled[0], name, tpl)
-            pods.append({"apiVersion": "v1", "kind": "Pod",
-                         "metadata": {"name": f"{md['name']}-{name}", "namespace": md.get("namespace", "default"),
-                                      "labels": ds.get("spec", {}).get("selector", {}).get("matchLabels", {}),
-                                      "ownerReferences": [{"kind": "DaemonSet", "name": md["name"]}]},
-                         "spec": {**{k: tpl[k] for k in ("containers", "initContainers", "runtimeClassName")
-                                     if k in tpl}, "nodeName": name},
-                         "status": _ds_pod_status(s, ds, n, "Running") if _is_exporter(ds) and not pulled
-                         else status})
-    for o in s.get("objects", {}).values():
-        if o.get("kind") == "Pod":
-            st = _pod_status(s, o)
-            md = o.get("metadata", {})
-            if st.get("hami"):  # hami-scheduler's placement: an annotation on the pod, not a status field
-                md = {**md, "annotations": {**(md.get("annotations") or {}),
-                                            "hami.io/vgpu-devices-allocated": _hami_allocated(st["hami"])}}
-                st = {k: v for k, v in st.items() if k != "hami"}
-            where = st.get("hostIP")
-            if where in s.get("nodes", {}) and st.get("phase") in ("Running", "Succeeded"):
-                pulled = pod_pull_error(s["nodes"][where]["host"], o.get("spec", {}))
-                if pulled:
-                    st = {**pull_backoff_status(pulled[0], where), **({"bound": True} if st.get("bound") else {})}
-            if st.get("bound"):  # the scheduler binds it: spec.nodeName is set
-                pods.append({**o, "metadata": md, "spec": {**o.get("spec", {}), "nodeName": st["hostIP"]},
-                             "status": st})
-            else:
-                pods.append({**o, "metadata": md, "status": st})
+            pod = _ds_pod(s, ds, nname, n)
+            if pod is not None:
+                pods.append(pod)
+    o = s.get("objects", {}).get(f"Pod/{ns}/{name}") if name is not None and ns is not None else None
+    if o is not None and o.get("kind") == "Pod" and o.get("metadata", {}).get("namespace") == ns:
+        stored = [o]
+    else:  # (a stored pod without a namespace is served in every namespace asked for, as it always was here)
+        stored = [o for o in _of_kind(s, "Pod") if (ns is None or o.get("metadata", {}).get("namespace", ns) == ns)
+                  and (name is None or o.get("metadata", {}).get("name") == name)]
+    for o in stored:
+        pod = _stored_pod(s, o)
+        if node is None or pod["spec"].get("nodeName") == node:
+            pods.append(pod)
     return pods
 
 
+def _ds_pod(s: dict[str, Any], ds: dict[str, Any], name: str, n: dict[str, Any]) -> dict[str, Any] | None:
+    """The DaemonSet's pod on node `name`, None where it places none."""
+    md = ds["metadata"]
+    if not _runs_on(ds, _node_labels(name, n)) or not _ds_places(s, ds, name, n):
+        return None
+    status: dict[str, Any] = {"phase": "Running"}
+    if ds is _device_plugin(s) and _gpus_on(n["host"]) and not _plugin_gpus(s, name, n):
+        status = {"phase": "Running"}  # it runs, but registers no GPU (logs say NVML could not load)
+    elif ds is _device_plugin(s) and _plugin_on_node(s, name, n).get("error"):
+        error = _plugin_on_node(s, name, n)["error"]
+        where = "initContainerStatuses" if "config" in error else "containerStatuses"
+        status = {"phase": "Pending" if where == "initContainerStatuses" else "Running",
+                  where: [{"name": "nvidia-device-plugin-init" if where == "initContainerStatuses"
+                           else "nvidia-device-plugin-ctr", "restartCount": 4,
+                           "state": {"waiting": {"reason": "CrashLoopBackOff", "message": error}}}]}
+    pulled = _ds_pull(s, ds, n)
+    tpl = _pod_spec(ds)
+    if pulled:
+        status = pull_backoff_status(pulled[0], name, tpl)
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": f"{md['name']}-{name}", "namespace": md.get("namespace", "default"),
+                         "labels": ds.get("spec", {}).get("selector", {}).get("matchLabels", {}),
+                         "ownerReferences": [{"kind": "DaemonSet", "name": md["name"]}]},
+            "spec": {**{k: tpl[k] for k in ("containers", "initContainers", "runtimeClassName")
+                        if k in tpl}, "nodeName": name},
+            "status": _ds_pod_status(s, ds, n, "Running") if _is_exporter(ds) and not pulled else status}
+
+
+def _stored_pod(s: dict[str, Any], o: dict[str, Any]) -> dict[str, Any]:
+    """A stored pod with its status: where the scheduler put it, what its node's kubelet made of it."""
+    st = _pod_status(s, o)
+    md = o.get("metadata", {})
+    if st.get("hami"):  # hami-scheduler's placement: an annotation on the pod, not a status field
+        md = {**md, "annotations": {**(md.get("annotations") or {}),
+                                    "hami.io/vgpu-devices-allocated": _hami_allocated(st["hami"])}}
+        st = {k: v for k, v in st.items() if k != "hami"}
+    where = st.get("hostIP")
+    if where in s.get("nodes", {}) and st.get("phase") in ("Running", "Succeeded"):
+        pulled = pod_pull_error(s["nodes"][where]["host"], o.get("spec", {}))
+        if pulled:
+            st = {**pull_backoff_status(pulled[0], where), **({"bound": True} if st.get("bound") else {})}
+    if st.get("bound"):  # the scheduler binds it: spec.nodeName is set
+        return {**o, "metadata": md, "spec": {**o.get("spec", {}), "nodeName": st["hostIP"]}, "status": st}
+    return {**o, "metadata": md, "status": st}
+
+
 _EXTENDED = ("nvidia.com/", "hami.io/")
-_MEMO: dict[int, dict[str, dict[str, Any]]] = {}  # one kubectl call's pod verdicts, by id of its state
 
 
 def _requests(pod: dict[str, Any]) -> dict[str, int]:
@@ -1127,39 +1313,70 @@ def _requests(pod: dict[str, Any]) -> dict[str, int]:
     return out
 
 
-def _holding_before(s: dict[str, Any], pod: dict[str, Any], node: str) -> Iterator[tuple[dict[str, Any],
-                                                                                     dict[str, Any]]]:
-    """The pods created before this one that hold something on the node (bound, not finished), with their status."""
-    for o in s.get("objects", {}).values():
-        if o is pod:
-            break
-        if o.get("kind") != "Pod":
-            continue
-        memo = _MEMO.setdefault(id(s), {})
-        key = _key(o)
-        if key not in memo:
-            memo[key] = _pod_status(s, o)
-        st = memo[key]
-        if st.get("hostIP") == node and st.get("phase") in ("Running", "Pending") and st.get("bound"):
-            yield o, st
+def _accounted(pod: dict[str, Any]) -> bool:
+    """Whether this pod's status and the pods' after it can depend on the pods before it: it asks for extended
+    resources (GPUs, HAMi's: the scheduler and the kubelet count what the pods before it hold), or hami-scheduler
+    places it on a GPU by what the pods before it hold. Another pod's status depends on no other pod (its verdict
+    needs no tally) and no pod's on it, so it is computed alone, when asked for."""
+    return (bool(_requests(pod)) or bool(_ext_requests(pod))
+            or pod.get("spec", {}).get("schedulerName") == "hami-scheduler")
+
+
+class _Placement:
+    """The stored pods' statuses, as the scheduler and the kubelets account for them: the pods that hold
+    something (_accounted) in one pass in creation order, each seeing what the pods created before it hold on
+    each node (bound and not finished: their extended resources, HAMi's MiB per GPU); the others alone. Once per
+    call; a status is computed when first asked for (a get of one pod places only the accounted pods before it)."""
+
+    def __init__(self, s: dict[str, Any]) -> None:
+        self.s = s
+        self.pods = [p for p in _of_kind(s, "Pod") if _accounted(p)]
+        self.at = {id(p): i for i, p in enumerate(self.pods)}
+        self.done: list[dict[str, Any]] = []  # the statuses of self.pods[:len(self.done)]
+        self.alone: dict[int, dict[str, Any]] = {}  # the statuses of the other pods, by id
+        self.used: dict[str, dict[str, int]] = {}  # node -> resource -> held by the pods placed so far
+        self.held: dict[str, dict[str, int]] = {}  # node -> GPU UUID -> MiB hami-scheduler gave them
+
+    def status(self, pod: dict[str, Any]) -> dict[str, Any]:
+        i = self.at.get(id(pod))
+        if i is not None:
+            self.advance(i + 1)
+            return self.done[i]
+        if _accounted(pod):  # not a stored pod (none asks today): it comes after every stored one
+            self.advance(len(self.pods))
+            return _pod_status_now(self.s, pod)
+        if id(pod) not in self.alone:
+            self.alone[id(pod)] = _pod_status_now(self.s, pod)
+        return self.alone[id(pod)]
+
+    def advance(self, upto: int) -> None:
+        while len(self.done) < upto:
+            o = self.pods[len(self.done)]
+            st = _pod_status_now(self.s, o)
+            self.done.append(st)
+            node = st.get("hostIP")
+            if node and st.get("phase") in ("Running", "Pending") and st.get("bound"):
+                used = self.used.setdefault(node, {})
+                for k, v in _requests(o).items():
+                    used[k] = used.get(k, 0) + v
+                held = self.held.setdefault(node, {})
+                for uuid, mem, _cores in st.get("hami", []):
+                    held[uuid] = held.get(uuid, 0) + mem
+
+
+def _placement(s: dict[str, Any]) -> _Placement:
+    return _memo(("placement", id(s)), lambda: _Placement(s))  # type: ignore[no-any-return]
 
 
 def _used_before(s: dict[str, Any], pod: dict[str, Any], node: str) -> dict[str, int]:
-    """What the pods created before this one hold on the node: those bound and not finished."""
-    used: dict[str, int] = {}
-    for o, _ in _holding_before(s, pod, node):
-        for k, v in _requests(o).items():
-            used[k] = used.get(k, 0) + v
-    return used
+    """What the pods created before this one hold on the node: those bound and not finished (asked while the
+    placement pass is at this pod)."""
+    return dict(_placement(s).used.get(node, {}))
 
 
 def _hami_held_before(s: dict[str, Any], pod: dict[str, Any], node: str) -> dict[str, int]:
     """MiB of each GPU (by UUID) hami-scheduler gave the pods created before this one on the node."""
-    held: dict[str, int] = {}
-    for _, st in _holding_before(s, pod, node):
-        for uuid, mem, _cores in st.get("hami", []):
-            held[uuid] = held.get(uuid, 0) + mem
-    return held
+    return dict(_placement(s).held.get(node, {}))
 
 
 def _hami_allocated(devices: list[list[Any]]) -> str:
@@ -1168,10 +1385,19 @@ def _hami_allocated(devices: list[list[Any]]) -> str:
 
 
 def _runs_forever(pod: dict[str, Any]) -> bool:
-    return any(c.get("command", [])[:1] == ["sleep"] for c in pod.get("spec", {}).get("containers", []))
+    """A pod whose containers do not end: one that sleeps (the sharing proof), or one whose spec says
+    restartPolicy Always (a server's pod, as a Deployment's: restarted whenever it ends, never Succeeded)."""
+    spec = pod.get("spec", {})
+    return spec.get("restartPolicy") == "Always" or any(c.get("command", [])[:1] == ["sleep"]
+                                                        for c in spec.get("containers", []))
 
 
 def _pod_status(s: dict[str, Any], pod: dict[str, Any]) -> dict[str, Any]:
+    """A stored pod's status (the caller must not change it): from the call's placement pass."""
+    return _placement(s).status(pod)
+
+
+def _pod_status_now(s: dict[str, Any], pod: dict[str, Any]) -> dict[str, Any]:
     """A GPU test pod runs to completion only on a Ready node with enough allocatable nvidia.com/gpu."""
     running = _lab_running(s, pod)
     if running is not None:
@@ -1214,8 +1440,7 @@ def _shared_pod_status(s: dict[str, Any], pod: dict[str, Any], node: str, n: dic
     spec = pod.get("spec", {})
     alloc = n["status"]["allocatable"]
     if spec.get("schedulerName") == "hami-scheduler":
-        if not any(o.get("kind") == "Deployment" and o["metadata"]["name"] == "hami-scheduler"
-                   for o in s.get("objects", {}).values()):
+        if not _named(s, "Deployment", "hami-scheduler"):
             return {"phase": "Pending"}  # no scheduler of that name: nobody binds it, no event either
         if not _hami_on(s, node, s["nodes"][node]):
             return {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False",
@@ -1256,7 +1481,30 @@ def _key(o: dict[str, Any]) -> str:
     return f"{o.get('kind')}/{md.get('namespace', 'default') if namespaced else ''}/{md.get('name')}"
 
 
+# kubectl's flags that take a value as the next word (so that the value is not taken for a word of the command)
+_VALUE_FLAGS = ("-o", "-n", "-f", "-l", "-c", "--namespace", "--kubeconfig", "--output", "--context", "--selector",
+                "--field-selector", "--chunk-size", "--request-timeout", "--container", "--sort-by", "--template",
+                "--since", "--label-columns", "-L")
+
+
+def _words(args: list[str]) -> list[str]:
+    return [a for i, a in enumerate(args) if not a.startswith("-") and not (i and args[i - 1] in _VALUE_FLAGS)]
+
+
+def _output(args: list[str]) -> str:
+    """-o/--output's value (-o json, -o=json, -ojson, --output json)."""
+    given = _flag(args, "-o") or _flag(args, "--output")
+    if given:
+        return given
+    return next((a[2:] for a in args if a.startswith("-o") and not a.startswith("--") and len(a) > 2), "")
+
+
+def _namespace(args: list[str]) -> str | None:
+    return _flag(args, "-n") or _flag(args, "--namespace")
+
+
 def kubectl(h: Any, args: list[str]) -> int:
+    new_call()
     if args[:1] == ["version"]:
         out("Client Version: v" + h.state.get("packages", {}).get("kubectl", "1.30.0-1.1").split("-")[0] + "\n")
         return 0
@@ -1277,22 +1525,10 @@ def kubectl(h: Any, args: list[str]) -> int:
     except OSError:
         err(f"The connection to the server {server} was refused - did you specify the right host or port?\n")
         return 1
-    words = [a for i, a in enumerate(args) if not a.startswith("-")
-             and not (i and args[i - 1] in ("-o", "-n", "-f", "--namespace", "--kubeconfig", "--output",
-                                             "--context"))]
+    words = _words(args)
     verb = words[0] if words else ""
-    output = _flag(args, "-o") or _flag(args, "--output") or ""
     if verb == "apply":
-        src = _flag(args, "-f") or "-"
-        text = sys.stdin.read() if src == "-" else Path(src).read_text()
-        docs = [d for d in yaml.safe_load_all(text) if isinstance(d, dict)]
-        with cluster_state() as s:
-            for d in docs:
-                k = _key(d)
-                existed = k in s.setdefault("objects", {})
-                s["objects"][k] = d
-                out(f"{d['kind'].lower()}/{d['metadata']['name']} {'configured' if existed else 'created'}\n")
-        return 0
+        return _apply(_flag(args, "-f") or "-")
     if verb in ("label", "taint") and len(words) >= 3 and words[1] in ("node", "nodes"):
         with cluster_state() as s:
             node = s.get("nodes", {}).get(words[2])
@@ -1323,7 +1559,7 @@ def kubectl(h: Any, args: list[str]) -> int:
         return handled
     if verb == "logs" and len(words) >= 2:
         s = read_state()
-        pod = next((p for p in _pods(s) if p["metadata"]["name"] == words[1]), None)
+        pod = next(iter(_pods(s, name=words[1])), None)
         if pod is None or pod["status"].get("phase") != "Succeeded":
             err(f"Error from server (BadRequest): container in pod \"{words[1]}\" is waiting to start\n")
             return 1
@@ -1347,55 +1583,664 @@ def kubectl(h: Any, args: list[str]) -> int:
     if verb in ("drain", "cordon", "uncordon") or (verb == "delete" and words[1:2] in (["node"], ["nodes"])):
         return _node_verb(verb, words, args)
     if verb == "delete" and len(words) >= 3:
-        ns = _flag(args, "-n") or "default"
-        with cluster_state() as s:
-            kind = {"pod": "Pod", "pods": "Pod"}.get(words[1], words[1])
-            for name in words[2:]:
-                if s.get("objects", {}).pop(f"{kind}/{ns}/{name}", None) is not None or \
-                        _delete_any(s, kind, ns, name):
-                    out(f"{words[1]} \"{name}\" deleted\n")
-                elif kind == "Pod" and any(p["metadata"]["name"] == name and p["metadata"].get("namespace") == ns
-                                           and p["metadata"].get("ownerReferences") for p in _pods(s)):
+        return _delete(words, _namespace(args) or "default")
+    if verb == "get" and len(words) >= 2:
+        return _get(words, args)
+    err(f"kubectl {verb}: not simulated in the lab\n")
+    return 1
+
+
+def _apply(src: str) -> int:
+    """kubectl apply -f FILE|-: YAML or JSON documents, a List's items each; stored in one write of the state.
+    The API server gives a new object its uid, creationTimestamp and resourceVersion (kept when it is applied
+    again)."""
+    text = sys.stdin.read() if src == "-" else Path(src).read_text()
+    try:  # JSON first: a large List of pods parses ~50x faster than as YAML
+        docs: list[Any] = [json.loads(text)]
+    except ValueError:
+        docs = _yaml_docs(text)
+    objs = [i for d in docs if isinstance(d, dict)
+            for i in (d.get("items") or [] if d.get("kind") == "List" else [d]) if isinstance(i, dict)]
+    lines = []
+    with cluster_state() as s:
+        objects = s.setdefault("objects", {})
+        version = int(s.get("resource_version", 1000))
+        for d in objs:
+            k = _key(d)
+            old = objects.get(k)
+            version += 1
+            md = d.setdefault("metadata", {})
+            if d.get("kind") == "Pod":
+                before = (old or {}).get("metadata", {})
+                md.setdefault("uid", before.get("uid") or str(uuid.uuid4()))
+                md.setdefault("creationTimestamp", before.get("creationTimestamp") or _now())
+                md["resourceVersion"] = str(version)
+            objects[k] = d
+            lines.append(f"{d['kind'].lower()}/{md['name']} {'configured' if old is not None else 'created'}\n")
+        s["resource_version"] = version
+    out("".join(lines))
+    return 0
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _delete(words: list[str], ns: str) -> int:
+    """kubectl delete KIND NAME... -n NS: each name found once (an index of the stored objects, not a scan of them
+    per name); a DaemonSet's pod restarts (its controller makes it anew)."""
+    kind = {"pod": "Pod", "pods": "Pod", "po": "Pod"}.get(words[1], words[1])
+    lines = []
+    with cluster_state() as s:
+        objects = s.get("objects", {})
+        by_name: dict[tuple[str, str], list[str]] | None = None
+        ds_pods: set[str] | None = None
+        for name in words[2:]:
+            gone = objects.pop(f"{kind}/{ns}/{name}", None) is not None
+            if not gone:
+                if by_name is None:  # kubectl delete KIND NAME for any stored kind (the lower-case kind, a plural)
+                    by_name = {}
+                    for key in objects:
+                        k, kns, kname = key.split("/", 2)
+                        if kns in (ns, ""):
+                            by_name.setdefault((k.lower(), kname), []).append(key)
+                keys = by_name.get((kind.lower(), name)) or by_name.get((kind.lower().removesuffix("s"), name)) or []
+                key = next((x for x in keys if x in objects), None)
+                if key is not None:
+                    del objects[key]
+                    gone = True
+            if gone:
+                lines.append(f"{words[1]} \"{name}\" deleted\n")
+            elif kind == "Pod":
+                if ds_pods is None:  # the DaemonSets' pods in this namespace, by name (no status needed)
+                    ds_pods = {f"{ds['metadata']['name']}-{n}" for ds in _daemonsets(s)
+                               if ds["metadata"].get("namespace", "default") == ns
+                               for n, node in s.get("nodes", {}).items()
+                               if _runs_on(ds, _node_labels(n, node)) and _ds_places(s, ds, n, node)}
+                if name in ds_pods:
                     # a DaemonSet's pod: its controller makes a new one at once, whose containers start afresh
                     restarts = s.setdefault("pod_restarts", {})
                     restarts[name] = restarts.get(name, 0) + 1
-                    out(f"{words[1]} \"{name}\" deleted\n")
-        return 0
-    if verb == "get" and len(words) >= 2:
-        s = read_state()
-        kind = words[1].split(".")[0]
-        items: list[dict[str, Any]]
-        if kind in ("nodes", "node", "no"):
-            items = [node_json(s, n) for n in s.get("nodes", {})]
-        elif kind in ("pods", "pod", "po"):
-            items = _pods(s)
-        elif kind in ("daemonsets", "daemonset", "ds"):
-            items = []
-            for ds in _daemonsets(s):
-                n = len(s.get("nodes", {}))
-                items.append({**ds, "status": {"desiredNumberScheduled": n, "numberReady": n, "numberAvailable": n}})
+                    lines.append(f"{words[1]} \"{name}\" deleted\n")
+    out("".join(lines))
+    return 0
+
+
+# The fields the API server selects on (--field-selector), per resource (pkg/registry/core/*/strategy.go
+# ToSelectableFields); another is refused as kubernetes/kubernetes issue 80010 quotes it: 'Error from server
+# (BadRequest): Unable to find "nodes" that match label selector "", field selector "spec.Unschedulable=true": field
+# label not supported: spec.Unschedulable'.
+_FIELDS = {
+    "pods": ("metadata.name", "metadata.namespace", "spec.nodeName", "spec.restartPolicy", "spec.schedulerName",
+             "spec.serviceAccountName", "spec.hostNetwork", "status.phase", "status.podIP", "status.podIPs",
+             "status.nominatedNodeName"),
+    "nodes": ("metadata.name", "spec.unschedulable"),
+    "events": ("metadata.name", "metadata.namespace", "involvedObject.kind", "involvedObject.namespace",
+               "involvedObject.name", "involvedObject.uid", "involvedObject.apiVersion",
+               "involvedObject.resourceVersion", "involvedObject.fieldPath", "reason", "reportingComponent", "source",
+               "type"),
+}
+_KINDS = {"nodes": ("nodes", "node", "no"), "pods": ("pods", "pod", "po"),
+          "daemonsets": ("daemonsets", "daemonset", "ds"), "events": ("events", "event", "ev")}
+
+
+def _field(obj: dict[str, Any], path: str) -> str:
+    v: Any = obj
+    for part in path.split("."):
+        v = v.get(part) if isinstance(v, dict) else None
+    if path == "source" and isinstance(v, dict):
+        v = v.get("component")
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return "" if v is None else str(v)
+
+
+def _field_selector(text: str) -> list[tuple[str, bool, str]]:
+    """(field, equal?, value) of each term of a --field-selector (a=b, a==b, a!=b, comma-separated)."""
+    terms = []
+    for t in filter(None, text.split(",")):
+        m = re.fullmatch(r"\s*([^=!\s]+)\s*(==|=|!=)\s*(.*?)\s*", t)
+        if m:
+            terms.append((m.group(1), m.group(2) != "!=", m.group(3)))
+    return terms
+
+
+def _label_selector(text: str) -> list[tuple[str, str, list[str]]]:
+    """(key, operator, values) of each requirement of a -l selector: k=v, k==v, k!=v, k, !k, k in (a,b),
+    k notin (a,b)."""
+    out_: list[tuple[str, str, list[str]]] = []
+    for m in re.finditer(r"\s*(!?)([\w./-]+)\s*(?:(==|=|!=)\s*([\w./-]*)|\s+(in|notin)\s*\(([^)]*)\))?\s*(?:,|$)",
+                         text):
+        neg, key, op, value, setop, values = m.groups()
+        if setop:
+            out_.append((key, setop, [v.strip() for v in values.split(",") if v.strip()]))
+        elif op:
+            out_.append((key, "!=" if op == "!=" else "=", [value or ""]))
         else:
-            items = [o for o in s.get("objects", {}).values() if o.get("kind", "").lower() + "s" == kind
-                     or o.get("kind", "").lower() == kind]
-        ns = _flag(args, "-n") or _flag(args, "--namespace")
-        if ns and "-A" not in args:
-            items = [o for o in items if o["metadata"].get("namespace", ns) == ns]
-        if len(words) >= 3:
-            items = [o for o in items if o["metadata"]["name"] == words[2]]
-            if not items:
-                err(f"Error from server (NotFound): {kind} \"{words[2]}\" not found\n")
-                return 1
-            if output == "json":
-                out(json.dumps(items[0], indent=2) + "\n")
-                return 0
-        if output == "json":
-            out(json.dumps({"apiVersion": "v1", "kind": "List", "items": items}, indent=2) + "\n")
+            out_.append((key, "!" if neg else "exists", []))
+    return out_
+
+
+def _labels_match(obj: dict[str, Any], reqs: list[tuple[str, str, list[str]]]) -> bool:
+    labels = obj.get("metadata", {}).get("labels") or {}
+    for key, op, values in reqs:
+        have = labels.get(key)
+        ok = {"=": have == values[0] if values else False, "!=": have != values[0] if values else True,
+              "exists": key in labels, "!": key not in labels, "in": have in values,
+              "notin": have not in values}[op]
+        if not ok:
+            return False
+    return True
+
+
+def _get(words: list[str], args: list[str]) -> int:
+    """kubectl get KIND [NAME] [-n NS|-A] [-l SEL] [--field-selector SEL] [--chunk-size N] [-o FORMAT]: what is
+    asked for is made (one node, one node's pods, one namespace's), then served in the real objects' shape."""
+    s = read_state()
+    kind = words[1].split(".")[0]
+    resource = next((r for r, names in _KINDS.items() if kind in names), kind)
+    ns = _namespace(args)
+    everywhere = "-A" in args or "--all-namespaces" in args
+    ns = None if everywhere else ns
+    name = words[2] if len(words) >= 3 else None
+    fsel = _field_selector(_flag(args, "--field-selector") or "")
+    bad = next((f for f, _, _ in fsel if f not in _FIELDS.get(resource, ("metadata.name", "metadata.namespace"))),
+               None)
+    if bad:
+        err(f"Error from server (BadRequest): Unable to find \"{resource}\" that match label selector "
+            f"\"{_flag(args, '-l') or _flag(args, '--selector') or ''}\", field selector "
+            f"\"{_flag(args, '--field-selector')}\": field label not supported: {bad}\n")
+        return 1
+    want = {f: v for f, eq, v in fsel if eq}  # what narrows what is made (a node, a namespace, a name)
+    items: list[dict[str, Any]]
+    if resource == "nodes":
+        wanted = name or want.get("metadata.name")
+        names = [wanted] if wanted is not None else list(s.get("nodes", {}))
+        items = [_served_node(s, n) for n in names if n in s.get("nodes", {})]
+    elif resource == "pods":
+        items = [_served_pod(s, p) for p in _pods(s, ns=ns or want.get("metadata.namespace"),
+                                                   name=name or want.get("metadata.name"),
+                                                   node=want.get("spec.nodeName"))]
+    elif resource == "daemonsets":
+        items = []
+        for ds in _daemonsets(s):
+            n = len(s.get("nodes", {}))
+            items.append({**ds, "status": {"desiredNumberScheduled": n, "numberReady": n, "numberAvailable": n}})
+    elif resource == "events":
+        items = _events(s)
+    else:
+        items = [o for o in s.get("objects", {}).values() if o.get("kind", "").lower() + "s" == kind
+                 or o.get("kind", "").lower() == kind]
+    if ns:
+        items = [o for o in items if o["metadata"].get("namespace", ns) == ns]
+    if fsel:
+        items = [o for o in items if all((_field(o, f) == v) == eq for f, eq, v in fsel)]
+    labels = _flag(args, "-l") or _flag(args, "--selector")
+    if labels:
+        reqs = _label_selector(labels)
+        items = [o for o in items if _labels_match(o, reqs)]
+    if name is not None:
+        items = [o for o in items if o["metadata"]["name"] == name]
+        if not items:
+            err(f"Error from server (NotFound): {kind} \"{name}\" not found\n")
+            return 1
+    output = _output(args)
+    doc: Any = items[0] if name is not None else {"apiVersion": "v1", "items": items, "kind": "List",
+                                                  "metadata": {"resourceVersion": ""}}
+    if output == "json":
+        out(_kubectl_json(doc) + "\n")
+    elif output == "yaml":
+        out(yaml.dump(doc, Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper), default_flow_style=False))
+    elif output == "name":
+        out("".join(f"{_singular(o)}/{o['metadata']['name']}\n" for o in items))
+    elif output.startswith("jsonpath="):
+        text = _jsonpath(doc, output.split("=", 1)[1])
+        if text is None:
+            return 1
+        out(text)
+    elif output.startswith("custom-columns="):
+        out(_custom_columns(items, output.split("=", 1)[1], "--no-headers" in args))
+    else:
+        out("".join(o["metadata"]["name"] + "\n" for o in items))
+    return 0
+
+
+def _kubectl_json(doc: Any) -> str:
+    """json.dumps(doc, indent=4, sort_keys=True), as kubectl prints JSON (4-space indent, keys sorted: the
+    objects go through a map), byte for byte, in a third of the time: json's indenting encoder is pure Python and
+    passes every token up a chain of generators as deep as the document (3 s for 5,000 pods of 20 KB)."""
+    parts: list[str] = []
+    put = parts.append
+
+    def dump(o: Any, indent: str) -> None:
+        if isinstance(o, str):
+            put(_encode_str(o))
+        elif isinstance(o, dict):
+            if not o:
+                put("{}")
+                return
+            inner = indent + "    "
+            sep = ",\n" + inner
+            put("{\n" + inner)
+            first = True
+            for k in sorted(o):
+                if not first:
+                    put(sep)
+                first = False
+                put(_encode_str(k))
+                put(": ")
+                dump(o[k], inner)
+            put("\n" + indent + "}")
+        elif isinstance(o, list | tuple):
+            if not o:
+                put("[]")
+                return
+            inner = indent + "    "
+            sep = ",\n" + inner
+            put("[\n" + inner)
+            first = True
+            for v in o:
+                if not first:
+                    put(sep)
+                first = False
+                dump(v, inner)
+            put("\n" + indent + "]")
+        elif o is None:
+            put("null")
+        elif o is True:
+            put("true")
+        elif o is False:
+            put("false")
+        else:  # int, float
+            put(json.dumps(o))
+
+    dump(doc, "")
+    return "".join(parts)
+
+
+def _singular(o: dict[str, Any]) -> str:
+    kind = str(o.get("kind", "")).lower()
+    group = str(o.get("apiVersion", "v1")).rpartition("/")[0]
+    return f"{kind}.{group}" if group else kind
+
+
+# -- kubectl -o jsonpath / custom-columns (k8s.io/client-go/util/jsonpath): the subset a script uses -------------
+# {.a.b}, {.a['b.c']}, {.a.b\.c}, {.items[*].x}, {.items[0]}, {.items[?(@.type=="Ready")].status}, {range X}...{end},
+# {"\t"} literals. A value prints as text (strings as they are, other values as JSON), several values separated
+# by a space, as kubectl prints them.
+def _jp_steps(path: str) -> list[tuple[str, str]]:
+    steps: list[tuple[str, str]] = []
+    i = 0
+    path = path.strip()
+    if path.startswith("$"):
+        path = path[1:]
+    while i < len(path):
+        c = path[i]
+        if c == ".":
+            j = i + 1
+            name = ""
+            while j < len(path) and path[j] not in ".[":
+                if path[j] == "\\" and j + 1 < len(path):
+                    name += path[j + 1]
+                    j += 2
+                    continue
+                name += path[j]
+                j += 1
+            if name:
+                steps.append(("key", name))
+            i = j
+        elif c == "[":
+            j = path.index("]", i) if not path.startswith("[?(", i) else path.index(")]", i) + 1
+            inner = path[i + 1:j]
+            if inner == "*":
+                steps.append(("all", ""))
+            elif inner.startswith("?("):
+                steps.append(("filter", inner[2:-1]))
+            elif inner[:1] in "'\"":
+                steps.append(("key", inner[1:-1]))
+            else:
+                steps.append(("index", inner))
+            i = j + 1
         else:
-            for o in items:
-                out(o["metadata"]["name"] + "\n")
-        return 0
-    err(f"kubectl {verb}: not simulated in the lab\n")
-    return 1
+            raise ValueError(f"unexpected {c!r} in {path!r}")
+    return steps
+
+
+def _jp_eval(values: list[Any], path: str) -> list[Any]:
+    for kind, arg in _jp_steps(path):
+        nxt: list[Any] = []
+        for v in values:
+            if kind == "key" and isinstance(v, dict) and arg in v:
+                nxt.append(v[arg])
+            elif kind == "all":
+                nxt.extend(v.values() if isinstance(v, dict) else v if isinstance(v, list) else [])
+            elif kind == "index" and isinstance(v, list):
+                with contextlib.suppress(ValueError, IndexError):
+                    nxt.append(v[int(arg)] if ":" not in arg else v[slice(*(int(x) if x else None
+                                                                            for x in arg.split(":")))])
+            elif kind == "filter" and isinstance(v, list):
+                m = re.fullmatch(r"\s*@(\.[^=!<>]+?)\s*(==|!=)\s*(['\"]?)(.*?)\3\s*", arg)
+                for item in v:
+                    if m:
+                        got = _jp_eval([item], m.group(1))
+                        text = _jp_text(got[0]) if got else None
+                        if (text == m.group(4)) == (m.group(2) == "=="):
+                            nxt.append(item)
+                    elif _jp_eval([item], "." + arg.strip().lstrip("@.")):
+                        nxt.append(item)
+        values = nxt
+    return values
+
+
+def _jp_text(v: Any) -> str:
+    if isinstance(v, str):
+        return v
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return json.dumps(v, separators=(",", ":"))
+
+
+def _jsonpath(doc: Any, template: str) -> str | None:
+    """The text of a kubectl jsonpath template over doc (None, with kubectl's error, when it cannot parse it)."""
+    tokens = re.findall(r"\{((?:[^{}\"]|\"(?:[^\"\\]|\\.)*\")*)\}|([^{}]+)", template)
+    out_: list[str] = []
+    try:
+        def run(toks: list[tuple[str, str]], scope: Any) -> None:
+            i = 0
+            while i < len(toks):
+                expr, literal = toks[i]
+                expr = expr.strip()
+                if literal:
+                    out_.append(literal)
+                elif expr.startswith("range "):
+                    depth, j = 1, i + 1
+                    while j < len(toks) and depth:
+                        e = toks[j][0].strip()
+                        depth += 1 if e.startswith("range ") else -1 if e == "end" else 0
+                        j += 1
+                    for item in _jp_eval([scope], expr[6:].strip()):
+                        run(toks[i + 1:j - 1], item)
+                    i = j
+                    continue
+                elif expr.startswith('"') and expr.endswith('"'):
+                    out_.append(json.loads(expr))
+                elif expr:
+                    out_.append(" ".join(_jp_text(v) for v in _jp_eval([scope], expr if expr.startswith(("$", ".", "["))
+                                                                        else "." + expr)))
+                i += 1
+        run(tokens, doc)
+    except ValueError as e:
+        err(f"error: error parsing jsonpath {template}, {e}\n")
+        return None
+    return "".join(out_)
+
+
+def _custom_columns(items: list[dict[str, Any]], spec: str, no_headers: bool) -> str:
+    cols = [c.split(":", 1) for c in spec.split(",") if ":" in c]
+    rows = [[h for h, _ in cols]] if not no_headers else []
+    for o in items:
+        row = []
+        for _, path in cols:
+            got = _jp_eval([o], path if path.startswith((".", "[")) else "." + path)
+            row.append(",".join(_jp_text(v) for v in got) if got else "<none>")
+        rows.append(row)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(cols))] if rows else []
+    return "".join("   ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() + "\n" for r in rows)
+
+
+# -- served objects: the shape and the size of real ones (tests/fixtures/real/objects/SOURCE.md) -------------------
+# What kubectl gets is what a real API server serves: a Node with the well-known labels, the kubelet's addresses,
+# capacity and allocatable (ephemeral-storage, hugepages), pressure conditions, nodeInfo, runtimeHandlers and a GPU
+# node's image list copied from a real node (50 images, ~12 KB); a Pod with the API server's defaults (the
+# kube-api-access projected volume and its mounts, tolerations, policies) and the kubelet's status (conditions,
+# containerStatuses, IPs, qosClass). The fakes reason on the small internal objects (node_json, _pods); only the
+# output is dressed, so none of their decisions changes. Sizes: a lab GPU node as served ~29 KB, a lab pod like
+# the minikube one ~6 KB (test_scale.py compares them with the real ones).
+REAL = Path(__file__).resolve().parent / "real"  # tests/fixtures/real/objects, copied by lab.py at `up`
+_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}
+
+
+def _real(name: str) -> Any:
+    """A real object of tests/fixtures/real/objects, parsed once (None where the lab has no copy)."""
+    def load() -> Any:
+        try:
+            text = _read(REAL / name)
+        except OSError:
+            return None
+        return json.loads(text) if name.endswith(".json") else _parse_cached(text, "yaml")
+    return _memo(("real", name), load)
+
+
+def _real_images(gpus: bool) -> list[dict[str, Any]]:
+    """A real node's status.images: the A100 MIG node's 50 for a GPU node, the RKE2 node's 22 for another."""
+    doc = _real("node-gpu-a100-mig.yaml" if gpus else "node-gpu-rke2-a16.json")
+    if not isinstance(doc, dict):
+        return []
+    node = (doc.get("items") or [{}])[0] if doc.get("kind") == "List" else doc
+    return list(node.get("status", {}).get("images") or [])
+
+
+def _uid(*parts: str) -> str:
+    """A stable UUID for what has no stored one (a node, a DaemonSet's pod): the same object, the same uid."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, "lab/" + "/".join(parts)))
+
+
+def _host_facts(host: str) -> dict[str, Any]:
+    """What the node's kubelet reports of its host: address, arch, OS image, kernel, machine-id, runtime."""
+    def facts() -> dict[str, Any]:
+        spec = _read_json(_hp(host, "var_lib/gpuk8s-lab/host.json"))
+        try:
+            state = _read_json(_hp(host, "var_lib/gpuk8s-lab/state.json"))
+        except (OSError, ValueError):
+            state = {}
+        try:
+            osr = dict(re.findall(r'^(\w+)="?(.*?)"?$', _read(_hp(host, "etc/os-release")), re.M))
+        except OSError:
+            osr = {}
+        try:
+            machine = _read(_hp(host, "etc/machine-id")).strip()
+        except OSError:
+            machine = uuid.uuid5(uuid.NAMESPACE_URL, f"lab/{host}/machine").hex
+        if spec.get("runtime") == "docker":
+            runtime = f"docker://{spec.get('runtime_version')}"
+        else:
+            pkg = (state.get("packages") or {}).get("containerd.io")
+            version = pkg.split("-")[0] if pkg else str(spec.get("runtime_version"))
+            runtime = "containerd://" + (_debian_containerd() if version == "debian" else version.lstrip("v"))
+        return {"address": spec.get("address", ""), "arch": _ARCH.get(spec.get("arch", "x86_64"), spec.get("arch")),
+                "os": osr.get("PRETTY_NAME", ""), "kernel": spec.get("kernel", ""), "machine": machine,
+                "runtime": runtime, "cpus": int(spec.get("cpus", 16)), "memory_mb": int(spec.get("memory_mb", 65536)),
+                "gpus": int(spec.get("gpus", 0))}
+    return _memo(("facts", host), facts)  # type: ignore[no-any-return]
+
+
+def _debian_containerd() -> str:
+    """The version of the machine's real containerd (the lab's hosts run it): asked once per lab, kept."""
+    kept = LAB_ROOT / "cache" / "containerd-version"
+    with contextlib.suppress(OSError):
+        return kept.read_text().strip()
+    version = "unknown"
+    with contextlib.suppress(OSError, subprocess.SubprocessError, IndexError):
+        text = subprocess.run([str(LAB_ROOT / "real" / "containerd"), "--version"], capture_output=True, text=True,
+                              timeout=10).stdout
+        version = text.split()[2]
+    with contextlib.suppress(OSError):
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        kept.write_text(version + "\n")
+    return version
+
+
+def _node_index(s: dict[str, Any], name: str) -> int:
+    return _memo(("node-index", id(s)), lambda: {n: i for i, n in enumerate(s.get("nodes", {}))}).get(name, 0)  # type: ignore[no-any-return]
+
+
+def _pod_cidr(s: dict[str, Any], name: str) -> str:
+    """The node's podCIDR: the cluster's podSubnet cut in /24s, one per node in join order (the node IPAM
+    controller's default node-cidr-mask-size for IPv4)."""
+    base = (s.get("pod_subnet") or "10.244.0.0/16").split("/")[0].split(".")
+    i = _node_index(s, name)
+    return f"{base[0]}.{int(base[1]) + i // 256}.{i % 256}.0/24"
+
+
+_PRESSURE = (("MemoryPressure", "KubeletHasSufficientMemory", "kubelet has sufficient memory available"),
+             ("DiskPressure", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
+             ("PIDPressure", "KubeletHasSufficientPID", "kubelet has sufficient PID available"))
+_EPHEMERAL_KI = 101430960  # the A100 node's root filesystem (its capacity.ephemeral-storage)
+
+
+def _served_node(s: dict[str, Any], name: str) -> dict[str, Any]:
+    """The Node as a real API server serves it (the internal node_json dressed; the caller may change it)."""
+    n = node_json(s, name)
+    node = s["nodes"][name]
+    f = _host_facts(node["host"])
+    created = str(node.get("created") or "2026-01-01T00:00:00Z")
+    md = n["metadata"]
+    annotations = {"kubeadm.alpha.kubernetes.io/cri-socket": "unix:///var/run/containerd/containerd.sock",
+                   "node.alpha.kubernetes.io/ttl": "0",
+                   "volumes.kubernetes.io/controller-managed-attach-detach": "true"}
+    if any("flannel" in ds["metadata"]["name"] for ds in _daemonsets(s)):  # what flannel's pod writes on its node
+        annotations.update({"flannel.alpha.coreos.com/backend-data": json.dumps(
+            {"VNI": 1, "VtepMAC": ":".join(hashlib.sha1(name.encode()).hexdigest()[i:i + 2] for i in range(0, 12, 2))},
+            separators=(",", ":")), "flannel.alpha.coreos.com/backend-type": "vxlan",
+            "flannel.alpha.coreos.com/kube-subnet-manager": "true", "flannel.alpha.coreos.com/public-ip": f["address"]})
+    annotations.update(md.get("annotations") or {})
+    labels = {"beta.kubernetes.io/arch": f["arch"], "beta.kubernetes.io/os": "linux", "kubernetes.io/arch": f["arch"],
+              "kubernetes.io/os": "linux", **md["labels"]}
+    st = n["status"]
+    memory_ki = f["memory_mb"] * 1024
+    base = {"cpu": str(f["cpus"]), "ephemeral-storage": f"{_EPHEMERAL_KI}Ki", "hugepages-1Gi": "0",
+            "hugepages-2Mi": "0", "memory": f"{memory_ki}Ki", "pods": "110"}
+    # allocatable: the kubelet's default eviction thresholds (memory.available<100Mi, nodefs.available<10%)
+    alloc = {**base, "ephemeral-storage": str(_EPHEMERAL_KI * 1024 * 9 // 10), "memory": f"{memory_ki - 102400}Ki"}
+    extended = lambda d: {k: v for k, v in d.items() if k not in ("cpu", "memory", "pods")}  # noqa: E731
+    ready = st["conditions"][0]
+    beat = _now()
+    down = ready.get("reason") == "NodeStatusUnknown"
+    conditions = [{**ready, "lastHeartbeatTime": created if down else beat, "lastTransitionTime": created}]
+    for kind, reason, message in _PRESSURE:
+        conditions.append({"lastHeartbeatTime": created if down else beat, "lastTransitionTime": created,
+                           "message": "Kubelet stopped posting node status." if down else message,
+                           "reason": "NodeStatusUnknown" if down else reason,
+                           "status": "Unknown" if down else "False", "type": kind})
+    default, handlers = _runtime_handlers(node["host"])
+    version = st["nodeInfo"]["kubeletVersion"]
+    cidr = _pod_cidr(s, name)
+    return {
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"annotations": annotations, "creationTimestamp": created, "labels": labels, "name": name,
+                     "resourceVersion": str(1000 + _node_index(s, name)), "uid": _uid(node["host"], "node", created)},
+        "spec": {"podCIDR": cidr, "podCIDRs": [cidr], **n["spec"]},
+        "status": {
+            "addresses": [{"address": f["address"], "type": "InternalIP"}, {"address": name, "type": "Hostname"}],
+            "allocatable": {**alloc, **extended(st["allocatable"])},
+            "capacity": {**base, **extended(st["capacity"])},
+            "conditions": conditions,
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
+            "images": _real_images(f["gpus"] > 0),
+            "nodeInfo": {"architecture": f["arch"], "bootID": _uid(node["host"], "boot"),
+                         "containerRuntimeVersion": f["runtime"], "kernelVersion": f["kernel"],
+                         "kubeProxyVersion": version, "kubeletVersion": version, "machineID": f["machine"],
+                         "operatingSystem": "linux", "osImage": f["os"], "systemUUID": _uid(node["host"], "system")},
+            "runtimeHandlers": [{"features": {"recursiveReadOnlyMounts": True, "userNamespaces": True}, "name": h}
+                                for h in ["", *sorted(handlers)]],
+        },
+    }
+
+
+_API_ACCESS = {"projected": {"defaultMode": 420, "sources": [
+    {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+    {"configMap": {"items": [{"key": "ca.crt", "path": "ca.crt"}], "name": "kube-root-ca.crt"}},
+    {"downwardAPI": {"items": [{"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"},
+                                "path": "namespace"}]}}]}}
+_TOLERATIONS = [{"effect": "NoExecute", "key": k, "operator": "Exists", "tolerationSeconds": 300}
+                for k in ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")]
+
+
+def _image_ref(image: str) -> str:
+    """The image as the kubelet reports it (containerd's normalized name: docker.io/library/..., a tag)."""
+    registry, path, tag = _ref_parts(image)
+    return f"{registry}/{path}{tag or ':latest'}"
+
+
+def _qos(containers: list[dict[str, Any]]) -> str:
+    res = [c.get("resources") or {} for c in containers]
+    if not any((r.get("requests") or r.get("limits")) for r in res):
+        return "BestEffort"
+    guaranteed = all({k: str(v) for k, v in (r.get("limits") or {}).items() if k in ("cpu", "memory")}
+                     == {k: str(v) for k, v in {**(r.get("limits") or {}), **(r.get("requests") or {})}.items()
+                         if k in ("cpu", "memory")} and {"cpu", "memory"} <= set(r.get("limits") or {}) for r in res)
+    return "Guaranteed" if guaranteed else "Burstable"
+
+
+def _served_pod(s: dict[str, Any], p: dict[str, Any]) -> dict[str, Any]:
+    """A pod as a real API server serves it: the stored or DaemonSet pod with the API server's defaults and the
+    kubelet's status filled in where the fakes left them out (their status fields win: they carry the verdicts)."""
+    md = dict(p.get("metadata") or {})
+    ns, name = md.get("namespace", "default"), md.get("name", "")
+    created = str(md.get("creationTimestamp") or (s.get("nodes", {}).get(p.get("spec", {}).get("nodeName"), {})
+                                                  .get("created")) or "2026-01-01T00:00:00Z")
+    md.setdefault("creationTimestamp", created)
+    md.setdefault("uid", _uid("pod", ns, name, created))
+    md.setdefault("resourceVersion", str(s.get("resource_version", 1000)))
+    if md.get("ownerReferences"):
+        md["ownerReferences"] = [{"apiVersion": "apps/v1", "blockOwnerDeletion": True, "controller": True,
+                                  "uid": _uid("owner", ns, str(o.get("name"))), **o} for o in md["ownerReferences"]]
+    spec = dict(p.get("spec") or {})
+    st = {k: v for k, v in (p.get("status") or {}).items() if k not in ("bound", "hami")}
+    node = spec.get("nodeName") or st.get("hostIP")
+    if node in s.get("nodes", {}):
+        spec["nodeName"] = node  # the scheduler bound it (the fakes keep the node's name in hostIP)
+    token = f"kube-api-access-{hashlib.sha1(md['uid'].encode()).hexdigest()[:5]}"
+    mount = {"mountPath": "/var/run/secrets/kubernetes.io/serviceaccount", "name": token, "readOnly": True}
+    mounts_token = spec.get("automountServiceAccountToken") is not False and not any(
+        str(v.get("name", "")).startswith("kube-api-access-") for v in spec.get("volumes") or [])  # (served before)
+
+    def container(c: dict[str, Any]) -> dict[str, Any]:
+        image = str(c.get("image", ""))
+        return {"imagePullPolicy": "Always" if image.endswith(":latest") or ":" not in image.rsplit("/", 1)[-1]
+                else "IfNotPresent", "resources": {}, "terminationMessagePath": "/dev/termination-log",
+                "terminationMessagePolicy": "File", **c,
+                **({"volumeMounts": [*(c.get("volumeMounts") or []), mount]} if mounts_token else {})}
+    tolerations = list(spec.get("tolerations") or [])
+    tolerations += [t for t in _TOLERATIONS if not any(x.get("key") == t["key"] for x in tolerations)]
+    spec = {"dnsPolicy": "ClusterFirst", "enableServiceLinks": True, "preemptionPolicy": "PreemptLowerPriority",
+            "priority": 0, "restartPolicy": "Always", "schedulerName": "default-scheduler", "securityContext": {},
+            "serviceAccount": spec.get("serviceAccountName", "default"), "serviceAccountName": "default",
+            "terminationGracePeriodSeconds": 30, **spec, "tolerations": tolerations,
+            "containers": [container(c) for c in spec.get("containers") or []],
+            **({"initContainers": [container(c) for c in spec["initContainers"]]}
+               if spec.get("initContainers") else {}),
+            **({"volumes": [*(spec.get("volumes") or []), {"name": token, **_API_ACCESS}]} if mounts_token
+               else {})}
+    phase = st.get("phase", "Pending")
+    if node in s.get("nodes", {}):
+        f = _host_facts(s["nodes"][node]["host"])
+        ip = ".".join(_pod_cidr(s, node).split("/")[0].split(".")[:3]) + \
+            f".{int(hashlib.sha1(md['uid'].encode()).hexdigest()[:4], 16) % 250 + 2}"
+        st = {"hostIP": f["address"], "hostIPs": [{"ip": f["address"]}], "podIP": ip, "podIPs": [{"ip": ip}],
+              "startTime": created, **{k: v for k, v in st.items() if k != "hostIP"}}
+        running = phase == "Running"
+        if "conditions" not in st:
+            ready = "True" if running else "False"
+            st["conditions"] = [{"lastProbeTime": None, "lastTransitionTime": created, "status": v, "type": t}
+                                for t, v in (("Initialized", "True"), ("Ready", ready), ("ContainersReady", ready),
+                                             ("PodScheduled", "True"))]
+        if "containerStatuses" not in st and (running or phase == "Succeeded"):
+            def status(c: dict[str, Any]) -> dict[str, Any]:
+                ref = _image_ref(str(c.get("image", "")))
+                cid = "containerd://" + hashlib.sha256(f"{md['uid']}/{c.get('name')}".encode()).hexdigest()
+                state = {"running": {"startedAt": created}} if running else {"terminated": {
+                    "containerID": cid, "exitCode": 0, "finishedAt": created, "reason": "Completed",
+                    "startedAt": created}}
+                digest = ref if "@" in ref else \
+                    ref.rsplit(":", 1)[0] + "@sha256:" + hashlib.sha256(ref.encode()).hexdigest()
+                return {"containerID": cid, "image": ref, "imageID": digest, "lastState": {},
+                        "name": c.get("name", ""),
+                        "ready": running, "restartCount": 0, "started": running, "state": state}
+            st["containerStatuses"] = [status(c) for c in spec["containers"]]
+    st.setdefault("phase", phase)
+    st.setdefault("qosClass", _qos(spec["containers"]))
+    return {**p, "apiVersion": "v1", "kind": "Pod", "metadata": md, "spec": spec, "status": st}
 
 
 # -- reset, drain, node deletion, etcd members (gpuk8s reset) -------------------------------------------
@@ -1522,11 +2367,11 @@ def _pdb_selects(pdb: dict[str, Any], pod: dict[str, Any]) -> bool:
     return bool(want) and all(have.get(k) == v for k, v in want.items())
 
 
-def _blocking_budget(s: dict[str, Any], pod: dict[str, Any]) -> dict[str, Any] | None:
-    """The PodDisruptionBudget that allows no eviction of `pod` now (disruptionsAllowed would be 0)."""
+def _blocking_budget(s: dict[str, Any], pod: dict[str, Any], pdbs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The PodDisruptionBudget (of `pdbs`) that allows no eviction of `pod` now (disruptionsAllowed would be 0)."""
     ns = pod["metadata"].get("namespace", "default")
-    for pdb in s.get("objects", {}).values():
-        if pdb.get("kind") != "PodDisruptionBudget" or pdb["metadata"].get("namespace", "default") != ns:
+    for pdb in pdbs:
+        if pdb["metadata"].get("namespace", "default") != ns:
             continue
         if not _pdb_selects(pdb, pod):
             continue
@@ -1598,31 +2443,36 @@ def _node_verb(verb: str, words: list[str], args: list[str]) -> int:
         err(f"Warning: ignoring DaemonSet-managed Pods: {', '.join(ds)}\n")
     timeout = _timeout_seconds(args) or 3600.0
     deadline = time.monotonic() + timeout
-    for pod in pods:
-        ns, pname = pod["metadata"].get("namespace", "default"), pod["metadata"]["name"]
-        out(f"evicting pod {ns}/{pname}\n")
-        sys.stdout.flush()
-        while True:
-            with cluster_state() as s:
-                key = _key(pod)
-                if _blocking_budget(s, pod) is None:
-                    s.get("objects", {}).pop(key, None)
+    i = 0
+    while i < len(pods):
+        # the evictions that go through, in one write of the state (not one per pod), until one is refused
+        with cluster_state() as s:
+            pdbs = [o for o in s.get("objects", {}).values() if o.get("kind") == "PodDisruptionBudget"]
+            while i < len(pods):
+                pod = pods[i]
+                ns, pname = pod["metadata"].get("namespace", "default"), pod["metadata"]["name"]
+                out(f"evicting pod {ns}/{pname}\n")
+                if _blocking_budget(s, pod, pdbs) is not None:
                     break
-            # kubectl's eviction retry (k8s.io/kubectl/pkg/drain): "Cannot evict pod as it would violate the
-            # pod's disruption budget." is the API server's 429 message for a blocked eviction
-            err(f"error when evicting pods/\"{pname}\" -n \"{ns}\" (will retry after 5s): Cannot evict pod as it "
-                "would violate the pod's disruption budget.\n")
-            sys.stderr.flush()
-            left = deadline - time.monotonic()
-            if left <= 0:
-                t = _flag(args, "--timeout") or f"{int(timeout)}s"
-                err(f"There are pending nodes to be drained:\n {name}\nerror: unable to drain node \"{name}\" due "
-                    f"to error: [error when evicting pods/\"{pname}\" -n \"{ns}\": global timeout reached: {t}], "
-                    "continuing command...\n")
-                return 1
-            time.sleep(min(5.0, left))
-            out(f"evicting pod {ns}/{pname}\n")
-        out(f"pod/{pname} evicted\n")
+                s.get("objects", {}).pop(_key(pod), None)
+                out(f"pod/{pname} evicted\n")
+                i += 1
+        if i == len(pods):
+            break
+        sys.stdout.flush()
+        # kubectl's eviction retry (k8s.io/kubectl/pkg/drain): "Cannot evict pod as it would violate the
+        # pod's disruption budget." is the API server's 429 message for a blocked eviction
+        err(f"error when evicting pods/\"{pname}\" -n \"{ns}\" (will retry after 5s): Cannot evict pod as it "
+            "would violate the pod's disruption budget.\n")
+        sys.stderr.flush()
+        left = deadline - time.monotonic()
+        if left <= 0:
+            t = _flag(args, "--timeout") or f"{int(timeout)}s"
+            err(f"There are pending nodes to be drained:\n {name}\nerror: unable to drain node \"{name}\" due "
+                f"to error: [error when evicting pods/\"{pname}\" -n \"{ns}\": global timeout reached: {t}], "
+                "continuing command...\n")
+            return 1
+        time.sleep(min(5.0, left))
     out(f"node/{name} drained\n")
     return 0
 
@@ -1738,7 +2588,7 @@ def _gpu_pods(s: dict[str, Any], node: str) -> list[tuple[dict[str, Any], int]]:
 
 def _metrics(s: dict[str, Any], ds: dict[str, Any], node: str) -> str:
     host = s["nodes"][node]["host"]
-    spec = json.loads((_host_dir(host) / "var_lib/gpuk8s-lab/host.json").read_text())
+    spec = _read_json(_hp(host, "var_lib/gpuk8s-lab/host.json"))
     model, mem = spec.get("gpu_model", "NVIDIA A100-SXM4-80GB"), int(spec.get("gpu_memory_mib", 81920))
     owner: dict[int, tuple[str, str, str]] = {}
     if _mounts_pod_resources(ds):
@@ -1900,7 +2750,7 @@ def _kubeadm_version(h: Any) -> str:
 def _kubelet_version(host: str) -> str | None:
     """The kubelet a node runs: the kubelet package installed on its host (the lab restarts it at once)."""
     try:
-        st = json.loads((_host_dir(host) / "var_lib/gpuk8s-lab/state.json").read_text())
+        st = _read_json(_hp(host, "var_lib/gpuk8s-lab/state.json"))
     except (OSError, ValueError):
         return None
     v = st.get("packages", {}).get("kubelet")
@@ -2103,7 +2953,7 @@ def _fit_error(reasons: dict[str, list[str]]) -> str:
 
 
 def _driver_cuda(host: str) -> tuple[int, ...]:
-    spec = json.loads((_host_dir(host) / "var_lib/gpuk8s-lab/host.json").read_text())
+    spec = _read_json(_hp(host, "var_lib/gpuk8s-lab/host.json"))
     major = int(str(spec.get("driver", "535.104.05")).split(".")[0])
     table = getattr(sys.modules.get("fake") or sys.modules.get("__main__"), "CUDA_FOR_DRIVER", None) or (
         (580, "13.0"), (525, "12.0"), (450, "11.0"), (440, "10.2"), (418, "10.1"), (410, "10.0"))
@@ -2148,8 +2998,7 @@ def _schedule(s: dict[str, Any], pod: dict[str, Any]) -> dict[str, Any] | None:
     before). A pod naming a scheduler that does not run stays Pending: nobody binds it, no event says why."""
     sched = pod.get("spec", {}).get("schedulerName")
     if sched and sched != "default-scheduler":
-        if not _pinned(pod) and not any(o.get("kind") == "Deployment" and o["metadata"]["name"] == sched
-                                        for o in s.get("objects", {}).values()):
+        if not _pinned(pod) and not _named(s, "Deployment", sched):
             return {"phase": "Pending"}
         return None
     if _pinned(pod):
@@ -2252,13 +3101,7 @@ def _plugin_log(s: dict[str, Any], node: str) -> str:
 
 
 def _doctor_kubectl(verb: str, words: list[str], args: list[str]) -> int | None:
-    """kubectl get events, and the logs of a device plugin pod; None: not for this part of the fake."""
-    if verb == "get" and len(words) >= 2 and words[1] in ("events", "event", "ev") and "--raw" not in " ".join(args):
-        s = read_state()
-        ns = _flag(args, "-n") or _flag(args, "--namespace")
-        items = [e for e in _events(s) if "-A" in args or not ns or e["metadata"]["namespace"] == ns]
-        out(json.dumps({"apiVersion": "v1", "kind": "List", "items": items}) + "\n")
-        return 0
+    """The logs of a device plugin pod (kubectl get events: _get); None: not for this part of the fake."""
     if verb == "logs" and len(words) >= 2:
         s = read_state()
         # a test's override: what a workload itself prints (an application's log cannot be derived), for a pod

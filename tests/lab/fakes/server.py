@@ -40,6 +40,7 @@ import contextlib
 import ctypes
 import gc
 import io
+import json
 import os
 import selectors
 import signal
@@ -117,6 +118,11 @@ def _exit_code(code: object) -> int:
     return 1
 
 
+# GPUK8S_LAB_FAKES_CPU=FILE (in the environment of `python -m tests.lab up`): the server appends one JSON line per
+# forked fake to FILE, [CPU seconds of the fake and its children, argv]: what each command costs the lab (the
+# in-process answers cost ~0.3 ms each and are not listed)
+CPU_LOG = os.environ.get("GPUK8S_LAB_FAKES_CPU")
+_ARGV: dict[int, list[str]] = {}  # forked fake -> its argv, while CPU_LOG is set
 FAST_MAX = 64 << 10  # bytes of output a command answered without a process may produce
 
 
@@ -356,6 +362,9 @@ def _start(conn: socket.socket, srv: socket.socket, sel: selectors.BaseSelector,
         os._exit(1)
     for fd in fds:
         os.close(fd)
+    if CPU_LOG:
+        with contextlib.suppress(Exception):
+            _ARGV[child] = _parse(body)[3]
     with contextlib.suppress(OSError):
         conn.sendall(struct.pack("=i", child))
     conn.setblocking(False)
@@ -367,11 +376,15 @@ def _start(conn: socket.socket, srv: socket.socket, sel: selectors.BaseSelector,
 def _reap(sel: selectors.BaseSelector, running: dict[int, socket.socket], by_conn: dict[int, int]) -> None:
     while True:
         try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
+            pid, status, usage = os.wait4(-1, os.WNOHANG)
         except ChildProcessError:
             return
         if pid == 0:
             return
+        argv = _ARGV.pop(pid, None)
+        if CPU_LOG and argv is not None:
+            with contextlib.suppress(OSError), open(CPU_LOG, "a") as log:
+                log.write(json.dumps([round(usage.ru_utime + usage.ru_stime, 4), argv]) + "\n")
         conn = running.pop(pid, None)
         if conn is None:
             continue
