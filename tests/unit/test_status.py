@@ -154,13 +154,19 @@ monitoring: {enabled: true}
 """
 
 
-def test_gather_reads_the_cluster_and_the_exporters_through_the_seam() -> None:
+def cluster() -> FakeKube:
+    """The fake API with NODES and PODS."""
     kube = FakeKube()
-    inv = loads(INV)
     for n in NODES:
         kube.nodes[n["metadata"]["name"]] = n
     for p in PODS:
         kube.objects[("pod", p["metadata"]["namespace"], p["metadata"]["name"])] = p
+    return kube
+
+
+def test_gather_reads_the_cluster_and_the_exporters_through_the_seam() -> None:
+    kube = cluster()
+    inv = loads(INV)
     exporter = {"metadata": {"name": "dcgm-exporter-x", "namespace": "gpu-monitoring",
                              "labels": {"app.kubernetes.io/name": "dcgm-exporter"}},
                 "spec": {"nodeName": "gpu-a"}, "status": {"phase": "Running"}}
@@ -379,12 +385,8 @@ def test_hami_table_shows_markup_in_annotations_as_text(monkeypatch: pytest.Monk
 def test_gather_reads_only_what_the_answer_needs() -> None:
     """Pods that are done are left out by the API server (a field selector), and with NODE names only those nodes
     and the pods bound to them are read: the same answer from far less JSON at scale."""
-    kube = FakeKube()
+    kube = cluster()
     inv = loads(INV)
-    for n in NODES:
-        kube.nodes[n["metadata"]["name"]] = n
-    for p in PODS:
-        kube.objects[("pod", p["metadata"]["namespace"], p["metadata"]["name"])] = p
     whole = cmd.gather(kube, inv)  # type: ignore[arg-type]
     assert ("get", "pods", "", "*", "status.phase!=Succeeded,status.phase!=Failed") in kube.calls
     assert whole.footer()[0] == "Allocated/Total GPUs in cluster: 6/14 (42%)"  # done pods never counted
