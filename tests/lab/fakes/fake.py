@@ -195,14 +195,22 @@ def _nvidia_smi_mig(h: Host, args: list[str], gpus: list[int]) -> int:
                                 "                     ID       ID       Start:Size   "], rows, 55)
         return 0
     if "-lci" in args:
-        rows = [_row(f"   {i}{gi['id']:>7}     MIG {gi['profile']:<12}{gi['cipid']:>5}{ci:>9}", 56)
-                for i in on for gi in _mig_gpu(h, i)["gis"] for ci in gi["cis"]]
+        # the table current drivers print, with the Placement column (tests/fixtures/real/mig/
+        # rtxpro6000-lci-4x1g24gb-placement.txt, driver 610.43.02): a rule after each row; the compute instance
+        # -C makes covers its whole GPU instance (placement 0:its compute slices)
+        rows = []
+        for i in on:
+            for gi in _mig_gpu(h, i)["gis"]:
+                for ci in gi["cis"]:
+                    rows.append(_row(f"   {i}{gi['id']:>7}       MIG {gi['profile']:<15}{gi['cipid']:>3}{ci:>10}"
+                                     f"{0:>11}:{gi['slices']:<6}", 68))
+                    rows.append("+" + "-" * 68 + "+\n")
         if not rows:
             out("No compute instances found: Not Found\n")
             return 6
-        _box("Compute instances:", ["GPU     GPU       Name         Profile  Instance      ",
-                                    "     Instance                   ID       ID          ",
-                                    "       ID                                            "], rows, 56)
+        _box("Compute instances:", ["GPU     GPU       Name             Profile   Instance   Placement  ",
+                                    "      Instance                       ID        ID       Start:Size ",
+                                    "        ID                                                         "], rows, 68)
         return 0
     if "-cgi" in args:
         wanted = args[args.index("-cgi") + 1].split(",") if args.index("-cgi") + 1 < len(args) else []
