@@ -9,7 +9,6 @@ the same argv; values are quoted for the remote shell, never interpolated. Unit 
 from __future__ import annotations
 
 import os
-import re
 import shlex
 import shutil
 import subprocess
@@ -19,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from gpuk8s.kube import state
-from gpuk8s.kube.state import StateError
+from gpuk8s.kube.state import StateError, is_node_name
 from gpuk8s.logs import mask
 from gpuk8s.playbook.script import lines_that_matter
 from gpuk8s.remote import Session
@@ -118,13 +117,6 @@ class KubeClient(Protocol):
 
 # Pods that hold nothing any more (their resources are free again): what status and verify leave out of their reads
 NOT_DONE = "status.phase!=Succeeded,status.phase!=Failed"
-
-
-_NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")  # a DNS-1123 subdomain, as Node names are
-
-
-def is_node_name(name: str) -> bool:
-    return bool(_NODE_NAME.fullmatch(name))
 
 
 def on_node(node: str) -> str:

@@ -26,6 +26,16 @@ MPS_DAEMON_POD_PREFIX = "nvidia-device-plugin-mps-control-daemon"
 HAMI_PLUGIN_POD_PREFIX = "hami-device-plugin"
 
 
+# Kubernetes' own name rules (apimachinery validation: IsDNS1123Label, IsDNS1123Subdomain); Node names are
+# subdomains
+DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+DNS1123_SUBDOMAIN = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+def is_node_name(name: str) -> bool:
+    """Whether a Node can have this name (the whole text: no trailing newline either)."""
+    return "\n" not in name and bool(DNS1123_SUBDOMAIN.match(name))
+
 class StateError(Exception):
     """kubectl printed something that is not the object we asked for."""
 

@@ -32,6 +32,7 @@ from gpuk8s.kube import state
 from gpuk8s.kube.allocation import METRICS_MAX_BYTES, dcgm_text
 from gpuk8s.kube.allocation import MetricsError as AllocationMetricsError
 from gpuk8s.kube.client import KubeError
+from gpuk8s.kube.state import DNS1123_LABEL, DNS1123_SUBDOMAIN
 from gpuk8s.phases.base import Context, Phase, PhasePlan, PhaseResult
 from gpuk8s.text import clean
 
@@ -109,10 +110,8 @@ def gpu_pods_running(pods: list[dict[str, Any]]) -> dict[str, list[str]]:
     return out
 
 
-# Kubernetes' own name rules (apimachinery validation: IsDNS1123Label, IsDNS1123Subdomain): a name read from
-# the API goes into an API server path only when it is one, so it cannot climb out of the proxy path
-_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-_DNS1123_SUBDOMAIN = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+# a name read from the API goes into an API server path only when it is a Kubernetes name (state.DNS1123_*), so it
+# cannot climb out of the proxy path
 
 
 def _name(value: str, what: str, pattern: re.Pattern[str]) -> str:
@@ -123,13 +122,13 @@ def _name(value: str, what: str, pattern: re.Pattern[str]) -> str:
 
 
 def targets_path(ns: str, service: str, port: int) -> str:
-    return (f"/api/v1/namespaces/{_name(ns, 'namespace', _DNS1123_LABEL)}/services/"
-            f"{_name(service, 'service', _DNS1123_LABEL)}:{int(port)}/proxy/api/v1/targets")
+    return (f"/api/v1/namespaces/{_name(ns, 'namespace', DNS1123_LABEL)}/services/"
+            f"{_name(service, 'service', DNS1123_LABEL)}:{int(port)}/proxy/api/v1/targets")
 
 
 def metrics_path(ns: str, pod: str) -> str:
-    return (f"/api/v1/namespaces/{_name(ns, 'namespace', _DNS1123_LABEL)}/pods/"
-            f"{_name(pod, 'pod', _DNS1123_SUBDOMAIN)}:{mon.METRICS_PORT}/proxy/metrics")
+    return (f"/api/v1/namespaces/{_name(ns, 'namespace', DNS1123_LABEL)}/pods/"
+            f"{_name(pod, 'pod', DNS1123_SUBDOMAIN)}:{mon.METRICS_PORT}/proxy/metrics")
 
 
 def exporter_targets(body: str) -> list[dict[str, Any]]:
@@ -315,7 +314,7 @@ class MonitoringVerify(Phase):
             md = svc.get("metadata") if isinstance(svc, dict) else None
             svc_ns = md.get("namespace") if isinstance(md, dict) else None
             if md and md.get("name") == mon.OPERATOR_SERVICE and isinstance(svc_ns, str) \
-                    and _DNS1123_LABEL.match(svc_ns) and svc_ns not in out:
+                    and DNS1123_LABEL.match(svc_ns) and svc_ns not in out:
                 out.append(svc_ns)
         return out[:5]
 
