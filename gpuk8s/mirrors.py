@@ -396,16 +396,6 @@ class SourcePlan:
         return f"GK_SOURCES={shlex.quote(urls)}\n" if urls else ""
 
 
-def sources(inv: Inventory, host_name: str) -> list[Source]:
-    """The sources of one host (SourcePlan.for_host); a run over many hosts builds one SourcePlan instead."""
-    return SourcePlan(inv).for_host(inv.host(host_name))
-
-
-def probe_prelude(inv: Inventory, host: Host) -> str:
-    """The probe's prelude for one host (SourcePlan.prelude)."""
-    return SourcePlan(inv).prelude(host)
-
-
 def sed_rewrites(inv: Inventory) -> list[str]:
     """sed -E expressions that rewrite the `image:` lines of a fetched manifest (the CNI's, on the control plane)
     the way image() does: one per mirrored registry. The values are validated host[:port][/path] names."""

@@ -84,7 +84,7 @@ class Report:
 
 def gather(session: Session, prelude: str = "") -> tuple[HostFacts, list[CheckResult], float]:
     """Connect, run the probe once as root (once more unprivileged if sudo fails); facts and sudo result.
-    `prelude`: shell assignments in front of the probe (the sources it checks: mirrors.probe_prelude)."""
+    `prelude`: shell assignments in front of the probe (the sources it checks: mirrors.SourcePlan.prelude)."""
     session.connect()
     checks = [passed("ssh.reachable", f"{session.settings.user}@{session.host.address}:{session.settings.port}")]
     res = session.run(prelude + PROBE, sudo=True, timeout=120, display="gpuk8s fact probe (read-only)",

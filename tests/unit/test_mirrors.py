@@ -375,16 +375,16 @@ def test_cni_manifest_images_are_pinned_for_every_manifest_of_the_matrix():
 
 def test_sources_are_the_mirror_and_the_repositories_in_install_order():
     i = inv()
-    cp = [s.url for s in mirrors.sources(i, "cp-1")]
+    cp = [s.url for s in mirrors.SourcePlan(i).for_host(i.host("cp-1"))]
     assert cp[0] == i.install.kubernetes_repo
     assert "https://registry.example.cn/v2/" in cp and not any("registry.k8s.io" in u or "nvcr.io" in u for u in cp)
     assert cp[-1] == mirrors.cni_manifest_url(i)
-    gpu = [s.url for s in mirrors.sources(i, "gpu-1")]
+    gpu = [s.url for s in mirrors.SourcePlan(i).for_host(i.host("gpu-1"))]
     assert gpu[0] == i.install.toolkit_repo and mirrors.cni_manifest_url(i) not in gpu  # workers fetch no manifest
-    plain = [s.url for s in mirrors.sources(inv(BASE), "gpu-1")]
+    plain = [s.url for s in mirrors.SourcePlan(inv(BASE)).for_host(inv(BASE).host("gpu-1"))]
     assert {"https://registry.k8s.io/v2/", "https://nvcr.io/v2/", "https://quay.io/v2/",
             "https://registry-1.docker.io/v2/"} <= set(plain)
-    assert mirrors.probe_prelude(i, i.host("cp-1")).startswith("GK_SOURCES='https://")
+    assert mirrors.SourcePlan(i).prelude(i.host("cp-1")).startswith("GK_SOURCES='https://")
 
 
 def test_net_sources_names_the_first_source_it_cannot_reach():
@@ -393,7 +393,7 @@ def test_net_sources_names_the_first_source_it_cannot_reach():
 
     i = inv()
     host = i.host("cp-1")
-    urls = [s.url for s in mirrors.sources(i, "cp-1")]
+    urls = [s.url for s in mirrors.SourcePlan(i).for_host(i.host("cp-1"))]
     lines = [f"0 200 {u}" for u in urls]
     lines[1] = f"6 000 {urls[1]}"
     lines[2] = f"7 000 {urls[2]}"
@@ -401,7 +401,7 @@ def test_net_sources_names_the_first_source_it_cannot_reach():
     got = parse_sources(text)
     assert len(got) == len(urls) + 1
     f = replace(facts(), sources=got)
-    wanted = mirrors.sources(i, host.name)
+    wanted = mirrors.SourcePlan(i).for_host(host)
     c = sources_check(wanted, f)
     assert c.status == "warn" and urls[1] in c.message and "does not resolve" in c.message
     assert "1 more unreachable" in c.message and "evil" not in c.message + " ".join(c.evidence)
@@ -469,6 +469,6 @@ def test_preflight_decides_the_sources_once_per_run_not_per_host(monkeypatch):
     rep = runner.run_preflight(i, concurrency=4, ignore=set(), sudo_passwords={}, measure_network=False)
     assert len(rep.hosts) == n + 1
     assert calls["needed"] == 1
-    assert preludes["w-0"] == preludes[f"w-{n - 1}"] == mirrors.probe_prelude(i, i.host("w-0"))
-    assert preludes["cp-1"] == mirrors.probe_prelude(i, i.host("cp-1")) != preludes["w-0"]
+    assert preludes["w-0"] == preludes[f"w-{n - 1}"] == mirrors.SourcePlan(i).prelude(i.host("w-0"))
+    assert preludes["cp-1"] == mirrors.SourcePlan(i).prelude(i.host("cp-1")) != preludes["w-0"]
     assert all(any(c.id == "net.sources" for c in h.checks) for h in rep.hosts)
