@@ -9,7 +9,6 @@ import sys
 from importlib import resources
 from pathlib import Path
 
-import jinja2
 import typer
 
 from gpuk8s import __version__, ui, versions
@@ -85,6 +84,8 @@ def inventory_init(
     path: Path = typer.Argument(Path("inventory.yaml"), help="Where to write the starter inventory."),
 ) -> None:
     """Write a commented starter inventory; never overwrites an existing file."""
+    import jinja2  # only `inventory init` renders a template here
+
     template = resources.files("gpuk8s").joinpath("data/inventory-starter.yaml.j2").read_text()
     # the versions of the starter are the version matrix's defaults, never written twice
     text = jinja2.Template(template, keep_trailing_newline=True).render(
@@ -111,11 +112,11 @@ def inventory_import(
     run(source, out, as_json)
 
 
-def _register_commands() -> None:
-    # Imported here so that `gpuk8s --help` stays fast and each command lives in its own module.
+def _register_commands(argv: list[str] | None = None) -> None:
+    # Imported here so that each command lives in its own module; with argv, only the named command's module
     from gpuk8s.commands import register
 
-    register(app, load_inventory)
+    register(app, load_inventory, argv)
 
 
 class Interrupted(BaseException):
@@ -128,7 +129,7 @@ def _on_sigint(signum: int, frame: object) -> None:
 
 def main() -> None:
     setup_logging(verbose="-v" in sys.argv or "--verbose" in sys.argv)
-    _register_commands()
+    _register_commands(sys.argv[1:])
     signal.signal(signal.SIGINT, _on_sigint)
     try:
         try:

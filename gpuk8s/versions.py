@@ -64,10 +64,17 @@ def _load_matrix_yaml(text: str) -> Any:
     return yaml.load(text, Loader=_LOADER)  # noqa: S506 (a safe loader: CSafeLoader or SafeLoader)
 
 
+@functools.lru_cache(maxsize=1)
+def _document() -> Any:
+    """versions.yaml as parsed data, read once per run for every section's reader (each read it again, in
+    Python's YAML loader, 35 ms apiece, one of them at import). Readers must not change what it returns."""
+    return _load_matrix_yaml(resources.files("gpuk8s").joinpath(MATRIX_FILE).read_text(encoding="utf-8"))
+
+
 def _cuda_section() -> dict[str, dict[str, str]]:
     """versions.yaml's cuda.driver_per_minor and cuda.driver_per_major (CUDA version -> driver version as NVIDIA
     writes it: "560.28.03"), newest first; MatrixError when malformed."""
-    data = _load_matrix_yaml(resources.files("gpuk8s").joinpath(MATRIX_FILE).read_text(encoding="utf-8"))
+    data = _document()
     cuda = data.get("cuda") if isinstance(data, dict) else None
     out: dict[str, dict[str, str]] = {}
     for key, shape in (("driver_per_minor", r"[0-9]{1,2}\.[0-9]{1,2}"), ("driver_per_major", r"[0-9]{1,2}")):
@@ -267,7 +274,10 @@ def _manifest(d: Any, where: str) -> ManifestPin:
 
 def parse_matrix(text: str) -> Matrix:
     """The matrix from the text of versions.yaml, checked; MatrixError names what is wrong."""
-    data = _load_matrix_yaml(text)
+    return _matrix_of(_load_matrix_yaml(text))
+
+
+def _matrix_of(data: Any) -> Matrix:
     if not isinstance(data, dict) or data.get("schema") != 1:
         raise MatrixError("versions.yaml: schema: 1 expected")
     k8s = _need(data, "kubernetes", dict, "versions.yaml")
@@ -323,7 +333,7 @@ def parse_matrix(text: str) -> Matrix:
 @functools.lru_cache(maxsize=1)
 def matrix() -> Matrix:
     """The matrix shipped in the package (read once)."""
-    return parse_matrix(resources.files("gpuk8s").joinpath(MATRIX_FILE).read_text(encoding="utf-8"))
+    return _matrix_of(_document())
 
 
 def minor_of(version: str) -> str:
@@ -453,7 +463,7 @@ DCGM_EXPORTER_IMAGE = "nvcr.io/nvidia/k8s/dcgm-exporter"  # the tag is each pin 
 @functools.lru_cache(maxsize=1)
 def monitoring_images() -> dict[str, str]:
     """versions.yaml's monitoring_images (prometheus, grafana): image references with their tags."""
-    data = yaml.safe_load(resources.files("gpuk8s").joinpath(MATRIX_FILE).read_text(encoding="utf-8"))
+    data = _document()
     images = data.get("monitoring_images") if isinstance(data, dict) else None
     if not isinstance(images, dict) or not all(isinstance(v, str) and ":" in v for v in images.values()):
         raise MatrixError("monitoring_images: a mapping of name to image:tag expected")
@@ -506,8 +516,7 @@ def parse_cri_dockerd(data: Any) -> CriDockerdPin:
 @functools.lru_cache(maxsize=1)
 def cri_dockerd() -> CriDockerdPin:
     """The cri-dockerd pin shipped in the package (read once)."""
-    return parse_cri_dockerd(yaml.safe_load(resources.files("gpuk8s").joinpath(MATRIX_FILE).read_text(
-        encoding="utf-8")))
+    return parse_cri_dockerd(_document())
 
 
 def to_json(on: date | None = None) -> dict[str, Any]:
@@ -547,7 +556,7 @@ class HamiPin:
 @functools.lru_cache(maxsize=1)
 def hami() -> HamiPin:
     """versions.yaml's hami section."""
-    data = yaml.safe_load(resources.files("gpuk8s").joinpath(MATRIX_FILE).read_text(encoding="utf-8"))
+    data = _document()
     h = data.get("hami") if isinstance(data, dict) else None
     if not isinstance(h, dict) or not isinstance(h.get("image"), str) or ":" not in h["image"]:
         raise MatrixError("hami: chart_version and image (with its tag) expected")
@@ -556,7 +565,7 @@ def hami() -> HamiPin:
 
 @functools.lru_cache(maxsize=1)
 def _cni_images() -> dict[str, tuple[str, ...]]:
-    data = yaml.safe_load(resources.files("gpuk8s").joinpath(MATRIX_FILE).read_text(encoding="utf-8"))
+    data = _document()
     out: dict[str, tuple[str, ...]] = {}
     for pins in (data.get("pins") or {}).values():
         for cni in ("calico", "flannel"):

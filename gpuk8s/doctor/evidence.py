@@ -14,7 +14,7 @@ from gpuk8s.kube import manifests, state
 from gpuk8s.kube.client import KubeClient, KubeError
 from gpuk8s.kube.state import DaemonSetState, StateError
 from gpuk8s.preflight.runner import PROBE
-from gpuk8s.remote import RemoteError, Session
+from gpuk8s.remote import RemoteError, Session, in_one_piece
 from gpuk8s.text import clean
 
 DEVICE_PLUGINS = "/var/lib/kubelet/device-plugins"
@@ -129,7 +129,7 @@ def read_host(session: Session, runtime: str) -> HostEvidence:
     """One round trip: the probe and doctor's extra sections, as root."""
     try:
         session.connect()
-        res = session.run(SCRIPT, sudo=True, timeout=120, display="gpuk8s doctor probe (read-only)")
+        res = session.run(in_one_piece(SCRIPT), sudo=True, timeout=120, display="gpuk8s doctor probe (read-only)")
     except RemoteError as e:
         return HostEvidence(unreachable=e.message, runtime=runtime)
     return parse_host(res.stdout, runtime)

@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuk8s.inventory.model import Host, Inventory
+from gpuk8s.lines import lines_that_matter
 from gpuk8s.playbook.model import load_playbook
 from gpuk8s.playbook.render import RenderedStep, context, render_playbook
-from gpuk8s.playbook.script import StepOutcome, build_script, lines_that_matter, parse_output, stdin_launcher
+from gpuk8s.playbook.script import StepOutcome, build_script, parse_output, stdin_launcher
 from gpuk8s.preflight.result import CheckResult
 from gpuk8s.preflight.runner import HostReport, run_preflight
 from gpuk8s.remote import RemoteError, Session, for_each_host

@@ -19,8 +19,8 @@ from typing import Any, Protocol
 
 from gpuk8s.kube import state
 from gpuk8s.kube.state import StateError, is_node_name
+from gpuk8s.lines import lines_that_matter
 from gpuk8s.logs import mask
-from gpuk8s.playbook.script import lines_that_matter
 from gpuk8s.remote import Session
 from gpuk8s.text import clean
 

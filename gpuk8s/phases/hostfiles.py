@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import secrets
 
+from gpuk8s.lines import lines_that_matter
 from gpuk8s.phases import shell
-from gpuk8s.playbook.script import lines_that_matter
 from gpuk8s.remote import RemoteError, Result, Session
 
 

@@ -17,7 +17,7 @@ from gpuk8s.preflight import network
 from gpuk8s.preflight.cluster_checks import check_cluster
 from gpuk8s.preflight.host_checks import check_host, sources_check
 from gpuk8s.preflight.result import CheckResult, apply_ignores, failed, passed, skipped
-from gpuk8s.remote import RemoteError, Session, for_each_host
+from gpuk8s.remote import RemoteError, Session, for_each_host, in_one_piece
 
 log = logging.getLogger("gpuk8s.preflight")
 
@@ -87,12 +87,14 @@ def gather(session: Session, prelude: str = "") -> tuple[HostFacts, list[CheckRe
     `prelude`: shell assignments in front of the probe (the sources it checks: mirrors.SourcePlan.prelude)."""
     session.connect()
     checks = [passed("ssh.reachable", f"{session.settings.user}@{session.host.address}:{session.settings.port}")]
-    res = session.run(prelude + PROBE, sudo=True, timeout=120, display="gpuk8s fact probe (read-only)",
+    # in one piece: the probe's ~100 writes as one SSH packet stream at its end, not a packet each (remote.py)
+    script = in_one_piece(prelude + PROBE)
+    res = session.run(script, sudo=True, timeout=120, display="gpuk8s fact probe (read-only)",
                       max_output=PROBE_MAX_OUTPUT)
     now = time.time()
     if "@@gpuk8s-begin" not in res.stdout:
         checks.append(failed("ssh.sudo", _sudo_problem(res.stderr, session), _sudo_remedy(res.stderr, session)))
-        res = session.run(prelude + PROBE, timeout=120, display="gpuk8s fact probe (read-only, without sudo)",
+        res = session.run(script, timeout=120, display="gpuk8s fact probe (read-only, without sudo)",
                           max_output=PROBE_MAX_OUTPUT)
         now = time.time()
     else:

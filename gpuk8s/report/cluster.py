@@ -7,9 +7,9 @@ from collections.abc import Callable
 from gpuk8s import ui
 from gpuk8s.flows import ClusterReport
 from gpuk8s.install.prepare import PrepareReport
+from gpuk8s.lines import lines_that_matter
 from gpuk8s.logs import log_path
 from gpuk8s.options import Output
-from gpuk8s.playbook.script import lines_that_matter
 from gpuk8s.report import findings
 from gpuk8s.report.live import STYLE
 

@@ -14,6 +14,7 @@ import re
 import shlex
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -90,6 +91,7 @@ class HostileSSH:
         self.sudo_password: str | None = None  # what `sudo -S` accepts; None: any
         self.sudo_asks = True  # False: like NOPASSWD or a cached timestamp, sudo runs the command at once
         self.execs: list[tuple[str, bytes]] = []
+        self.exit_delay = 0.0  # seconds between the output's EOF and the exit status
         self.host_key = new_key(directory / "host_key")
         self.identity_file = directory / "id_ed25519"
         self.client_key = new_key(self.identity_file)
@@ -171,6 +173,9 @@ class HostileSSH:
             out, err, status = self.answer(command)
             channel.sendall(out.encode() if isinstance(out, str) else out)
             channel.sendall_stderr(err.encode() if isinstance(err, str) else err)
+            if self.exit_delay:  # EOF first, the exit status later (as a slow sshd or shell can)
+                channel.shutdown_write()
+                time.sleep(self.exit_delay)
             channel.send_exit_status(status)
         except (OSError, EOFError, paramiko.SSHException):
             pass

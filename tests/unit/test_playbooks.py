@@ -16,9 +16,10 @@ from hypothesis import strategies as st
 from gpuk8s.facts.model import OSInfo
 from gpuk8s.inventory.loader import loads
 from gpuk8s.inventory.model import InstallSettings, Inventory
+from gpuk8s.lines import lines_that_matter
 from gpuk8s.playbook.model import PlaybookError, load_playbook, parse_playbook, playbook_names
 from gpuk8s.playbook.render import RenderedStep, context, render_playbook
-from gpuk8s.playbook.script import build_script, lines_that_matter, parse_output
+from gpuk8s.playbook.script import build_script, parse_output
 from tests.unit.test_checks import HOST, facts
 
 INV = loads("hosts:\n  - {name: cp-1, address: 10.0.0.10, role: control-plane}\n"

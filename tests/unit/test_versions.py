@@ -340,5 +340,26 @@ def test_a_malformed_cuda_section_is_refused(edit, monkeypatch):
             return yaml.safe_dump(data)
 
     monkeypatch.setattr(versions.resources, "files", lambda _: Files())
-    with pytest.raises(versions.MatrixError, match="cuda"):
-        versions._cuda_section()
+    versions._document.cache_clear()  # versions.yaml is read once per run: this test's copy is read anew
+    try:
+        with pytest.raises(versions.MatrixError, match="cuda"):
+            versions._cuda_section()
+    finally:
+        versions._document.cache_clear()
+
+
+def test_versions_yaml_is_parsed_once_for_every_section(monkeypatch):
+    """Each section's reader parsed the whole file again (one at import, in Python's YAML loader): now once."""
+    parsed = []
+    real = versions._load_matrix_yaml
+    monkeypatch.setattr(versions, "_load_matrix_yaml", lambda text: (parsed.append(1), real(text))[1])
+    versions._document.cache_clear()
+    for f in (versions.matrix, versions.cri_dockerd, versions.monitoring_images, versions.hami,
+              versions._cni_images, versions._cuda_tables):
+        f.cache_clear()
+    try:
+        versions.matrix(), versions.cri_dockerd(), versions.monitoring_images(), versions.hami()
+        versions._cni_images(), versions._cuda_tables()
+        assert parsed == [1]
+    finally:
+        versions._document.cache_clear()
