@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -58,6 +59,11 @@ class Output:
         return " | ".join(lines_that_matter(self.stderr + "\n" + self.stdout, n))
 
 
+# (kind, name, namespace) of one object; kubectl ignores the namespace of a cluster-scoped kind, and None is
+# kubectl without -n
+ObjectRef = tuple[str, str, str | None]
+
+
 class KubeClient(Protocol):
     """What gpuk8s asks of a cluster. Every method raises KubeError when kubectl fails."""
 
@@ -70,6 +76,13 @@ class KubeClient(Protocol):
         unaffected); with `name`, the one object or [] when it does not exist. `field_selector`: only the
         objects the API server selects (`spec.nodeName=N`, `status.phase!=Succeeded`; the fields each kind
         supports), so that a read at scale carries only what is needed."""
+        ...
+
+    def get_refs(self, refs: Sequence[ObjectRef]) -> dict[ObjectRef, dict[str, Any]]:
+        """The objects `refs` name that exist, by their ref: one kubectl call per namespace, not one per
+        object (`kubectl get KIND/NAME ... --ignore-not-found`). Where a batch fails (a kind the cluster does
+        not serve fails the whole call) its objects are read one by one, and one that cannot be read is not
+        there."""
         ...
 
     def apply(self, text: str) -> str:
@@ -194,6 +207,39 @@ class Kubectl:
             return state.items(out.stdout)
         except StateError as e:
             raise KubeError(f"kubectl get {kind} ({self.where}): {e}", "see the log file") from None
+
+    def get_refs(self, refs: Sequence[ObjectRef]) -> dict[ObjectRef, dict[str, Any]]:
+        groups: dict[str | None, list[ObjectRef]] = {}
+        for ref in dict.fromkeys(refs):
+            groups.setdefault(ref[2], []).append(ref)
+        found: dict[ObjectRef, dict[str, Any]] = {}
+        for namespace, group in groups.items():
+            args = ["get", *(f"{kind.lower()}/{name}" for kind, name, _ in group)]
+            out = self._run([*args, *(["-n", namespace] if namespace else []), "--ignore-not-found", "-o", "json"])
+            if not out.ok:
+                for ref in group:
+                    try:
+                        objs = self.get(ref[0].lower(), ref[1], ref[2])
+                    except KubeError:
+                        continue
+                    if objs:
+                        found[ref] = objs[0]
+                continue
+            if not out.stdout.strip():
+                continue  # none of them exists
+            try:
+                doc = state.load(out.stdout)
+            except StateError as e:
+                raise KubeError(f"kubectl get {args[1]}... ({self.where}): {e}", "see the log file") from None
+            # one name: kubectl prints the object itself; more: a List of those found
+            items = state.items(out.stdout) if doc.get("kind") == "List" else [doc]
+            index = {(kind.lower(), name): ref for ref in group for kind, name, _ in [ref]}
+            for item in items:
+                md = item.get("metadata")
+                key = (str(item.get("kind", "")).lower(), str(md.get("name", "")) if isinstance(md, dict) else "")
+                if key in index:
+                    found[index[key]] = item
+        return found
 
     def apply(self, text: str) -> str:
         return self._checked(["apply", "-f", "-"], stdin=text).stdout

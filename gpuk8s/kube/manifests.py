@@ -25,7 +25,7 @@ import yaml
 from gpuk8s import mirrors, versions
 from gpuk8s.gpuplan import CONFIG_LABEL, RUNTIME_HANDLER, GPUPlan, PluginSettings, is_gpu_node
 from gpuk8s.inventory.model import Inventory
-from gpuk8s.kube.client import KubeClient, KubeError
+from gpuk8s.kube.client import KubeClient
 
 ANNOTATION = "gpuk8s.io/manifest-sha256"
 DEVICE_PLUGIN = "nvidia-device-plugin-daemonset"
@@ -206,6 +206,8 @@ def unwanted(inv: Inventory, plans: dict[str, GPUPlan]) -> list[Manifest]:
     return [] if any(p.sharing == "hami" for p in plans.values()) else [hami(inv, plans)]
 
 
+
+
 Ref = tuple[str, str, str]  # (kind, name, namespace) of an object; kubectl ignores -n for a cluster-scoped kind
 
 
@@ -218,20 +220,12 @@ def applied_by_gpuk8s(obj: Any) -> bool:
 
 
 def owned(kube: KubeClient, objs: Iterable[Ref]) -> list[Ref]:
-    """Those of `objs` that exist in the cluster and carry gpuk8s's annotation, each checked on its own, in
-    the order given, once each: what gpuk8s may delete. A kind the cluster does not serve has none there."""
-    out: list[Ref] = []
-    for ref in objs:
-        kind, name, namespace = ref
-        if ref in out:
-            continue
-        try:
-            found = kube.get(kind.lower(), name, namespace)
-        except KubeError:
-            continue
-        if found and applied_by_gpuk8s(found[0]):
-            out.append(ref)
-    return out
+    """Those of `objs` that exist in the cluster and carry gpuk8s's annotation, each object judged on its own, in
+    the order given, once each: what gpuk8s may delete. Read in one call (KubeClient.get_refs); a kind the
+    cluster does not serve has none there."""
+    wanted = list(dict.fromkeys(objs))
+    found = kube.get_refs(wanted)
+    return [ref for ref in wanted if ref in found and applied_by_gpuk8s(found[ref])]
 
 
 def refs(m: Manifest) -> list[Ref]:
@@ -264,17 +258,16 @@ def remove(kube: KubeClient, m: Manifest) -> list[Ref]:
     return gone
 
 
-def applied_hash(kube: KubeClient, m: Manifest) -> str:
-    kind, name, namespace = m.anchor()
-    found = kube.get(kind.lower(), name, namespace)
-    if not found:
-        return ""
-    ann = found[0].get("metadata", {}).get("annotations") or {}
-    return str(ann.get(ANNOTATION, "")) if isinstance(ann, dict) else ""
-
-
 def out_of_date(kube: KubeClient, manifests: list[Manifest]) -> list[Manifest]:
-    return [m for m in manifests if applied_hash(kube, m) != m.sha256]
+    """The manifests whose anchor object does not carry their hash: every anchor read in one call."""
+    found = kube.get_refs([m.anchor() for m in manifests])
+    return [m for m in manifests if _hash_of(found.get(m.anchor())) != m.sha256]
+
+
+def _hash_of(obj: dict[str, Any] | None) -> str:
+    md = obj.get("metadata") if isinstance(obj, dict) else None
+    ann = md.get("annotations") if isinstance(md, dict) else None
+    return str(ann.get(ANNOTATION, "")) if isinstance(ann, dict) else ""
 
 
 def apply(kube: KubeClient, manifests: list[Manifest]) -> list[str]:

@@ -120,17 +120,9 @@ def out_of_date(ctx: Context, wanted: list[Manifest]) -> list[Manifest]:
     """The manifests whose applied hash differs, or one of whose objects is gone (a Service deleted by hand:
     the hash is read from the first object only)."""
     stale = manifests.out_of_date(ctx.kube, wanted)
-    for m in wanted:
-        if m in stale:
-            continue
-        for kind, name, ns in mon.objects([m])[1:]:
-            try:
-                missing = not ctx.kube.get(kind.lower(), name, ns)
-            except KubeError:
-                missing = True
-            if missing:
-                stale.append(m)
-                break
+    rest = [(m, ref) for m in wanted if m not in stale for ref in mon.objects([m])[1:]]
+    found = ctx.kube.get_refs([ref for _, ref in rest])  # one read for all (one that cannot be read is missing)
+    stale += [m for m, ref in rest if ref not in found]
     return [m for m in wanted if m in stale]
 
 

@@ -69,6 +69,18 @@ class FakeKube:
             items = [o for o in items if o["metadata"]["name"] == name]
         return [o for o in items if selected(o, field_selector)]
 
+    def get_refs(self, refs: Any) -> dict[Any, dict[str, Any]]:
+        """One call for many objects, as KubeClient.get_refs (a real kubectl call per namespace)."""
+        self.calls.append(("get_refs", *(f"{k.lower()}/{n}" for k, n, _ in refs)))
+        found = {}
+        for ref in refs:
+            kind, name, namespace = ref
+            items = [o for (ok, ns, n), o in self.objects.items()
+                     if ok == kind.lower() and n == name and ns in (namespace or "default", "")]
+            if items:
+                found[ref] = items[0]
+        return found
+
     def apply(self, text: str) -> str:
         self.calls.append(("apply", text))
         for d in yaml.safe_load_all(text):

@@ -148,3 +148,73 @@ def test_a_tenants_huge_log_is_read_cut_not_refused(hostile_host: HostileSSH) ->
     command = hostile_host.execs[-1][0]
     assert f"--limit-bytes={client.LOG_CAP}" in command
     assert client.LOG_CAP < len(text) <= 2 * client.LOG_CAP
+
+
+class Scripted(client.Kubectl):
+    """kubectl's answers by argv, recorded: what get_refs asks and how it reads the answers."""
+
+    def __init__(self, answers: dict[str, client.Output]) -> None:
+        self.answers, self.calls = answers, []
+
+    def _kubectl(self, args: list[str], stdin: str | None = None, timeout: float | None = None,
+                 cap: int | None = None) -> client.Output:
+        self.calls.append(" ".join(args))
+        return self.answers.get(" ".join(args), client.Output(False, "", "Error from server (NotFound): x\n"))
+
+
+def _obj(kind: str, name: str, ns: str | None = "kube-system") -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": kind, "metadata": {"name": name, **({"namespace": ns} if ns else {})}}
+
+
+REFS = [("ConfigMap", "a", "kube-system"), ("DaemonSet", "b", "kube-system"), ("ClusterRole", "c", "kube-system"),
+        ("RuntimeClass", "nvidia", None)]
+ONE_CALL = "get configmap/a daemonset/b clusterrole/c -n kube-system --ignore-not-found -o json"
+
+
+def test_many_objects_are_read_in_one_call_per_namespace() -> None:
+    listed = {"apiVersion": "v1", "kind": "List", "items": [_obj("ConfigMap", "a"), _obj("ClusterRole", "c", None)]}
+    k = Scripted({ONE_CALL: client.Output(True, json.dumps(listed, indent=4), ""),
+                  "get runtimeclass/nvidia --ignore-not-found -o json":
+                      client.Output(True, json.dumps(_obj("RuntimeClass", "nvidia", None)), "")})
+    found = k.get_refs(REFS + [REFS[0]])
+    assert set(found) == {REFS[0], REFS[2], REFS[3]}  # b is not there; one name prints the object itself
+    assert found[REFS[2]]["kind"] == "ClusterRole"
+    assert len(k.calls) == 2
+
+
+def test_none_found_prints_nothing_and_is_not_an_error() -> None:
+    k = Scripted({ONE_CALL: client.Output(True, "", "")})
+    assert k.get_refs(REFS[:3]) == {}
+
+
+def test_a_failed_batch_is_read_object_by_object() -> None:
+    """A kind the cluster does not serve fails the whole call; the others are still read, that one is absent."""
+    cm = json.dumps(_obj("ConfigMap", "a"))
+    k = Scripted({ONE_CALL: client.Output(False, "", 'error: the server doesn\'t have a resource type "daemonset"'),
+                  "get configmap a -n kube-system -o json": client.Output(True, cm, "")})
+    assert set(k.get_refs(REFS[:3])) == {REFS[0]}
+    assert k.calls[1:] == ["get configmap a -n kube-system -o json", "get daemonset b -n kube-system -o json",
+                           "get clusterrole c -n kube-system -o json"]
+
+
+def test_a_batch_answer_that_is_not_json_is_an_error() -> None:
+    k = Scripted({ONE_CALL: client.Output(True, "<html>proxy error</html>", "")})
+    with pytest.raises(KubeError, match="no JSON"):
+        k.get_refs(REFS[:3])
+
+
+def test_ownership_and_freshness_are_read_in_one_call_each_not_one_per_object() -> None:
+    """The no-op install read the GPU manifests' anchors and HAMi's 12 objects one kubectl call each (16 calls,
+    ~1 s on the lab, 2-3 s on a real control plane): now one each, and ownership is still judged per object."""
+    from gpuk8s.kube import manifests
+    from tests.unit.fakekube import FakeKube
+
+    kube = FakeKube()
+    mine, theirs = _obj("ClusterRole", "hami-scheduler", None), _obj("ServiceAccount", "hami-scheduler")
+    mine["metadata"]["annotations"] = {manifests.ANNOTATION: "0" * 64}
+    kube.objects[("clusterrole", "", "hami-scheduler")] = mine
+    kube.objects[("serviceaccount", "kube-system", "hami-scheduler")] = theirs  # Helm's, not gpuk8s's
+    refs = [("ClusterRole", "hami-scheduler", "kube-system"), ("ServiceAccount", "hami-scheduler", "kube-system"),
+            ("Deployment", "hami-scheduler", "kube-system")]
+    assert manifests.owned(kube, refs * 3) == refs[:1]
+    assert [c[0] for c in kube.calls] == ["get_refs"]

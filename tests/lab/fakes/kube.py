@@ -1736,6 +1736,8 @@ def _labels_match(obj: dict[str, Any], reqs: list[tuple[str, str, list[str]]]) -
 def _get(words: list[str], args: list[str]) -> int:
     """kubectl get KIND [NAME] [-n NS|-A] [-l SEL] [--field-selector SEL] [--chunk-size N] [-o FORMAT]: what is
     asked for is made (one node, one node's pods, one namespace's), then served in the real objects' shape."""
+    if "/" in words[1]:
+        return _get_refs(words[1:], args)
     s = read_state()
     kind = words[1].split(".")[0]
     resource = next((r for r, names in _KINDS.items() if kind in names), kind)
@@ -1803,6 +1805,41 @@ def _get(words: list[str], args: list[str]) -> int:
     else:
         out("".join(o["metadata"]["name"] + "\n" for o in items))
     return 0
+
+
+def _get_refs(refs: list[str], args: list[str]) -> int:
+    """kubectl get KIND/NAME... [-n NS] [--ignore-not-found] -o json, as kubectl does it: one name prints the object
+    itself, more a List of those found; one missing is an error (the others still printed) unless
+    --ignore-not-found, and none found with it prints nothing. The objects gpuk8s applies and the DaemonSets only
+    (nodes, pods and events are not read this way)."""
+    s = read_state()
+    ns = _namespace(args) or "default"
+    found, rc = [], 0
+    for ref in refs:
+        kind, _, name = ref.partition("/")
+        kind = kind.split(".")[0]
+        resource = next((r for r, names in _KINDS.items() if kind in names), kind)
+        if resource in ("nodes", "pods", "events"):
+            err(f"lab: kubectl get {ref}: not modelled (gpuk8s reads these by kind)\n")
+            return 1
+        pool = _daemonsets(s) if resource == "daemonsets" else [
+            o for o in s.get("objects", {}).values() if o.get("kind", "").lower() in (kind, kind.rstrip("s"))]
+        hit = [o for o in pool if o["metadata"]["name"] == name and o["metadata"].get("namespace", ns) == ns]
+        if hit:
+            n = len(s.get("nodes", {}))
+            found.append({**hit[0], "status": {"desiredNumberScheduled": n, "numberReady": n, "numberAvailable": n}}
+                         if resource == "daemonsets" else hit[0])
+        elif "--ignore-not-found" not in args:
+            err(f"Error from server (NotFound): {kind} \"{name}\" not found\n")
+            rc = 1
+    if _output(args) != "json":
+        err("lab: kubectl get KIND/NAME... is modelled with -o json only\n")
+        return 1
+    if found:
+        doc = found[0] if len(refs) == 1 else {"apiVersion": "v1", "items": found, "kind": "List",
+                                                "metadata": {"resourceVersion": ""}}
+        out(_kubectl_json(doc) + "\n")
+    return rc
 
 
 def _kubectl_json(doc: Any) -> str:
