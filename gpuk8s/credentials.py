@@ -6,12 +6,9 @@ import getpass
 import os
 import sys
 
+from gpuk8s.errors import CredentialError
 from gpuk8s.inventory.model import Inventory
 from gpuk8s.logs import register_secret
-
-
-class CredentialError(Exception):
-    pass
 
 
 def sudo_passwords(inv: Inventory) -> dict[str, str]:

@@ -9,7 +9,7 @@ constructors take the severity from there, so a finding with an unregistered id 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -410,6 +410,12 @@ def apply_ignores(findings: list[Finding], ignore: set[str]) -> list[Finding]:
             f = replace(f, status="warn", ignored=True, message=f.message + " (ignored)")
         out.append(f)
     return out
+
+
+def to_json(findings: Sequence[Finding]) -> dict[str, Any]:
+    """{"findings": [each finding's object], "summary": {"pass": n, "warn": n, "fail": n, "skip": n}}: the shape
+    every command's -o json gives its findings in."""
+    return {"findings": [f.to_json() for f in findings], "summary": counts(findings)}
 
 
 def counts(findings: Iterable[Finding]) -> dict[str, int]:

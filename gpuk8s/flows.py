@@ -11,12 +11,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuk8s import gpuplan
+from gpuk8s import gpuplan, versions
 from gpuk8s.install.prepare import Event, PrepareReport
 from gpuk8s.inventory.model import Host, Inventory
 from gpuk8s.kube import state
 from gpuk8s.kube.client import KubeClient, KubeError
 from gpuk8s.kube.state import NodeCheck
+from gpuk8s.phases import upgrade as up
 from gpuk8s.phases.base import Context, Options, Phase, PhaseError, PhasePlan, PhaseResult, plan_phases, run_phases
 from gpuk8s.phases.cni import CNI
 from gpuk8s.phases.gpu import GPUNodes
@@ -28,8 +29,9 @@ from gpuk8s.phases.mig import Mig
 from gpuk8s.phases.monitoring import Monitoring
 from gpuk8s.phases.monitoring_verify import MonitoringVerify
 from gpuk8s.phases.prepare import Prepare, refresh_facts
+from gpuk8s.phases.reset import Reset
 from gpuk8s.phases.verify import Verify
-from gpuk8s.remote import RemoteError, Session
+from gpuk8s.remote import RemoteError, Session, for_each_host
 
 
 @dataclass
@@ -169,7 +171,6 @@ def not_joined(inv: Inventory, sudo_passwords: dict[str, str]) -> list[Host]:
 
 
 def reset_phases(targets: list[Host], *, purge: bool, drain_timeout: int, all_hosts: bool) -> list[Phase]:
-    from gpuk8s.phases.reset import Reset
 
     return [Lock(), Reset(targets, purge=purge, drain_timeout=drain_timeout, all_hosts=all_hosts)]
 
@@ -196,7 +197,6 @@ def reset(inv: Inventory, targets: list[Host], *, concurrency: int, sudo_passwor
     """Drain, kubeadm reset, clean up and delete `targets` (already in the safe order, gpuk8s/phases/reset.py);
     the report and each node's outcome (reset.NodeOutcome). Hosts that do not answer are left out of the
     SSH sessions (their Node is still drained and deleted)."""
-    from gpuk8s.remote import for_each_host
 
     ctx = Context(inv, concurrency=concurrency, emit=emit or (lambda line: None), sudo_passwords=sudo_passwords)
 
@@ -230,9 +230,6 @@ def upgrade(inv: Inventory, *, to: str | None, concurrency: int, ignore: set[str
     """Lock, then for each minor from the oldest a node runs to `to` (default: the next), one at a time: prepare
     for it, control planes, workers, manifests; then verify (gpuk8s/phases/upgrade.py). Raises
     upgrade.UpgradeRefused (nothing done) when the path is not allowed."""
-    from gpuk8s import versions
-    from gpuk8s.phases import upgrade as up
-    from gpuk8s.remote import for_each_host
 
     ctx = Context(inv, options=options or Options(), concurrency=concurrency, emit=emit or (lambda line: None),
                   sudo_passwords=sudo_passwords, ignore=ignore)

@@ -26,19 +26,17 @@ from typing import Any, Literal
 import yaml
 
 from gpuk8s import plainyaml
+from gpuk8s.errors import GpuK8sError
 
 MAX_READ = 16 << 20  # an existing kubeconfig larger than this is not one we should parse
 MAX_ADMIN = 1 << 20  # kubeadm's admin.conf is about 6 KiB
 _NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,251}[A-Za-z0-9])?$")
 
 
-class LocalFileError(Exception):
+class LocalFileError(GpuK8sError):
     """A local file was not written; `remedy` says what to do. Neither ever holds the file's content."""
 
-    def __init__(self, message: str, remedy: str = "") -> None:
-        super().__init__(message)
-        self.message = message
-        self.remedy = remedy
+    kind = "local-file"
 
 
 Status = Literal["created", "replaced", "unchanged", "merged"]

@@ -18,12 +18,12 @@ from __future__ import annotations
 import base64
 import os
 import re
-import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
 from gpuk8s import versions
-from gpuk8s.inventory.model import Host, Inventory, RegistrySettings
+from gpuk8s.errors import CredentialError
+from gpuk8s.inventory.model import Inventory, RegistrySettings
 from gpuk8s.logs import register_secret
 
 # The registries the images gpuk8s installs come from, and the one kubeadm's images come from.
@@ -62,27 +62,28 @@ def parse(ref: str) -> ImageRef:
     return ImageRef(DOCKER_HUB, name if rest else f"library/{name}", tag)
 
 
-def _settings(inv: Inventory) -> RegistrySettings:
+def registry_settings(inv: Inventory) -> RegistrySettings:
     return getattr(inv, "registry", RegistrySettings())
 
 
 def repository(inv: Inventory, registry: str) -> str | None:
     """Where `registry`'s images are taken from (host[:port][/path]), or None: from `registry` itself."""
-    r = _settings(inv)
+    r = registry_settings(inv)
     return r.overrides.get(registry) or r.mirror
 
 
-def _own_hosts(r: RegistrySettings) -> set[str]:
+def own_hosts(r: RegistrySettings) -> set[str]:
+    """The registry hosts the inventory names as its own (the mirror's, the overrides')."""
     return {p.split("/", 1)[0] for p in (r.mirror, *r.overrides.values()) if p}
 
 
 def image(inv: Inventory, ref: str) -> str:
     """The reference gpuk8s writes for the image `ref` (upstream spelling)."""
-    r = _settings(inv)
+    r = registry_settings(inv)
     if not r.enabled:
         return ref
     p = parse(ref)
-    if p.registry in _own_hosts(r) and p.registry not in r.overrides:
+    if p.registry in own_hosts(r) and p.registry not in r.overrides:
         return ref  # already the mirror's (install.verify_image naming it, say)
     repo = repository(inv, p.registry)
     return f"{repo}/{p.path}{p.tag}" if repo else ref
@@ -95,7 +96,7 @@ def kubeadm_repository(inv: Inventory) -> str | None:
 
 def rewrite_images(inv: Inventory, text: str) -> str:
     """`text` (YAML manifests) with the value of every `image:` line taken through image()."""
-    if not _settings(inv).enabled:
+    if not registry_settings(inv).enabled:
         return text
     out = []
     for line in text.splitlines(keepends=True):
@@ -123,7 +124,7 @@ def manifest_url(inv: Inventory, url: str) -> str:
 
     The layout is what `wget -x URL` (or `--force-directories`) writes below a directory, so a mirror is
     made by running that in the directory the web server serves."""
-    base = _settings(inv).manifests
+    base = registry_settings(inv).manifests
     if not base:
         return url
     return f"{base.rstrip('/')}/{re.sub(r'^[a-z]+://', '', url)}"
@@ -143,22 +144,18 @@ def cni_images(inv: Inventory, cni: str | None = None) -> list[str]:
 
 # -- credentials ----------------------------------------------------------------------------------------
 
-class CredentialsError(Exception):
-    """The mirror's credentials cannot be read; the message names where they were looked for, never a value."""
-
-
 def credentials(inv: Inventory, environ: dict[str, str] | None = None) -> str | None:
     """user:password for the mirror, from registry.credentials (an environment variable or a local file).
 
     Registered as a secret (masked wherever gpuk8s shows or logs text), and so is its base64 form, which is
     what reaches the hosts (hosts.toml's Authorization header)."""
-    r = _settings(inv)
+    r = registry_settings(inv)
     env = os.environ if environ is None else environ
     value: str | None = None
     if r.credentials_env:
         value = env.get(r.credentials_env)
         if not value:
-            raise CredentialsError(f"registry.credentials.env: ${r.credentials_env} is not set or empty "
+            raise CredentialError(f"registry.credentials.env: ${r.credentials_env} is not set or empty "
                                    "(it must hold user:password for the mirror)")
     elif r.credentials_file:
         path = Path(os.path.expanduser(r.credentials_file))
@@ -167,14 +164,14 @@ def credentials(inv: Inventory, environ: dict[str, str] | None = None) -> str | 
                 value = f.read(4096).strip()
         except (OSError, UnicodeDecodeError) as e:
             reason = getattr(e, "strerror", None) or type(e).__name__
-            raise CredentialsError(f"registry.credentials.file: cannot read {path}: {reason}") from None
+            raise CredentialError(f"registry.credentials.file: cannot read {path}: {reason}") from None
         if not value:
-            raise CredentialsError(f"registry.credentials.file: {path} is empty (it must hold user:password)")
+            raise CredentialError(f"registry.credentials.file: {path} is empty (it must hold user:password)")
     if value is None:
         return None
     register_secret(value)
     if ":" not in value or "\n" in value or "\r" in value:
-        raise CredentialsError("registry.credentials: the value is not one line of user:password")
+        raise CredentialError("registry.credentials: the value is not one line of user:password")
     register_secret(basic(value))
     return value
 
@@ -203,7 +200,7 @@ def hosts_toml(inv: Inventory, registry: str, creds: str | None = None) -> str |
     """/etc/containerd/certs.d/REGISTRY/hosts.toml: pull and resolve from the mirror, upstream as a fallback.
 
     None when nothing mirrors `registry`."""
-    r = _settings(inv)
+    r = registry_settings(inv)
     repo = repository(inv, registry)
     if not repo:
         return None
@@ -222,12 +219,12 @@ def hosts_toml(inv: Inventory, registry: str, creds: str | None = None) -> str |
 
 def mirrored_registries(inv: Inventory) -> list[str]:
     """The upstream registries that get a hosts.toml: those gpuk8s's images come from, and every override."""
-    r = _settings(inv)
+    r = registry_settings(inv)
     if not r.enabled:
         return []
     regs = list(UPSTREAMS) if r.mirror else []
     regs += [k for k in r.overrides if k not in regs]
-    mine = _own_hosts(r)
+    mine = own_hosts(r)
     return [g for g in regs if g not in mine]
 
 
@@ -243,14 +240,14 @@ def hosts_files(inv: Inventory, creds: str | None = None) -> dict[str, str]:
 
 def playbook_context(inv: Inventory) -> dict[str, object]:
     """`registry` as playbooks/containerd.yaml's registry-* steps see it (the credentials read here:
-    CredentialsError)."""
-    creds = credentials(inv) if _settings(inv).enabled else None
+    CredentialError)."""
+    creds = credentials(inv) if registry_settings(inv).enabled else None
     files = {p: base64.b64encode(t.encode()).decode() for p, t in hosts_files(inv, creds).items()}
     if creds:
         for b64 in files.values():
             register_secret(b64)  # the header inside: a dry run's commands and the logs show *** instead
     return {
-        "enabled": _settings(inv).enabled,
+        "enabled": registry_settings(inv).enabled,
         "kubeadm_repository": kubeadm_repository(inv) or "",
         # path -> base64 content: written by gk_put, compared byte for byte by the check
         "hosts": files,
@@ -260,140 +257,13 @@ def playbook_context(inv: Inventory) -> dict[str, object]:
     }
 
 
-# -- what the chosen versions need ---------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class NeededImage:
-    image: str  # as gpuk8s writes it (the mirror's name where one is configured)
-    upstream: str  # where the image is published
-    used_by: str  # what runs it
-
-
-def kubeadm_images(inv: Inventory) -> list[NeededImage]:
-    """kubeadm's control-plane images that gpuk8s can name: kube-apiserver, -controller-manager, -scheduler,
-    -proxy at the version kubeadm init will run (pin the patch in cluster.kubernetes_version to be exact).
-    pause, etcd and coredns are kubeadm's choice per release (`kubeadm config images list`), listed by that
-    command with the same imageRepository."""
-    v = inv.cluster.kubernetes_version
-    exact = v.count(".") == 2
-    # kubeadm init runs at the version of the kubeadm installed (phases/init.py): the patch written in the
-    # inventory, else the newest one the repository has (the version matrix's latest_patch, as best known)
-    version = "v" + (v if exact else versions.kubernetes_or_default(v).latest_patch).lstrip("v")
-    used_by = "kubeadm" if exact else f"kubeadm (if {version} is the newest patch the repository installs)"
-    out = []
-    for comp in ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kube-proxy"):
-        up = f"{KUBEADM_REGISTRY}/{comp}:{version}"
-        out.append(NeededImage(image(inv, up), up, used_by))
-    return out
-
-
-def _upstream_inventory(inv: Inventory) -> Inventory:
-    from dataclasses import replace
-    return replace(inv, registry=RegistrySettings())
-
-
-def _manifest_images(inv: Inventory) -> list[tuple[str, str]]:
-    """(upstream image, used by) of the manifests gpuk8s renders for this inventory (as applied, before any
-    mirror): the GPU manifests where a node has GPUs, HAMi where a node asks for it, monitoring if enabled."""
-    from gpuk8s import gpuplan
-    from gpuk8s.kube import manifests
-    from gpuk8s.kube import monitoring as mon
-
-    up = _upstream_inventory(inv)
-    plans = gpuplan.plans(up)
-    out: list[tuple[str, str]] = []
-    ms = list(manifests.wanted(up, plans))
-    if inv.monitoring.enabled:
-        ms += mon.wanted(up, plans, mon.resolve_mode(up, None))
-    for m in ms:
-        for ref in images_in(m.text):
-            out.append((ref, m.name))
-    return out
-
-
-def needed_images(inv: Inventory) -> list[NeededImage]:
-    """Every image a cluster of this inventory runs, at the chosen versions, as gpuk8s names it (`gpuk8s
-    images`): kubeadm's (those gpuk8s can name), the CNI's, the GPU manifests', monitoring's, the GPU test's."""
-    out = kubeadm_images(inv)
-    cni = inv.cluster.cni
-    for up in versions.cni_images(getattr(inv.install, f"{cni}_manifest")):
-        out.append(NeededImage(image(inv, up), up, f"{cni} (CNI manifest)"))
-    for up, used_by in _manifest_images(inv):
-        out.append(NeededImage(image(inv, up), up, used_by))
-    tests = [inv.install.verify_image] if inv.install.verify_image else list(versions.matrix().cuda_test_images)
-    for up in tests:
-        out.append(NeededImage(image(inv, up), up, "verify (GPU test pod)"))
-    seen: set[str] = set()
-    unique = []
-    for n in out:
-        if n.image not in seen:
-            seen.add(n.image)
-            unique.append(n)
-    return unique
-
-
-# -- the sources a host must reach (preflight net.sources) --------------------------------------------
+# -- a source a host must reach (preflight net.sources: gpuk8s/preflight/sources.py decides which) ---------
 
 @dataclass(frozen=True)
 class Source:
     what: str  # in words, for the finding's message
     url: str  # what the probe asks for (any HTTP answer counts as reached)
     fix: str  # the inventory key that points gpuk8s elsewhere
-
-
-def _registry_url(host: str, insecure: bool) -> str:
-    api = "registry-1.docker.io" if host == DOCKER_HUB else host
-    return f"{'http' if insecure else 'https'}://{api}/v2/"
-
-
-class SourcePlan:
-    """The sources every host of one inventory is checked against, decided once per run. The registries come
-    from every image the cluster runs (needed_images renders every manifest, tens of ms of CPU), which depends on
-    the inventory only; a host adds the toolkit repository (GPU nodes) and the CNI manifest (control planes).
-    Preflight builds one plan per run and asks it per host (it did the whole work twice per host before)."""
-
-    def __init__(self, inv: Inventory) -> None:
-        self._inv = inv
-        r = _settings(inv)
-        self._registries: list[Source] = []
-        seen: set[str] = set()
-        for n in needed_images(inv):
-            reg = parse(n.image).registry
-            if reg in seen:
-                continue
-            seen.add(reg)
-            mine = reg in _own_hosts(r)
-            self._registries.append(Source(f"the registry {reg}" + (" (the inventory's mirror)" if mine else ""),
-                                           _registry_url(reg, r.insecure_http and mine),
-                                           "registry.mirror (or registry.overrides)"))
-        self._by_kind: dict[tuple[bool, bool], list[Source]] = {}
-
-    def for_host(self, host: Host) -> list[Source]:
-        """What this host fetches from during install, in the order install needs them: the package repositories,
-        the image registries (the mirror and overrides where set, else the registries of the images gpuk8s runs)
-        and, on control planes, the CNI manifest."""
-        from gpuk8s.gpuplan import is_gpu_node
-
-        kind = (is_gpu_node(host), host.is_control_plane)
-        if kind not in self._by_kind:
-            inv = self._inv
-            out = []
-            if kind[0]:
-                out.append(Source("the NVIDIA container toolkit repository", inv.install.toolkit_repo,
-                                  "install.toolkit_repo"))
-            out.append(Source("the Kubernetes package repository", inv.install.kubernetes_repo,
-                              "install.kubernetes_repo"))
-            out += self._registries
-            if kind[1]:
-                out.append(Source(f"the {inv.cluster.cni} manifest", cni_manifest_url(inv),
-                                  "registry.manifests (or install." + inv.cluster.cni + "_manifest)"))
-            self._by_kind[kind] = out
-        return self._by_kind[kind]
-
-    def prelude(self, host: Host) -> str:
-        """The shell assignment put in front of the fact probe: the URLs its `sources` section asks for."""
-        urls = " ".join(s.url for s in self.for_host(host))
-        return f"GK_SOURCES={shlex.quote(urls)}\n" if urls else ""
 
 
 def sed_rewrites(inv: Inventory) -> list[str]:

@@ -17,12 +17,16 @@ from typing import Any
 
 import yaml
 
+from gpuk8s.errors import GpuK8sError
+
 MAX_DEPTH = 64  # nesting of mappings and sequences (a kubeconfig or a static pod manifest: under 10)
 _Parser: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
-class PlainYAMLError(ValueError):
+class PlainYAMLError(GpuK8sError, ValueError):
     """The text is not plain YAML data: `reason` says why (no content quoted), `line` where (1-based, 0: none)."""
+
+    kind = "yaml"
 
     def __init__(self, reason: str, line: int = 0) -> None:
         super().__init__(reason + (f" (line {line})" if line else ""))

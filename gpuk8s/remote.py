@@ -7,7 +7,6 @@ becomes a RemoteError with a stable `kind` and a message that never contains a s
 from __future__ import annotations
 
 import base64
-import functools
 import hashlib
 import logging
 import os
@@ -25,7 +24,8 @@ from typing import TypeVar
 import paramiko
 from fabric import Config, Connection
 
-from gpuk8s import sshconfig
+from gpuk8s.errors import GpuK8sError
+from gpuk8s.inventory import sshconfig
 from gpuk8s.inventory.model import Host, SSHSettings
 from gpuk8s.logs import mask
 from gpuk8s.text import clean
@@ -36,16 +36,12 @@ MAX_OUTPUT = 1 << 20  # bytes kept per stream by default; the rest is counted an
 T = TypeVar("T")
 
 
-class RemoteError(Exception):
+class RemoteError(GpuK8sError):
     """A host could not be reached or a command could not be run. `kind` is stable for scripts."""
 
     def __init__(self, kind: str, message: str, remedy: str = "") -> None:
         # the message may quote a host (an SSH banner, a command's output): data, never terminal control
-        message = mask(clean(message))
-        super().__init__(message)
-        self.kind = kind
-        self.message = message
-        self.remedy = mask(clean(remedy))
+        super().__init__(message, remedy, kind)
 
 
 @dataclass
@@ -142,18 +138,11 @@ def known_hosts_for(settings: SSHSettings, path: str | None = None) -> KnownHost
 
 
 def resolve(host: Host) -> sshconfig.Resolved:
-    """How to reach the host: the inventory's ssh settings over the ssh config (gpuk8s/sshconfig.py)."""
+    """How to reach the host: the inventory's ssh settings over the ssh config (gpuk8s/inventory/sshconfig.py)."""
     try:
         return sshconfig.resolve(host.address, host.ssh, host.ssh.alias)
     except sshconfig.SSHConfigError as e:
         raise RemoteError("ssh-config", e.message, e.remedy) from None
-
-
-@functools.lru_cache(maxsize=1)
-def _fabric_config() -> Config:
-    """Fabric's Config, one per run: Connection only reads it (building one costs ~0.7 ms a host). Lazy: Fabric
-    loads no ssh config, gpuk8s.sshconfig decided every value."""
-    return Config(lazy=True)
 
 
 class Session:
@@ -173,7 +162,10 @@ class Session:
 
     def _connection(self) -> Connection:
         s = self.settings
-        cfg = _fabric_config()
+        # One per connection: invoke's Config merges its data lazily and is not safe to share between threads
+        # (a shared one lost its keys under 32 concurrent connections). Lazy: Fabric loads no ssh config,
+        # gpuk8s.inventory.sshconfig decided every value.
+        cfg = Config(lazy=True)
         resolved = resolve(self.host)
         policy = known_hosts_for(s, resolved.known_hosts)
         conn: Connection | None = None

@@ -17,12 +17,11 @@ import re
 from dataclasses import dataclass
 from datetime import date
 from importlib import resources
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import Any, TypedDict
 
 import yaml
 
-if TYPE_CHECKING:
-    from gpuk8s.inventory.model import Inventory
+from gpuk8s.errors import GpuK8sError
 
 _RELEASE = re.compile(r"(?<![\w.])v?([0-9]+(?:\.[0-9]+)+)")  # ASCII digits: \d also matches "٣"
 
@@ -49,8 +48,10 @@ def fmt(r: Release) -> str:
     return ".".join(str(p) for p in r)
 
 
-class MatrixError(Exception):
+class MatrixError(GpuK8sError):
     """gpuk8s/data/versions.yaml is malformed: a bug in gpuk8s (tests/unit/test_versions.py catches it)."""
+
+    kind = "matrix"
 
 
 # -- CUDA and the driver: versions.yaml's `cuda` section (NVIDIA's CUDA Toolkit release notes tables) ------------
@@ -440,21 +441,6 @@ def _manifest_pins() -> dict[str, str]:
 # that is not listed here and has no install.*_manifest_sha256 in the inventory is applied as https
 # delivers it.
 DEFAULT_MANIFEST_SHA256: dict[str, str] = _manifest_pins()
-
-
-def manifest_sha256(inv: Inventory, cni: str) -> str | None:
-    """The sha256 the `cni` ("calico" or "flannel") manifest must have, or None when nothing pins it.
-
-    The inventory's install.<cni>_manifest_sha256 wins; else the pin of the manifest's URL in
-    DEFAULT_MANIFEST_SHA256 (for the default URL, or a mirror someone listed there).
-    """
-    if cni not in ("calico", "flannel"):
-        raise ValueError(f"unknown CNI {cni!r}")
-    pinned: str | None = getattr(inv.install, f"{cni}_manifest_sha256")
-    if pinned:
-        return pinned
-    url: str = getattr(inv.install, f"{cni}_manifest")
-    return DEFAULT_MANIFEST_SHA256.get(url)
 
 
 DCGM_EXPORTER_IMAGE = "nvcr.io/nvidia/k8s/dcgm-exporter"  # the tag is each pin set's dcgm_exporter

@@ -7,11 +7,11 @@ import typer
 
 from gpuk8s import flows, gpuplan, localfiles, ui
 from gpuk8s.commands.common import finish, ignored_checks, local_kubectl, passwords
+from gpuk8s.errors import GpuK8sError
 from gpuk8s.exitcodes import ExitCode
 from gpuk8s.kube import monitoring, render
 from gpuk8s.options import InventoryOpt, Output, OutputOpt
-from gpuk8s.phases.base import Options, PhaseError
-from gpuk8s.remote import RemoteError
+from gpuk8s.phases.base import Options
 from gpuk8s.report.cluster import phase_printer, render_cluster
 
 
@@ -38,7 +38,7 @@ def register(app: typer.Typer, load_inventory: Any) -> None:
             raise typer.Exit(ExitCode.USAGE)
         try:
             missing = flows.not_joined(inv, sudo)
-        except (PhaseError, RemoteError) as e:
+        except GpuK8sError as e:
             ui.say(con, f"cannot ask the cluster which hosts it has: {e.message}; {e.remedy}")
             raise typer.Exit(ExitCode.FAILED) from None
         wanted = [h for h in inv.hosts if h.name in set(hosts)] if hosts else list(missing)

@@ -11,9 +11,10 @@ from gpuk8s import ui
 from gpuk8s.credentials import CredentialError, sudo_passwords
 from gpuk8s.exitcodes import ExitCode
 from gpuk8s.inventory.model import Inventory
-from gpuk8s.kube.client import KubeError, LocalKubectl
+from gpuk8s.kube.client import KubeClient, KubeError, LocalKubectl, SSHKubectl
 from gpuk8s.options import Output
 from gpuk8s.preflight.result import CHECKS
+from gpuk8s.remote import RemoteError, Session
 
 
 def ignored_checks(inv: Inventory, ignore: Iterable[str]) -> set[str]:
@@ -53,3 +54,31 @@ def finish(rep: Any, output: Output, render: Callable[[], None]) -> None:
     else:
         render()
     raise typer.Exit(ExitCode.OK if rep.ok else ExitCode.FAILED)
+
+
+class Cluster:
+    """The kube client for a command that only reads the cluster, and what it must close."""
+
+    def __init__(self, kube: KubeClient, session: Session | None = None) -> None:
+        self.kube = kube
+        self.session = session
+
+    def close(self) -> None:
+        if self.session is not None:
+            self.session.close()
+
+
+def connect(inv: Inventory, kubeconfig: Path | None, context: str | None,
+            sudo: dict[str, str] | None = None) -> Cluster:
+    """kubectl with --kubeconfig on this machine, else kubectl with admin.conf on the first control plane.
+    Exits 2 (usage) when --kubeconfig needs a kubectl that is not there, 1 when the control plane is unreachable."""
+    if kubeconfig is not None:
+        return Cluster(local_kubectl(kubeconfig, context))
+    cp = inv.control_planes[0]
+    session = Session(cp, (sudo or {}).get(cp.name))
+    try:
+        session.connect()
+    except RemoteError as e:
+        ui.say(ui.console(stderr=True), f"cannot reach the cluster through {cp.name}: {e.message}; {e.remedy}")
+        raise typer.Exit(ExitCode.FAILED) from None
+    return Cluster(SSHKubectl(session), session)

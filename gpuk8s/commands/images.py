@@ -9,6 +9,7 @@ from typing import Any
 import typer
 
 from gpuk8s import mirrors, ui
+from gpuk8s.kube import images
 from gpuk8s.options import InventoryOpt, Output, OutputOpt
 
 
@@ -22,11 +23,11 @@ def register(app: typer.Typer, load_inventory: Any) -> None:
 
 def to_json(inv: Any) -> dict[str, Any]:
     repo = mirrors.kubeadm_repository(inv) or mirrors.KUBEADM_REGISTRY
-    version = mirrors.kubeadm_images(inv)[0].upstream.rsplit(":", 1)[1]
+    version = images.kubeadm_images(inv)[0].upstream.rsplit(":", 1)[1]
     return {
         "mirror": inv.registry.mirror, "overrides": dict(inv.registry.overrides),
         "images": [{"image": n.image, "upstream": n.upstream, "used_by": n.used_by}
-                   for n in mirrors.needed_images(inv)],
+                   for n in images.needed_images(inv)],
         # pause, etcd and coredns: kubeadm's choice per release, listed by kubeadm itself
         "kubeadm_list": f"kubeadm config images list --kubernetes-version {version} "
                         f"--image-repository {repo}",

@@ -13,7 +13,7 @@ import typer
 
 from gpuk8s import ui
 from gpuk8s.exitcodes import ExitCode
-from gpuk8s.inventory.kubespray import ImportError_, Result, convert, parse
+from gpuk8s.inventory.kubespray import KubesprayImportError, Result, convert, parse
 from gpuk8s.inventory.loader import MAX_BYTES, InventoryError, load
 
 
@@ -41,7 +41,7 @@ def run(source: Path, out: Path, as_json: bool) -> None:
         return
     try:
         result = convert(parse(text, source.name), str(source))
-    except ImportError_ as e:
+    except KubesprayImportError as e:
         fail(f"{source}:{e.line}: {e.message}")
         return
     if out.exists() or out.is_symlink():

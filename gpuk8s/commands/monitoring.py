@@ -7,11 +7,12 @@ import typer
 
 from gpuk8s import flows, gpuplan, ui
 from gpuk8s.commands.common import finish, local_kubectl, passwords
+from gpuk8s.errors import GpuK8sError
 from gpuk8s.exitcodes import ExitCode
 from gpuk8s.kube import monitoring as mon
 from gpuk8s.options import InventoryOpt, Output, OutputOpt
 from gpuk8s.phases.base import Context, Options, PhaseError
-from gpuk8s.remote import RemoteError, Session
+from gpuk8s.remote import Session
 from gpuk8s.report import cluster as report
 
 
@@ -48,7 +49,7 @@ def register(app: typer.Typer, load_inventory: Any) -> None:
                     raise PhaseError(f"{cp.name} runs no control plane yet", "run gpuk8s install first")
             else:
                 ctx.initialized_cache = True
-        except (PhaseError, RemoteError) as e:
+        except GpuK8sError as e:
             ctx.close()
             ui.say(con, f"cannot reach the cluster: {e.message}; {e.remedy}")
             raise typer.Exit(ExitCode.FAILED) from None

@@ -13,6 +13,7 @@ import typer
 from gpuk8s import findings as fm
 from gpuk8s import flows, ui
 from gpuk8s.commands.common import passwords
+from gpuk8s.errors import GpuK8sError
 from gpuk8s.exitcodes import ExitCode
 from gpuk8s.inventory.model import Host, Inventory
 from gpuk8s.kube import state
@@ -55,7 +56,7 @@ def register(app: typer.Typer, load_inventory: Callable[..., Any]) -> None:
         sudo = passwords(inv)
         try:
             present = cluster_nodes(inv, sudo)
-        except (PhaseError, RemoteError, KubeError) as e:
+        except GpuK8sError as e:
             ui.say(con, f"cannot ask the cluster which nodes it has: {e.message}; {e.remedy}")
             raise typer.Exit(ExitCode.FAILED) from None
         members = [h.name for h in inv.control_planes if h.name in present]

@@ -12,46 +12,17 @@ from typing import Any
 import typer
 
 from gpuk8s import gpuplan, ui
-from gpuk8s.commands.common import local_kubectl, passwords
+from gpuk8s.commands.common import connect, passwords
 from gpuk8s.exitcodes import ExitCode
 from gpuk8s.inventory.model import Inventory
 from gpuk8s.kube import allocation as al
 from gpuk8s.kube import monitoring as mon
 from gpuk8s.kube import state
-from gpuk8s.kube.client import NOT_DONE, KubeClient, KubeError, SSHKubectl, is_node_name, on_node
+from gpuk8s.kube.client import NOT_DONE, KubeClient, KubeError, is_node_name, on_node
 from gpuk8s.options import InventoryOpt, Output, OutputOpt
 from gpuk8s.phases.monitoring_verify import metrics_path
-from gpuk8s.remote import RemoteError, Session
 
 SCHEMA_VERSION = 1
-
-
-class Cluster:
-    """The kube client for a command that only reads the cluster, and what it must close."""
-
-    def __init__(self, kube: KubeClient, session: Session | None = None) -> None:
-        self.kube = kube
-        self.session = session
-
-    def close(self) -> None:
-        if self.session is not None:
-            self.session.close()
-
-
-def connect(inv: Inventory, kubeconfig: Path | None, context: str | None,
-            sudo: dict[str, str] | None = None) -> Cluster:
-    """kubectl with --kubeconfig on this machine, else kubectl with admin.conf on the first control plane.
-    Exits 2 (usage) when --kubeconfig needs a kubectl that is not there, 1 when the control plane is unreachable."""
-    if kubeconfig is not None:
-        return Cluster(local_kubectl(kubeconfig, context))
-    cp = inv.control_planes[0]
-    session = Session(cp, (sudo or {}).get(cp.name))
-    try:
-        session.connect()
-    except RemoteError as e:
-        ui.say(ui.console(stderr=True), f"cannot reach the cluster through {cp.name}: {e.message}; {e.remedy}")
-        raise typer.Exit(ExitCode.FAILED) from None
-    return Cluster(SSHKubectl(session), session)
 
 
 def read_metrics(kube: KubeClient, inv: Inventory, pods: list[dict[str, Any]],

@@ -11,11 +11,11 @@ import typer
 
 from gpuk8s import findings, flows, ui
 from gpuk8s.commands.common import finish, ignored_checks, passwords
+from gpuk8s.errors import GpuK8sError
 from gpuk8s.exitcodes import ExitCode
 from gpuk8s.options import InventoryOpt, Output, OutputOpt
-from gpuk8s.phases.base import Options, PhaseError
+from gpuk8s.phases.base import Options
 from gpuk8s.phases.upgrade import UpgradeRefused
-from gpuk8s.remote import RemoteError
 from gpuk8s.report.cluster import phase_printer, plans, render_cluster
 
 
@@ -62,7 +62,7 @@ def register(app: typer.Typer, load_inventory: Any) -> None:
             else:
                 ui.say(con, f"upgrade refused: {e.message}; {e.remedy}")
             raise typer.Exit(ExitCode.USAGE) from None
-        except (PhaseError, RemoteError) as e:
+        except GpuK8sError as e:
             if output == Output.json:
                 ui.emit_json({"ok": False, "error": e.message, "remedy": e.remedy})
             else:

@@ -1,6 +1,6 @@
-"""What doctor reads, as plain data, and how it reads it: the cluster through the kube client seam, each node's
-host over SSH in one round trip (the fact probe, gpuk8s/facts/probe.sh, plus the kubelet's device-plugin
-sockets and the /dev/char links of the NVIDIA devices, framed the same way)."""
+"""What doctor reads, as plain data (the cluster's objects, each node's host as the probe saw it), and the pure
+parsing of a host's probe output. No SSH and no kubectl here: gpuk8s/doctor/diagnose.py reads, and the classifier
+(gpuk8s/doctor/classify.py) judges only what this module holds."""
 
 from __future__ import annotations
 
@@ -10,11 +10,7 @@ from typing import Any
 from gpuk8s.facts.model import HostFacts
 from gpuk8s.facts.parse import ParseError, parse_probe, split_sections
 from gpuk8s.gpuplan import GPUPlan
-from gpuk8s.kube import manifests, state
-from gpuk8s.kube.client import KubeClient, KubeError
-from gpuk8s.kube.state import DaemonSetState, StateError
-from gpuk8s.preflight.runner import PROBE
-from gpuk8s.remote import RemoteError, Session, in_one_piece
+from gpuk8s.kube.state import DaemonSetState
 from gpuk8s.text import clean
 
 DEVICE_PLUGINS = "/var/lib/kubelet/device-plugins"
@@ -27,21 +23,6 @@ HAMI_SCHEDULER = "hami-scheduler"
 # the device plugin's among them (NVIDIA/k8s-device-plugin issue 856)
 TOOLKIT_CONFIG = "/etc/nvidia-container-runtime/config.toml"
 ENVVAR_UNPRIVILEGED = "accept-nvidia-visible-devices-envvar-when-unprivileged"
-
-# After the probe, in the probe's framing: the kubelet's device-plugin sockets, the /dev/char links that point at
-# NVIDIA device nodes (`nvidia-ctk system create-dev-char-symlinks` makes them), the NVIDIA device nodes.
-EXTRA = f"""
-sockets() {{ ls -1A {DEVICE_PLUGINS} 2>/dev/null; true; }}
-quick doctor-sockets sockets
-devchar() {{ ls -l /dev/char 2>/dev/null | grep -c -- '-> \\.\\./nvidia'; true; }}
-quick doctor-devchar devchar
-devnodes() {{ ls -1 /dev 2>/dev/null | grep '^nvidia' ; true; }}
-quick doctor-devnodes devnodes
-toolkitcfg() {{ grep -E '^[[:space:]]*"?{ENVVAR_UNPRIVILEGED}"?[[:space:]]*=' {TOOLKIT_CONFIG} 2>/dev/null; true; }}
-quick doctor-toolkit toolkitcfg
-"""
-SCRIPT = PROBE + EXTRA
-
 
 @dataclass(frozen=True)
 class HostEvidence:
@@ -125,16 +106,6 @@ def parse_host(stdout: str, runtime: str) -> HostEvidence:
                         envvar_unprivileged=envvar)
 
 
-def read_host(session: Session, runtime: str) -> HostEvidence:
-    """One round trip: the probe and doctor's extra sections, as root."""
-    try:
-        session.connect()
-        res = session.run(in_one_piece(SCRIPT), sudo=True, timeout=120, display="gpuk8s doctor probe (read-only)")
-    except RemoteError as e:
-        return HostEvidence(unreachable=e.message, runtime=runtime)
-    return parse_host(res.stdout, runtime)
-
-
 @dataclass
 class ClusterEvidence:
     """What doctor read from the cluster (and the hosts) for one diagnosis."""
@@ -154,31 +125,3 @@ class ClusterEvidence:
                      and (p.get("metadata") or {}).get("namespace", "default") == namespace), None)
 
 
-def read_cluster(kube: KubeClient) -> ClusterEvidence:
-    """The nodes, every pod, the events, the device plugin DaemonSet and its config names, HAMi's scheduler."""
-    nodes = state.by_name(kube.get("nodes"))
-    pods = kube.get("pods", namespace="*")
-    try:
-        events = kube.events()
-    except KubeError:
-        events = []
-    plugin = None
-    found = kube.get("daemonset", state.DEVICE_PLUGIN, "kube-system")
-    if found:
-        try:
-            plugin = state.daemonset_state(found[0])
-        except StateError:
-            plugin = None
-    cm = kube.get("configmap", manifests.PLUGIN_CONFIGS, "kube-system")
-    configs = tuple(sorted((cm[0].get("data") or {}).keys())) if cm else None
-    hami = bool(kube.get("deployment", HAMI_SCHEDULER, "kube-system"))
-    return ClusterEvidence(nodes, pods, events, plugin=plugin, configs=configs, hami_scheduler=hami)
-
-
-def read_logs(kube: KubeClient, ev: ClusterEvidence, pods: list[tuple[str, str]], tail: int = 40) -> None:
-    for ns, name in pods:
-        if (ns, name) not in ev.logs:
-            try:
-                ev.logs[(ns, name)] = kube.logs(name, ns, tail=tail)
-            except KubeError as e:
-                ev.logs[(ns, name)] = e.message

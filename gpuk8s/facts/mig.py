@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 
+from gpuk8s.errors import ParseError
 from gpuk8s.facts.model import GpuProcess, MigComputeInstance, MigFacts, MigGPU, MigGpuInstance, MigProfile
 
 MAX_ROWS = 4096  # more rows than any board has: the rest is ignored
@@ -29,10 +30,6 @@ _MIGDEV = re.compile(r"^\s+MIG ([0-9]{1,2}[gc]\.[.0-9a-z+-]{1,24})\s+Device\s+([
                      r"\(UUID: ([!-~]{1,100})\)\s*$")
 _GPULINE = re.compile(r"^GPU ([0-9]{1,3}): ")
 _PLACEMENT = re.compile(r"^[0-9]{1,3}:[0-9]{1,3}$")
-
-
-class ParseError(ValueError):
-    """MIG output that cannot be understood."""
 
 
 def _int(s: str) -> int:

@@ -8,6 +8,16 @@ from typing import Any, Literal
 from gpuk8s.versions import Release
 
 OSFamily = Literal["debian", "rhel", "unknown"]
+# The systems gpuk8s installs on: (os-release ID, VERSION_ID) -> the name users know. Preflight refuses others;
+# the playbooks are written for these.
+SUPPORTED_OS = {("ubuntu", "22.04"): "Ubuntu 22.04 LTS", ("alinux", "3"): "Alibaba Cloud Linux 3"}
+# nodeRegistration.criSocket per cluster.container_runtime: kubeadm's own names for the endpoints
+# (cmd/kubeadm/app/constants/constants_unix.go: CRISocketContainerd, CRISocketDocker). Docker is reached
+# through cri-dockerd (playbooks/cri-dockerd.yaml), whose socket unit listens on %t/cri-dockerd.sock, i.e.
+# /run/cri-dockerd.sock: the same socket, /var/run being a link to /run. Always written: on a Docker host
+# containerd's socket exists too, and kubeadm refuses to guess ("found multiple CRI endpoints on the host").
+CRI_SOCKETS = {"containerd": "unix:///var/run/containerd/containerd.sock",
+               "docker": "unix:///var/run/cri-dockerd.sock"}
 
 
 @dataclass(frozen=True)

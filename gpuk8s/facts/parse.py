@@ -13,6 +13,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from gpuk8s.errors import ParseError
 from gpuk8s.facts.mig import parse_section as parse_mig_section
 from gpuk8s.facts.model import (
     GPU,
@@ -31,10 +32,6 @@ from gpuk8s.versions import release
 
 _BEGIN = re.compile(r"^@@gpuk8s-begin (\S+)$")
 _END = re.compile(r"^@@gpuk8s-end (\S+) (-?[0-9]{1,9})$")
-
-
-class ParseError(ValueError):
-    """Output that cannot be understood."""
 
 
 @dataclass(frozen=True)

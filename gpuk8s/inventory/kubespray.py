@@ -32,8 +32,10 @@ from yaml.constructor import SafeConstructor
 from yaml.nodes import MappingNode, Node, ScalarNode
 
 from gpuk8s import versions
+from gpuk8s.errors import GpuK8sError
 from gpuk8s.inventory.loader import _USER, MAX_BYTES, _valid_address
-from gpuk8s.text import one_line
+from gpuk8s.logs import mask
+from gpuk8s.text import clean, one_line
 
 CONTROL_PLANE_GROUPS = ("kube_control_plane", "kube-master", "kube_master")
 NODE_GROUPS = ("kube_node", "kube-node")
@@ -73,13 +75,16 @@ _MAX_VARS = 65536  # variables, a host line's counted once per host its pattern 
 _MAX_KEY_FILE = 64 << 10  # an SSH private key is a few KiB; a larger file (or /dev/zero) is not one
 
 
-class ImportError_(Exception):
-    """The file cannot be read as an Ansible inventory at all; `line` locates the cause."""
+class KubesprayImportError(GpuK8sError):
+    """The file cannot be read as an Ansible inventory at all; `line` locates the cause, `message` says what
+    (without the line)."""
+
+    kind = "kubespray-import"
 
     def __init__(self, line: int, message: str) -> None:
         super().__init__(f"line {line}: {message}")
         self.line = line
-        self.message = message
+        self.message = mask(clean(message))
 
 
 @dataclass(frozen=True)
@@ -214,7 +219,7 @@ class Ansible:
 def parse(text: str, filename: str = "") -> Ansible:
     """INI or YAML, by the file name (.yml/.yaml/.json) or else by its first meaningful line."""
     if len(text) > MAX_BYTES:
-        raise ImportError_(1, f"the file is larger than {MAX_BYTES >> 20} MiB: not an inventory")
+        raise KubesprayImportError(1, f"the file is larger than {MAX_BYTES >> 20} MiB: not an inventory")
     low = filename.lower()
     if low.endswith((".yml", ".yaml", ".json")):
         return parse_yaml(text)
@@ -374,13 +379,13 @@ def parse_yaml(text: str) -> Ansible:
         root = yaml.compose(text, Loader=_LOADER)
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
-        raise ImportError_(mark.line + 1 if mark else 1, f"YAML syntax error: {e.problem or e}") from None
+        raise KubesprayImportError(mark.line + 1 if mark else 1, f"YAML syntax error: {e.problem or e}") from None
     except (yaml.YAMLError, RecursionError) as e:
-        raise ImportError_(1, f"not readable as YAML: {type(e).__name__}") from None
+        raise KubesprayImportError(1, f"not readable as YAML: {type(e).__name__}") from None
     if root is None:
         return inv
     if not isinstance(root, MappingNode):
-        raise ImportError_(root.start_mark.line + 1, "the top level must be a mapping of groups (all: ...)")
+        raise KubesprayImportError(root.start_mark.line + 1, "the top level must be a mapping of groups (all: ...)")
     con = _Constructor()
     walked = [0]  # entries walked so far (a list: the nested functions add to it)
 
@@ -405,7 +410,7 @@ def parse_yaml(text: str) -> Ansible:
             return []
         walked[0] += len(node.value)
         if walked[0] > _MAX_ENTRIES:
-            raise ImportError_(line(node), f"the file's YAML entries, repeated by its aliases, are more than "
+            raise KubesprayImportError(line(node), f"the file's YAML entries, repeated by its aliases, are more than "
                                            f"{_MAX_ENTRIES}: not an inventory to import")
         return list(node.value)
 
@@ -905,7 +910,7 @@ def convert(inv: Ansible, source: str = "FILE") -> Result:
     cluster: dict[str, Any] = {}
     first_cp = next((h for h in hosts if h.role == "control-plane"), None)
     if first_cp is None:
-        raise ImportError_(1, "no host is in kube_control_plane (or the legacy kube-master) with a usable name "
+        raise KubesprayImportError(1, "no host is in kube_control_plane (or the legacy kube-master) with a usable name "
                               "and address: gpuk8s needs at least one control plane")
     cev = effective(seen_names[first_cp.name])
     for key in _CLUSTER_VARS:

@@ -21,6 +21,8 @@ from yaml.constructor import SafeConstructor
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from gpuk8s import versions
+from gpuk8s.errors import GpuK8sError
+from gpuk8s.inventory import sshconfig
 from gpuk8s.inventory.model import (
     MAX_REPLICAS,
     MIG_STRATEGIES,
@@ -123,13 +125,17 @@ _MISSING = object()
 _Layer = dict[str, tuple[Any, Node]]  # per-node GPU settings of one layer: key -> (value, where it was read)
 
 
-class InventoryError(Exception):
-    """The inventory cannot be used; `problems` holds every error (and warning) found."""
+class InventoryError(GpuK8sError):
+    """The inventory cannot be used; `problems` holds every error (and warning) found, each with its file:line
+    and fix."""
+
+    kind = "inventory"
 
     def __init__(self, problems: list[Problem]) -> None:
         self.problems = problems
         errors = [p for p in problems if p.severity == "error"]
-        super().__init__("\n".join(str(p) for p in errors) or "invalid inventory")
+        super().__init__("\n".join(str(p) for p in errors) or "invalid inventory",
+                         "fix each problem at its file:line (gpuk8s inventory validate lists them)")
 
 
 def find_inventory(explicit: str | os.PathLike[str] | None) -> Path:
@@ -479,8 +485,6 @@ class _Reader:
     def ssh_configs(self, hosts: list[Host]) -> None:
         """Each host's ssh config (~/.ssh/config unless ssh.config_file says otherwise): its errors, and the
         keywords that apply to a host but that gpuk8s does not honour, as problems at the config's file:line."""
-        from gpuk8s import sshconfig
-
         seen: set[tuple[str, int, str]] = set()
         for h in hosts:
             try:

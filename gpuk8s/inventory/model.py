@@ -40,7 +40,7 @@ class SSHSettings:
     host_key_policy: HostKeyPolicy = "strict"
     bastion: Bastion | None = None
     sudo: Sudo = field(default_factory=Sudo)
-    # the OpenSSH client config read for this host ("none": none); see gpuk8s/sshconfig.py
+    # the OpenSSH client config read for this host ("none": none); see gpuk8s/inventory/sshconfig.py
     config_file: str = "~/.ssh/config"
     alias: str | None = None  # the name looked up in that config (Host patterns); default: the host's address
     # the keys written in the inventory: those win over the ssh config
@@ -179,7 +179,7 @@ class InstallSettings:
     cri_dockerd_url: str = versions.cri_dockerd().url
     cri_dockerd_sha256: dict[str, str] = field(default_factory=lambda: dict(versions.cri_dockerd().sha256))
     # sha256 (64 lowercase hex digits) the CNI manifest must have; required for a plain http URL.
-    # None: gpuk8s.versions.manifest_sha256 falls back to the pin of the default URL, if any.
+    # None: gpuk8s.phases.cni.manifest_sha256 falls back to the pin of the default URL, if any.
     calico_manifest_sha256: str | None = None
     flannel_manifest_sha256: str | None = None
 

@@ -32,6 +32,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuk8s import gpuplan
+from gpuk8s.errors import MetricsError
 from gpuk8s.gpuplan import GPUPlan
 from gpuk8s.kube import state
 from gpuk8s.kube.state import StateError
@@ -507,10 +508,6 @@ def allocation(nodes: list[dict[str, Any]], pods: list[dict[str, Any]], plans: d
         if a.gpu_node or a.resources:
             out.append(a)
     return ClusterAllocation(sorted(out, key=lambda a: a.node))
-
-
-class MetricsError(Exception):
-    """The exporter's text is not the Prometheus exposition format."""
 
 
 UTIL, FB_USED, FB_FREE = "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE"

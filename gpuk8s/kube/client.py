@@ -18,10 +18,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from gpuk8s.errors import GpuK8sError
 from gpuk8s.kube import state
 from gpuk8s.kube.state import StateError, is_node_name
 from gpuk8s.lines import lines_that_matter
-from gpuk8s.logs import mask
 from gpuk8s.remote import Session
 from gpuk8s.text import clean
 
@@ -37,14 +37,10 @@ LOG_CAP = 1 << 20
 RAW_CAP = 16 << 20
 
 
-class KubeError(Exception):
+class KubeError(GpuK8sError):
     """kubectl failed or printed something unreadable; the message is safe to show (masked, cleaned)."""
 
-    def __init__(self, message: str, remedy: str = "") -> None:
-        message = mask(clean(message))
-        super().__init__(message)
-        self.message = message
-        self.remedy = remedy
+    kind = "kube"
 
 
 @dataclass(frozen=True)

@@ -13,19 +13,12 @@ from typing import Any
 import yaml
 
 from gpuk8s import gpuplan, mirrors, versions
+from gpuk8s.facts.model import CRI_SOCKETS
 from gpuk8s.gpuplan import GPU_RESOURCE
 from gpuk8s.inventory.model import Host, Inventory
 from gpuk8s.kube import manifests as kube_manifests
 from gpuk8s.kube.client import label_args, taint_args
 from gpuk8s.versions import Release
-
-# nodeRegistration.criSocket per cluster.container_runtime: kubeadm's own names for the endpoints
-# (cmd/kubeadm/app/constants/constants_unix.go: CRISocketContainerd, CRISocketDocker). Docker is reached
-# through cri-dockerd (playbooks/cri-dockerd.yaml), whose socket unit listens on %t/cri-dockerd.sock, i.e.
-# /run/cri-dockerd.sock: the same socket, /var/run being a link to /run. Always written: on a Docker host
-# containerd's socket exists too, and kubeadm refuses to guess ("found multiple CRI endpoints on the host").
-CRI_SOCKETS = {"containerd": "unix:///var/run/containerd/containerd.sock",
-               "docker": "unix:///var/run/cri-dockerd.sock"}
 
 
 def new_token() -> str:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuk8s import findings
+from gpuk8s.errors import GpuK8sError
 from gpuk8s.findings import Finding
 from gpuk8s.gpuplan import GPU_PRESENT
 
@@ -36,8 +37,10 @@ def is_node_name(name: str) -> bool:
     """Whether a Node can have this name (the whole text: no trailing newline either)."""
     return "\n" not in name and bool(DNS1123_SUBDOMAIN.match(name))
 
-class StateError(Exception):
+class StateError(GpuK8sError):
     """kubectl printed something that is not the object we asked for."""
+
+    kind = "kube-state"
 
 
 def _dict(value: Any, what: str) -> dict[str, Any]:

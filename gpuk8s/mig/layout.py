@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from itertools import permutations
 from typing import Literal
 
+from gpuk8s.errors import GpuK8sError
 from gpuk8s.facts.model import MigGPU
 from gpuk8s.mig.profiles import MODELS, Model, no_table_fix
 
@@ -33,15 +34,13 @@ NAME_RE = re.compile(r"^all-(disabled|enabled|balanced|[1-8]g\.[0-9]{1,3}gb(\.me
 MAX = -1  # "as many as the GPU holds" (the all-<profile> layouts)
 
 
-class LayoutError(ValueError):
+class LayoutError(GpuK8sError, ValueError):
     """A layout that cannot be used: kind is unknown-name, bad-profile, unknown-profile, does-not-fit or
-    single-needs-one-profile; fix says what to write instead."""
+    single-needs-one-profile; fix says what to write instead (the remedy)."""
 
     def __init__(self, kind: str, message: str, fix: str = "") -> None:
-        super().__init__(message)
-        self.kind = kind
-        self.message = message
-        self.fix = fix
+        super().__init__(message, fix, kind)
+        self.fix = self.remedy
 
 
 @dataclass(frozen=True)

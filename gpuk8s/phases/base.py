@@ -14,26 +14,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpuk8s.errors import GpuK8sError
 from gpuk8s.facts.model import HostFacts
 from gpuk8s.gpuplan import GPUPlan
 from gpuk8s.inventory.model import Host, Inventory
-from gpuk8s.kube.client import ADMIN, KubeClient, KubeError, SSHKubectl
+from gpuk8s.kube.client import ADMIN, KubeClient, SSHKubectl
 from gpuk8s.kube.state import NodeCheck
-from gpuk8s.logs import mask
-from gpuk8s.remote import RemoteError, Session
+from gpuk8s.remote import Session
 from gpuk8s.text import clean
 
 log = logging.getLogger("gpuk8s.phases")
 
 
-class PhaseError(Exception):
+class PhaseError(GpuK8sError):
     """A phase cannot go on; message and remedy are shown (masked, without control characters)."""
 
-    def __init__(self, message: str, remedy: str = "") -> None:
-        message = mask(clean(message))
-        super().__init__(message)
-        self.message = message
-        self.remedy = mask(clean(remedy))
+    kind = "phase"
 
 
 @dataclass
@@ -191,7 +187,7 @@ def run_phases(phases: list[Phase], ctx: Context, results: list[PhaseResult]) ->
         ctx.emit(f"==> Running phase: {p.title}")
         try:
             res = p.run(ctx)
-        except (PhaseError, RemoteError, KubeError) as e:
+        except GpuK8sError as e:
             res = p.result("failed", e.message, e.remedy)
         except BaseException:
             p.cleanup(ctx)
@@ -211,6 +207,6 @@ def plan_phases(phases: list[Phase], ctx: Context) -> list[PhasePlan]:
     for p in phases:
         try:
             out.append(p.plan(ctx))
-        except (PhaseError, RemoteError, KubeError) as e:
+        except GpuK8sError as e:
             out.append(p.planned("unknown", f"{e.message} ({e.remedy})" if e.remedy else e.message))
     return out

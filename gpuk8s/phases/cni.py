@@ -7,12 +7,12 @@ applied as cluster-admin (playbooks/cluster/cni-apply.sh).
 
 from __future__ import annotations
 
-from gpuk8s import mirrors
+from gpuk8s import mirrors, versions
+from gpuk8s.inventory.model import Inventory
 from gpuk8s.kube import state
 from gpuk8s.phases import shell
 from gpuk8s.phases.base import Change, Context, Phase, PhaseError, PhasePlan, PhaseResult
 from gpuk8s.phases.hostfiles import tail
-from gpuk8s.versions import manifest_sha256
 
 DAEMONSETS = {"calico": "calico-node", "flannel": "kube-flannel-ds"}
 
@@ -33,6 +33,21 @@ def cni_values(ctx: Context) -> dict[str, object]:
             # its image: lines taken to the inventory's registry mirror (gpuk8s/mirrors.py), after the sha256 check
             "rewrites": mirrors.sed_rewrites(ctx.inv)}
 
+
+
+def manifest_sha256(inv: Inventory, cni: str) -> str | None:
+    """The sha256 the `cni` ("calico" or "flannel") manifest must have, or None when nothing pins it.
+
+    The inventory's install.<cni>_manifest_sha256 wins; else the pin of the manifest's URL in
+    versions.DEFAULT_MANIFEST_SHA256 (for the default URL, or a mirror someone listed there).
+    """
+    if cni not in ("calico", "flannel"):
+        raise ValueError(f"unknown CNI {cni!r}")
+    pinned: str | None = getattr(inv.install, f"{cni}_manifest_sha256")
+    if pinned:
+        return pinned
+    url: str = getattr(inv.install, f"{cni}_manifest")
+    return versions.DEFAULT_MANIFEST_SHA256.get(url)
 
 class CNI(Phase):
     name = "cni"

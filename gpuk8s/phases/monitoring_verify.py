@@ -25,12 +25,12 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuk8s import findings
+from gpuk8s.errors import MetricsError
 from gpuk8s.findings import Finding
 from gpuk8s.gpuplan import GPU_RESOURCE, GPUPlan
 from gpuk8s.kube import monitoring as mon
 from gpuk8s.kube import state
 from gpuk8s.kube.allocation import METRICS_MAX_BYTES, dcgm_text
-from gpuk8s.kube.allocation import MetricsError as AllocationMetricsError
 from gpuk8s.kube.client import KubeError
 from gpuk8s.kube.state import DNS1123_LABEL, DNS1123_SUBDOMAIN
 from gpuk8s.phases.base import Context, Phase, PhasePlan, PhaseResult
@@ -43,10 +43,6 @@ MIG_PREFIX = "nvidia.com/mig-"
 MAX_TARGETS_BODY = 16 << 20  # Prometheus's /api/v1/targets: a few KiB per target; more is not a targets list
 
 
-class MetricsError(Exception):
-    """The text is not the Prometheus exposition format."""
-
-
 @dataclass(frozen=True)
 class Series:
     labels: dict[str, str]
@@ -56,10 +52,7 @@ class Series:
 def util_series(text: str) -> list[Series]:
     """The DCGM_FI_DEV_GPU_UTIL samples of an exporter's /metrics text (prometheus-client's parser, on the
     bounded lines of that series only: allocation.dcgm_text; the text is a node's, maybe hostile)."""
-    try:
-        text = dcgm_text(text, (UTIL,))
-    except AllocationMetricsError as e:
-        raise MetricsError(str(e)) from None
+    text = dcgm_text(text, (UTIL,))  # a MetricsError when the body is too large or too many series
     try:
         return [Series(dict(s.labels), float(s.value)) for fam in text_string_to_metric_families(text)
                 for s in fam.samples if s.name == UTIL]

@@ -29,13 +29,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuk8s.errors import GpuK8sError
+from gpuk8s.facts.model import CRI_SOCKETS
 from gpuk8s.inventory.model import Host, Inventory
 from gpuk8s.kube import render
 from gpuk8s.kube.client import KubeError, drain_args
 from gpuk8s.phases import shell
 from gpuk8s.phases.base import Change, Context, Phase, PhaseError, PhasePlan, PhaseResult
 from gpuk8s.phases.hostfiles import tail
-from gpuk8s.remote import RemoteError
 from gpuk8s.text import clean
 
 RESET_TIMEOUT = 900.0  # kubeadm reset waits for the kubelet and containers to stop
@@ -133,7 +134,7 @@ ETCD_DIR_REFUSED = "@@gpuk8s-etcd-dir-refused"
 
 def _node_values(inv: Inventory, h: Host) -> dict[str, str]:
     return {"user": h.ssh.user, "endpoint": render.endpoint(inv),
-            "cri_socket": render.CRI_SOCKETS[inv.cluster.container_runtime],
+            "cri_socket": CRI_SOCKETS[inv.cluster.container_runtime],
             "control_plane": "yes" if h.is_control_plane else "no"}
 
 
@@ -201,7 +202,7 @@ class Reset(Phase):
             t0 = time.monotonic()
             try:
                 self._one(ctx, h, h.name in present, out)
-            except (PhaseError, RemoteError, KubeError) as e:
+            except GpuK8sError as e:
                 out.status, out.message, out.remedy = "failed", e.message, e.remedy
                 if out.id == "reset.node-reset":
                     out.id = "reset.node-failed"

@@ -25,12 +25,18 @@ from typing import Any
 import yaml
 
 from gpuk8s import findings, gpuplan, plainyaml, versions
+from gpuk8s.errors import GpuK8sError
+from gpuk8s.install.prepare import HostRun, blocking_checks, playbooks_for, run_steps
 from gpuk8s.inventory.model import Host, InstallSettings, Inventory
 from gpuk8s.kube.client import KubeError, drain_args
 from gpuk8s.phases import shell
 from gpuk8s.phases.base import Change, Context, Phase, PhaseError, PhasePlan, PhaseResult
+from gpuk8s.phases.gpu import GPUNodes
 from gpuk8s.phases.hostfiles import tail
-from gpuk8s.remote import RemoteError, Session, for_each_host
+from gpuk8s.playbook.model import load_playbook
+from gpuk8s.playbook.render import context, render_playbook
+from gpuk8s.preflight.runner import run_preflight
+from gpuk8s.remote import Session, for_each_host
 
 log = logging.getLogger("gpuk8s.upgrade")
 
@@ -51,13 +57,10 @@ class NodeFailure(PhaseError):
         self.id = finding_id
 
 
-class UpgradeRefused(Exception):
+class UpgradeRefused(GpuK8sError):
     """The upgrade asked for cannot be done; `message` says why, `remedy` what to do."""
 
-    def __init__(self, message: str, remedy: str = "") -> None:
-        super().__init__(message)
-        self.message = message
-        self.remedy = remedy
+    kind = "upgrade-refused"
 
 
 def minor(version: str | None) -> int | None:
@@ -279,7 +282,7 @@ class UpgradeStep(Phase):
         except NodeFailure as e:
             self.opts.findings.append(findings.failed(e.id, f"{h.name}: {e.message}", e.remedy, subject=subject))
             raise
-        except (PhaseError, RemoteError, KubeError) as e:
+        except GpuK8sError as e:
             self.opts.findings.append(findings.failed("upgrade.node-failed", f"{h.name}: {e.message}",
                                                       str(e.remedy), subject=subject))
             raise
@@ -372,10 +375,6 @@ class UpgradePrepare(UpgradeStep):
     title = "preflight and prepare every host for the new minor"
 
     def _run(self, ctx: Context, dry_run: bool) -> tuple[dict[str, str], list[Change]]:
-        from gpuk8s.install.prepare import HostRun, blocking_checks, playbooks_for, run_steps
-        from gpuk8s.playbook.model import load_playbook
-        from gpuk8s.playbook.render import context, render_playbook
-        from gpuk8s.preflight.runner import run_preflight
 
         inv = target_inventory(ctx.inv, self.opts.to)
         pre = run_preflight(inv, concurrency=ctx.concurrency, ignore=ctx.ignore, sudo_passwords=ctx.sudo_passwords,
@@ -558,7 +557,6 @@ class UpgradeManifests(UpgradeStep):
     title = "move the manifests to the new minor's pins"
 
     def _gpu(self, ctx: Context) -> tuple[Phase, Context]:
-        from gpuk8s.phases.gpu import GPUNodes
 
         return GPUNodes(), replace(ctx, inv=target_inventory(ctx.inv, self.opts.to))
 

@@ -3,6 +3,10 @@
 In `check` and `run`, every `{{ expression }}` is passed through shlex.quote (the environment's
 finalize), so an inventory value can never become shell syntax. File contents are not shell and are
 rendered without quoting; `when` is a jinja2 expression evaluated here, never on the host.
+
+A step made from a shared step (model.py, `use:`) is rendered with `params` in its context; a template's
+`{% include 'NAME' %}` takes a block of playbooks/_shared.yaml, compiled in the including template's
+environment (so check and run quote its values too).
 """
 
 from __future__ import annotations
@@ -10,17 +14,17 @@ from __future__ import annotations
 import base64
 import functools
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import jinja2
 
 from gpuk8s import mirrors, versions
-from gpuk8s.facts.model import HostFacts
+from gpuk8s.facts.model import SUPPORTED_OS, HostFacts
 from gpuk8s.gpuplan import is_gpu_node
 from gpuk8s.inventory.model import Host, Inventory
-from gpuk8s.playbook.model import Playbook, PlaybookError, Step
-from gpuk8s.preflight.host_checks import SUPPORTED_OS
+from gpuk8s.playbook.model import ParamValue, Playbook, PlaybookError, Step, load_shared
 from gpuk8s.versions import at_least, release
 
 _DEB_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}
@@ -30,9 +34,19 @@ def _quote(value: Any) -> str:
     return shlex.quote(str(value))
 
 
+def _block(name: str) -> tuple[str, None, Callable[[], bool]] | None:
+    """A shared block for {% include %}: jinja2 compiles it once per environment and keeps it while the shared
+    file still has that text (a test that swaps the shared file gets its own block, not a stale one)."""
+    text = load_shared().blocks.get(name)
+    if text is None:
+        return None
+    return text, None, lambda: load_shared().blocks.get(name) == text
+
+
 SHELL_ENV = jinja2.Environment(undefined=jinja2.StrictUndefined, finalize=_quote, autoescape=False,
-                            keep_trailing_newline=True)
-_text = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=True)
+                            keep_trailing_newline=True, loader=jinja2.FunctionLoader(_block))
+_text = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=True,
+                           loader=jinja2.FunctionLoader(_block))
 
 
 @dataclass(frozen=True)
@@ -160,32 +174,41 @@ def applies(step: Step, ctx: dict[str, Any], where: str) -> bool:
         raise PlaybookError(f"{where}: when: {type(e).__name__}: {e}") from None
 
 
+def _with_params(step: Step, ctx: dict[str, Any], where: str) -> dict[str, Any]:
+    """The context of a step made from a shared step: the host's, and `params`, each string param rendered for
+    this host like a title (not quoted: check and run quote `{{ params.NAME }}` where they use it)."""
+    params: dict[str, ParamValue] = {
+        k: _render(_text, v, ctx, f"{where}: params.{k}") if isinstance(v, str) else v for k, v in step.params}
+    return {**ctx, "params": params}
+
+
 def render_playbook(pb: Playbook, ctx: dict[str, Any]) -> list[RenderedStep]:
     """The steps of `pb` that apply to this host, ready to put into the remote script."""
     out = []
     for step in pb.steps:
-        where = f"playbooks/{pb.name}.yaml: {step.name}"
+        where = f"playbooks/{pb.name}.yaml: {step.name}" + (f" (use: {step.use})" if step.use else "")
         if not applies(step, ctx, where):
             continue
+        sctx = _with_params(step, ctx, where) if step.use else ctx  # the step's own context
         if step.file is not None:
-            path = _render(_text, step.file.path, ctx, where)
+            path = _render(_text, step.file.path, sctx, where)
             if not path.startswith("/") or any(ch in path for ch in "\n'\"$`\\ "):
                 raise PlaybookError(f"{where}: file path {path!r} must be absolute and plain")
-            content = _render(_text, step.file.content, ctx, where)
+            content = _render(_text, step.file.content, sctx, where)
             b64 = base64.b64encode(content.encode()).decode()
             qpath, mode = shlex.quote(path), shlex.quote(step.file.mode)
             out.append(RenderedStep(
-                pb.name, step.name, _render(_text, step.title, ctx, where),
+                pb.name, step.name, _render(_text, step.title, sctx, where),
                 check=f"printf '%s' {b64} | base64 -d | cmp -s - {qpath} && gk_mode_is {qpath} {mode}",
                 run=f"gk_put {qpath} {mode} {b64}",
                 changes=(path,), restarts=step.restarts, file_path=path, file_content=content,
             ))
             continue
         out.append(RenderedStep(
-            pb.name, step.name, _render(_text, step.title, ctx, where),
-            check=_render(SHELL_ENV, step.check, ctx, where).strip(),
-            run=_render(SHELL_ENV, step.run, ctx, where).strip(),
-            changes=tuple(_render(_text, c, ctx, where) for c in step.changes),
+            pb.name, step.name, _render(_text, step.title, sctx, where),
+            check=_render(SHELL_ENV, step.check, sctx, where).strip(),
+            run=_render(SHELL_ENV, step.run, sctx, where).strip(),
+            changes=tuple(_render(_text, c, sctx, where) for c in step.changes),
             restarts=step.restarts,
         ))
     return out

@@ -7,7 +7,7 @@ from dataclasses import replace
 from datetime import date
 
 from gpuk8s import mirrors, versions
-from gpuk8s.facts.model import HostFacts
+from gpuk8s.facts.model import CRI_SOCKETS, SUPPORTED_OS, HostFacts
 from gpuk8s.facts.parse import CONTAINERD_CONFIG, TOO_LARGE
 from gpuk8s.gpuplan import is_gpu_node
 from gpuk8s.inventory.model import Cluster, Host
@@ -20,7 +20,6 @@ DRIVER_FLOOR_TEXT = "418.87.01"
 DOCKER_FLOOR = (19, 3, 5)
 DOCKER_FLOOR_TEXT = "19.03.5"  # as Docker spells its versions
 CONTAINERD_FLOOR = (1, 4, 3)
-SUPPORTED_OS = {("ubuntu", "22.04"): "Ubuntu 22.04 LTS", ("alinux", "3"): "Alibaba Cloud Linux 3"}
 SUPPORTED_ARCH = ("x86_64", "aarch64")
 # The CRI plugin's ids in containerd config versions 1, 2 and 3 (disabling any of them disables CRI)
 CRI_PLUGIN_IDS = ("cri", "io.containerd.grpc.v1.cri", "io.containerd.cri.v1.runtime", "io.containerd.cri.v1.images")
@@ -119,7 +118,6 @@ _CRI_DOCKERD_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}  # uname -m -> cri-d
 def _docker_compat(rt_release: tuple[int, ...] | None, arch: str, cluster: Cluster) -> CheckResult:
     """runtime.kubernetes-compat for Docker: every minor of the matrix is >= 1.24, which removed dockershim, so
     the kubelet reaches Docker only through cri-dockerd, which install sets up (playbooks/cri-dockerd.yaml)."""
-    from gpuk8s.kube.render import CRI_SOCKETS
 
     k = versions.kubernetes_or_default(cluster.kubernetes_version)
     pin = versions.cri_dockerd()
@@ -516,8 +514,9 @@ _CURL_EXIT = {6: "the name does not resolve", 7: "the connection was refused", 2
 
 
 def sources_check(wanted: list[mirrors.Source], f: HostFacts) -> CheckResult:
-    """net.sources: the host reaches each source install fetches from (`wanted`: mirrors.SourcePlan.for_host);
-    the message names the first one it cannot. Only the URLs gpuk8s asked for are read from the probe's output."""
+    """net.sources: the host reaches each source install fetches from (`wanted`: SourcePlan.for_host, in
+    gpuk8s/preflight/sources.py); the message names the first one it cannot. Only the URLs gpuk8s asked for are
+    read from the probe's output."""
     got = {s.url: s for s in f.sources}
     if not wanted:
         return skipped("net.sources", "no source to check")

@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
-from gpuk8s import mirrors
 from gpuk8s.facts.model import HostFacts
 from gpuk8s.facts.parse import ParseError, parse_probe
 from gpuk8s.inventory.model import Host, Inventory
@@ -17,6 +16,7 @@ from gpuk8s.preflight import network
 from gpuk8s.preflight.cluster_checks import check_cluster
 from gpuk8s.preflight.host_checks import check_host, sources_check
 from gpuk8s.preflight.result import CheckResult, apply_ignores, failed, passed, skipped
+from gpuk8s.preflight.sources import SourcePlan
 from gpuk8s.remote import RemoteError, Session, for_each_host, in_one_piece
 
 log = logging.getLogger("gpuk8s.preflight")
@@ -84,7 +84,7 @@ class Report:
 
 def gather(session: Session, prelude: str = "") -> tuple[HostFacts, list[CheckResult], float]:
     """Connect, run the probe once as root (once more unprivileged if sudo fails); facts and sudo result.
-    `prelude`: shell assignments in front of the probe (the sources it checks: mirrors.SourcePlan.prelude)."""
+    `prelude`: shell assignments in front of the probe (the sources it checks: SourcePlan.prelude)."""
     session.connect()
     checks = [passed("ssh.reachable", f"{session.settings.user}@{session.host.address}:{session.settings.port}")]
     # in one piece: the probe's ~100 writes as one SSH packet stream at its end, not a packet each (remote.py)
@@ -148,7 +148,7 @@ def run_preflight(inv: Inventory, *, concurrency: int, ignore: set[str], sudo_pa
     network_later = measure_network and bool(inv.control_planes) and bool(inv.workers)
     keep_all = keep_sessions is not None or network_later
     # what depends on the inventory only is decided once per run, not per host (the sources render every manifest)
-    plan = mirrors.SourcePlan(inv)
+    plan = SourcePlan(inv)
 
     def one(host: Host) -> HostReport:
         rep = reports[host.name]

@@ -9,10 +9,9 @@ literally (never markup), removes control characters and masks secrets.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from gpuk8s import ui
-from gpuk8s.findings import Finding, counts
+from gpuk8s.findings import Finding, to_json
 from gpuk8s.options import Output
 
 STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
@@ -49,11 +48,6 @@ def table(title: str, findings: Sequence[Finding], subject: str | None = None) -
     """A table of findings: rich on a terminal, tab-separated lines when piped (see gpuk8s.ui.table)."""
     r, styles = rows(findings, subject)
     ui.table(title, ([subject] if subject is not None else []) + COLUMNS, r, styles)
-
-
-def to_json(findings: Sequence[Finding]) -> dict[str, Any]:
-    """{"findings": [each finding's object], "summary": {"pass": n, "warn": n, "fail": n, "skip": n}}."""
-    return {"findings": [f.to_json() for f in findings], "summary": counts(findings)}
 
 
 def render(title: str, findings: Sequence[Finding], output: Output = Output.table,

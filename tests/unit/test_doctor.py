@@ -14,6 +14,7 @@ import pytest
 
 from gpuk8s import findings, gpuplan
 from gpuk8s.doctor import classify, evidence
+from gpuk8s.doctor import diagnose as diagnose_mod
 from gpuk8s.doctor.evidence import ClusterEvidence, HostEvidence
 from gpuk8s.facts.parse import parse_probe
 from gpuk8s.kube.state import DaemonSetState
@@ -374,7 +375,7 @@ def test_a_healthy_node_and_pod_have_no_cause() -> None:
 
 
 def test_the_json_follows_the_schema() -> None:
-    from gpuk8s.commands.doctor import Diagnosis
+    from gpuk8s.doctor.diagnose import Diagnosis
 
     p = pod("big", {"nvidia.com/gpu": "4"})
     ev = ClusterEvidence({"gpu-1": node("gpu-1", 2)}, [p], [event(p, text("scheduler-insufficient.txt"))])
@@ -408,8 +409,8 @@ class EventfulKube:
 
 
 def test_diagnose_selects_reads_and_classifies_through_the_seam() -> None:
-    from gpuk8s.commands.doctor import Diagnosis, _fix_targets, diagnose
-    from gpuk8s.commands.status import Cluster
+    from gpuk8s.doctor.diagnose import Diagnosis, diagnose
+    from gpuk8s.doctor.fixes import fix_targets
     from gpuk8s.inventory.loader import loads
 
     inv = loads("hosts:\n  - {name: cp-1, address: 10.0.0.1, role: control-plane}\n"
@@ -427,25 +428,25 @@ def test_diagnose_selects_reads_and_classifies_through_the_seam() -> None:
     kube.objects[("daemonset", "kube-system", "nvidia-device-plugin-daemonset")] = {
         "metadata": {"name": "nvidia-device-plugin-daemonset", "namespace": "kube-system"},
         "status": {"desiredNumberScheduled": 2, "currentNumberScheduled": 2, "numberReady": 2}}
-    d = diagnose(inv, Cluster(kube), None, False, False, {})  # type: ignore[arg-type]
+    d = diagnose(inv, kube, None, False, False, {})  # type: ignore[arg-type]
     assert isinstance(d, Diagnosis)
     assert d.pods == [("default", "big")] and d.nodes == ["gpu-2"]  # the healthy pod and node are left alone
     assert ids(d.findings) == ["gpu.plugin-no-nvml", "pod.insufficient-gpu"]  # nodes first: they explain pods
     assert any("Incompatible strategy detected auto" in e for e in d.findings[0].evidence)
     assert not [c for c in kube.calls if c[0] not in ("get", "raw_get")]  # doctor without --fix only reads
-    assert _fix_targets(d) == {}  # without the host's runtime default, no-nvml is not one gpuk8s fixes
-    every = diagnose(inv, Cluster(kube), None, True, False, {})  # type: ignore[arg-type]
+    assert fix_targets(d) == {}  # without the host's runtime default, no-nvml is not one gpuk8s fixes
+    every = diagnose(inv, kube, None, True, False, {})  # type: ignore[arg-type]
     assert ("default", "ok") in every.pods and every.nodes == ["gpu-1", "gpu-2"]
-    one = diagnose(inv, Cluster(kube), "big", False, False, {})  # type: ignore[arg-type]
+    one = diagnose(inv, kube, "big", False, False, {})  # type: ignore[arg-type]
     assert one.pods == [("default", "big")] and one.nodes == []
     with pytest.raises(LookupError):
-        diagnose(inv, Cluster(kube), "nope", False, False, {})  # type: ignore[arg-type]
+        diagnose(inv, kube, "nope", False, False, {})  # type: ignore[arg-type]
     with pytest.raises(LookupError, match="no node gpu-9"):
-        diagnose(inv, Cluster(kube), "node/gpu-9", False, False, {})  # type: ignore[arg-type]
+        diagnose(inv, kube, "node/gpu-9", False, False, {})  # type: ignore[arg-type]
     # a GPU node whose GPU count the inventory leaves to the facts: looked at when it shows no GPU at all
     inv2 = loads("hosts:\n  - {name: cp-1, address: 10.0.0.1, role: control-plane}\n"
                  "  - {name: gpu-1, address: 10.0.0.2}\n  - {name: gpu-2, address: 10.0.0.3}\n")
-    assert diagnose(inv2, Cluster(kube), None, False, False, {}).nodes == ["gpu-2"]  # type: ignore[arg-type]
+    assert diagnose(inv2, kube, None, False, False, {}).nodes == ["gpu-2"]  # type: ignore[arg-type]
 
 
 def test_the_host_probe_with_doctors_sections() -> None:
@@ -475,7 +476,7 @@ def test_the_host_probe_with_doctors_sections() -> None:
     assert bad.facts is None and bad.unreachable.startswith("the probe printed nothing usable")
     assert bad.lines() == [f"over SSH: {bad.unreachable}"]
     # the script is the probe and doctor's sections, nothing interpolated
-    assert evidence.SCRIPT.startswith(evidence.PROBE) and "quick doctor-sockets sockets" in evidence.SCRIPT
+    assert diagnose_mod.SCRIPT.startswith(diagnose_mod.PROBE) and "quick doctor-sockets sockets" in diagnose_mod.SCRIPT
 
 
 @pytest.mark.parametrize("junk", [None, 5, "x", [1, "a", None], {"a": [None]}, {"containers": "x"}])

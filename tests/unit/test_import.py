@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from gpuk8s.cli import app
-from gpuk8s.inventory.kubespray import ImportError_, bastion_of_args, convert, parse, parse_ini
+from gpuk8s.inventory.kubespray import KubesprayImportError, bastion_of_args, convert, parse, parse_ini
 from gpuk8s.inventory.loader import loads
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "kubespray"
@@ -154,7 +154,7 @@ def test_values_are_never_evaluated_and_hostile_values_stay_data(tmp_path):
 
 
 def test_no_control_plane_is_an_error():
-    with pytest.raises(ImportError_):
+    with pytest.raises(KubesprayImportError):
         convert(parse("[kube_node]\nw1 ansible_host=10.0.0.2\n", "x.ini"))
 
 

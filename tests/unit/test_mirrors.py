@@ -15,12 +15,15 @@ import pytest
 import tomllib
 import yaml
 
-from gpuk8s import gpuplan, logs, mirrors, versions
+from gpuk8s import errors, gpuplan, logs, mirrors, versions
 from gpuk8s.facts.model import Runtime
 from gpuk8s.inventory.loader import InventoryError, loads
+from gpuk8s.kube import images
+from gpuk8s.phases import cni
 from gpuk8s.playbook.model import load_playbook
 from gpuk8s.playbook.render import context, render_playbook
 from gpuk8s.playbook.script import build_script, parse_output
+from gpuk8s.preflight import sources
 from tests.unit.test_checks import HOST, facts
 
 BASE = """cluster: {kubernetes_version: "1.30", cni: calico}
@@ -137,7 +140,7 @@ def test_mistakes_are_reported_with_line_and_fix(block, where, words):
 def test_plain_http_manifests_mirror_is_accepted_for_a_pinned_manifest():
     i = inv(BASE + "registry: {mirror: r.example.cn, manifests: 'http://files.lan/m', insecure_http: true}\n")
     assert i.registry.manifests == "http://files.lan/m" and i.registry.insecure_http
-    assert versions.manifest_sha256(i, "calico")  # the default URL's pin still checks the mirrored file
+    assert cni.manifest_sha256(i, "calico")  # the default URL's pin still checks the mirrored file
 
 
 # -- credentials -----------------------------------------------------------------------------------------
@@ -147,7 +150,7 @@ CANARY = "mirror-user:Canary-Pw-5c1e7b"
 
 def test_credentials_come_from_the_environment_or_a_file_and_are_masked(tmp_path, monkeypatch):
     i = inv()
-    with pytest.raises(mirrors.CredentialsError) as e:
+    with pytest.raises(errors.CredentialError) as e:
         mirrors.credentials(i, {})
     assert "GPUK8S_TEST_REGISTRY_AUTH" in str(e.value)
     assert mirrors.credentials(i, {"GPUK8S_TEST_REGISTRY_AUTH": CANARY}) == CANARY
@@ -156,10 +159,10 @@ def test_credentials_come_from_the_environment_or_a_file_and_are_masked(tmp_path
     f = tmp_path / "auth"
     f.write_text("not-a-pair\n")
     fi = replace(i, registry=replace(i.registry, credentials_env=None, credentials_file=str(f)))
-    with pytest.raises(mirrors.CredentialsError) as e:
+    with pytest.raises(errors.CredentialError) as e:
         mirrors.credentials(fi)
     assert "not-a-pair" not in str(e.value) and "user:password" in str(e.value)
-    with pytest.raises(mirrors.CredentialsError) as e:
+    with pytest.raises(errors.CredentialError) as e:
         mirrors.credentials(replace(fi, registry=replace(fi.registry, credentials_file=str(tmp_path / "none"))))
     assert "cannot read" in str(e.value)
 
@@ -327,7 +330,7 @@ def test_rendered_kubeadm_config_and_manifests_name_only_the_mirror():
 
 def test_images_lists_exactly_the_images_the_manifests_use():
     i = inv()
-    listed = mirrors.needed_images(i)
+    listed = images.needed_images(i)
     rendered = _rendered(i)
     test_pod = _manifest_images({"p.yaml": rendered.pop("verify-pod.yaml")})
     addons = {n.image for n in listed if n.used_by.endswith(".yaml")}
@@ -338,13 +341,13 @@ def test_images_lists_exactly_the_images_the_manifests_use():
     assert {n.image for n in listed if n.used_by.startswith("kubeadm")} == {
         f"registry.example.cn/k8s/{c}:v{patch}" for c in
         ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kube-proxy")}
-    exact = mirrors.kubeadm_images(inv(MIRRORED.replace('"1.30"', '"1.30.5"')))
+    exact = images.kubeadm_images(inv(MIRRORED.replace('"1.30"', '"1.30.5"')))
     assert [n.upstream for n in exact][0] == "registry.k8s.io/kube-apiserver:v1.30.5" and exact[0].used_by == "kubeadm"
     cni = [n for n in listed if "CNI" in n.used_by]
     assert [n.upstream for n in cni] == versions.cni_images(i.install.calico_manifest) and cni
     assert all(n.image.startswith("registry.example.cn/") for n in listed)
     # without a mirror the same images, under their own names
-    plain = mirrors.needed_images(inv(BASE))
+    plain = images.needed_images(inv(BASE))
     assert [n.upstream for n in plain] == [n.upstream for n in listed]
     assert all(n.image == n.upstream for n in plain)
 
@@ -360,7 +363,7 @@ def test_images_command_json(tmp_path):
     data = json.loads(r.stdout)
     assert data["mirror"] == "registry.example.cn/k8s"
     assert "--image-repository registry.example.cn/k8s" in data["kubeadm_list"]
-    assert {i["image"] for i in data["images"]} == {n.image for n in mirrors.needed_images(inv())}
+    assert {i["image"] for i in data["images"]} == {n.image for n in images.needed_images(inv())}
     assert CANARY not in r.stdout + r.stderr
 
 
@@ -375,16 +378,16 @@ def test_cni_manifest_images_are_pinned_for_every_manifest_of_the_matrix():
 
 def test_sources_are_the_mirror_and_the_repositories_in_install_order():
     i = inv()
-    cp = [s.url for s in mirrors.SourcePlan(i).for_host(i.host("cp-1"))]
+    cp = [s.url for s in sources.SourcePlan(i).for_host(i.host("cp-1"))]
     assert cp[0] == i.install.kubernetes_repo
     assert "https://registry.example.cn/v2/" in cp and not any("registry.k8s.io" in u or "nvcr.io" in u for u in cp)
     assert cp[-1] == mirrors.cni_manifest_url(i)
-    gpu = [s.url for s in mirrors.SourcePlan(i).for_host(i.host("gpu-1"))]
+    gpu = [s.url for s in sources.SourcePlan(i).for_host(i.host("gpu-1"))]
     assert gpu[0] == i.install.toolkit_repo and mirrors.cni_manifest_url(i) not in gpu  # workers fetch no manifest
-    plain = [s.url for s in mirrors.SourcePlan(inv(BASE)).for_host(inv(BASE).host("gpu-1"))]
+    plain = [s.url for s in sources.SourcePlan(inv(BASE)).for_host(inv(BASE).host("gpu-1"))]
     assert {"https://registry.k8s.io/v2/", "https://nvcr.io/v2/", "https://quay.io/v2/",
             "https://registry-1.docker.io/v2/"} <= set(plain)
-    assert mirrors.SourcePlan(i).prelude(i.host("cp-1")).startswith("GK_SOURCES='https://")
+    assert sources.SourcePlan(i).prelude(i.host("cp-1")).startswith("GK_SOURCES='https://")
 
 
 def test_net_sources_names_the_first_source_it_cannot_reach():
@@ -393,7 +396,7 @@ def test_net_sources_names_the_first_source_it_cannot_reach():
 
     i = inv()
     host = i.host("cp-1")
-    urls = [s.url for s in mirrors.SourcePlan(i).for_host(i.host("cp-1"))]
+    urls = [s.url for s in sources.SourcePlan(i).for_host(i.host("cp-1"))]
     lines = [f"0 200 {u}" for u in urls]
     lines[1] = f"6 000 {urls[1]}"
     lines[2] = f"7 000 {urls[2]}"
@@ -401,7 +404,7 @@ def test_net_sources_names_the_first_source_it_cannot_reach():
     got = parse_sources(text)
     assert len(got) == len(urls) + 1
     f = replace(facts(), sources=got)
-    wanted = mirrors.SourcePlan(i).for_host(host)
+    wanted = sources.SourcePlan(i).for_host(host)
     c = sources_check(wanted, f)
     assert c.status == "warn" and urls[1] in c.message and "does not resolve" in c.message
     assert "1 more unreachable" in c.message and "evil" not in c.message + " ".join(c.evidence)
@@ -444,13 +447,13 @@ def test_preflight_decides_the_sources_once_per_run_not_per_host(monkeypatch):
     i = inv(BASE.split("hosts:")[0] + "hosts:\n  - {name: cp-1, address: 10.0.0.10, role: control-plane}\n"
             + hosts + "\n")
     calls = {"needed": 0}
-    real = mirrors.needed_images
+    real = images.needed_images
 
     def counted(x):
         calls["needed"] += 1
         return real(x)
 
-    monkeypatch.setattr(mirrors, "needed_images", counted)
+    monkeypatch.setattr(sources, "needed_images", counted)
     preludes: dict[str, str] = {}
 
     class Dummy:
@@ -469,6 +472,6 @@ def test_preflight_decides_the_sources_once_per_run_not_per_host(monkeypatch):
     rep = runner.run_preflight(i, concurrency=4, ignore=set(), sudo_passwords={}, measure_network=False)
     assert len(rep.hosts) == n + 1
     assert calls["needed"] == 1
-    assert preludes["w-0"] == preludes[f"w-{n - 1}"] == mirrors.SourcePlan(i).prelude(i.host("w-0"))
-    assert preludes["cp-1"] == mirrors.SourcePlan(i).prelude(i.host("cp-1")) != preludes["w-0"]
+    assert preludes["w-0"] == preludes[f"w-{n - 1}"] == sources.SourcePlan(i).prelude(i.host("w-0"))
+    assert preludes["cp-1"] == sources.SourcePlan(i).prelude(i.host("cp-1")) != preludes["w-0"]
     assert all(any(c.id == "net.sources" for c in h.checks) for h in rep.hosts)

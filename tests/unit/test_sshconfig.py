@@ -1,5 +1,5 @@
-"""The ssh config rules (gpuk8s/sshconfig.py): OpenSSH's first-match-wins, the inventory's explicit values winning,
-ProxyJump chains, nothing executed, keywords not honoured reported with file:line."""
+"""The ssh config rules (gpuk8s/inventory/sshconfig.py): OpenSSH's first-match-wins, the inventory's explicit values
+winning, ProxyJump chains, nothing executed, keywords not honoured reported with file:line."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuk8s import sshconfig
+from gpuk8s.inventory import sshconfig
 from gpuk8s.inventory.loader import InventoryError, loads
 from gpuk8s.inventory.model import Bastion, SSHSettings
 

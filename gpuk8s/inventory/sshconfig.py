@@ -33,6 +33,7 @@ from typing import Any
 import paramiko
 from paramiko.config import SSHConfig
 
+from gpuk8s.errors import GpuK8sError
 from gpuk8s.inventory.model import SSHSettings
 
 DEFAULT_FILE = "~/.ssh/config"
@@ -67,13 +68,11 @@ _NOT_HONOURED = {
 }
 
 
-class SSHConfigError(Exception):
+class SSHConfigError(GpuK8sError):
     """The ssh config cannot be used; the message names the file and line."""
 
     def __init__(self, message: str, remedy: str = "", file: str = "", line: int = 0) -> None:
-        super().__init__(message)
-        self.message = message
-        self.remedy = remedy
+        super().__init__(message, remedy, "ssh-config")
         self.file = file
         self.line = line
 
