@@ -7,7 +7,7 @@ returns one report.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +18,18 @@ from gpuk8s.kube import state
 from gpuk8s.kube.client import KubeClient, KubeError
 from gpuk8s.kube.state import NodeCheck
 from gpuk8s.phases import upgrade as up
-from gpuk8s.phases.base import Context, Options, Phase, PhaseError, PhasePlan, PhaseResult, plan_phases, run_phases
+from gpuk8s.phases.base import (
+    Context,
+    Options,
+    Phase,
+    PhaseError,
+    PhasePlan,
+    PhaseResult,
+    Skipped,
+    plan_phases,
+    run_phases,
+    select,
+)
 from gpuk8s.phases.cni import CNI
 from gpuk8s.phases.gpu import GPUNodes
 from gpuk8s.phases.init import Init
@@ -104,14 +115,30 @@ def monitoring(ctx: Context, remove: bool, dry_run: bool) -> ClusterReport:
     return _run(ctx, phases, dry_run)
 
 
+def select_install(inv: Inventory, skip: Sequence[str], only: str | None,
+                   on_event: Callable[[Event], None] | None = None, measure_network: bool = False) -> list[Phase]:
+    """install's phases with --skip-phases / --only-phase applied (phases.base.select); a left-out prepare still
+    reads every host (facts, connections, GPU plans) and applies nothing."""
+    return select(install_phases(inv, on_event, measure_network), skip, only, "install",
+                  read_only={"prepare": Prepare(on_event, measure_network, apply=False)})
+
+
+def select_upgrade(skip: Sequence[str], only: str | None) -> dict[str, Phase]:
+    """The phases --skip-phases / --only-phase leave out of every step of an upgrade, by name (Skipped)."""
+    every = select([Lock(), *up.step_phases(up.UpgradeOptions("")), Verify()], skip, only, "upgrade")
+    return {p.name: p for p in every if isinstance(p, Skipped)}
+
+
 def install(inv: Inventory, *, concurrency: int, ignore: set[str], sudo_passwords: dict[str, str],
             options: Options | None = None, emit: Callable[[str], None] | None = None,
             on_event: Callable[[Event], None] | None = None, dry_run: bool = False,
-            measure_network: bool = False) -> ClusterReport:
-    """Lock, prepare every host, kubeadm init, kubeconfig, CNI, join, GPU manifests and labels, verify."""
+            measure_network: bool = False, skip: Sequence[str] = (), only: str | None = None) -> ClusterReport:
+    """Lock, prepare every host, kubeadm init, kubeconfig, CNI, join, GPU manifests and labels, verify; `skip` or
+    `only` leave phases out (PhaseSelectionError, before any host is contacted, for a wrong name)."""
+    phases = select_install(inv, skip, only, on_event, measure_network)
     ctx = Context(inv, options=options or Options(), concurrency=concurrency, emit=emit or (lambda line: None),
                   sudo_passwords=sudo_passwords, ignore=ignore)
-    return _run(ctx, install_phases(inv, on_event, measure_network), dry_run)
+    return _run(ctx, phases, dry_run)
 
 
 def join(inv: Inventory, hosts: list[Host], *, concurrency: int, ignore: set[str], sudo_passwords: dict[str, str],
@@ -226,10 +253,15 @@ class UpgradeReport(ClusterReport):
 def upgrade(inv: Inventory, *, to: str | None, concurrency: int, ignore: set[str], sudo_passwords: dict[str, str],
             max_unavailable: int = 1, gpu_pod_timeout: float = 3600, drain_timeout: int = 600,
             options: Options | None = None, emit: Callable[[str], None] | None = None,
-            dry_run: bool = False) -> UpgradeReport:
+            dry_run: bool = False, skip: Sequence[str] = (), only: str | None = None) -> UpgradeReport:
     """Lock, then for each minor from the oldest a node runs to `to` (default: the next), one at a time: prepare
     for it, control planes, workers, manifests; then verify (gpuk8s/phases/upgrade.py). Raises
-    upgrade.UpgradeRefused (nothing done) when the path is not allowed."""
+    upgrade.UpgradeRefused (nothing done) when the path is not allowed; `skip` or `only` leave phases out of every
+    step (PhaseSelectionError, before any host is contacted, for a wrong name)."""
+    left_out = select_upgrade(skip, only)
+
+    def selected(phases: list[Phase]) -> list[Phase]:
+        return [left_out.get(p.name, p) for p in phases]
 
     ctx = Context(inv, options=options or Options(), concurrency=concurrency, emit=emit or (lambda line: None),
                   sudo_passwords=sudo_passwords, ignore=ignore)
@@ -249,7 +281,7 @@ def upgrade(inv: Inventory, *, to: str | None, concurrency: int, ignore: set[str
             return report
         if dry_run:
             first = up.UpgradeOptions(report.steps[0], max_unavailable, gpu_pod_timeout, drain_timeout)
-            report.plans = plan_phases(up.step_phases(first), ctx)
+            report.plans = plan_phases(selected(up.step_phases(first)), ctx)
             return report
         if not run_phases([Lock()], ctx, report.phases):
             return report
@@ -257,7 +289,8 @@ def upgrade(inv: Inventory, *, to: str | None, concurrency: int, ignore: set[str
             ctx.emit(f"==> Upgrading to Kubernetes {to_minor}")
             opts = up.UpgradeOptions(to_minor, max_unavailable, gpu_pod_timeout, drain_timeout,
                                      findings=report.findings)
-            phases = up.step_phases(opts, on_node=lambda name, secs: report.node_seconds.__setitem__(name, secs))
+            on_node = report.node_seconds.__setitem__
+            phases = selected(up.step_phases(opts, on_node=on_node))
             step_results: list[PhaseResult] = []
             ok = run_phases(phases, ctx, step_results)
             for r in step_results:
@@ -266,7 +299,7 @@ def upgrade(inv: Inventory, *, to: str | None, concurrency: int, ignore: set[str
             if not ok or any(r.status == "failed" for r in step_results):
                 return report
         ctx.inv = up.target_inventory(inv, report.steps[-1])
-        run_phases([Verify()], ctx, report.phases)
+        run_phases(selected([Verify()]), ctx, report.phases)
     finally:
         ctx.close()
         report.nodes = ctx.nodes

@@ -14,3 +14,13 @@ InventoryOpt = typer.Option(
     None, "-i", "--inventory", help="Inventory file (default: $GPUK8S_INVENTORY, then ./inventory.yaml)."
 )
 OutputOpt = typer.Option(Output.table, "--output", "-o", help="table for people, json for scripts.")
+# kubeadm's phase selection, for install and upgrade (the phase names: `--dry-run` lists them)
+SkipPhasesOpt = typer.Option([], "--skip-phases", help="Phases to leave out, by name, comma-separated or repeated "
+                             "(as kubeadm's --skip-phases); the cluster lock is always taken.")
+OnlyPhaseOpt = typer.Option(None, "--only-phase", help="Run this phase alone (after the cluster lock); install's "
+                            "prepare still reads every host (nothing applied) when it is left out.")
+
+
+def phase_names(values: list[str]) -> list[str]:
+    """--skip-phases a,b --skip-phases c -> [a, b, c]."""
+    return [n.strip() for v in values for n in v.split(",") if n.strip()]

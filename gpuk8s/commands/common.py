@@ -1,14 +1,16 @@
 """What the host-contacting commands share: --ignore validation, sudo passwords, this machine's kubectl for
---kubeconfig, and finishing with a report."""
+--kubeconfig, the cluster connection of the commands that only read it, usage errors, and finishing with a
+report."""
 
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import typer
 
 from gpuk8s import ui
 from gpuk8s.credentials import CredentialError, sudo_passwords
+from gpuk8s.errors import GpuK8sError
 from gpuk8s.exitcodes import ExitCode
 from gpuk8s.inventory.model import Inventory
 from gpuk8s.kube.client import KubeClient, KubeError, LocalKubectl, SSHKubectl
@@ -45,6 +47,15 @@ def local_kubectl(kubeconfig: Path, context: str | None = None) -> LocalKubectl:
     except KubeError as e:
         ui.say(ui.console(stderr=True), f"{e.message}; {e.remedy}")
         raise typer.Exit(ExitCode.USAGE) from None
+
+
+def usage_error(e: GpuK8sError, output: Output) -> NoReturn:
+    """A wrong command line found before any host is contacted: what and what to do, exit 2 (JSON with -o json)."""
+    if output == Output.json:
+        ui.emit_json({"ok": False, "error": e.message, "remedy": e.remedy, "kind": e.kind})
+    else:
+        ui.say(ui.console(stderr=True), f"{e.message}; {e.remedy}")
+    raise typer.Exit(ExitCode.USAGE)
 
 
 def finish(rep: Any, output: Output, render: Callable[[], None]) -> None:

@@ -7,11 +7,11 @@ from typing import Any
 import typer
 
 from gpuk8s import flows, ui
-from gpuk8s.commands.common import finish, ignored_checks, passwords
+from gpuk8s.commands.common import finish, ignored_checks, passwords, usage_error
 from gpuk8s.install.prepare import playbooks_for, prepare
 from gpuk8s.logs import log_path
-from gpuk8s.options import InventoryOpt, Output, OutputOpt
-from gpuk8s.phases.base import Options
+from gpuk8s.options import InventoryOpt, OnlyPhaseOpt, Output, OutputOpt, SkipPhasesOpt, phase_names
+from gpuk8s.phases.base import Options, PhaseSelectionError
 from gpuk8s.report import cluster as report
 from gpuk8s.report.live import LiveView
 
@@ -29,6 +29,8 @@ def register(app: typer.Typer, load_inventory: Callable[..., Any]) -> None:
         network: bool = typer.Option(False, "--network/--no-network",
                                      help="Also measure RTT and bandwidth during preflight."),
         prepare_only: bool = typer.Option(False, "--prepare-only", help="Stop after preparing the nodes."),
+        skip_phases: list[str] = SkipPhasesOpt,
+        only_phase: str | None = OnlyPhaseOpt,  # noqa: UP007
         kubeconfig_out: Path | None = typer.Option(  # noqa: UP007
             None, "--kubeconfig-out", help="Where to write the admin kubeconfig (mode 0600; default "
             "./CLUSTER.kubeconfig; with --kubeconfig-merge ~/.kube/config)."),
@@ -44,6 +46,11 @@ def register(app: typer.Typer, load_inventory: Callable[..., Any]) -> None:
         """Preflight, prepare every host (toolkit, runtime, Kubernetes packages), then kubeadm init, CNI, join,
         the NVIDIA device plugin, and verification that every GPU is schedulable."""
         inv = load_inventory(inventory, output)
+        skip = phase_names(skip_phases)
+        try:  # a wrong phase name is told before any host is contacted
+            flows.select_install(inv, skip, only_phase)
+        except PhaseSelectionError as e:
+            usage_error(e, output)
         ignored = ignored_checks(inv, ignore)
         sudo = passwords(inv)
         view = LiveView(len(inv.hosts)) if output == Output.table and ui.is_terminal() else None
@@ -74,7 +81,8 @@ def register(app: typer.Typer, load_inventory: Callable[..., Any]) -> None:
                           test_pods=test_pods, allow_reboot=allow_reboot)
         try:
             rep = flows.install(inv, concurrency=concurrency, ignore=ignored, sudo_passwords=sudo, options=options,
-                                emit=say, on_event=on_event, dry_run=dry_run, measure_network=network)
+                                emit=say, on_event=on_event, dry_run=dry_run, measure_network=network, skip=skip,
+                                only=only_phase)
         finally:
             if view:
                 view.live.stop()

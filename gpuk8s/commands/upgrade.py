@@ -10,11 +10,11 @@ from typing import Any
 import typer
 
 from gpuk8s import findings, flows, ui
-from gpuk8s.commands.common import finish, ignored_checks, passwords
+from gpuk8s.commands.common import finish, ignored_checks, passwords, usage_error
 from gpuk8s.errors import GpuK8sError
 from gpuk8s.exitcodes import ExitCode
-from gpuk8s.options import InventoryOpt, Output, OutputOpt
-from gpuk8s.phases.base import Options
+from gpuk8s.options import InventoryOpt, OnlyPhaseOpt, Output, OutputOpt, SkipPhasesOpt, phase_names
+from gpuk8s.phases.base import Options, PhaseSelectionError
 from gpuk8s.phases.upgrade import UpgradeRefused
 from gpuk8s.report.cluster import phase_printer, plans, render_cluster
 
@@ -38,9 +38,16 @@ def register(app: typer.Typer, load_inventory: Any) -> None:
         concurrency: int = typer.Option(16, "--concurrency", "-c", min=1, max=512),
         ignore: list[str] = typer.Option([], "--ignore", help="Preflight check id that must not block a host."),
         test_pods: bool = typer.Option(True, "--test-pods/--no-test-pods"),
+        skip_phases: list[str] = SkipPhasesOpt,
+        only_phase: str | None = OnlyPhaseOpt,  # noqa: UP007
     ) -> None:
         """Upgrade Kubernetes one minor at a time: control planes, then workers drained one by one."""
         inv = load_inventory(inventory, output)
+        skip = phase_names(skip_phases)
+        try:  # a wrong phase name is told before anything is asked or contacted
+            flows.select_upgrade(skip, only_phase)
+        except PhaseSelectionError as e:
+            usage_error(e, output)
         sudo = passwords(inv)
         con = ui.console(stderr=True)
         if not dry_run and not yes:
@@ -54,7 +61,8 @@ def register(app: typer.Typer, load_inventory: Any) -> None:
             rep = flows.upgrade(inv, to=to, concurrency=concurrency, ignore=ignored_checks(inv, ignore),
                                 sudo_passwords=sudo, max_unavailable=max_unavailable,
                                 gpu_pod_timeout=gpu_pod_timeout, drain_timeout=drain_timeout,
-                                options=Options(test_pods=test_pods), emit=phase_printer(output), dry_run=dry_run)
+                                options=Options(test_pods=test_pods), emit=phase_printer(output), dry_run=dry_run,
+                                skip=skip, only=only_phase)
         except UpgradeRefused as e:
             if output == Output.json:
                 ui.emit_json({"ok": False, "refused": e.message, "remedy": e.remedy,

@@ -9,7 +9,7 @@ the open SSH sessions, the facts gathered once, the GPU plan of every node and t
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -179,6 +179,56 @@ class Phase:
 
     def planned(self, status: str, reason: str = "", changes: list[Change] | None = None) -> PhasePlan:
         return PhasePlan(self.name, self.title, status, reason, changes or [])
+
+
+class PhaseSelectionError(GpuK8sError):
+    """--skip-phases or --only-phase names a phase the command does not have, or one that cannot be left out."""
+
+    kind = "phase-selection"
+
+
+# Phases that no selection leaves out: the cluster lock keeps two gpuk8s runs from changing the cluster at once
+ALWAYS = ("lock",)
+
+
+class Skipped(Phase):
+    """A phase left out by --skip-phases or --only-phase: shown in the plan and the report, run never."""
+
+    def __init__(self, phase: Phase, why: str) -> None:
+        self.name, self.title, self.fatal, self.why = phase.name, phase.title, False, why
+
+    def plan(self, ctx: Context) -> PhasePlan:
+        return self.planned("unchanged", f"skipped ({self.why})")
+
+    def run(self, ctx: Context) -> PhaseResult:
+        return self.result("skipped", f"skipped ({self.why})")
+
+
+def select(phases: list[Phase], skip: Sequence[str] = (), only: str | None = None, command: str = "install",
+           read_only: dict[str, Phase] | None = None) -> list[Phase]:
+    """The phases with those that `skip` names (or all but `only` and the lock) replaced by Skipped, as kubeadm's
+    --skip-phases does; `read_only`: a stand-in for a left-out phase whose inputs later phases need (install's
+    prepare: the facts and connections are still read, nothing is applied). PhaseSelectionError, before anything
+    runs, for an unknown name (the phases are listed) or a phase that cannot be left out."""
+    names = [p.name for p in phases]
+    if skip and only:
+        raise PhaseSelectionError("--skip-phases and --only-phase together", "give one of them")
+    unknown = [n for n in (*skip, *([only] if only else [])) if n not in names]
+    if unknown:
+        raise PhaseSelectionError(f"{command} has no phase {', '.join(unknown)}",
+                                  f"its phases, in order: {', '.join(names)}")
+    held = [n for n in skip if n in ALWAYS]
+    if held:
+        raise PhaseSelectionError(f"{', '.join(held)} cannot be skipped: the cluster lock keeps two gpuk8s runs "
+                                  "from changing the cluster at once", "leave it out of --skip-phases")
+    why = f"--only-phase {only}" if only else "--skip-phases"
+    out: list[Phase] = []
+    for p in phases:
+        if p.name in ALWAYS or (p.name == only if only else p.name not in skip):
+            out.append(p)
+        else:
+            out.append((read_only or {}).get(p.name) or Skipped(p, why))
+    return out
 
 
 def run_phases(phases: list[Phase], ctx: Context, results: list[PhaseResult]) -> bool:

@@ -32,9 +32,13 @@ class Prepare(Phase):
     title = "preflight and node preparation"
     fatal = False
 
-    def __init__(self, on_event: Callable[[Event], None] | None = None, measure_network: bool = False) -> None:
+    def __init__(self, on_event: Callable[[Event], None] | None = None, measure_network: bool = False,
+                 apply: bool = True) -> None:
         self.on_event = on_event
         self.measure_network = measure_network
+        # apply=False: --skip-phases prepare (or --only-phase another): preflight and the steps' checks still run,
+        # so that the later phases have every host's connection, facts and GPU plan; no step is applied
+        self.apply = apply
 
     def _target(self, ctx: Context) -> Inventory:
         if ctx.options.only is None:
@@ -68,12 +72,17 @@ class Prepare(Phase):
                             "; ".join(blocked) if blocked else "every host passed preflight", changes)
 
     def run(self, ctx: Context) -> PhaseResult:
-        rep = self._prepare(ctx, dry_run=False)
+        rep = self._prepare(ctx, dry_run=not self.apply)
         done = [h for h in rep.hosts if h.status == "done"]
         bad = [h for h in rep.hosts if h.status != "done"]
         n_changed = sum(h.count("changed") for h in rep.hosts)
-        r = self.result("changed" if n_changed else "unchanged",
-                        f"{len(done)} of {len(rep.hosts)} host(s) ready, {n_changed} step(s) changed")
+        if self.apply:
+            r = self.result("changed" if n_changed else "unchanged",
+                            f"{len(done)} of {len(rep.hosts)} host(s) ready, {n_changed} step(s) changed")
+        else:
+            pending = sum(h.count("would-change") for h in rep.hosts)
+            r = self.result("skipped", f"skipped: preflight read {len(done)} of {len(rep.hosts)} host(s); "
+                            f"{pending} step(s) that would change were not applied")
         r.hosts = {h.host.name: h.status for h in rep.hosts}
         cp = next((h for h in rep.hosts if h.host.name == ctx.cp.name), None)
         if cp is None or cp.status != "done" or not ctx.locked:
