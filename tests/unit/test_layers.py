@@ -187,3 +187,21 @@ def test_every_error_derives_from_the_one_base_and_no_two_share_a_name() -> None
     assert [f"{c.__module__}.{c.__name__}" for c in public if not issubclass(c, GpuK8sError)] == []
     names = [c.__name__ for c in public]
     assert sorted({n for n in names if names.count(n) > 1}) == []
+
+
+def test_docs_architecture_puts_every_module_on_the_map() -> None:
+    """docs/architecture.md names every module (by its path below gpuk8s/) in the layer the test above enforces."""
+    doc = (ROOT.parent / "docs" / "architecture.md").read_text()
+    table = {}
+    for row in doc.splitlines():
+        cells = row.split("|")
+        if len(cells) > 3 and cells[1].strip().split(" ")[0].isdigit():
+            for path in cells[2].replace("`", "").split(","):
+                if path.strip().endswith(".py"):
+                    table[path.strip()] = int(cells[1].strip().split(" ")[0])
+    for name, path in MODULES.items():
+        rel = str(path.relative_to(ROOT))
+        if rel.endswith("/__init__.py") and "def " not in path.read_text():
+            continue  # a package's marker: its modules are on the map
+        assert rel in table, f"{rel} is not on the map of docs/architecture.md"
+        assert table[rel] == layer(name), f"{rel}: layer {table[rel]} in the doc, {layer(name)} in LAYERS"
