@@ -13,7 +13,7 @@ from gpuk8s.gpuplan import is_gpu_node
 from gpuk8s.inventory.model import Cluster, Host
 from gpuk8s.preflight.mig_checks import mig_checks
 from gpuk8s.preflight.result import CheckResult, failed, passed, skipped
-from gpuk8s.versions import at_least, cuda_versions_supported, fmt, release
+from gpuk8s.versions import at_least, cuda_driver_floor, cuda_versions_supported, fmt, release
 
 DRIVER_FLOOR = (418, 87, 1)
 DRIVER_FLOOR_TEXT = "418.87.01"
@@ -199,6 +199,8 @@ def _gpu(host: Host, f: HostFacts) -> list[CheckResult]:
                           "in the inventory"))
     if rel is not None:
         cudas = cuda_versions_supported(rel)
+        floor = cuda_driver_floor("12.0")  # the matrix's table: CUDA 12.0's GA driver
+        cuda12 = floor.text if floor is not None else "CUDA 12.0's driver"
         shown = ", ".join(cudas) if cudas else "none of 9.0 or newer"
         if g.cuda_version:
             shown += f"; nvidia-smi reports CUDA {g.cuda_version}"
@@ -207,7 +209,7 @@ def _gpu(host: Host, f: HostFacts) -> list[CheckResult]:
         else:
             out.append(failed("gpu.cuda", f"driver {g.driver} runs CUDA {shown} only: CUDA 12 images "
                               "(e.g. nvidia/cuda:12.x) fail with 'unsatisfied condition: cuda>=12'",
-                              "upgrade the driver to >= 525.60.13 for CUDA 12, or use images built for "
+                              f"upgrade the driver to >= {cuda12} for CUDA 12, or use images built for "
                               f"CUDA {cudas[0] if cudas else '10.1'}"))
     return out
 

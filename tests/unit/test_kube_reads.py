@@ -218,3 +218,46 @@ def test_ownership_and_freshness_are_read_in_one_call_each_not_one_per_object() 
             ("Deployment", "hami-scheduler", "kube-system")]
     assert manifests.owned(kube, refs * 3) == refs[:1]
     assert [c[0] for c in kube.calls] == ["get_refs"]
+
+
+def _cluster_answer(pods: dict[str, Any]):
+    """kubectl on the scripted control plane: nodes, the >1 MiB pod list, no events, and NotFound for any named
+    object (no device plugin, no HAMi); anything else (the probe of a node over SSH) as the H200 host answers."""
+    listed = kubectl_answer(pods)
+
+    def answer(command: str) -> hostile_ssh.Answer:
+        if "kubectl" not in command:
+            return hostile_ssh.probe_answer(command)
+        if "get events" in command:
+            return json.dumps({"apiVersion": "v1", "kind": "List", "items": []}), "", 0
+        if "get nodes" in command or "get pods" in command:
+            return listed(command)
+        return "", 'Error from server (NotFound): daemonsets.apps "x" not found\n', 1
+
+    return answer
+
+
+def test_doctor_reads_a_pod_list_larger_than_1_mib(run_cli, hostile_host: HostileSSH) -> None:
+    pods = big_pods(300)
+    pods["items"].append(pod("big", None, {"nvidia.com/gpu": 16}, phase="Pending"))  # more GPUs than any node has
+    assert len(json.dumps(pods)) > 1.2 * MAX_OUTPUT
+    hostile_host.answer = _cluster_answer(pods)
+    r = run_cli("doctor", "-i", str(hostile_host.inventory), "-o", "json")
+    assert r.returncode == 1, r.stdout + r.stderr  # a cause found, not "kubectl printed no JSON"
+    out = json.loads(r.stdout)
+    assert out["checked"]["pods"] == ["ml/big"]
+    assert any("ml/big" in json.dumps(f["subject"]) for f in out["findings"]), out["findings"]
+
+
+def test_verify_reads_node_and_pod_lists_larger_than_1_mib(run_cli, hostile_host: HostileSSH) -> None:
+    """verify reads kube-system's pods and every node; a list past 1 MiB is read whole (no SSH probe: --no-test-pods
+    and one node's verdict from the cluster's objects)."""
+    pods = big_pods(300)
+    for p in pods["items"]:
+        p["metadata"]["namespace"] = "kube-system"
+    assert len(json.dumps(pods)) > 1.2 * MAX_OUTPUT
+    hostile_host.answer = _cluster_answer(pods)
+    r = run_cli("verify", "-i", str(hostile_host.inventory), "-o", "json", "--no-test-pods")
+    out = json.loads(r.stdout)
+    assert "no JSON" not in r.stdout + r.stderr
+    assert [n["node"] for n in out["nodes"]] == ["cp-1"], out

@@ -73,7 +73,24 @@ def record(argv: list[str]) -> None:
 
 
 # -- GPUs -------------------------------------------------------------------
-CUDA_FOR_DRIVER = ((580, "13.0"), (525, "12.0"), (450, "11.0"), (440, "10.2"), (418, "10.1"), (410, "10.0"))
+# The CUDA version a driver reports (nvidia-smi's header, and what nvidia-container-cli compares an image's
+# NVIDIA_REQUIRE_CUDA with): the newest CUDA minor whose GA driver (Linux x86_64) it reaches. NVIDIA's CUDA
+# Toolkit release notes, Table 3 "CUDA Toolkit and Corresponding Driver Versions" (the 13.1 notes; 13.2 GA >=
+# 595.45.04 from the later notes). A real 535.104.05 prints "CUDA Version: 12.2" (tests/fixtures/real/nvidia-smi);
+# the lab said 12.0 before, from the major alone, and refused cuda:12.2 images a real 535 runs.
+CUDA_FOR_DRIVER: tuple[tuple[tuple[int, ...], str], ...] = (
+    ((595, 45, 4), "13.2"), ((590, 44, 1), "13.1"), ((580, 65, 6), "13.0"), ((575, 51, 3), "12.9"),
+    ((570, 26), "12.8"), ((560, 28, 3), "12.6"), ((555, 42, 2), "12.5"), ((550, 54, 14), "12.4"),
+    ((545, 23, 6), "12.3"), ((535, 54, 3), "12.2"), ((530, 30, 2), "12.1"), ((525, 60, 13), "12.0"),
+    ((520, 61, 5), "11.8"), ((515, 43, 4), "11.7"), ((510, 39, 1), "11.6"), ((495, 29, 5), "11.5"),
+    ((470, 42, 1), "11.4"), ((465, 19, 1), "11.3"), ((460, 27, 3), "11.2"), ((455, 23), "11.1"),
+    ((450, 36, 6), "11.0"), ((440, 33), "10.2"), ((418, 39), "10.1"), ((410, 48), "10.0"))
+
+
+def cuda_of(driver: str) -> str:
+    """The CUDA version the driver `driver` ("535.104.05") reports."""
+    rel = tuple(int(x) for x in driver.split(".") if x.isdigit())
+    return next((c for floor, c in CUDA_FOR_DRIVER if rel >= floor), "9.0")
 
 
 # MIG, modelled from NVIDIA's MIG user guide (docs.nvidia.com/datacenter/tesla/mig-user-guide: "Supported MIG
@@ -349,8 +366,7 @@ def nvidia_smi(h: Host, args: list[str]) -> int:
     if n == 0:
         err("No devices were found\n")
         return 6
-    major = int(driver.split(".")[0])
-    cuda = next((c for d, c in CUDA_FOR_DRIVER if major >= d), "9.0")
+    cuda = cuda_of(driver)
     gpus = [(i, s["gpu_model"], f"GPU-{h.spec['name']}-{i:04d}-lab", s["gpu_memory_mib"], _mig_mode(h, i)[0])
             for i in range(n)]
     if args and args[0] == "--version":

@@ -2991,11 +2991,8 @@ def _fit_error(reasons: dict[str, list[str]]) -> str:
 
 def _driver_cuda(host: str) -> tuple[int, ...]:
     spec = _read_json(_hp(host, "var_lib/gpuk8s-lab/host.json"))
-    major = int(str(spec.get("driver", "535.104.05")).split(".")[0])
-    table = getattr(sys.modules.get("fake") or sys.modules.get("__main__"), "CUDA_FOR_DRIVER", None) or (
-        (580, "13.0"), (525, "12.0"), (450, "11.0"), (440, "10.2"), (418, "10.1"), (410, "10.0"))
-    cuda = next((c for d, c in table if major >= d), "9.0")
-    return tuple(int(x) for x in cuda.split("."))
+    cuda_of = (sys.modules.get("fake") or sys.modules.get("__main__")).cuda_of  # fakes/fake.py's table
+    return tuple(int(x) for x in cuda_of(str(spec.get("driver", "535.104.05"))).split("."))
 
 
 def _start(s: dict[str, Any], pod: dict[str, Any], node: str) -> dict[str, Any]:
