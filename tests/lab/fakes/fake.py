@@ -103,7 +103,10 @@ def cuda_of(driver: str) -> str:
 # id, placements on the memory axis, memory slices).
 _MIG_8 = {  # name suffixes per board: 1g, 1g with 2 memory slices / 2g, 3g / 4g, 7g
     "A100-80GB": (("10gb", "20gb", "40gb", "80gb"), ("9.75", "19.50", "39.25", "78.50"), (14, 14, 28, 42, 56, 98)),
-    "A100-40GB": (("5gb", "10gb", "20gb", "40gb"), ("4.75", "9.75", "19.62", "39.50"), (14, 14, 28, 42, 56, 98)),
+    # as the real -lgip of NVIDIA's MIG user guide prints it (tests/fixtures/real/mig/a100-40gb-lgip-mig-user-guide.txt;
+    # the lab said 9.75/19.62/39.50 before); the H200's from a real H200 (tests/fixtures/mig/h200-lgip.txt); the
+    # A100-80GB's and H100's are still modelled (no real -lgip of those boards found)
+    "A100-40GB": (("5gb", "10gb", "20gb", "40gb"), ("4.75", "9.62", "19.50", "39.25"), (14, 14, 28, 42, 56, 98)),
     "H100-80GB": (("10gb", "20gb", "40gb", "80gb"), ("9.75", "19.62", "39.50", "79.25"), (16, 26, 32, 60, 64, 132)),
     "H200-141GB": (("18gb", "35gb", "71gb", "141gb"), ("16.50", "32.50", "69.75", "139.62"), (16, 26, 32, 60, 64, 132)),
 }

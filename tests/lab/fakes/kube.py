@@ -1272,7 +1272,9 @@ def _ds_pod(s: dict[str, Any], ds: dict[str, Any], name: str, n: dict[str, Any])
                            "state": {"waiting": {"reason": "CrashLoopBackOff", "message": error}}}]}
     pulled = _ds_pull(s, ds, n)
     tpl = _pod_spec(ds)
-    if pulled:
+    if sandbox_refused(n["host"], tpl):
+        status = creating(tpl)
+    elif pulled:
         status = pull_backoff_status(pulled[0], name, tpl)
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": f"{md['name']}-{name}", "namespace": md.get("namespace", "default"),
@@ -1427,7 +1429,7 @@ def _pod_status_now(s: dict[str, Any], pod: dict[str, Any]) -> dict[str, Any]:
         return {"phase": "Failed", "reason": "OutOfnvidia.com/gpu", "message": "Pod was rejected: Node didn't have "
                 f"enough resource: nvidia.com/gpu, requested: {want}, used: 0, capacity: {have}"}
     if n["status"]["conditions"][0]["status"] != "True" or have < want:
-        why = "Insufficient nvidia.com/gpu" if have < want else "node(s) had untolerated taint"
+        why = "Insufficient nvidia.com/gpu" if have < want else _taint_reason(s, "node.kubernetes.io/not-ready", "")
         return {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False",
                 "reason": "Unschedulable", "message": f"0/{len(s['nodes'])} nodes are available: 1 {why}."}]}
     return {"phase": "Succeeded", "hostIP": node}
@@ -1462,7 +1464,8 @@ def _shared_pod_status(s: dict[str, Any], pod: dict[str, Any], node: str, n: dic
     short = sorted(k for k, v in wants.items() if k.startswith(("nvidia.com/gpu", "nvidia.com/mig-"))
                    and int(alloc.get(k, 0)) - used.get(k, 0) < v)
     if n["status"]["conditions"][0]["status"] != "True" or short:
-        why = ", ".join(f"1 Insufficient {k}" for k in short) or "1 node(s) had untolerated taint"
+        not_ready = _taint_reason(s, "node.kubernetes.io/not-ready", "")
+        why = ", ".join(f"1 Insufficient {k}" for k in short) or "1 " + not_ready
         return {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False",
                 "reason": "Unschedulable", "message": f"0/{len(s['nodes'])} nodes are available: {why}."}]}
     p = _plugin_on_node(s, node, s["nodes"][node])
@@ -2579,6 +2582,34 @@ def _nvml_fails(ds: dict[str, Any], node: dict[str, Any]) -> bool:
     return not (default == "nvidia" or (rc == "nvidia" and "nvidia" in handlers))
 
 
+def sandbox_refused(host: str, spec: dict[str, Any]) -> str | None:
+    """The kubelet's FailedCreatePodSandBox message for a pod whose runtimeClassName names a handler the node's
+    containerd does not have, else None. containerd 1.x: "failed to get sandbox runtime: no runtime for "nvidia" is
+    configured" (tests/fixtures/real/kubernetes/kubelet/sandbox-no-runtime-nvidia-kind.txt); 2.x: "unable to get OCI
+    runtime for sandbox "<id>": no runtime for ..." (sandbox-no-runtime-nvidia-containerd2.txt). The pod stays in
+    ContainerCreating; the lab let it start and fail (StartError) before."""
+    rc = spec.get("runtimeClassName")
+    if not rc or rc in _runtime_handlers(host)[1]:
+        return None
+    runtime = _host_facts(host)["runtime"]
+    if not runtime.startswith("containerd://"):
+        return None  # cri-dockerd has no runtime handlers of its own
+    head = "Failed to create pod sandbox: rpc error: code = Unknown desc = "
+    major = runtime.removeprefix("containerd://").split(".")[0]
+    if major.isdigit() and int(major) >= 2:
+        sandbox = hashlib.sha256(f"{host}/{json.dumps(spec, sort_keys=True)}".encode()).hexdigest()
+        return f'{head}unable to get OCI runtime for sandbox "{sandbox}": no runtime for "{rc}" is configured'
+    return f'{head}failed to get sandbox runtime: no runtime for "{rc}" is configured'
+
+
+def creating(spec: dict[str, Any]) -> dict[str, Any]:
+    """A pod whose sandbox cannot be made: Pending, every container waiting in ContainerCreating."""
+    waiting = {"waiting": {"reason": "ContainerCreating"}}
+    return {"phase": "Pending", "containerStatuses": [
+        {"name": c.get("name", ""), "ready": False, "restartCount": 0, "state": waiting}
+        for c in spec.get("containers", [])]}
+
+
 def _ds_pod_status(s: dict[str, Any], ds: dict[str, Any], node: dict[str, Any], phase: str) -> dict[str, Any]:
     status: dict[str, Any] = {"phase": phase}
     if _is_exporter(ds) and _nvml_fails(ds, node):
@@ -2965,7 +2996,7 @@ def _filter(s: dict[str, Any], pod: dict[str, Any], name: str, n: dict[str, Any]
         return ["node(s) were unschedulable"]
     for t in n["spec"].get("taints", []):
         if t.get("effect") in _TAINT_FILTERED and not _tolerates(spec.get("tolerations") or [], t):
-            return [f"node(s) had untolerated taint {{{t['key']}: {t.get('value', '')}}}"]
+            return [_taint_reason(s, t["key"], t.get("value", ""))]
     if not _runs_on({"spec": {"template": {"spec": spec}}}, n["metadata"]["labels"]):
         return ["node(s) didn't match Pod's node affinity/selector"]
     alloc = n["status"]["allocatable"]
@@ -2974,7 +3005,22 @@ def _filter(s: dict[str, Any], pod: dict[str, Any], name: str, n: dict[str, Any]
             if int(alloc.get(k, 0)) - used.get(k, 0) < v]
 
 
-def _fit_error(reasons: dict[str, list[str]]) -> str:
+def _minor(s: dict[str, Any]) -> int:
+    """The control plane's minor (the scheduler's): 30 for v1.30.0."""
+    parts = str(s.get("version", "v1.30.0")).lstrip("v").split(".")
+    return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 30
+
+
+def _taint_reason(s: dict[str, Any], key: str, value: str) -> str:
+    """The TaintToleration filter's reason: the taint named, "{key: value}", from 1.24 to 1.34; from 1.35 not named,
+    "node(s) had untolerated taint(s)" (kubernetes PR 134740; the 1.35 kind cluster's event in
+    tests/fixtures/real/kubernetes/scheduler/taints-unnamed-dra-kind.txt)."""
+    if _minor(s) >= 35:
+        return "node(s) had untolerated taint(s)"
+    return f"node(s) had untolerated taint {{{key}: {value}}}"
+
+
+def _fit_error(s: dict[str, Any], reasons: dict[str, list[str]]) -> str:
     total = len(reasons)
     hist: dict[str, int] = {}
     pre: dict[str, int] = {}
@@ -2985,7 +3031,11 @@ def _fit_error(reasons: dict[str, list[str]]) -> str:
              else "Preemption is not helpful for scheduling")
         pre[p] = pre.get(p, 0) + 1
     body = ", ".join(sorted(f"{c} {r}" for r, c in hist.items()))
-    return (f"0/{total} nodes are available: {body}. preemption: 0/{total} nodes are available: "
+    # From 1.34 (DRA GA, its DynamicResources plugin on by default) that plugin's PostFilter message comes before
+    # preemption's: "... taint(s). no new claims to deallocate, preemption: 0/2 nodes are available: ..." (the same
+    # real event)
+    dra = "no new claims to deallocate, " if _minor(s) >= 34 else ""
+    return (f"0/{total} nodes are available: {body}. {dra}preemption: 0/{total} nodes are available: "
             + ", ".join(sorted(f"{c} {r}" for r, c in pre.items())) + ".")
 
 
@@ -3000,6 +3050,8 @@ def _start(s: dict[str, Any], pod: dict[str, Any], node: str) -> dict[str, Any]:
     host = s["nodes"][node]["host"]
     wants_gpu = any(k.startswith("nvidia.com/") for k in _ext_requests(pod))
     ok = {"phase": "Running" if _runs_forever(pod) else "Succeeded", "hostIP": node, "bound": True}
+    if sandbox_refused(host, pod.get("spec", {})):
+        return {**creating(pod.get("spec", {})), "hostIP": node, "bound": True}
     if not wants_gpu:
         return ok
     default, handlers = _runtime_handlers(host)
@@ -3041,14 +3093,14 @@ def _schedule(s: dict[str, Any], pod: dict[str, Any]) -> dict[str, Any] | None:
     for name in sorted(s.get("nodes", {})):
         n = node_json(s, name)
         why = _filter(s, pod, name, n) if n["status"]["conditions"][0]["status"] == "True" else \
-            ["node(s) had untolerated taint {node.kubernetes.io/not-ready: }"]
+            [_taint_reason(s, "node.kubernetes.io/not-ready", "")]
         if not why:
             return _start(s, pod, name)
         reasons[name] = why
     if not reasons:
         return {"phase": "Pending"}
     return {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-                                                "message": _fit_error(reasons)}]}
+                                                "message": _fit_error(s, reasons)}]}
 
 
 def _pull_events(s: dict[str, Any], p: dict[str, Any]) -> list[dict[str, Any]]:
@@ -3083,10 +3135,27 @@ def _pull_events(s: dict[str, Any], p: dict[str, Any]) -> list[dict[str, Any]]:
              "type": "Normal", "message": f'Back-off pulling image "{image}"'}]
 
 
+def _sandbox_events(s: dict[str, Any], p: dict[str, Any]) -> list[dict[str, Any]]:
+    """The kubelet's FailedCreatePodSandBox event of a pod stuck in ContainerCreating (sandbox_refused)."""
+    node = p.get("spec", {}).get("nodeName") or p.get("status", {}).get("hostIP")
+    if node not in s.get("nodes", {}):
+        return []
+    message = sandbox_refused(s["nodes"][node]["host"], p.get("spec", {}))
+    if message is None:
+        return []
+    md = p["metadata"]
+    ns = md.get("namespace", "default")
+    h = hashlib.sha1(("sandbox/" + md["name"]).encode()).hexdigest()
+    return [{"apiVersion": "v1", "kind": "Event", "metadata": {"name": f"{md['name']}.{h[:16]}", "namespace": ns},
+             "involvedObject": {"kind": "Pod", "namespace": ns, "name": md["name"]}, "reason": "FailedCreatePodSandBox",
+             "type": "Warning", "count": 5, "message": message, "source": {"component": "kubelet", "host": node},
+             "reportingComponent": "kubelet"}]
+
+
 def _events(s: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     for p in _pods(s):
-        out += _pull_events(s, p)
+        out += _pull_events(s, p) + _sandbox_events(s, p)
         cond = next((c for c in p.get("status", {}).get("conditions", []) if c.get("reason") == "Unschedulable"),
                     None)
         if cond is None or p.get("spec", {}).get("nodeName"):
