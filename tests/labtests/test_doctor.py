@@ -285,6 +285,37 @@ def test_a_pod_not_given_the_nvidia_runtime_and_the_fix(cluster: Cluster) -> Non
         cp.exec(KUBECTL + "apply -f /root/plugin-rc.json")
 
 
+def test_a_runtime_handler_the_node_lacks_and_the_fix(cluster: Cluster) -> None:
+    # RuntimeClass nvidia exists, but gpu-2's containerd has no nvidia runtime (a config rewritten by hand): the kubelet
+    # cannot make the pod's sandbox, the pod stays in ContainerCreating with FailedCreatePodSandBox events (as real
+    # ones: tests/fixtures/real/kubernetes/kubelet/sandbox-no-runtime-nvidia-*.txt), never "nothing wrong found"
+    w = cluster.lab.host("gpu-2")
+    before = w.read("/etc/containerd/config.toml")
+    w.write("/etc/containerd/config.toml", 'version = 2\n\n[plugins."io.containerd.grpc.v1.cri".containerd]\n'
+            '  default_runtime_name = "runc"\n\n[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]\n'
+            '  runtime_type = "io.containerd.runc.v2"\n')
+    try:
+        cluster.pod("rc", {"nvidia.com/gpu": 1}, "gpu-2", command=["nvidia-smi"], runtimeClassName="nvidia")
+        st = cluster.phase("rc")["status"]
+        assert st["phase"] == "Pending" and st["containerStatuses"][0]["state"]["waiting"]["reason"] == \
+            "ContainerCreating"
+        code, doc = cluster.doctor()
+        assert code == 1
+        [f] = only(doc, "pod/default/rc")
+        assert f["id"] == "pod.runtime-handler-missing", f
+        assert any('no runtime for "nvidia" is configured' in e for e in f["evidence"])
+        code, doc = cluster.doctor("--fix", "--yes")
+        assert code in (0, 1), doc
+        assert [x["name"] for x in doc["fixes"]][:2] == ["lock", "prepare"]
+        cluster.delete("rc")
+        cluster.pod("rc", {"nvidia.com/gpu": 1}, "gpu-2", command=["nvidia-smi"], runtimeClassName="nvidia")
+        assert cluster.phase("rc")["status"]["phase"] == "Succeeded"
+    finally:
+        cluster.delete("rc")
+        if "runtimes.nvidia" not in w.read("/etc/containerd/config.toml"):  # the fix did not run: as it was
+            w.write("/etc/containerd/config.toml", before)
+
+
 def test_no_device_plugin_and_the_fix(cluster: Cluster) -> None:
     cluster.kubectl("delete daemonset nvidia-device-plugin-daemonset -n kube-system")
     code, doc = cluster.doctor()

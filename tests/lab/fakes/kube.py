@@ -1421,6 +1421,8 @@ def _pod_status_now(s: dict[str, Any], pod: dict[str, Any]) -> dict[str, Any]:
                 "reason": "Unschedulable", "message": f"0/{len(s.get('nodes', {}))} nodes are available: 1 node(s) "
                 "didn't match Pod's node affinity/selector."}]}
     n = node_json(s, node)
+    if sandbox_refused(s["nodes"][node]["host"], spec):  # the kubelet cannot make its sandbox: ContainerCreating
+        return {**creating(spec), "hostIP": node}
     have = int(n["status"]["allocatable"].get("nvidia.com/gpu", 0))
     wants = _requests(pod)
     if set(wants) - {"nvidia.com/gpu"} or _runs_forever(pod) or spec.get("schedulerName"):
