@@ -181,20 +181,44 @@ def verify(inv: Inventory, *, concurrency: int, sudo_passwords: dict[str, str], 
     return report
 
 
-def not_joined(inv: Inventory, sudo_passwords: dict[str, str]) -> list[Host]:
-    """Hosts of the inventory that are not nodes of the running cluster (asked on the first control plane)."""
+def read_nodes(inv: Inventory, sudo_passwords: dict[str, str]) -> list[dict[str, Any]] | None:
+    """The cluster's Node objects, asked with kubectl on the first control plane; None when it runs no control
+    plane yet. What fails on the way (SSH, kubectl) is a PhaseError with its message and remedy."""
     cp = inv.control_planes[0]
     ctx = Context(inv, sudo_passwords=sudo_passwords)
     try:
         ctx.sessions[cp.name] = Session(cp, sudo_passwords.get(cp.name))
         if not ctx.initialized():
-            raise PhaseError(f"{cp.name} runs no control plane yet", "run gpuk8s install first")
-        present = set(state.by_name(ctx.kube.get("nodes")))
+            return None
+        return ctx.kube.get("nodes")
     except (RemoteError, KubeError) as e:
         raise PhaseError(e.message, e.remedy) from None
     finally:
         ctx.close()
+
+
+def not_joined(inv: Inventory, sudo_passwords: dict[str, str]) -> list[Host]:
+    """Hosts of the inventory that are not nodes of the running cluster (asked on the first control plane)."""
+    nodes = read_nodes(inv, sudo_passwords)
+    if nodes is None:
+        cp = inv.control_planes[0]
+        raise PhaseError(f"{cp.name} runs no control plane yet", "run gpuk8s install first")
+    present = set(state.by_name(nodes))
     return [h for h in inv.hosts if h.name not in present]
+
+
+def cluster_nodes(inv: Inventory, sudo_passwords: dict[str, str]) -> dict[str, bool]:
+    """The cluster's nodes (name: whether it is Ready), asked on the first control plane; empty when it runs
+    no cluster."""
+    nodes = read_nodes(inv, sudo_passwords)
+    if nodes is None:
+        return {}
+    # reset decides on each node's Ready condition: a node it cannot read is an error, where not_joined, which
+    # needs only the names, passes over it
+    try:
+        return {n.name: n.ready for n in map(state.node_state, nodes)}
+    except state.StateError as e:
+        raise PhaseError(f"the cluster's nodes are unreadable: {e}", "check the control plane") from None
 
 
 def reset_phases(targets: list[Host], *, purge: bool, drain_timeout: int, all_hosts: bool) -> list[Phase]:

@@ -23,7 +23,7 @@ from gpuk8s.exitcodes import ExitCode
 from gpuk8s.kube import state
 from gpuk8s.kube.client import KubeError
 from gpuk8s.options import InventoryOpt, Output, OutputOpt
-from gpuk8s.report import findings as report
+from gpuk8s.report import doctor as report
 from gpuk8s.report.cluster import phase_printer
 
 # After a fix, a restarted plugin registers and a relabelled node's plugin reloads its config within seconds:
@@ -63,20 +63,6 @@ def _describe(targets: dict[str, set[str]]) -> list[str]:
             "plugin": "restart the device plugin pod on"}
     order = sorted(targets.items(), key=lambda kv: list(what).index(kv[0]))
     return [f"{what[p]} {', '.join(sorted(ns))}" for p, ns in order]
-
-
-def _render(d: Diagnosis, output: Output, fixes: list[dict[str, Any]]) -> None:
-    if output == Output.json:
-        ui.emit_json(d.to_json(fixes))
-    elif d.findings:
-        rows, styles = report.rows(d.findings, "subject")
-        for r, f in zip(rows, d.findings, strict=True):
-            r[0] = str(f.subject) if f.subject is not None else ""
-        ui.table("gpuk8s doctor", ["subject", *report.COLUMNS], rows, styles)
-    else:
-        what = (f"{len(d.pods)} GPU pod(s), {len(d.nodes)} GPU node(s) looked at" if (d.pods or d.nodes)
-                else "no Pending or failing GPU pod, no GPU node short of its plan")
-        ui.say(ui.console(), f"doctor: nothing wrong found ({what})")
 
 
 def register(app: typer.Typer, load_inventory: Any) -> None:
@@ -130,7 +116,7 @@ def register(app: typer.Typer, load_inventory: Any) -> None:
                 if not yes:
                     if not sys.stdin.isatty():
                         ui.say(err, "not applied: pass --yes to apply without a prompt")
-                        _render(d, output, fixes)
+                        report.render(d, output, fixes)
                         raise typer.Exit(ExitCode.FAILED)
                     if not typer.confirm("apply?", default=False, err=True):
                         raise typer.Exit(ExitCode.FAILED)
@@ -139,5 +125,5 @@ def register(app: typer.Typer, load_inventory: Any) -> None:
                 d = run()  # what is left after the fix
                 if all(r.status != "failed" for r in results) and any(r.status == "changed" for r in results):
                     d = settle(d, run, {n for ns in targets.values() for n in ns}, say=lambda m: ui.say(err, m))
-        _render(d, output, fixes)
+        report.render(d, output, fixes)
         raise typer.Exit(ExitCode.FAILED if d.findings else ExitCode.OK)

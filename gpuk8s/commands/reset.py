@@ -15,13 +15,9 @@ from gpuk8s import flows, ui
 from gpuk8s.commands.common import passwords
 from gpuk8s.errors import GpuK8sError
 from gpuk8s.exitcodes import ExitCode
-from gpuk8s.inventory.model import Host, Inventory
-from gpuk8s.kube import state
-from gpuk8s.kube.client import KubeError
 from gpuk8s.options import InventoryOpt, Output, OutputOpt
-from gpuk8s.phases.base import Context, PhaseError
 from gpuk8s.phases.reset import NodeOutcome, Refusal, order, refusal
-from gpuk8s.remote import RemoteError, Session
+from gpuk8s.report import reset as report
 from gpuk8s.report.cluster import phase_printer
 
 
@@ -55,7 +51,7 @@ def register(app: typer.Typer, load_inventory: Callable[..., Any]) -> None:
         targets = list(inv.hosts) if all_hosts else [h for h in inv.hosts if h.name in set(hosts)]
         sudo = passwords(inv)
         try:
-            present = cluster_nodes(inv, sudo)
+            present = flows.cluster_nodes(inv, sudo)
         except GpuK8sError as e:
             ui.say(con, f"cannot ask the cluster which nodes it has: {e.message}; {e.remedy}")
             raise typer.Exit(ExitCode.FAILED) from None
@@ -66,7 +62,7 @@ def register(app: typer.Typer, load_inventory: Callable[..., Any]) -> None:
             _refuse(refused, output)
         ordered = order(inv, targets)
         if output == Output.table:
-            _plan_table(ordered, present, purge)
+            report.plan_table(ordered, present, purge)
         say = phase_printer(output)
         if dry_run:
             rep, _ = flows.reset(inv, ordered, concurrency=concurrency, sudo_passwords=sudo, purge=purge,
@@ -74,7 +70,7 @@ def register(app: typer.Typer, load_inventory: Callable[..., Any]) -> None:
             if output == Output.json:
                 ui.emit_json({**rep.to_json(), "order": [h.name for h in ordered]})
             else:
-                _print_plans(rep)
+                report.plans(rep)
             raise typer.Exit(ExitCode.OK if rep.ok else ExitCode.FAILED)
         if not yes:
             if not (sys.stdin.isatty() and output == Output.table):
@@ -91,26 +87,8 @@ def register(app: typer.Typer, load_inventory: Callable[..., Any]) -> None:
             ui.emit_json({**rep.to_json(), "order": [h.name for h in ordered],
                           "nodes": [{**o.to_json(), "finding": finding(o).to_json()} for o in outcomes]})
         else:
-            _result_table(rep, outcomes)
+            report.result_table(rep, outcomes)
         raise typer.Exit(ExitCode.OK if rep.ok else ExitCode.FAILED)
-
-
-def cluster_nodes(inv: Inventory, sudo: dict[str, str]) -> dict[str, bool]:
-    """The cluster's nodes (name: whether it is Ready), asked on the first control plane; empty when it runs
-    no cluster."""
-    cp = inv.control_planes[0]
-    ctx = Context(inv, sudo_passwords=sudo)
-    try:
-        ctx.sessions[cp.name] = Session(cp, sudo.get(cp.name))
-        if not ctx.initialized():
-            return {}
-        return {n.name: n.ready for n in map(state.node_state, ctx.kube.get("nodes"))}
-    except (RemoteError, KubeError) as e:
-        raise PhaseError(e.message, e.remedy) from None
-    except state.StateError as e:
-        raise PhaseError(f"the cluster's nodes are unreadable: {e}", "check the control plane") from None
-    finally:
-        ctx.close()
 
 
 def finding(o: NodeOutcome) -> fm.Finding:
@@ -127,35 +105,3 @@ def _refuse(r: Refusal, output: Output) -> None:
     else:
         ui.say(ui.console(stderr=True), f"refused ({r.id}): {r.message}\n    fix: {r.remedy}", "red")
     raise typer.Exit(ExitCode.USAGE)
-
-
-def _plan_table(ordered: list[Host], present: dict[str, bool], purge: bool) -> None:
-    rows = []
-    for i, h in enumerate(ordered, 1):
-        steps = (["drain", "kubeadm reset -f + leftovers", "delete Node"] if h.name in present
-                 else ["kubeadm reset -f + leftovers (not a node of the cluster)"])
-        if purge:
-            steps.append("purge")
-        rows.append([str(i), h.name, h.role, ", ".join(steps)])
-    ui.table("gpuk8s reset: the plan, in this order", ["#", "host", "role", "steps"], rows)
-
-
-def _print_plans(rep: flows.ClusterReport) -> None:
-    out = ui.console()
-    ui.say(out, "# dry run: nothing was changed. The host commands run after playbooks/cluster/_lib.sh's helpers.")
-    for p in rep.plans:
-        ui.say(out, f"== phase {p.name}: {p.title}: {p.status}" + (f" ({p.reason})" if p.reason else ""))
-        for c in p.changes:
-            ui.say(out, f"--- {c.what}" + (f" (on {c.host}, as root)" if c.host else " (through the API)"))
-            if c.commands:
-                ui.say(out, c.commands.rstrip())
-
-
-def _result_table(rep: flows.ClusterReport, outcomes: list[NodeOutcome]) -> None:
-    ui.table("gpuk8s reset", ["node", "result", "seconds", "detail"],
-             [[o.name, o.status, f"{o.seconds:.1f}", o.message] for o in outcomes],
-             ["" if o.status == "reset" else "red" for o in outcomes])
-    con = ui.console(stderr=True)
-    for p in rep.phases:
-        if p.status == "failed":
-            ui.say(con, f"{p.name}: {p.message}\n    fix: {p.remedy}", "red")

@@ -2,7 +2,8 @@
 device): capacity, allocatable, requested by which pods, free; the sharing strategy and MIG layout; on HAMi
 nodes, memory and cores per physical GPU and the pods holding them; utilisation and memory from the DCGM exporter
 where monitoring is enabled; the cluster footer. Fetches here, computes in
-gpuk8s/kube/allocation.py, renders a table (plain when piped) or JSON (docs/status.schema.json)."""
+gpuk8s/kube/allocation.py, renders a table (gpuk8s/report/status.py; plain when piped) or JSON
+(docs/status.schema.json)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from gpuk8s.kube import state
 from gpuk8s.kube.client import NOT_DONE, KubeClient, KubeError, is_node_name, on_node
 from gpuk8s.options import InventoryOpt, Output, OutputOpt
 from gpuk8s.phases.monitoring_verify import metrics_path
+from gpuk8s.report import status as report
 
 SCHEMA_VERSION = 1
 
@@ -69,69 +71,6 @@ def to_json(alloc: al.ClusterAllocation) -> dict[str, Any]:
     return {"schema_version": SCHEMA_VERSION, **alloc.to_json()}
 
 
-def _num(v: float | None, unit: str = "") -> str:
-    return "-" if v is None else f"{v:g}{unit}"
-
-
-def _share(s: al.HamiShare) -> str:
-    return f"{s.namespace}/{s.name} {s.memory_mib}MiB " + (f"{s.cores}%" if s.cores else "no core limit")
-
-
-def render_hami(alloc: al.ClusterAllocation) -> None:
-    """Per physical GPU of each HAMi node: memory and cores HAMi's scheduler placed, and on behalf of which pods."""
-    rows: list[list[object]] = []
-    for n in alloc.nodes:
-        for g in n.hami_gpus:
-            total = "?" if g.memory_total_mib is None else g.memory_total_mib
-            gpu = f"{'?' if g.index is None else g.index} {g.uuid}" + (
-                " (not registered)" if g.index is None else "" if g.healthy else " (unhealthy)")
-            rows.append([n.node, gpu, f"{g.memory_mib}/{total} MiB", f"{g.cores}/{g.cores_total}%",
-                         ", ".join(_share(s) for s in g.pods)])
-    if rows:
-        ui.table("HAMi GPUs", ["NODE", "GPU", "MEMORY", "CORES", "PODS"], rows)
-
-
-def render(alloc: al.ClusterAllocation) -> None:
-    rows: list[list[object]] = []
-    for n in alloc.nodes:
-        how = n.sharing if n.sharing != "none" else ("" if n.mig_strategy != "none" else "whole")
-        if n.sharing not in ("none", "hami"):
-            how += f" x{n.replicas}"
-        if n.mig_strategy != "none":
-            how += f" mig {n.mig_strategy}" + (" " + ",".join(f"{k}:{v}" for k, v in sorted(n.mig.items()))
-                                               if n.mig else "")
-        how = how.strip()
-        node = f"{n.node}{'' if n.ready else ' (NotReady)'}"
-        if not n.resources:
-            rows.append([node, how, "-", 0, 0, 0, 0, ""])
-        for i, r in enumerate(n.resources):
-            planned = "" if r.planned is None or r.planned == r.allocatable else f" (plan {r.planned})"
-            rows.append([node if i == 0 else "", how if i == 0 else "", r.resource, r.capacity,
-                         f"{r.allocatable}{planned}", r.requested, r.free,
-                         ", ".join(f"{p.namespace}/{p.name}" + (f" x{p.count}" if p.count > 1 else "")
-                                   for p in r.pods)])
-    ui.table("GPU allocation", ["NODE", "SHARING", "RESOURCE", "CAPACITY", "ALLOCATABLE", "REQUESTED", "FREE",
-                                "PODS"], rows)
-    render_hami(alloc)
-    mrows: list[list[object]] = []
-    notes = []
-    for n in alloc.nodes:
-        for m in n.metrics:
-            mem = "-" if m.memory_used_mib is None else (
-                f"{m.memory_used_mib:g}/{(m.memory_used_mib + (m.memory_free_mib or 0)):g} MiB")
-            mrows.append([n.node, m.gpu + (f"/{m.instance}" if m.instance else ""), m.model, _num(m.util, "%"), mem,
-                          ", ".join(m.pods)])
-        if n.metrics_note:
-            notes.append(n.metrics_note)
-    if mrows:
-        ui.table("GPU utilisation (DCGM exporter)", ["NODE", "GPU", "MODEL", "UTIL", "MEMORY", "PODS"], mrows)
-    con = ui.console()
-    for line in notes:
-        ui.say(con, line)
-    for line in alloc.footer() or ["Allocated/Total GPUs in cluster: 0/0 (0%)"]:
-        ui.say(con, line)
-
-
 def register(app: typer.Typer, load_inventory: Any) -> None:
     @app.command()
     def status(
@@ -160,5 +99,5 @@ def register(app: typer.Typer, load_inventory: Any) -> None:
         if output == Output.json:
             ui.emit_json(to_json(alloc))
         else:
-            render(alloc)
+            report.render(alloc)
         raise typer.Exit(ExitCode.FAILED if missing else ExitCode.OK)

@@ -16,7 +16,8 @@ from gpuk8s.exitcodes import ExitCode
 from gpuk8s.options import InventoryOpt, OnlyPhaseOpt, Output, OutputOpt, SkipPhasesOpt, phase_names
 from gpuk8s.phases.base import Options, PhaseSelectionError
 from gpuk8s.phases.upgrade import UpgradeRefused
-from gpuk8s.report.cluster import phase_printer, plans, render_cluster
+from gpuk8s.report import upgrade as report
+from gpuk8s.report.cluster import phase_printer
 
 
 def register(app: typer.Typer, load_inventory: Any) -> None:
@@ -83,18 +84,4 @@ def register(app: typer.Typer, load_inventory: Any) -> None:
                 ui.say(ui.console(), f"every node runs Kubernetes {rep.start_minor}: nothing to upgrade")
             raise typer.Exit(ExitCode.OK)
 
-        def render() -> None:
-            ui.say(ui.console(), f"Kubernetes {rep.start_minor} -> {' -> '.join(rep.steps)}"
-                                 + (" (dry run: the first step)" if dry_run else ""))
-            if dry_run:
-                plans(rep)
-                return
-            render_cluster(rep, "upgrade")
-            if rep.node_seconds:
-                ui.table("upgrade time per node", ["node", "seconds"],
-                         [[n, f"{s:.1f}"] for n, s in rep.node_seconds.items()])
-            if rep.ok and not dry_run:
-                ui.say(ui.console(), f"now write cluster.kubernetes_version: \"{rep.steps[-1]}\" in {inv.path}: "
-                                     "install and join use it")
-
-        finish(rep, output, render)
+        finish(rep, output, lambda: report.render(rep, dry_run, inv.path))

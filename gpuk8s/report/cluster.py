@@ -1,4 +1,4 @@
-"""The reports of install, join and verify: the host table, the phase table, the node table, the plans."""
+"""The reports of install, join, verify and upgrade: the host table, the phase table, the node table, the plans."""
 
 from __future__ import annotations
 
@@ -86,10 +86,15 @@ def render_cluster(rep: ClusterReport, title: str) -> None:
         ui.say(con, f"full detail in {log_path()}")
 
 
-def plans(rep: ClusterReport) -> None:
-    """--dry-run: every phase's plan, with the exact remote commands and manifests."""
+PLANS_NOTE = "# the cluster phases' commands use gk_secret_file and gk_to_the_end from playbooks/cluster/_lib.sh"
+
+
+def plan_commands(rep: ClusterReport, note: str = PLANS_NOTE) -> None:
+    """--dry-run: `note` (the first line, a shell comment), then every phase's plan with the exact remote commands,
+    what they read on stdin and the manifests. install, join, upgrade and reset print their plans through this one
+    function; each flow's `note` says what its commands rely on."""
     out = ui.console()
-    ui.say(out, "# the cluster phases' commands use gk_secret_file and gk_to_the_end from playbooks/cluster/_lib.sh")
+    ui.say(out, note)
     for p in rep.plans:
         ui.say(out, f"== phase {p.name}: {p.title}: {p.status}" + (f" ({p.reason})" if p.reason else ""))
         if p.name == "prepare" and rep.prepare is not None:
@@ -105,6 +110,11 @@ def plans(rep: ClusterReport) -> None:
                 ui.say(out, c.commands.rstrip())
             if c.manifest:
                 ui.say(out, c.manifest.rstrip())
+
+
+def plans(rep: ClusterReport) -> None:
+    """--dry-run: every phase's plan, with the exact remote commands and manifests, then the table of plans."""
+    plan_commands(rep)
     rows = [[p.name, p.status, p.reason] for p in rep.plans]
     ui.table("install (dry run: nothing was changed)", ["phase", "plan", "why"], rows,
              [PHASE_STYLE.get(p.status, "") for p in rep.plans])

@@ -55,9 +55,11 @@ def test_the_probe_parses_the_same_in_one_piece(sh: str) -> None:
     whole = subprocess.run([sh, "-c", in_one_piece(PROBE)], capture_output=True, text=True, timeout=120)
     assert whole.returncode == plain.returncode
     a, b = parse_probe(plain.stdout).to_json(), parse_probe(whole.stdout).to_json()
-    for d in (a, b):
-        d.pop("time"), d.pop("memory_mb")  # the clock and free memory move between the two runs
-    assert a == b
+    # what does not move between two runs on a busy machine (the clock, free memory, listening ports and loaded
+    # modules may)
+    for key in ("uid", "hostname", "os", "kernel", "arch", "cpus", "gpu", "containerd", "tools", "machine_id",
+                "cgroup_version", "mig"):
+        assert a[key] == b[key], key
     assert whole.stdout.count("@@gpuk8s-begin") == plain.stdout.count("@@gpuk8s-begin") > 25
 
 

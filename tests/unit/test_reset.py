@@ -197,7 +197,7 @@ def test_cli_needs_hosts_or_all_and_yes_when_not_interactive(tmp_path, monkeypat
     assert r.exit_code == 2 and "not in the inventory: nope" in r.output
     from gpuk8s.commands import reset as cmd
 
-    monkeypatch.setattr(cmd, "cluster_nodes", lambda inv, sudo: {"cp-1": True, "gpu-1": True})
+    monkeypatch.setattr(cmd.flows, "cluster_nodes", lambda inv, sudo: {"cp-1": True, "gpu-1": True})
     called = []
     monkeypatch.setattr(cmd.flows, "reset", lambda *a, **k: called.append(a))
     r = CliRunner().invoke(app, ["reset", "gpu-1", "-i", str(inv)])

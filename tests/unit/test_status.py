@@ -14,6 +14,7 @@ from gpuk8s import gpuplan
 from gpuk8s.commands import status as cmd
 from gpuk8s.inventory.loader import loads
 from gpuk8s.kube import allocation as al
+from gpuk8s.report import status as report
 from tests.unit.fakekube import FakeKube
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -186,7 +187,7 @@ def test_gather_reads_the_cluster_and_the_exporters_through_the_seam() -> None:
 
 def test_the_table_plain_when_piped(capsys: pytest.CaptureFixture[str]) -> None:
     a = al.allocation(NODES, PODS)
-    cmd.render(a)
+    report.render(a)
     out = capsys.readouterr().out
     assert "gpu-a\twhole\tnvidia.com/gpu\t8\t8\t6\t2\tml/infer, ml/prep x3, ml/train x2" in out
     assert "gpu-b\ttime-slicing x4\tnvidia.com/gpu.shared\t16\t16\t5\t11\t" in out
@@ -327,7 +328,7 @@ def test_hami_per_gpu_without_the_register_or_with_a_pod_on_an_unknown_gpu() -> 
 
 def test_hami_table_and_json(capsys: pytest.CaptureFixture[str]) -> None:
     a = al.allocation([hami_node(REGISTER_JSON), *NODES], [*HAMI_PODS, *PODS], {"gpu-h": HAMI_PLAN})
-    cmd.render(a)
+    report.render(a)
     out = capsys.readouterr().out
     assert "# HAMi GPUs\nNODE\tGPU\tMEMORY\tCORES\tPODS\n" in out
     assert "gpu-h\t0 GPU-aaaa\t6096/81920 MiB\t50/100%\tml/v1 4096MiB 30%, ml/v3 2000MiB 20%\n" in out
@@ -344,7 +345,7 @@ def test_hami_table_and_json(capsys: pytest.CaptureFixture[str]) -> None:
                                            "cores_percent": 20}]}
     assert all(n["hami_gpus"] == [] for n in doc["nodes"] if n["node"] != "gpu-h")
     # no HAMi anywhere: no such table
-    cmd.render(al.allocation(NODES, PODS))
+    report.render(al.allocation(NODES, PODS))
     assert "HAMi" not in capsys.readouterr().out
 
 
@@ -377,7 +378,7 @@ def test_hami_table_shows_markup_in_annotations_as_text(monkeypatch: pytest.Monk
     monkeypatch.setenv("COLUMNS", "250")  # no wrapping inside the strings looked for
     reg = json.dumps([{"id": "GPU-[bold red]x[/]", "index": 0, "devmem": 100}])
     p = hami_pod("[link=http://evil]p[/link]", "GPU-[bold red]x[/],NVIDIA,10,0:;", 10)
-    cmd.render_hami(al.allocation([hami_node(reg)], [p], {"gpu-h": HAMI_PLAN}))
+    report.render_hami(al.allocation([hami_node(reg)], [p], {"gpu-h": HAMI_PLAN}))
     out = capsys.readouterr().out
     assert "GPU-[bold red]x[/]" in out and "[link=http://evil]p[/link]" in out
 
