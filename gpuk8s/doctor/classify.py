@@ -489,8 +489,13 @@ def _pending(pod: dict[str, Any], ev: ClusterEvidence) -> list[Finding]:
         m = INSUFFICIENT.match(reason)
         t = TAINT.match(reason) or TAINT_OLD.match(reason)
         if m:
+            if m.group(1) not in offered and m.group(1) in wants:
+                continue  # said above: the pod asks for it and no node offers it at all
             if m.group(1) not in offered:
-                continue  # said above: no node offers it at all
+                # a resource the pod's spec as doctor read it does not ask for (HAMi's scheduler adds
+                # nvidia.com/gpu.memory from the pod's annotations): the scheduler's own words, not dropped
+                other.append(f"{count} {reason}")
+                continue
             if al.is_gpu_resource(m.group(1)) or m.group(1) in wants:
                 ranked.append((count, _insufficient(pod, ev, m.group(1), msg)))
             else:

@@ -192,6 +192,12 @@ def diagnose(name: str, scenario: str, form: str = "") -> tuple[list[findings.Fi
     where = meta.get("where", "")
     if form in ("describe-events", "get-events"):
         evs = events_of(form, text)
+        if scenario == "image-pull":  # the device plugin pod's own events: the node's cause
+            ev = node_case(scenario, extra_events=[{
+                "kind": "Event", "involvedObject": {"kind": "Pod", "namespace": "kube-system",
+                                                    "name": "nvidia-device-plugin-daemonset-gpu-1"},
+                "reason": r, "type": "Warning", "message": m} for r, m in evs])
+            return classify.node_causes("gpu-1", ev), text
         sched = [m for r, m in evs if r == "FailedScheduling"]
         if sched:
             p, ev = pending(scenario, sched[-1])
@@ -275,6 +281,19 @@ CASES: list[tuple[str, str, str, list[str], str]] = [
     ("old:scheduler-mixed.txt", "plain", "scheduler-message", ["pod.unschedulable"],
      "2 node(s) didn't match pod topology spread constraints"),
     ("old:scheduler-hami.txt", "hami", "scheduler-message", ["pod.unschedulable"], "1 NodeUnfitPod"),
+    # the pre-1.25 wording "had taint {KEY: VALUE}, that the pod didn't tolerate" (TAINT_OLD), a control plane's key
+    ("kubernetes/scheduler/taint-old-wording-control-plane-kubeedge.txt", "plain", "", ["pod.unschedulable"],
+     "1 node(s) had taint {node-role.kubernetes.io/control-plane: }, that the pod didn't tolerate"),
+    ("kubernetes/scheduler/taint-old-wording-master-adaptdl.txt", "plain", "", ["pod.unschedulable"],
+     "1 node(s) had taint {node-role.kubernetes.io/master: }, that the pod didn't tolerate"),
+    ("kubernetes/scheduler/taint-unreachable-get-events-optscale.txt", "plain", "", ["pod.unschedulable"],
+     "1 node(s) had untolerated taint {node.kubernetes.io/unreachable: }"),
+    ("kubernetes/scheduler/insufficient-gpu-cordoned-node-2019.txt", "full", "", ["pod.insufficient-gpu"],
+     "held by ml/holder"),
+    # HAMi's own resource, which the table's pod does not ask for and no node offers: the scheduler's reason is kept,
+    # pod.unschedulable quoting it (before, it was dropped as "said above" and doctor fell back on pod.unknown)
+    ("kubernetes/scheduler/hami-insufficient-gpu-memory.log", "plain", "", ["pod.unschedulable"],
+     "4 Insufficient nvidia.com/gpu.memory"),
     # the kubelet: the sandbox's runtime handler (containerd 1.x, 2.x, CRI-O)
     ("kubernetes/kubelet/sandbox-no-runtime-nvidia-kops.txt", "nvidia", "", ["pod.runtime-handler-missing"],
      "runtime handler 'nvidia'"),
@@ -296,6 +315,10 @@ CASES: list[tuple[str, str, str, list[str], str]] = [
     ("kubernetes/kubelet/admission-gpu-lost.txt", "nvidia", "", ["pod.admission-rejected"], "GPU lost"),
     ("kubernetes/kubelet/admission-plugin-eof-hami.txt", "nvidia", "", ["pod.admission-rejected"],
      "error reading from server: EOF"),
+    ("kubernetes/kubelet/admission-requested-unavailable-k8s-130145.txt", "nvidia", "", ["pod.admission-rejected"],
+     "Requested:1, Available: 0"),
+    ("kubernetes/kubelet/admission-gpu-lost-device-3.txt", "nvidia", "", ["pod.admission-rejected"],
+     "the driver reports a GPU lost"),
     ("old:shared-gt1.txt", "nvidia", "message", ["pod.shared-request-gt1"], "failRequestsGreaterThanOne"),
     # the NVIDIA container toolkit's hook (nvidia-container-cli) and the device nodes
     ("doctor/toolkit/cli-driver-not-loaded-docker.txt", "nvidia", "", ["pod.driver-not-loaded"],
@@ -303,6 +326,12 @@ CASES: list[tuple[str, str, str, list[str], str]] = [
     ("doctor/toolkit/cli-driver-not-loaded-garden-linux.yaml.txt", "nvidia", "", ["pod.driver-not-loaded"],
      "initialization error: nvml error: driver not loaded"),
     ("doctor/toolkit/cli-driver-not-loaded-stderr.txt", "nvidia", "", ["pod.driver-not-loaded"], "modprobe nvidia"),
+    ("doctor/toolkit/cli-driver-not-loaded-info-1.17.8.txt", "nvidia", "", ["pod.driver-not-loaded"],
+     "initialization error: nvml error: driver not loaded"),
+    ("doctor/toolkit/cli-driver-not-loaded-docker-runc-1.0.txt", "nvidia", "", ["pod.driver-not-loaded"],
+     "sudo modprobe nvidia"),
+    ("doctor/toolkit/cli-mount-error-devices-allow-containerd.txt", "nvidia", "", ["pod.toolkit-error"],
+     "mount error: open failed: /sys/fs/cgroup/devices/"),
     ("doctor/toolkit/cli-load-library-failed-compose.txt", "nvidia", "", ["pod.driver-not-loaded"],
      "load library failed: libnvidia-ml.so.1"),
     ("doctor/toolkit/cli-ldcache-ldconfig-real-missing.txt", "nvidia", "", ["pod.toolkit-error"],
@@ -347,6 +376,11 @@ CASES: list[tuple[str, str, str, list[str], str]] = [
     ("doctor/workload/cuda-oom-pytorch-2.x.log", "nvidia", "", ["pod.gpu-oom"], "more GPU memory"),
     ("doctor/workload/no-nvidia-driver-pytorch.log", "runc", "", ["pod.no-nvidia-runtime"],
      "node default runtime: runc"),
+    ("doctor/workload/nvml-unknown-cpu-manager-static.log", "nvidia", "", ["pod.nvml-unknown-error"],
+     "create-dev-char-symlinks"),
+    # NVML's version mismatch in the workload's own log: no cause of its own (the log line is in pod.unknown's evidence)
+    ("doctor/workload/nvml-version-mismatch-kubeflow-notebook.log", "nvidia", "", ["pod.unknown"],
+     "log: Failed to initialize NVML: Driver/library version mismatch"),
     ("old:nvml-unknown.log", "nvidia", "container-log", ["pod.nvml-unknown-error"],
      "create-dev-char-symlinks"),
     # the device plugin's log on a node short of its GPUs (v0.17, v0.19; before v0.14)
@@ -356,6 +390,14 @@ CASES: list[tuple[str, str, str, list[str], str]] = [
      "NVML not detected: could not load NVML library"),
     ("doctor/device-plugin/v0.19.3-library-not-found.log", "none", "", ["gpu.plugin-no-nvml"],
      "Failed to initialize NVML: ERROR_LIBRARY_NOT_FOUND"),
+    ("doctor/device-plugin/v1.8-failed-to-start-nvml.log", "none", "", ["gpu.plugin-no-nvml"],
+     "Failed to start nvml with error:  could not load NVML library"),
+    ("doctor/device-plugin/v1.9-registration-unimplemented.log", "none", "", ["gpu.plugin-socket-missing"],
+     "not registered with the kubelet"),
+    ("doctor/device-plugin/v1.8-register-deadline-exceeded.log", "none", "", ["gpu.plugin-socket-missing"],
+     "not registered with the kubelet"),
+    ("doctor/device-plugin/image-not-found-v0.7.2-event.txt", "image-pull", "", ["gpu.plugin-image-pull"],
+     "docker.io/nvidia/k8s-device-plugin:v0.7.2: not found"),
     ("doctor/device-plugin/registered-journal-bottlerocket.log", "healthy", "", [], ""),
     ("doctor/device-plugin/xid-79-unhealthy-gpu-operator-docs.log", "xid", "", ["gpu.fewer-registered"],
      "marked a GPU unhealthy (Xid 79)"),

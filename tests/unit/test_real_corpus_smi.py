@@ -139,6 +139,18 @@ LIST: dict[str, dict[int, list[tuple[str, str]]]] = {
         ("1c.3g.71gb", "2c.3g.71gb", "2g.35gb", "1g.18gb", "1g.18gb"))]},
     "mig/list-h200-590.txt": {0: []},
     "mig/list-l40s-595.txt": {0: []},
+    "mig/a100-80gb-535-list-7x1g10gb-datadog.txt": {0: [("1g.10gb", u) for u in (
+        "MIG-feb88891-0321-5fef-9c87-d4af3b54259e", "MIG-a25704ba-3a06-5299-a795-fd7cf4d13973",
+        "MIG-50f1c4c9-1508-5e8d-bb06-d08145b22e01", "MIG-36c795f2-5cf7-55d6-af30-e535e79b7bb6",
+        "MIG-3f45d38c-8cee-503e-b806-a1f1bdceedeb", "MIG-96655de9-9525-58f9-a62b-0e4c1cc1c265",
+        "MIG-1aae4990-b962-574e-8375-119d6d9b9687")]},
+    "mig/a100-80gb-list-4x1g20gb-and-3-whole-telegraf.txt": {
+        0: [("1g.20gb", u) for u in (
+            "MIG-ce861fb0-a248-58ce-a9a8-f9adbc22a66a", "MIG-a45882f0-9215-5733-a0c1-49286ab31cb5",
+            "MIG-f00d722c-f4e1-52c9-aa31-750441ae1bfe", "MIG-930574a9-d43a-5d2b-95da-3e68384c8d6b")],
+        1: [], 2: [], 3: []},
+    "mig/rtx4070-laptop-566-list-wsl.txt": {0: []},
+    "mig/rtx3090-x4-list-gpu-hot.txt": {i: [] for i in range(4)},
 }
 # the 8 x 4 listing of the RTX PRO node: its profiles, and the first and the last UUID read by hand
 RTX_32 = "mig/rtxpro6000-list-8x4-1g24gb.txt"
@@ -172,6 +184,15 @@ SMI_ERRORS = {
     "nvidia-smi/nvml-version-mismatch-465-az-hop-269.txt": (
         18, "Failed to initialize NVML: Driver/library version mismatch"),
     "nvidia-smi/t4-530-no-devices-found.txt": (6, "No devices were found"),
+    # the mismatch with the NVML library's version on a second line (550.144, 570.124): the first line is reported
+    "nvidia-smi/nvml-version-mismatch-550-library-line-intel-llvm-17614.txt": (
+        18, "Failed to initialize NVML: Driver/library version mismatch"),
+    "nvidia-smi/nvml-version-mismatch-570-library-line-tinygrad-47.txt": (
+        18, "Failed to initialize NVML: Driver/library version mismatch"),
+    # nvidia-smi(1): 255 = other error; 15 = the GPU fell off the bus or is otherwise inaccessible
+    "nvidia-smi/nvml-unknown-error-510-nvidia-docker-1671.txt": (255, "Failed to initialize NVML: Unknown Error"),
+    "nvidia-smi/gpu-lost-device-handle-k8s-device-plugin-231.txt": (
+        15, "Unable to determine the device handle for GPU 0000:C1:00.0: GPU is lost."),
 }
 
 
