@@ -4,6 +4,7 @@ a change of the device plugin template is applied again by the next install."""
 from __future__ import annotations
 
 import json
+import re
 
 import yaml
 
@@ -94,3 +95,34 @@ def test_a_changed_device_plugin_template_is_applied_by_the_next_install(lab_up,
     runtime_class = lab.host("cp-1").exec("kubectl --kubeconfig /etc/kubernetes/admin.conf get runtimeclass nvidia "
                                           "-o json").stdout
     assert yaml.safe_load(runtime_class)["handler"] == "nvidia"  # applied on a cluster with GPU nodes
+
+
+def test_skip_and_only_phases_on_the_lab(lab_up, run_cli, tmp_path):
+    """--skip-phases leaves a phase out (shown as skipped); --only-phase runs one after the lock, install's prepare
+    then reading every host without applying anything (a drifted host stays as it is); a wrong name changes
+    nothing and exits 2."""
+    lab = lab_up(FLEET)
+    before = snapshot(lab)
+    r = run_cli("install", "-i", str(lab.inventory), "-o", "json", "--skip-phases", "verify,nope")
+    assert r.returncode == 2 and json.loads(r.stdout)["kind"] == "phase-selection", r.stdout + r.stderr
+    assert snapshot(lab) == before and cluster_writes(lab) == []
+    r = run_cli("install", "-i", str(lab.inventory), "-o", "json", "--skip-phases", "verify", "--kubeconfig-out",
+                str(tmp_path / "kc"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    phases = {p["name"]: p for p in json.loads(r.stdout)["phases"]}
+    assert phases["verify"]["status"] == "skipped" and phases["gpu"]["status"] == "changed"
+    w = lab.host("gpu-2")
+    drifted = w.read("/etc/containerd/config.toml").replace('default_runtime_name = "nvidia"',
+                                                            'default_runtime_name = "runc"')
+    w.write("/etc/containerd/config.toml", drifted)
+    r = run_cli("install", "-i", str(lab.inventory), "-o", "json", "--only-phase", "gpu", "--kubeconfig-out",
+                str(tmp_path / "kc"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    phases = {p["name"]: p for p in json.loads(r.stdout)["phases"]}
+    assert [n for n, p in phases.items() if p["status"] != "skipped"] == ["lock", "gpu"]
+    pending = re.search(r"(\d+) step\(s\) that would change were not applied", phases["prepare"]["message"])
+    assert pending is not None and int(pending.group(1)) >= 1, phases["prepare"]  # the drift, seen and left
+    assert w.read("/etc/containerd/config.toml") == drifted  # prepare read the hosts, applied nothing
+    r = run_cli("install", "-i", str(lab.inventory), "-o", "json", "--kubeconfig-out", str(tmp_path / "kc"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert 'default_runtime_name = "nvidia"' in w.read("/etc/containerd/config.toml")  # a whole install repairs it
