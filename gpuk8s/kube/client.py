@@ -228,7 +228,10 @@ class Kubectl:
             except StateError as e:
                 raise KubeError(f"kubectl get {args[1]}... ({self.where}): {e}", "see the log file") from None
             # one name: kubectl prints the object itself; more: a List of those found
-            items = state.items(out.stdout) if doc.get("kind") == "List" else [doc]
+            try:
+                items = state.items_of(doc) if doc.get("kind") == "List" else [doc]
+            except StateError as e:
+                raise KubeError(f"kubectl get {args[1]}... ({self.where}): {e}", "see the log file") from None
             index = {(kind.lower(), name): ref for ref in group for kind, name, _ in [ref]}
             for item in items:
                 md = item.get("metadata")

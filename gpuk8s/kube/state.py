@@ -85,7 +85,12 @@ def load(text: str) -> dict[str, Any]:
 
 def items(text: str) -> list[dict[str, Any]]:
     """The objects of `kubectl get KIND -o json`; entries that are not objects are dropped."""
-    raw = load(text).get("items", [])
+    return items_of(load(text))
+
+
+def items_of(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """The objects of a List kubectl printed, already read (`load`); entries that are not objects are dropped."""
+    raw = doc.get("items", [])
     if not isinstance(raw, list):
         raise StateError("kubectl's output has no list of items")
     return [i for i in raw if isinstance(i, dict)]
