@@ -175,6 +175,27 @@ def gpuk8s_one_host(lab: Lab, rtt: float) -> Run:
     return gpuk8s(lab, rtt, tool=f"gpuk8s-1of{len(lab.hosts)}", inventory=one, hosts=1)
 
 
+SMALL_FLEET_REPEATS = 3  # see repeats()
+
+
+def repeats(n: int) -> int:
+    """How many times a small fleet's preflight (and its one-host run) is measured: at 8 hosts one run's noise
+    (another process on the machine, the page cache) is as large as what the budget guards (CI measured 41 ms per
+    extra host where the same commit measured 4-19), so the least CPU of three is kept; at 128 hosts and more one
+    run is long enough to be steady."""
+    return SMALL_FLEET_REPEATS if n <= 32 else 1
+
+
+def least_cpu(runs: list[Run]) -> Run:
+    """The run that cost the client least CPU: noise only ever adds CPU, so the least is the truest figure. The
+    note says how many were measured and what the others cost."""
+    best = min(runs, key=lambda r: r.cpu_s)
+    if len(runs) > 1:
+        best.extra["cpu_s_of_all"] = [r.cpu_s for r in runs]
+        best.note = f"{best.note} (least CPU of {len(runs)} runs)"
+    return best
+
+
 def _gpuk8s_env() -> dict[str, str]:
     return {"NO_COLOR": "1", "GPUK8S_LOG_FILE": str(BENCH_DIR / "gpuk8s.log")}
 
@@ -269,14 +290,16 @@ def bench_size(n: int, rtts: list[float], with_ansible: bool, install_sizes: lis
         for rtt in rtts:
             set_rtt(lab, rtt)
             warm(lab, rtt)
+            tries = repeats(n)
             for tool in ("floor-a", "floor-b", "gpuk8s", "ansible"):
                 r = (floor(lab, tool == "floor-b", rtt, GPUK8S_CONCURRENCY) if tool.startswith("floor")
-                     else gpuk8s(lab, rtt) if tool == "gpuk8s" else ansible(lab, rtt) if with_ansible else None)
+                     else least_cpu([gpuk8s(lab, rtt) for _ in range(tries)]) if tool == "gpuk8s"
+                     else ansible(lab, rtt) if with_ansible else None)
                 if r is not None:
                     runs.append(r)
                     print(f"  {_row(r)}", file=log, flush=True)
             if rtt == 0:
-                r = gpuk8s_one_host(lab, rtt)
+                r = least_cpu([gpuk8s_one_host(lab, rtt) for _ in range(tries)])
                 runs.append(r)
                 print(f"  {_row(r)}", file=log, flush=True)
             if sweep:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from tests.bench import Run, check_budgets, goals, load_budgets, schedulable_table
+from tests.bench import Run, check_budgets, goals, least_cpu, load_budgets, repeats, schedulable_table
 
 
 def run(tool: str, hosts: int, cpu_s: float, wall_s: float = 1.0) -> Run:
@@ -94,3 +94,19 @@ def test_goals_and_the_schedulable_table_read_the_targets() -> None:
     assert g["128 hosts: no-op install re-run within 1.5x of a preflight"].startswith("missed")  # 3 s vs 1 s
     table = schedulable_table(runs)
     assert table[0].startswith("| hosts | time to every GPU schedulable") and "| 128 | 9.0 |" in "\n".join(table)
+
+
+def test_a_small_fleet_keeps_the_least_cpu_of_its_runs() -> None:
+    """At 8 hosts the per-extra-host figure is the difference of two ~1 s runs: one noisy run (CI measured 41 ms
+    where the same commit measured 4-19) must not fail the budget, so small fleets are measured three times and
+    the least CPU kept; a slowdown that every run shows still fails."""
+    assert repeats(8) == 3 and repeats(32) == 3 and repeats(128) == 1
+    quiet, noisy = run("gpuk8s", 8, 0.70), run("gpuk8s", 8, 0.95)
+    best = least_cpu([noisy, quiet, replace(noisy)])
+    assert best is quiet and best.extra["cpu_s_of_all"] == [0.95, 0.70, 0.95]
+    assert "least CPU of 3 runs" in best.note
+    one = run("gpuk8s-1of8", 1, 0.59)
+    assert check_budgets([least_cpu([noisy, quiet]), one]) == []   # 15.7 ms per extra host, budget 20
+    assert check_budgets([least_cpu([noisy, replace(noisy)]), one])  # every run slow: 51.4 ms, over 40
+    single = run("gpuk8s", 8, 0.8)
+    assert least_cpu([single]) is single and single.note == ""
