@@ -143,9 +143,11 @@ def owner() -> str:
 def prepare(inv: Inventory, *, concurrency: int, ignore: set[str], sudo_passwords: dict[str, str],
             dry_run: bool = False, measure_network: bool = False,
             on_event: Callable[[Event], None] | None = None,
-            sessions: dict[str, Session] | None = None) -> PrepareReport:
+            sessions: dict[str, Session] | None = None,
+            wanted: Callable[[RenderedStep], bool] | None = None) -> PrepareReport:
     """Preflight, then the playbooks on every host that passed. With `sessions`, connections stay open
-    for the caller (install part 2 goes on over them) and the caller closes them."""
+    for the caller (install part 2 goes on over them) and the caller closes them. `wanted`: the steps to run
+    (upgrade leaves the Kubernetes packages to its node-by-node phases); default all."""
     start = time.monotonic()
     own = sessions is None
     sessions = {} if sessions is None else sessions
@@ -182,7 +184,7 @@ def prepare(inv: Inventory, *, concurrency: int, ignore: set[str], sudo_password
             f = facts[host.name]
             assert f is not None
             ctx = context(inv, host, f)
-            steps = [s for pb in playbooks for s in render_playbook(pb, ctx)]
+            steps = [s for pb in playbooks for s in render_playbook(pb, ctx) if wanted is None or wanted(s)]
             run_steps(sessions[host.name], run, steps, dry_run, emit)
             run.seconds = time.monotonic() - t0
             emit(Event(host.name, "host", status=run.status))

@@ -1,9 +1,11 @@
 """What every phase is, what they share, and the runner (after k0sctl's phase/*.go).
 
 A phase has a `name` (stable, in JSON), a `title` (in progress lines), `plan(ctx)` (read-only: what it
-would change and why, with the exact remote commands and manifests, for `--dry-run`), `run(ctx)` and
-`cleanup(ctx)`. A flow (install, join, verify) is a list of phases run over one Context: the inventory,
-the open SSH sessions, the facts gathered once, the GPU plan of every node and the Kubernetes client.
+would change and why, with the exact remote commands and manifests, for `--dry-run`) and `run(ctx)`. There is
+no cleanup hook: what a phase starts on a host finishes there and removes its own files, and what a run holds
+(the cluster lock) is released by `Context.close` through `on_exit`. A flow (install, join, verify) is a list
+of phases run over one Context: the inventory, the open SSH sessions, the facts gathered once, the GPU plan of
+every node and the Kubernetes client.
 """
 
 from __future__ import annotations
@@ -171,9 +173,6 @@ class Phase:
     def run(self, ctx: Context) -> PhaseResult:
         raise NotImplementedError
 
-    def cleanup(self, ctx: Context) -> None:
-        """Undo what run() left half-done; called when run() fails or is interrupted."""
-
     def result(self, status: str, message: str = "", remedy: str = "") -> PhaseResult:
         return PhaseResult(self.name, self.title, status, message, remedy)
 
@@ -239,11 +238,6 @@ def run_phases(phases: list[Phase], ctx: Context, results: list[PhaseResult]) ->
             res = p.run(ctx)
         except GpuK8sError as e:
             res = p.result("failed", e.message, e.remedy)
-        except BaseException:
-            p.cleanup(ctx)
-            raise
-        if res.status == "failed":
-            p.cleanup(ctx)
         log.info("phase %s: %s %s", p.name, res.status, res.message)
         results.append(res)
         if res.status == "failed" and (p.fatal or res.stop):

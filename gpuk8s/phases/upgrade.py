@@ -26,16 +26,13 @@ import yaml
 
 from gpuk8s import findings, gpuplan, plainyaml, versions
 from gpuk8s.errors import GpuK8sError
-from gpuk8s.install.prepare import HostRun, blocking_checks, playbooks_for, run_steps
+from gpuk8s.install.prepare import prepare
 from gpuk8s.inventory.model import Host, InstallSettings, Inventory
 from gpuk8s.kube.client import KubeError, drain_args
 from gpuk8s.phases import shell
 from gpuk8s.phases.base import Change, Context, Phase, PhaseError, PhasePlan, PhaseResult
 from gpuk8s.phases.gpu import GPUNodes
 from gpuk8s.phases.hostfiles import tail
-from gpuk8s.playbook.model import load_playbook
-from gpuk8s.playbook.render import context, render_playbook
-from gpuk8s.preflight.runner import run_preflight
 from gpuk8s.remote import Session, for_each_host
 
 log = logging.getLogger("gpuk8s.upgrade")
@@ -375,43 +372,30 @@ class UpgradePrepare(UpgradeStep):
     title = "preflight and prepare every host for the new minor"
 
     def _run(self, ctx: Context, dry_run: bool) -> tuple[dict[str, str], list[Change]]:
-
-        inv = target_inventory(ctx.inv, self.opts.to)
-        pre = run_preflight(inv, concurrency=ctx.concurrency, ignore=ctx.ignore, sudo_passwords=ctx.sudo_passwords,
-                            measure_network=False, keep_sessions=ctx.sessions)
-        playbooks = [load_playbook(n) for n in playbooks_for(inv)]
+        # install's prepare (preflight, then the playbooks) for the new minor, over the flow's connections; the
+        # Kubernetes packages move node by node, in kubeadm's order (UpgradeNodes), never all at once
+        rep = prepare(target_inventory(ctx.inv, self.opts.to), concurrency=ctx.concurrency, ignore=ctx.ignore,
+                      sudo_passwords=ctx.sudo_passwords, dry_run=dry_run, sessions=ctx.sessions,
+                      wanted=lambda s: not s.name.startswith("kubernetes-packages"))
+        passed = {r.host.name for r in rep.hosts if r.status not in ("unreachable", "blocked")}
+        ctx.facts = {r.host.name: r.facts for r in rep.preflight if r.host.name in passed and r.facts is not None}
+        ctx.plans = gpuplan.plans(ctx.inv, ctx.facts)
         status: dict[str, str] = {}
         changes: list[Change] = []
-        eligible = []
-        for rep in pre.hosts:
-            bad = blocking_checks(rep.checks)
-            if rep.facts is None or rep.host.name not in ctx.sessions:
-                status[rep.host.name] = "unreachable"
-            elif bad:
-                status[rep.host.name] = "blocked: " + "; ".join(f"{c.id}: {c.message}" for c in bad)
+        for run in rep.hosts:
+            name = run.host.name
+            if run.status == "unreachable":
+                status[name] = "unreachable"
+            elif run.status == "blocked":
+                status[name] = "blocked: " + run.message.removeprefix("preflight failed: ")
+            elif run.status == "failed":
+                status[name] = f"failed: {run.message}"
+            elif not dry_run and run.count("changed"):
+                status[name] = f"done ({run.count('changed')} step(s) changed)"
             else:
-                eligible.append(rep)
-        ctx.facts = {rep.host.name: rep.facts for rep in eligible if rep.facts is not None}
-        ctx.plans = gpuplan.plans(ctx.inv, ctx.facts)
-
-        def one(h: Host) -> HostRun:
-            run = HostRun(h)
-            f = ctx.facts[h.name]
-            # the Kubernetes packages move node by node, in kubeadm's order (UpgradeNodes), never all at once
-            steps = [s for pb in playbooks for s in render_playbook(pb, context(inv, h, f))
-                     if not s.name.startswith("kubernetes-packages")]
-            run_steps(ctx.sessions[h.name], run, steps, dry_run, lambda e: None)
-            return run
-
-        for name, run in for_each_host([r.host for r in eligible], one, ctx.concurrency).items():
-            if isinstance(run, BaseException):
-                status[name] = f"failed: {getattr(run, 'message', run)}"
-                continue
-            status[name] = run.status if run.status != "failed" else f"failed: {run.message}"
+                status[name] = run.status
             changes += [Change(f"{s.step.playbook}/{s.step.name}: {s.step.title}", name, s.step.run)
                         for s in run.steps if s.outcome.status == "would-change"]
-            if not dry_run and run.count("changed"):
-                status[name] = f"done ({run.count('changed')} step(s) changed)"
         return status, changes
 
     def plan(self, ctx: Context) -> PhasePlan:
