@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from datetime import date
 from importlib import resources
-from typing import Any, TypedDict
+from typing import Any, Literal, TypedDict
 
 import yaml
 
@@ -566,3 +566,67 @@ def cni_images(url: str) -> list[str]:
     """The images inside the pinned CNI manifest at `url` (versions.yaml pins' `images`), [] for another URL:
     gpuk8s does not know what an unpinned manifest runs (docs/mirrors.md)."""
     return list(_cni_images().get(url, ()))
+
+
+DriverDesignation = Literal["long-term-support", "production"]
+
+
+@dataclass(frozen=True)
+class DriverBranch:
+    """One NVIDIA data center driver branch gpuk8s installs (versions.yaml `driver.branches`)."""
+
+    branch: str  # "580"
+    designation: DriverDesignation
+    end_of_life: date
+
+    def end_of_life_reached(self, on: date) -> bool:
+        return on > self.end_of_life
+
+
+@dataclass(frozen=True)
+class DriverMatrix:
+    """versions.yaml's driver section: the branches gpuk8s installs and the rules by GPU architecture."""
+
+    default_branch: str
+    branches: dict[str, DriverBranch]
+    open_modules_since: int  # the first branch with open kernel modules
+    last_branch_before_turing: int  # the newest branch that still serves GPUs before Turing
+    blackwell_since: int  # the first branch that serves Blackwell
+
+    def branch(self, name: str) -> DriverBranch | None:
+        return self.branches.get(name)
+
+
+_BRANCH = re.compile(r"[0-9]{3}")
+_DESIGNATIONS = ("long-term-support", "production")
+
+
+def parse_drivers(data: Any) -> DriverMatrix:
+    """versions.yaml's driver section, checked; MatrixError names what is wrong."""
+    d = _need(data, "driver", dict, "versions.yaml")
+    raw = _need(d, "branches", dict, "driver")
+    branches: dict[str, DriverBranch] = {}
+    for name, b in raw.items():
+        if not isinstance(name, str) or not _BRANCH.fullmatch(name) or not isinstance(b, dict):
+            raise MatrixError(f"driver.branches: {name!r} must be a quoted three-digit branch with its fields")
+        designation, eol = b.get("designation"), b.get("end_of_life")
+        if designation not in _DESIGNATIONS or not isinstance(eol, date):
+            raise MatrixError(f"driver.branches.{name}: designation ({' or '.join(_DESIGNATIONS)}) and "
+                              "end_of_life (a date) expected")
+        branches[name] = DriverBranch(name, designation, eol)
+    default = _need(d, "default_branch", str, "driver")
+    if default not in branches:
+        raise MatrixError(f"driver.default_branch: {default!r} is not one of driver.branches")
+    rules = {}
+    for key in ("open_modules_since", "last_branch_before_turing", "blackwell_since"):
+        v = _need(d, key, str, "driver")
+        if not _BRANCH.fullmatch(v):
+            raise MatrixError(f"driver.{key}: {v!r} is not a three-digit branch")
+        rules[key] = int(v)
+    return DriverMatrix(default, branches, **rules)
+
+
+@functools.lru_cache(maxsize=1)
+def drivers() -> DriverMatrix:
+    """The driver section shipped in the package (read once)."""
+    return parse_drivers(_document())

@@ -24,11 +24,14 @@ from gpuk8s import versions
 from gpuk8s.errors import GpuK8sError
 from gpuk8s.inventory import sshconfig
 from gpuk8s.inventory.model import (
+    DRIVER_FLAVORS,
+    DRIVER_SOURCES,
     MAX_REPLICAS,
     MIG_STRATEGIES,
     SHARING_STRATEGIES,
     Bastion,
     Cluster,
+    DriverSettings,
     GPUSharing,
     Host,
     InstallSettings,
@@ -78,8 +81,9 @@ _BASTION_KEYS = ("address", "user", "port", "identity_file")
 # Per-node GPU settings: each key may be written on a host, in a gpu_groups entry or in gpu_defaults, and is
 # taken whole from the first of those that sets it. A new per-node GPU setting (issue 18's `mig`) adds its key
 # here, its field to model.NodeGPUSettings, and its reader to _Reader.node_gpu_readers.
-_NODE_GPU_KEYS = ("gpu_sharing", "mig")
-_NODE_GPU_FIELDS = {"gpu_sharing": "sharing", "mig": "mig"}  # inventory key -> NodeGPUSettings field
+_NODE_GPU_KEYS = ("gpu_sharing", "mig", "driver")
+_NODE_GPU_FIELDS = {"gpu_sharing": "sharing", "mig": "mig", "driver": "driver"}  # key -> NodeGPUSettings field
+_DRIVER_KEYS = ("manage", "branch", "flavor", "source")
 _MIG_KEYS = ("strategy", "config")
 _MIG_ENTRY_KEYS = ("devices", "mig-enabled", "mig-devices")  # nvidia-mig-parted's names
 _SHARING_KEYS = ("strategy", "replicas", "rename", "fail_requests_greater_than_one", "pod_memory_mib")
@@ -887,7 +891,7 @@ class _Reader:
     # -- per-node GPU settings (gpu_defaults < gpu_groups.NAME < the host's own keys) ---------------
     def node_gpu_readers(self) -> dict[str, Callable[[Node, str], Any]]:
         """One reader per key of _NODE_GPU_KEYS."""
-        return {"gpu_sharing": self.gpu_sharing, "mig": self.mig}
+        return {"gpu_sharing": self.gpu_sharing, "mig": self.mig, "driver": self.driver}
 
     def node_gpu(self, node: Node, key: str, m: dict[str, tuple[Node, Node]] | None = None) -> _Layer:
         """One layer of per-node GPU settings: inventory key -> (value, the node it was read from)."""
@@ -967,6 +971,54 @@ class _Reader:
             return None
         got["replicas"] = replicas
         return GPUSharing(line=node.start_mark.line + 1, **got)
+
+    def driver(self, node: Node, key: str) -> DriverSettings | None:
+        """`driver: {manage: bool, branch: "580", flavor: auto|open|proprietary, source: distro|nvidia}`; whether a
+        flavour suits the node's GPUs is decided per host by preflight (gpuk8s/driver/rules.py), which sees them."""
+        dm = versions.drivers()
+        branches = ", ".join(f'"{b}"' for b in dm.branches)
+        readers: dict[str, Callable[[Node, str], Any]] = {
+            "manage": self.boolean,
+            "branch": lambda n, k: self.branch(n, k, branches),
+            "flavor": lambda n, k: self.choice(n, k, DRIVER_FLAVORS),
+            "source": lambda n, k: self.choice(n, k, DRIVER_SOURCES),
+        }
+        m = self.mapping(node, key, _DRIVER_KEYS)
+        if m is None:
+            return None
+        got = self.fields(node, key, _DRIVER_KEYS, readers, m)
+        if any(k not in got and not _is_null(v) for k, (_, v) in m.items()):
+            return None  # an invalid value: reported by its reader
+        branch = got.get("branch", "")
+        if branch and got.get("flavor") == "open" and int(branch) < dm.open_modules_since:
+            self.report(m["flavor"][1], f"{key}.flavor", f"driver branch {branch} has no open kernel modules "
+                        f"(NVIDIA's open modules start with R{dm.open_modules_since})",
+                        "write flavor: proprietary, or a newer branch")
+            return None
+        if not got.get("manage", False) and set(got) - {"manage"}:
+            self.report(node, f"{key}.manage", "branch, flavor and source have no effect without manage: true "
+                        "(gpuk8s then leaves the driver to you and only checks it)",
+                        "add manage: true for gpuk8s to install the driver, or remove the other keys",
+                        severity="warning")
+        return DriverSettings(line=node.start_mark.line + 1, **got)
+
+    def branch(self, node: Node, key: str, branches: str) -> str | None:
+        """A driver branch: three digits, quoted or not (580 and "580" mean the same)."""
+        v = self.value(node, key)
+        if v is _MISSING:
+            return None
+        text = str(v) if isinstance(v, int) and not isinstance(v, bool) else v
+        if not isinstance(text, str) or not re.fullmatch(r"[0-9]{3}", text):
+            self.report(node, key, f"{node.value!r} is not a driver branch (three digits, such as \"580\")",
+                        f"write one of {branches}")
+            return None
+        dm = versions.drivers()
+        if dm.branch(text) is None:
+            self.report(node, key, f"gpuk8s does not install driver branch {text}",
+                        f"write one of {branches} (the version matrix's branches: gpuk8s versions), or leave it "
+                        f"out for the default, \"{dm.default_branch}\"")
+            return None
+        return text
 
     def mig(self, node: Node, key: str) -> MIGSettings | None:
         """`mig: {strategy: none|single|mixed, config: NAME | [{devices, mig-enabled, mig-devices}]}`."""

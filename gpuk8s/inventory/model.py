@@ -91,16 +91,37 @@ class MIGSettings:
         return self.strategy != "none" and self.layout is not None
 
 
+DriverFlavor = Literal["auto", "open", "proprietary"]
+DRIVER_FLAVORS: tuple[str, ...] = ("auto", "open", "proprietary")
+DriverSource = Literal["distro", "nvidia"]
+DRIVER_SOURCES: tuple[str, ...] = ("distro", "nvidia")
+
+
+@dataclass(frozen=True)
+class DriverSettings:
+    """Whether and how gpuk8s installs the NVIDIA driver on one node (inventory `driver:`); docs/driver.md.
+
+    With manage false (the default) the driver is the user's: preflight checks it, install never touches it.
+    """
+
+    manage: bool = False
+    branch: str = ""  # "580": a branch of the version matrix's `driver:` section; "" its default branch
+    flavor: DriverFlavor = "auto"  # kernel modules: auto decides per GPU architecture (gpuk8s/driver/rules.py)
+    source: DriverSource = "distro"  # the OS's own packages, or NVIDIA's CUDA repository
+    line: int = 0
+
+
 @dataclass(frozen=True)
 class NodeGPUSettings:
     """Per-node GPU settings, each from the host's own key, else its `gpu_group`, else `gpu_defaults`.
 
     One inventory key per field (loader._NODE_GPU_KEYS); a key is taken whole from the first layer that
-    sets it, never merged. Issue 18 adds `mig` here the same way.
+    sets it, never merged.
     """
 
     sharing: GPUSharing = field(default_factory=GPUSharing)
     mig: MIGSettings = field(default_factory=MIGSettings)
+    driver: DriverSettings = field(default_factory=DriverSettings)
 
 
 @dataclass(frozen=True)

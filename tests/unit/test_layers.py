@@ -28,7 +28,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("gpuk8s.localfiles", "gpuk8s.facts"),  # what a host is (typed facts, the probe's parsers)
     ("gpuk8s.mig",),  # MIG profiles and layouts
     ("gpuk8s.inventory",),  # what the user asked for (with the ssh config it names)
-    ("gpuk8s.credentials", "gpuk8s.gpuplan", "gpuk8s.findings", "gpuk8s.mirrors", "gpuk8s.remote", "gpuk8s.ui"),
+    ("gpuk8s.credentials", "gpuk8s.gpuplan", "gpuk8s.driver", "gpuk8s.findings", "gpuk8s.mirrors", "gpuk8s.remote",
+     "gpuk8s.ui"),
     ("gpuk8s.kube",),  # the cluster: kubectl seam, objects, manifests, images
     ("gpuk8s.playbook", "gpuk8s.preflight"),
     ("gpuk8s.doctor", "gpuk8s.install"),
@@ -46,7 +47,7 @@ LAZY = {("gpuk8s.cli", "gpuk8s.commands"), ("gpuk8s.cli", "gpuk8s.commands.inven
 PURE = ["gpuk8s.doctor.classify", "gpuk8s.doctor.evidence", "gpuk8s.gpuplan", "gpuk8s.facts.parse",
         "gpuk8s.facts.mig", "gpuk8s.mig.layout", "gpuk8s.versions", "gpuk8s.kube.state", "gpuk8s.kube.allocation",
         "gpuk8s.preflight.host_checks", "gpuk8s.preflight.cluster_checks", "gpuk8s.mirrors",
-        "gpuk8s.playbook.render", "gpuk8s.inventory.loader"]
+        "gpuk8s.playbook.render", "gpuk8s.inventory.loader", "gpuk8s.driver.rules"]
 TALKS = {"gpuk8s.remote", "gpuk8s.kube.client"}
 
 

@@ -1,0 +1,137 @@
+"""Which NVIDIA driver a node gets: the branch and the kernel modules (open or proprietary), decided once per node
+from its inventory `driver:` and its GPUs; pure (docs/driver.md says why each rule holds, with its source).
+
+The rules, by what the node's GPUs accept (`Modules`):
+- before Turing (compute capability below 7.5: Maxwell, Pascal, Volta): the proprietary modules only, and no
+  branch after the matrix's `last_branch_before_turing` (NVIDIA moved those GPUs to a legacy 580 branch);
+- Turing to Hopper (7.5 to 9.x): either; `auto` picks the open modules, the installers' default since R560;
+- Grace Hopper and Blackwell and newer (9.0 on an aarch64 Grace host, 10.x, 12.x): the open modules only,
+  Blackwell from the matrix's `blackwell_since` branch on.
+The open modules exist from the matrix's `open_modules_since` branch on.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import date
+from typing import Literal
+
+from gpuk8s import versions
+from gpuk8s.errors import GpuK8sError
+from gpuk8s.inventory.model import DriverSettings
+
+Modules = Literal["proprietary", "either", "open", "unknown"]
+Flavor = Literal["open", "proprietary"]
+
+# lspci's chip names (the PCI ID database): the prefix names the architecture. GK Kepler, GM Maxwell, GP Pascal,
+# GV Volta: before Turing; TU Turing, GA Ampere, AD Ada, GH Hopper: either; GB Blackwell: open only.
+_CHIP = re.compile(r"\b(GK|GM|GP|GV|TU|GA|AD|GH|GB)[0-9]{3}")
+_CHIP_MODULES: dict[str, Modules] = {"GK": "proprietary", "GM": "proprietary", "GP": "proprietary",
+                                     "GV": "proprietary", "TU": "either", "GA": "either", "AD": "either",
+                                     "GH": "either", "GB": "open"}
+# The first Turing device id (TU102, 0x1E02, is the lowest id in the open modules' table of supported GPUs):
+# every NVIDIA GPU before Turing has a lower id, so an id the PCI database cannot name still tells that much.
+FIRST_TURING_DEVICE = 0x1E00
+
+
+class DriverRuleError(GpuK8sError):
+    """A driver setting that cannot work on this node's GPUs (or at all)."""
+
+    kind = "driver-rule"
+
+
+@dataclass(frozen=True)
+class PciGpu:
+    """One NVIDIA GPU as `lspci -nn` shows it (host data): its device id and whatever name the host's
+    PCI ID database gives it ("GH100 [H100 SXM5 80GB]", or only "Device 2330" where the database is old)."""
+
+    slot: str
+    device_id: int
+    name: str
+
+
+def modules_of_capability(cap: str, arch: str) -> Modules:
+    """What a GPU of compute capability `cap` ("9.0") accepts; `arch` is the host's (uname -m)."""
+    rel = versions.release(cap)
+    if rel is None:
+        return "unknown"
+    if rel < (7, 5):
+        return "proprietary"
+    if rel >= (10, 0) or (rel[:1] == (9,) and arch == "aarch64"):
+        return "open"
+    return "either"
+
+
+def modules_of_pci(gpu: PciGpu, arch: str) -> Modules:
+    m = _CHIP.search(gpu.name)
+    if m is not None:
+        got = _CHIP_MODULES[m.group(1)]
+        return "open" if got == "either" and m.group(1) == "GH" and arch == "aarch64" else got
+    return "proprietary" if gpu.device_id < FIRST_TURING_DEVICE else "unknown"
+
+
+def combine(kinds: list[Modules]) -> Modules:
+    """What every GPU of a host accepts: 'unknown' where a GPU cannot be told and the others leave a choice."""
+    known = set(kinds) - {"unknown"}
+    if "proprietary" in known and "open" in known:
+        raise DriverRuleError("this host mixes GPUs before Turing (proprietary modules only) with Blackwell or "
+                              "Grace Hopper GPUs (open modules only): no NVIDIA driver serves both",
+                              "give each kind of GPU its own server")
+    for k in ("open", "proprietary"):
+        if k in known:
+            return k
+    return "unknown" if "unknown" in kinds or not kinds else "either"
+
+
+@dataclass(frozen=True)
+class DriverChoice:
+    """What a node gets: the branch and the modules, with why (shown by preflight and --dry-run)."""
+
+    branch: str
+    flavor: Flavor
+    why: str
+
+
+def choose(settings: DriverSettings, accepted: Modules, today: date | None = None) -> DriverChoice:
+    """The branch and flavour for a node whose GPUs accept `accepted`; DriverRuleError where the settings cannot
+    work on them (an explicit flavour they refuse, a branch that does not serve them), with the remedy."""
+    dm = versions.drivers()
+    branch = settings.branch or dm.default_branch
+    b = dm.branch(branch)
+    if b is None:
+        raise DriverRuleError(f"driver branch {branch} is not one gpuk8s installs",
+                              f"use one of {', '.join(dm.branches)} (gpuk8s versions)")
+    n = int(branch)
+    if accepted == "proprietary":
+        if settings.flavor == "open":
+            raise DriverRuleError("flavor: open, but this node's GPUs are older than Turing: the open kernel "
+                                  "modules do not serve them", "use flavor: proprietary (or auto)")
+        if n > dm.last_branch_before_turing:
+            raise DriverRuleError(f"driver branch {branch} no longer serves GPUs older than Turing (the last "
+                                  f"branch for them is {dm.last_branch_before_turing})",
+                                  f"use branch: \"{dm.last_branch_before_turing}\"")
+        flavor: Flavor = "proprietary"
+        why = "GPUs older than Turing: proprietary modules only"
+    elif accepted == "open":
+        if settings.flavor == "proprietary":
+            raise DriverRuleError("flavor: proprietary, but this node has Blackwell or Grace Hopper GPUs: only "
+                                  "the open kernel modules serve them", "use flavor: open (or auto)")
+        if n < dm.blackwell_since:
+            raise DriverRuleError(f"driver branch {branch} predates Blackwell (served from {dm.blackwell_since})",
+                                  f"use branch: \"{dm.default_branch}\"")
+        flavor = "open"
+        why = "Blackwell or Grace Hopper GPUs: open modules only"
+    else:
+        flavor = "open" if settings.flavor in ("auto", "open") else "proprietary"
+        why = ("Turing or newer GPUs: open modules (NVIDIA's default since R560)" if settings.flavor == "auto"
+               else f"flavor: {settings.flavor}, as the inventory says")
+        if accepted == "unknown" and settings.flavor == "auto":
+            why = "GPU architecture unknown: open modules assumed (Turing or newer)"
+    if flavor == "open" and n < dm.open_modules_since:
+        raise DriverRuleError(f"driver branch {branch} has no open kernel modules (from {dm.open_modules_since})",
+                              "use a newer branch, or flavor: proprietary")
+    day = today or versions.today()
+    if b.end_of_life_reached(day):
+        why += f"; branch {branch} reached its end of life on {b.end_of_life.isoformat()}"
+    return DriverChoice(branch, flavor, why)
