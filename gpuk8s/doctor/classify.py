@@ -69,8 +69,11 @@ NVML_UNKNOWN = "Failed to initialize NVML: Unknown Error"
 # The device plugin without NVML in its container: "could not load NVML library" (before v0.14),
 # "Detected non-NVML platform: could not load NVML library: libnvidia-ml.so.1: cannot open shared object file"
 # and "Incompatible strategy detected auto" (v0.14 on), "Failed to initialize NVML: ERROR_LIBRARY_NOT_FOUND" (v0.19)
+# "No devices found. Waiting indefinitely." (every version: its FAIL_ON_INIT_ERROR=false path) is what a plugin that
+# found no GPU says, with or without an NVML error before it (NVIDIA/k8s-device-plugin#414: alone, after a reboot).
 PLUGIN_NVML = ("could not load NVML library", "Incompatible strategy detected", "Incompatible platform detected",
-               "ERROR_LIBRARY_NOT_FOUND", "libnvidia-ml.so.1: cannot open shared object file")
+               "ERROR_LIBRARY_NOT_FOUND", "libnvidia-ml.so.1: cannot open shared object file",
+               "No devices found. Waiting indefinitely")
 # A container that did not get the GPU through the nvidia runtime: no nvidia-smi, no driver library in it
 NO_RUNTIME = ('exec: "nvidia-smi": executable file not found', "nvidia-smi: not found",
               "nvidia-smi: command not found", "libnvidia-ml.so.1: cannot open shared object file",
@@ -94,8 +97,11 @@ STANDARD = ("cpu", "memory", "ephemeral-storage", "pods")
 # handler nvidia from runtime list map[crun:0xc00047e300 runc:0xc00047ef00]". In the kubelet's
 # FailedCreatePodSandBox event ("Failed to create pod sandbox: rpc error: code = Unknown desc = ..."); the pod
 # stays Pending in ContainerCreating.
+# dockershim (Kubernetes 1.23 and older, and cri-dockerd before its CRI runtime handlers): 'RuntimeHandler
+# "nvidia" not supported' (NVIDIA/gpu-operator#250).
 RUNTIME_HANDLER = re.compile(r'no runtime for "([^"\s]{1,64})" is configured'
-                             r"|failed to find runtime handler (\S{1,64}) from runtime list")
+                             r"|failed to find runtime handler (\S{1,64}) from runtime list"
+                             r'|RuntimeHandler "([^"\s]{1,64})" not supported')
 # The NVIDIA container runtime hook's CLI (libnvidia-container) failing: "nvidia-container-cli: <stage> error:
 # <what>" (nvidia-container-cli.real under the GPU Operator's toolkit), inside the runtime's error
 # ("... error running hook #0: error running hook: exit status 1, stdout: , stderr: Auto-detected mode as
@@ -650,8 +656,8 @@ def _failing(pod: dict[str, Any], ev: ClusterEvidence) -> list[Finding]:
     # the kubelet's words only (its events and the pod's status), never the pod's own log, which its owner writes
     hm = RUNTIME_HANDLER.search("\n".join(said))
     if hm:
-        handler = hm.group(1) or hm.group(2)
-        lines = _said(said, "no runtime for", "failed to find runtime handler")
+        handler = hm.group(1) or hm.group(2) or hm.group(3)
+        lines = _said(said, "no runtime for", "failed to find runtime handler", "RuntimeHandler \"")
         rc = str(_spec(pod).get("runtimeClassName") or "")
         lines.append(f"pod runtimeClassName: {rc or 'none'}")
         if host is not None and host.facts is not None and host.runtime == "containerd":

@@ -294,6 +294,9 @@ CASES: list[tuple[str, str, str, list[str], str]] = [
     # pod.unschedulable quoting it (before, it was dropped as "said above" and doctor fell back on pod.unknown)
     ("kubernetes/scheduler/hami-insufficient-gpu-memory.log", "plain", "", ["pod.unschedulable"],
      "4 Insufficient nvidia.com/gpu.memory"),
+    # OpenShift 3.11 (Kubernetes 1.11): the older "didn't match node selector" beside the GPU shortage
+    ("kubernetes/scheduler/insufficient-gpu-old-selector-openshift311.txt", "full", "", ["pod.insufficient-gpu"],
+     "held by ml/holder"),
     # the kubelet: the sandbox's runtime handler (containerd 1.x, 2.x, CRI-O)
     ("kubernetes/kubelet/sandbox-no-runtime-nvidia-kops.txt", "nvidia", "", ["pod.runtime-handler-missing"],
      "runtime handler 'nvidia'"),
@@ -309,6 +312,9 @@ CASES: list[tuple[str, str, str, list[str], str]] = [
      ["pod.runtime-handler-missing"], "containerd config defines the nvidia runtime"),
     ("kubernetes/kubelet/sandbox-crio-no-runtime-handler.txt", "nvidia", "", ["pod.runtime-handler-missing"],
      "failed to find runtime handler nvidia from runtime list"),
+    # dockershim's wording (Kubernetes <= 1.23)
+    ("kubernetes/kubelet/sandbox-dockershim-runtime-handler-not-supported.txt", "nvidia", "",
+     ["pod.runtime-handler-missing"], "runtime handler 'nvidia'"),
     # the kubelet's admission (device manager)
     ("kubernetes/kubelet/admission-devices-unavailable-e2e.txt", "nvidia", "", ["pod.admission-rejected"],
      "Requested: 1, Available: 0"),
@@ -370,6 +376,26 @@ CASES: list[tuple[str, str, str, list[str], str]] = [
      "nvidia-ctk cdi generate"),
     ("doctor/toolkit/cli-mount-error-proc-bus-id.txt", "nvidia", "", ["pod.toolkit-error"],
      "stat failed: /proc/driver/nvidia/gpus/cfdd:00:00.0"),
+    # the third harvest: the CLI by hand (Rocky 9), k3s's kubelet (.real), Docker 2024, minikube 2020, a docker build,
+    # nvidia-docker 2.0 (2017, 'cuda >= 9.0' with spaces), a MIG node's plugin (2021), LXD with an R450-style MIG UUID
+    ("doctor/toolkit/cli-load-library-failed-list-rocky9.txt", "nvidia", "", ["pod.driver-not-loaded"],
+     "load library failed: libnvidia-ml.so.1: cannot open shared object file"),
+    ("doctor/toolkit/cli-driver-error-real-k3s-kubelet.txt", "nvidia", "", ["pod.toolkit-error"],
+     "initialization error: driver error: failed to process request"),
+    ("doctor/toolkit/cli-driver-rpc-timeout-docker-2024.txt", "nvidia", "", ["pod.toolkit-error"],
+     "initialization error: driver rpc error: timed out"),
+    ("doctor/toolkit/cli-cuda-error-no-device-minikube-kubelet.txt", "nvidia", "", ["pod.toolkit-error"],
+     "initialization error: cuda error: no cuda-capable device is detected"),
+    ("doctor/toolkit/cli-cuda-requirement-10.2-docker-build.txt", "nvidia", "", ["pod.cuda-too-new"],
+     "already meets CUDA 10.2's floor 440.33"),
+    ("doctor/toolkit/cli-cuda-requirement-9.0-spaced-2017.txt", "nvidia", "", ["pod.cuda-too-new"],
+     "already meets CUDA 9.0's floor 384.81"),
+    ("doctor/toolkit/cli-cuda-requirement-12.8-docker-wsl-551.txt", "nvidia", "", ["pod.cuda-too-new"],
+     "upgrade the driver on gpu-1 to at least 570.26"),
+    ("doctor/toolkit/cli-detection-error-invalid-ordinal-mig-kubelet.txt", "nvidia", "", ["pod.toolkit-error"],
+     "detection error: cuda error: invalid device ordinal"),
+    ("doctor/toolkit/cli-unknown-device-mig-gpu-uuid-lxd.txt", "nvidia", "", ["pod.toolkit-error"],
+     "device error: MIG-GPU-932bfb2c-849a-2a22-1e84-9eff6bc02b39/1/0: unknown device"),
     # the workload's log
     ("doctor/workload/cuda-oom-time-slicing-t4.log", "time-sliced", "", ["pod.gpu-oom"],
      "time-slicing node, where 4 pods share"),
@@ -401,6 +427,13 @@ CASES: list[tuple[str, str, str, list[str], str]] = [
     ("doctor/device-plugin/registered-journal-bottlerocket.log", "healthy", "", [], ""),
     ("doctor/device-plugin/xid-79-unhealthy-gpu-operator-docs.log", "xid", "", ["gpu.fewer-registered"],
      "marked a GPU unhealthy (Xid 79)"),
+    ("doctor/device-plugin/legacy-could-not-load-nvml-microk8s.log", "none", "", ["gpu.plugin-no-nvml"],
+     "Failed to initialize NVML: could not load NVML library."),
+    ("doctor/device-plugin/legacy-could-not-load-nvml-minikube-addon.log", "none", "", ["gpu.plugin-no-nvml"],
+     "Failed to initialize NVML: could not load NVML library."),
+    # the plugin's own "found no GPU" line with no NVML error before it
+    ("doctor/device-plugin/legacy-no-devices-found-after-reboot.log", "none", "", ["gpu.plugin-no-nvml"],
+     "No devices found. Waiting indefinitely."),
     ("old:plugin-nvml-v017.log", "none", "plugin-log", ["gpu.plugin-no-nvml"], "Incompatible strategy detected"),
     ("old:plugin-nvml-legacy.log", "none", "plugin-log", ["gpu.plugin-no-nvml"], "could not load NVML library"),
     ("old:plugin-registered.log", "healthy", "plugin-log", [], ""),
@@ -413,12 +446,22 @@ CASES: list[tuple[str, str, str, list[str], str]] = [
 ]
 
 
+# Real texts gpuk8s reads wrong today: the reading in CASES is the right one, written by hand; the test fails until
+# the classifier is fixed (strict: an unexpected pass fails too, so the entry is moved out of here with the fix).
+XFAIL: dict[tuple[str, str], str] = {}  # none now: the two the third harvest found are fixed
+
+
 def _said(f: findings.Finding) -> str:
     return "\n".join([f.message, f.remedy, *f.evidence])
 
 
-@pytest.mark.parametrize(("name", "scenario", "form", "want", "says"), CASES,
-                         ids=[f"{c[0]}[{c[1]}]" for c in CASES])
+def _case(c: tuple[str, str, str, list[str], str]) -> Any:
+    reason = XFAIL.get((c[0], c[1]))
+    marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
+    return pytest.param(*c, marks=marks, id=f"{c[0]}[{c[1]}]")
+
+
+@pytest.mark.parametrize(("name", "scenario", "form", "want", "says"), [_case(c) for c in CASES])
 def test_every_real_text_gets_its_cause(name: str, scenario: str, form: str, want: list[str], says: str) -> None:
     found, _ = diagnose(name, scenario, form)
     assert [f.id for f in found] == want, [(f.id, f.message) for f in found]

@@ -151,6 +151,10 @@ LIST: dict[str, dict[int, list[tuple[str, str]]]] = {
         1: [], 2: [], 3: []},
     "mig/rtx4070-laptop-566-list-wsl.txt": {0: []},
     "mig/rtx3090-x4-list-gpu-hot.txt": {i: [] for i in range(4)},
+    "mig/quadro-rtx4000-x2-535-list-akash-12.txt": {0: [], 1: []},
+    "mig/a100-80gb-pcie-530-list-2x3g40gb-toolkit-203.txt": {0: [
+        ("3g.40gb", "MIG-0929581a-2be6-5dec-bf34-0954c6c529a6"),
+        ("3g.40gb", "MIG-3adbed3a-d03d-549f-a016-ba1fd7359f23")]},
 }
 # the 8 x 4 listing of the RTX PRO node: its profiles, and the first and the last UUID read by hand
 RTX_32 = "mig/rtxpro6000-list-8x4-1g24gb.txt"
@@ -166,6 +170,8 @@ VERSION = {
     "nvidia-smi/version-rtx2080s-610.txt": "13.3",  # 'CUDA version : Deprecated, ...' and 'CUDA UMD version : 13.3'
     "nvidia-smi/version-rtx2080s-591-windows.txt": "13.1",
     "nvidia-smi/version-rtx2080s-610-windows.txt": "13.3",
+    # WSL2: NVIDIA-SMI 565.77.01 and NVML 565.77 over the Windows driver 566.36 ('DRIVER version')
+    "nvidia-smi/version-wsl-566-notebookos.txt": "12.7",
 }
 
 # ---- nvidia-smi --query-gpu=compute_cap --format=csv,noheader (the probe pipes it through head: status 0)
@@ -188,6 +194,11 @@ SMI_ERRORS = {
     "nvidia-smi/nvml-version-mismatch-550-library-line-intel-llvm-17614.txt": (
         18, "Failed to initialize NVML: Driver/library version mismatch"),
     "nvidia-smi/nvml-version-mismatch-570-library-line-tinygrad-47.txt": (
+        18, "Failed to initialize NVML: Driver/library version mismatch"),
+    # the one-line mismatch on the 460 (an unattended upgrade without a reboot) and 470 (Pop!_OS) branches
+    "nvidia-smi/nvml-version-mismatch-460-shine-cluster-30.txt": (
+        18, "Failed to initialize NVML: Driver/library version mismatch"),
+    "nvidia-smi/nvml-version-mismatch-470-pop-os-18.txt": (
         18, "Failed to initialize NVML: Driver/library version mismatch"),
     # nvidia-smi(1): 255 = other error; 15 = the GPU fell off the bus or is otherwise inaccessible
     "nvidia-smi/nvml-unknown-error-510-nvidia-docker-1671.txt": (255, "Failed to initialize NVML: Unknown Error"),
