@@ -45,10 +45,13 @@ test: install lab-deps
 test-unit: install
 	$(BIN)/python -m pytest -q tests/unit
 
-# Needs Docker, kind and kubectl: uses the kind cluster $(GPUK8S_KIND_CLUSTER) if it exists, else makes one.
+# The kind smoke tests (docs/kind.md), with the checks of what they apply and of the kind workflow, which need
+# nothing. Needs Docker, kind and kubectl; the mock GPU tests also helm and git (the first run fetches and builds
+# NVIDIA/k8s-test-infra's nvml-mock). Uses the kind cluster $(GPUK8S_KIND_CLUSTER) if it exists, else makes one from
+# tests/kind/kind-config.yaml and deletes it afterwards (GPUK8S_KIND_KEEP=1 keeps it).
 GPUK8S_KIND_CLUSTER ?= gpuk8s-test
 test-kind: install
-	GPUK8S_KIND_CLUSTER=$(GPUK8S_KIND_CLUSTER) $(BIN)/python -m pytest -q -rs -m kind tests/kind
+	GPUK8S_KIND_CLUSTER=$(GPUK8S_KIND_CLUSTER) $(BIN)/python -m pytest -q -rs tests/kind tests/unit/test_kind_workflow.py
 
 lint: install
 	$(BIN)/ruff check gpuk8s tests

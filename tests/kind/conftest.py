@@ -1,7 +1,8 @@
 """A kind cluster for the `kind` tests: the one named $GPUK8S_KIND_CLUSTER if it exists, else one made here.
 
 Without Docker, kind and kubectl (as on our own machines) every test here is skipped with the reason, unless
-$GPUK8S_KIND_REQUIRED is set (the kind workflow sets it): then they fail.
+$GPUK8S_KIND_REQUIRED is set (the kind workflow sets it): then they fail. The mock GPU tests (test_mock_gpus.py)
+need helm and git as well, and the cluster's second worker (kind-config.yaml); docs/kind.md says how to run them.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
@@ -28,6 +30,14 @@ def kind_unavailable() -> str | None:
     return None
 
 
+def unavailable(reason: str) -> NoReturn:
+    """Skip with the reason; fail where $GPUK8S_KIND_REQUIRED is set (in the kind workflow a skip would pass for a
+    success)."""
+    if os.environ.get("GPUK8S_KIND_REQUIRED"):
+        pytest.fail(reason)
+    pytest.skip(reason)
+
+
 @dataclass
 class Kind:
     name: str
@@ -36,6 +46,11 @@ class Kind:
     @property
     def worker(self) -> str:
         return f"{self.name}-worker"
+
+    @property
+    def mock_gpu_node(self) -> str:
+        """The second worker: the GPU node of the mock GPU tests (nvml-mock runs there only)."""
+        return f"{self.name}-worker2"
 
     @property
     def control_plane(self) -> str:
@@ -52,10 +67,8 @@ class Kind:
 @pytest.fixture(scope="session")
 def kind(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kind]:
     reason = kind_unavailable()
-    if reason and os.environ.get("GPUK8S_KIND_REQUIRED"):
-        pytest.fail(reason)  # in the kind workflow a skip would pass for a success
     if reason:
-        pytest.skip(reason)
+        unavailable(reason)
     name = os.environ.get("GPUK8S_KIND_CLUSTER", "gpuk8s-test")
     created = False
     if name not in subprocess.run(["kind", "get", "clusters"], capture_output=True, text=True).stdout.split():
