@@ -152,6 +152,19 @@ FINDINGS: dict[str, Spec] = {
                                      "reset or a reboot)"),
     "gpu.mig-processes": _p("warning", "no process holds a GPU whose MIG layout must change (a reset or instance "
                                        "change is refused while one does)"),
+    # the NVIDIA driver (gpuk8s/preflight/driver_checks.py, docs/driver.md)
+    "driver.plan": _p("error", "with driver: {manage: true}, the branch and kernel modules install gives the node, "
+                               "or why its settings cannot work on its GPUs (open modules before Turing, proprietary "
+                               "on Blackwell or Grace Hopper, a branch that does not serve them)"),
+    "driver.mismatch": _p("error", "the loaded kernel module and the driver's NVML libraries are one version (else "
+                                   "'Driver/library version mismatch' until a reboot)"),
+    "driver.nouveau": _p("warning", "nouveau is not loaded (it keeps the nvidia module off the GPUs)"),
+    "driver.secure-boot": _p("warning", "with Secure Boot on, the nvidia module on disk is signed"),
+    "driver.kernel-headers": _p("warning", "the running kernel's headers, where a managed driver is built by DKMS"),
+    "driver.fabric-manager": _p("error", "on NVSwitch systems, nvidia-fabricmanager of the driver's version runs "
+                                         "(else CUDA error 802, 'system not yet initialized')"),
+    "driver.persistence": _p("warning", "nvidia-persistenced is active"),
+    "driver.held": _p("warning", "the driver's packages are held against automatic upgrades"),
     # gpuk8s verify with monitoring enabled (gpuk8s/phases/monitoring_verify.py, docs/monitoring.md)
     "monitoring.verified": _v(
         "the node's DCGM exporter pod is Running and its /metrics (read through the API "

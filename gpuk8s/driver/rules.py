@@ -19,6 +19,7 @@ from typing import Literal
 
 from gpuk8s import versions
 from gpuk8s.errors import GpuK8sError
+from gpuk8s.facts.model import PciDevice
 from gpuk8s.inventory.model import DriverSettings
 
 Modules = Literal["proprietary", "either", "open", "unknown"]
@@ -41,16 +42,6 @@ class DriverRuleError(GpuK8sError):
     kind = "driver-rule"
 
 
-@dataclass(frozen=True)
-class PciGpu:
-    """One NVIDIA GPU as `lspci -nn` shows it (host data): its device id and whatever name the host's
-    PCI ID database gives it ("GH100 [H100 SXM5 80GB]", or only "Device 2330" where the database is old)."""
-
-    slot: str
-    device_id: int
-    name: str
-
-
 def modules_of_capability(cap: str, arch: str) -> Modules:
     """What a GPU of compute capability `cap` ("9.0") accepts; `arch` is the host's (uname -m)."""
     rel = versions.release(cap)
@@ -63,7 +54,7 @@ def modules_of_capability(cap: str, arch: str) -> Modules:
     return "either"
 
 
-def modules_of_pci(gpu: PciGpu, arch: str) -> Modules:
+def modules_of_pci(gpu: PciDevice, arch: str) -> Modules:
     m = _CHIP.search(gpu.name)
     if m is not None:
         got = _CHIP_MODULES[m.group(1)]

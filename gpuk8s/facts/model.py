@@ -159,6 +159,44 @@ class SourceReach:
 
 
 @dataclass(frozen=True)
+class PciDevice:
+    """One NVIDIA PCI function as `lspci -Dnn -d 10de:` shows it (host data): a GPU (class 0300/0302) or an
+    NVSwitch (class 0680). `name` is what the host's PCI ID database calls it ("GH100 [H100 SXM5 80GB]"), or
+    "Device 2330" where that database is older than the device."""
+
+    slot: str
+    class_id: int
+    device_id: int
+    name: str
+
+
+@dataclass(frozen=True)
+class DriverFacts:
+    """The NVIDIA driver beyond nvidia-smi (gpuk8s/facts/driver.py parses the probe's `driver` section): what is
+    loaded, what is installed, and what runs beside it. None: could not be told."""
+
+    read: bool = False  # the probe's driver section came back (False: an older probe, or it failed)
+    pci_gpus: tuple[PciDevice, ...] = ()
+    nvswitches: tuple[PciDevice, ...] = ()
+    lspci: bool = False  # lspci answered (pci_gpus and nvswitches mean something)
+    module_version: str | None = None  # the loaded kernel module's (/proc/driver/nvidia/version)
+    module_flavor: Literal["open", "proprietary"] | None = None
+    libraries: tuple[str, ...] = ()  # the NVML library versions installed (libnvidia-ml.so.VERSION)
+    disk_module_version: str | None = None  # the module a reboot would load (modinfo nvidia)
+    module_signer: str | None = None  # its signer ('' unsigned; None unknown or no module on disk)
+    secure_boot: bool | None = None  # mokutil --sb-state; None: not an EFI system, or mokutil missing
+    kernel_headers: bool | None = None  # /lib/modules/$(uname -r)/build exists (DKMS builds need it)
+    fabric_manager: str = "absent"  # systemctl is-active nvidia-fabricmanager: active, inactive, failed, absent
+    persistenced: str = "absent"  # the same for nvidia-persistenced
+    packages: tuple[tuple[str, str], ...] = ()  # installed driver packages: (name, version)
+    held: tuple[str, ...] = ()  # package holds (apt-mark showhold; dnf versionlock entries)
+    nouveau_blacklisted: bool = False  # a modprobe.d file says 'blacklist nouveau'
+
+    def package_version(self, prefix: str) -> str | None:
+        return next((v for n, v in self.packages if n.startswith(prefix)), None)
+
+
+@dataclass(frozen=True)
 class HostFacts:
     uid: int | None
     hostname: str
@@ -195,6 +233,7 @@ class HostFacts:
     compute_caps: tuple[str, ...] = ()
     # the sources the inventory names (gpuk8s/mirrors.py sources), as this host reached them; () when not asked
     sources: tuple[SourceReach, ...] = ()
+    driver: DriverFacts = field(default_factory=DriverFacts)  # gpuk8s/facts/driver.py
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuk8s.errors import ParseError
+from gpuk8s.facts.driver import parse_driver
 from gpuk8s.facts.mig import parse_section as parse_mig_section
 from gpuk8s.facts.model import (
     GPU,
@@ -674,6 +675,7 @@ def parse_probe(text: str) -> HostFacts:
         cgroup_version=parse_cgroup_version(s.get("cgroupfs")),
         containerd_configd=parse_configd(s.get("containerd-configd")),
         sources=parse_sources(out("sources")),
+        driver=parse_driver(out("driver"), out("nvidia-proc")),
     )
 
 

@@ -53,6 +53,34 @@ mig() {
 }
 quick mig mig
 file nvidia-proc /proc/driver/nvidia/version
+# The driver beyond nvidia-smi (gpuk8s/facts/driver.py), in sub-sections '@@drv NAME RC' (bounded together by the
+# section's 256 KiB):
+# the NVIDIA PCI devices (GPUs, NVSwitches: readable without a driver), the NVML libraries installed (their
+# version against the loaded module's: a mismatch), the module on disk (what a reboot loads) and its signer,
+# Secure Boot, kernel headers, fabric manager and persistenced, the driver packages and their holds, nouveau's
+# blacklist.
+drvsub() { n=$1; shift; o=$("$@" 2>&1); r=$?; printf '@@drv %s %s\n%s\n' "$n" "$r" "$o"; }
+nvml() { for f in /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.* /usr/lib64/libnvidia-ml.so.* /usr/lib/aarch64-linux-gnu/libnvidia-ml.so.*; do [ -e "$f" ] && echo "${f##*/}"; done; true; }
+headers() { if [ -d "/lib/modules/$(uname -r)/build" ]; then echo yes; else echo no; fi; }
+units() { $T systemctl is-active nvidia-fabricmanager nvidia-persistenced; true; }
+blacklist() { grep -ls '^[[:space:]]*blacklist[[:space:]]\{1,\}nouveau' /etc/modprobe.d/*.conf /lib/modprobe.d/*.conf /usr/lib/modprobe.d/*.conf; true; }
+drvpkgs() { if command -v dpkg-query >/dev/null 2>&1; then
+    dpkg-query -W -f '${Package} ${Version} ${db:Status-Abbrev}\n' 'nvidia-driver-*' 'nvidia-fabricmanager*' \
+      'linux-modules-nvidia-*' 'nvidia-dkms-*' 'libnvidia-nscq*' 2>/dev/null | awk '$3 ~ /^ii/ {print $1, $2}'
+  else rpm -qa --qf '%{NAME} %{VERSION}-%{RELEASE}\n' 'nvidia-driver*' 'nvidia-fabric*' 'kmod-nvidia*' 2>/dev/null; fi; true; }
+holds() { if command -v apt-mark >/dev/null 2>&1; then apt-mark showhold; else cat /etc/dnf/plugins/versionlock.list 2>/dev/null; fi; true; }
+driver() {
+  if command -v lspci >/dev/null 2>&1; then drvsub lspci lspci -Dnn -d 10de:; else printf '@@drv lspci 127\n'; fi
+  drvsub nvml nvml
+  if command -v modinfo >/dev/null 2>&1; then drvsub modinfo modinfo nvidia; else printf '@@drv modinfo 127\n'; fi
+  if command -v mokutil >/dev/null 2>&1; then drvsub secureboot mokutil --sb-state; else printf '@@drv secureboot 127\n'; fi
+  drvsub headers headers
+  drvsub units units
+  drvsub packages drvpkgs
+  drvsub holds holds
+  drvsub blacklist blacklist
+}
+quick driver driver
 sec containerd-version containerd --version
 sec containerd-active systemctl is-active containerd
 file containerd-config /etc/containerd/config.toml

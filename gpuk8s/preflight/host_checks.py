@@ -11,6 +11,7 @@ from gpuk8s.facts.model import CRI_SOCKETS, SUPPORTED_OS, HostFacts
 from gpuk8s.facts.parse import CONTAINERD_CONFIG, TOO_LARGE
 from gpuk8s.gpuplan import is_gpu_node
 from gpuk8s.inventory.model import Cluster, Host
+from gpuk8s.preflight.driver_checks import driver_checks
 from gpuk8s.preflight.mig_checks import mig_checks
 from gpuk8s.preflight.result import CheckResult, failed, passed, skipped
 from gpuk8s.versions import at_least, cuda_driver_floor, cuda_versions_supported, fmt, release
@@ -39,6 +40,7 @@ def check_host(host: Host, facts: HostFacts, cluster: Cluster, today: date | Non
     results: list[CheckResult] = []
     results += _os(facts)
     results += _gpu(host, facts)
+    results += driver_checks(host, facts, today)
     results += gpu_sharing(host, facts,
                            device_plugin_version or versions.pins(cluster.kubernetes_version).device_plugin)
     results += mig_checks(host, facts)
@@ -169,6 +171,11 @@ def _gpu(host: Host, f: HostFacts) -> list[CheckResult]:
         if g.state == "ok":
             return [passed("gpu.driver", f"driver {g.driver}, {len(g.gpus)} GPU(s) on a host without GPU role")]
         return [skipped(i, "CPU-only host: no GPU expected") for i in ids]
+    if g.state in ("absent", "failed") and host.gpu.driver.manage:
+        # install installs (or repairs) it: driver.plan says which, driver.mismatch and driver.nouveau what is wrong
+        return [skipped("gpu.driver", ("no NVIDIA driver installed" if g.state == "absent" else
+                                       f"nvidia-smi failed: {g.error}") + ": install installs the driver "
+                        "(driver: manage: true)")] + [skipped(i, "no working driver yet") for i in ids[1:]]
     if g.state == "absent":
         return [failed("gpu.driver", "nvidia-smi not found: the NVIDIA driver is not installed",
                        "install the NVIDIA datacenter driver (>= 418.87.01) and reboot; "

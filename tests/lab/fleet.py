@@ -49,7 +49,13 @@ DEFAULTS: dict[str, Any] = {
     "mig": "Disabled",
     # MIG mode changes: "reset" (pending until nvidia-smi -r or a reboot) or "auto" (the driver resets an idle GPU)
     "mig_activation": "reset",
-    "driver": "535.104.05",
+    "driver": "535.104.05",  # the loaded module and its libraries; null: no driver (a bare server)
+    "driver_flavor": "proprietary",  # or open: /proc/driver/nvidia/version's wording, the package's -open
+    "driver_held": True,  # the driver package is held (apt-mark hold) on Ubuntu hosts
+    "persistenced": True,  # nvidia-persistenced runs
+    "nvswitches": 0,  # NVSwitches lspci shows (an HGX board: 4 on H100/H200)
+    "driver_libraries": None,  # the driver's user-space version where it differs from the loaded module's
+    "driver_inventory": None,  # copied as the host's inventory `driver:` (docs/driver.md), e.g. {manage: true}
     "runtime": "containerd",
     "runtime_version": "debian",  # 'debian': Debian's real containerd binary; else a faked version string
     "runtime_active": True,

@@ -37,9 +37,10 @@ NS_PREFIX = "gk8s-"
 FAKES_SRC = Path(__file__).parent / "fakes"
 REAL_OBJECTS = Path(__file__).resolve().parents[1] / "fixtures" / "real" / "objects"  # its SOURCE.md
 LAB_USER, LAB_UID = "gpuk8s", 2742
+DRIVER_PROC = "/var/lib/gpuk8s-lab/driver"  # what the host sees as /proc/driver/nvidia (start_sshd)
 OVERLAYS = ("etc", "usr", "var/lib", "root", "home")
 FAKED = ("nvidia-smi", "lsmod", "modprobe", "sysctl", "swapon", "swapoff", "systemctl", "uname", "nproc",
-         "apt-get", "dpkg", "dpkg-query", "apt-mark", "dnf", "yum", "rpm", "curl", "gpg")
+         "apt-get", "dpkg", "dpkg-query", "apt-mark", "dnf", "yum", "rpm", "curl", "gpg", "lspci")
 ALWAYS_ABSENT = ("usr/local/bin/docker", "usr/bin/docker", "usr/bin/kubectl", "usr/bin/kubeadm", "usr/bin/kubelet",
                  "usr/bin/nvidia-ctk")
 STUB_TOOLS = ("conntrack", "socat", "ebtables", "ethtool")  # present (as stubs) only when the fleet lists them
@@ -52,6 +53,18 @@ FAKES_MODE_ENV = "GPUK8S_LAB_FAKES"
 DELAY_ENV = "GPUK8S_LAB_DELAY"
 RELAY_MIN_MS = 1.0  # a relayed delay below this is left to the veth pair itself (0.02-0.05 ms)
 BUILD_CACHE = Path(os.environ.get("GPUK8S_LAB_BUILD_CACHE", "/var/tmp/gpuk8s-lab-build"))
+
+
+def proc_driver_version(version: str, flavor: str, arch: str = "x86_64") -> str:
+    """/proc/driver/nvidia/version of a loaded module, in the format the real ones print (tests/fixtures/real/driver:
+    proprietary "NVIDIA UNIX x86_64 Kernel Module  V  DATE", open "NVIDIA UNIX Open Kernel Module for x86_64  V
+    Release Build  (dvs-builder@HOST)  DATE"; two spaces around the version)."""
+    if flavor == "open":
+        first = (f"NVRM version: NVIDIA UNIX Open Kernel Module for {arch}  {version}  Release Build  "
+                 "(dvs-builder@U22-I3-B17-02-5)  Tue Sep 23 09:55:41 UTC 2025")
+    else:
+        first = f"NVRM version: NVIDIA UNIX {arch} Kernel Module  {version}  Thu Dec 28 15:37:48 UTC 2023"
+    return first + "\nGCC version:  gcc version 11.4.0 (Ubuntu 11.4.0-1ubuntu1~22.04) \n"
 
 
 class LabError(Exception):
@@ -256,7 +269,11 @@ class LabHost:
             mounts.append(f"mount -t overlay overlay -o lowerdir=/{ov},upperdir={d}/upper/{key},"
                           f"workdir={d}/work/{key} /{ov}")
         mounts += ["mount -t tmpfs -o mode=755 tmpfs /run", "mkdir -p /run/sshd /run/lock",
-                   "mount -t tmpfs -o mode=1777 tmpfs /tmp", f"hostname {self.name}"]
+                   "mount -t tmpfs -o mode=1777 tmpfs /tmp", f"hostname {self.name}",
+                   # the loaded driver's /proc/driver/nvidia: a link into the host's state, which the fakes change
+                   # (a reboot after a driver upgrade loads the new module); absent where no module is loaded
+                   "mount -t tmpfs -o mode=755 tmpfs /proc/driver",
+                   f"ln -s {DRIVER_PROC} /proc/driver/nvidia"]
         # the cgroup version the host shows (`stat -fc %T /sys/fs/cgroup/`): cgroup2fs for v2, tmpfs for v1, as
         # the fleet says; ip netns exec gives the host a fresh sysfs, where it would read "sysfs" (unknown)
         cgroup = self.spec.spec.get("cgroup", 2)
@@ -635,6 +652,7 @@ class Lab:
             # 'repo-unreachable': NVIDIA's and Kubernetes' package repositories cannot be resolved
             "unreachable_hosts": ["nvidia.github.io", "pkgs.k8s.io"] if "repo-unreachable" in spec["faults"] else [],
         }
+        self._write_driver(h, state)
         h.write("/var/lib/gpuk8s-lab/host.json", json.dumps({"name": h.name, "address": h.address, **spec,
                                                                "kernel": h.spec.kernel}, indent=1))
         # world-writable: fakes run as the login user too, and record every call
@@ -650,6 +668,32 @@ class Lab:
         self._make_netns(h)
         if "sshd-stopped" not in spec["faults"]:
             h.start_sshd()
+
+    @staticmethod
+    def _write_driver(h: LabHost, state: dict[str, Any]) -> None:
+        """A GPU host's driver as a well-kept server has it: the module loaded (/proc/driver/nvidia/version, in the
+        format the real proprietary and open modules print), its NVML library, nvidia-persistenced running, and
+        on Ubuntu the archive's driver package, held. The fleet's driver_held: false and persistenced: false
+        leave those out; driver: null (or gpus: 0) is a host without a driver."""
+        spec = h.spec.spec
+        v = str(spec["driver"] or "")
+        if not v or not spec["gpus"]:
+            return
+        flavor = spec.get("driver_flavor") or "proprietary"
+        libs = str(spec.get("driver_libraries") or v)  # another version: upgraded packages, the old module loaded
+        state["driver"] = {"loaded": v, "libraries": libs, "flavor": flavor}
+        h.write(f"{DRIVER_PROC}/version", proc_driver_version(v, flavor, spec["arch"]))
+        arch = "aarch64" if spec["arch"] == "aarch64" else "x86_64"
+        lib = f"/usr/lib/{arch}-linux-gnu" if spec["os"].startswith("ubuntu") else "/usr/lib64"
+        h.write(f"{lib}/libnvidia-ml.so.{libs}", "")
+        if spec.get("persistenced", True):
+            state["services"]["nvidia-persistenced"] = "active"
+            state["enabled"].append("nvidia-persistenced")
+        if spec["os"].startswith("ubuntu"):
+            pkg = f"nvidia-driver-{v.split('.')[0]}-server" + ("-open" if flavor == "open" else "")
+            state["packages"][pkg] = f"{libs}-0ubuntu0.22.04.1"
+            if spec.get("driver_held", True):
+                state["holds"] = [pkg]
 
     def _write_etc(self, h: LabHost) -> None:
         spec = h.spec.spec
@@ -699,7 +743,8 @@ class Lab:
             if tool not in spec["tools"]:
                 _whiteout(h.upper(f"/usr/bin/{tool}"))
                 _whiteout(h.upper(f"/usr/sbin/{tool}"))
-        if spec["gpus"] == 0 and "nvidia-smi" not in (spec["overrides"] or {}):
+        # a host without GPUs, or a bare server (driver: null), has no nvidia-smi
+        if (spec["gpus"] == 0 or not spec["driver"]) and "nvidia-smi" not in (spec["overrides"] or {}):
             _whiteout(h.upper("/usr/bin/nvidia-smi"))
             _whiteout(h.upper("/usr/sbin/nvidia-smi"))
 
@@ -738,6 +783,8 @@ class Lab:
                 entry["gpu_sharing"] = spec["gpu_sharing"]
             if spec.get("mig_layout"):
                 entry["mig"] = spec["mig_layout"]
+            if spec.get("driver_inventory"):
+                entry["driver"] = spec["driver_inventory"]
             user = spec["login"]
             if user != "gpuk8s" or spec["sudo"] == "password":
                 entry["ssh"] = {"user": user}

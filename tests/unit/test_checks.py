@@ -6,7 +6,17 @@ from dataclasses import replace
 from datetime import date
 
 from gpuk8s import versions
-from gpuk8s.facts.model import GPU, ContainerdConfig, DockerDaemon, GPUInfo, HostFacts, OSInfo, Runtime
+from gpuk8s.facts.model import (
+    GPU,
+    ContainerdConfig,
+    DockerDaemon,
+    DriverFacts,
+    GPUInfo,
+    HostFacts,
+    OSInfo,
+    PciDevice,
+    Runtime,
+)
 from gpuk8s.facts.parse import Section, parse_containerd_config
 from gpuk8s.inventory.model import Cluster, Host, SSHSettings
 from gpuk8s.preflight.cluster_checks import check_cluster
@@ -33,8 +43,17 @@ def facts(**kw) -> HostFacts:
         kubeadm=None, kubelet=None, firewalld_active=False, tools=frozenset({"conntrack", "socat", "ebtables",
                                                                             "ethtool"}),
         listening_ports=frozenset({22}), macs=("02:00:00:00:00:01",), product_uuid=None, machine_id="m1",
-        kube_files=(), time=1000.0, cgroup_version=2)
+        kube_files=(), time=1000.0, cgroup_version=2, driver=READY_DRIVER)
     return replace(base, **kw)
+
+
+# a well-kept host's driver: the loaded module and its libraries of one version, persistenced running, packages held
+READY_DRIVER = DriverFacts(
+    read=True, lspci=True, module_version="535.104.05", module_flavor="proprietary", libraries=("535.104.05",),
+    pci_gpus=tuple(PciDevice(f"0000:{0x17 + i:02x}:00.0", 0x0302, 0x20B2, "GA100 [A100 SXM4 80GB]") for i in range(8)),
+    disk_module_version="535.104.05", module_signer="", secure_boot=False, kernel_headers=True,
+    fabric_manager="inactive", persistenced="active",
+    packages=(("nvidia-driver-535-server", "535.104.05-0ubuntu0.22.04.1"),), held=("nvidia-driver-535-server",))
 
 
 HOST = Host("gpu-1", "10.0.0.11", "worker", SSHSettings(), gpus=8)

@@ -9,7 +9,8 @@ import pytest
 
 from gpuk8s import versions
 from gpuk8s.driver import rules
-from gpuk8s.driver.rules import DriverRuleError, PciGpu, choose, combine, modules_of_capability, modules_of_pci
+from gpuk8s.driver.rules import DriverRuleError, choose, combine, modules_of_capability, modules_of_pci
+from gpuk8s.facts.model import PciDevice
 from gpuk8s.inventory import loader
 from gpuk8s.inventory.model import DriverSettings
 
@@ -86,7 +87,7 @@ def test_modules_by_compute_capability(cap: str, arch: str, modules: str) -> Non
     ("Device 2b85", 0x2B85, "x86_64", "unknown"),  # an id the database cannot name: Turing or newer, which?
 ])
 def test_modules_by_pci_name_or_id(name: str, device: int, arch: str, modules: str) -> None:
-    assert modules_of_pci(PciGpu("0000:17:00.0", device, name), arch) == modules
+    assert modules_of_pci(PciDevice("0000:17:00.0", 0x0302, device, name), arch) == modules
 
 
 def test_a_host_mixing_pre_turing_and_blackwell_gpus_is_refused() -> None:

@@ -362,13 +362,31 @@ def _compute_cap(model: str) -> str:
     return "8.0"
 
 
+def driver_state(h: Host) -> dict:
+    """The driver as the host has it (state["driver"]): the loaded module's version and flavour, and the user-space
+    libraries' version; a package upgrade without a reboot makes them differ (LabHost.set_driver)."""
+    d = h.state.get("driver")
+    if d is None:
+        v = str(h.spec["driver"] or "")
+        d = {"loaded": v, "libraries": v, "flavor": h.spec.get("driver_flavor") or "proprietary"}
+    return d
+
+
 def nvidia_smi(h: Host, args: list[str]) -> int:
     s = h.spec
     n = int(s["gpus"])
-    driver = str(s["driver"])
+    drv = driver_state(h)
+    driver = str(drv["loaded"] or s["driver"])
     if n == 0:
         err("No devices were found\n")
         return 6
+    if drv["libraries"] and drv["loaded"] and drv["libraries"] != drv["loaded"]:
+        # as nvidia-smi of 550 and later prints it (tests/fixtures/real/nvidia-smi: NVML 550.144, 570.124, and
+        # zzzhouuu/truenas-nvidia-drivers#19: 580.178): the library's major.minor on the second line; NVML's
+        # NVML_ERROR_LIB_RM_VERSION_MISMATCH is 18
+        out("Failed to initialize NVML: Driver/library version mismatch\n"
+            f"NVML library version: {'.'.join(str(drv['libraries']).split('.')[:2])}\n")
+        return 18
     cuda = cuda_of(driver)
     gpus = [(i, s["gpu_model"], f"GPU-{h.spec['name']}-{i:04d}-lab", s["gpu_memory_mib"], _mig_mode(h, i)[0])
             for i in range(n)]
@@ -431,6 +449,27 @@ def nvidia_smi(h: Host, args: list[str]) -> int:
     out(f"| NVIDIA-SMI {driver}    Driver Version: {driver}    CUDA Version: {cuda} |\n")
     for i, name, _, mem, _ in gpus:
         out(f"|   {i}  {name}  |  0MiB / {mem}MiB |\n")
+    return 0
+
+
+# lspci's names for the lab's boards: the PCI ID database's (pciutils/pciids@c1c12547 pci.ids, 2026-08-22; lspci
+# -Dnn prints "NVIDIA Corporation GH100 [H100 SXM5 80GB] [10de:2330]" on an HGX H100, with its NVSwitches as
+# "Bridge [0680]: NVIDIA Corporation GH100 [H100 NVSwitch] [10de:22a3]": tests/fixtures/real/driver/lspci-*)
+PCI_BOARDS = (("H100", "GH100 [H100 SXM5 80GB]", 0x2330), ("H200", "GH100 [H200 SXM 141GB]", 0x2335),
+              ("A100", "GA100 [A100 SXM4 80GB]", 0x20B2), ("V100", "GV100GL [Tesla V100 SXM2 32GB]", 0x1DB5),
+              ("T4", "TU104GL [Tesla T4]", 0x1EB8), ("L40S", "AD102GL [L40S]", 0x26B9), ("L4", "AD104GL [L4]", 0x27B8))
+
+
+def lspci(h: Host, args: list[str]) -> int:
+    """`lspci -Dnn [-d 10de:]`: the host's GPUs (3D controllers) and, on an HGX board (spec nvswitches), its
+    NVSwitches (bridges)."""
+    model = str(h.spec["gpu_model"])
+    name, dev = next(((nm, d) for key, nm, d in PCI_BOARDS if key in model), ("Device", 0x20B2))
+    for i in range(int(h.spec.get("nvswitches") or 0)):
+        out(f"0000:{0x07 + i:02x}:00.0 Bridge [0680]: NVIDIA Corporation GH100 [H100 NVSwitch] [10de:22a3] (rev a1)\n")
+    for i in range(int(h.spec["gpus"])):
+        out(f"0000:{0x1b + 0x10 * i:02x}:00.0 3D controller [0302]: NVIDIA Corporation {name} [10de:{dev:04x}] "
+            "(rev a1)\n")
     return 0
 
 
@@ -1406,15 +1445,21 @@ def dpkg_query(h: Host, args: list[str]) -> int:
         fmt = args[args.index("-f") + 1]
     names = [a for i, a in enumerate(args) if not a.startswith("-") and not (i and args[i - 1] == "-f")]
     rc = 0
-    for p in names:
-        v = h.state.get("packages", {}).get(p)
-        if v is None:
-            err(f"dpkg-query: no packages found matching {p}\n")
+    installed = h.state.get("packages", {})
+    for pattern in names:
+        # a glob names every installed package it matches (dpkg-query -W 'nvidia-driver-*')
+        found = sorted(p for p in installed if fnmatch.fnmatchcase(p, pattern)) if any(
+            c in pattern for c in "*?[") else [pattern] if pattern in installed else []
+        if not found:
+            err(f"dpkg-query: no packages found matching {pattern}\n")
             rc = 1
-        elif fmt is not None:
-            out(fmt.replace("${Version}", v).replace("${Package}", p).replace("\\n", "\n"))
-        else:
-            out(f"{p}\t{v}\n")
+        for p in found:
+            v = installed[p]
+            if fmt is not None:
+                out(fmt.replace("${Version}", v).replace("${Package}", p).replace("${db:Status-Abbrev}", "ii ")
+                    .replace("\\n", "\n"))
+            else:
+                out(f"{p}\t{v}\n")
     return rc
 
 
@@ -1791,7 +1836,7 @@ COMMANDS = {
     "containerd": containerd, "apt-get": apt_get, "dnf": dnf, "yum": dnf, "dpkg-query": dpkg_query,
     "dpkg": noop, "apt-mark": apt_mark, "rpm": rpm, "curl": curl, "gpg": gpg, "nvidia-ctk": nvidia_ctk,
     "kubelet": kubelet, "kubeadm": kubeadm, "kubectl": kubectl, "cri-dockerd": cri_dockerd,
-    "conntrack": noop, "socat": noop, "ebtables": noop, "ethtool": noop,
+    "conntrack": noop, "socat": noop, "ebtables": noop, "ethtool": noop, "lspci": lspci,
 }
 
 
@@ -1807,7 +1852,7 @@ def read_only(name: str, args: list[str]) -> bool:
                                      "--destroy-gpu-instance", "--create-compute-instance",
                                      "--destroy-compute-instance"} & set(args))
     if name in ("lsmod", "swapon", "uname", "nproc", "dpkg-query", "rpm", "conntrack", "socat",
-                "ebtables", "ethtool", "dpkg"):
+                "ebtables", "ethtool", "dpkg", "lspci"):
         return True
     if name == "sysctl":
         return not any("=" in a or a in ("-w", "--write", "-p", "--load", "--system") or a.startswith("-p")
