@@ -31,6 +31,7 @@ from gpuk8s.phases.base import (
     select,
 )
 from gpuk8s.phases.cni import CNI
+from gpuk8s.phases.driver import Driver
 from gpuk8s.phases.gpu import GPUNodes
 from gpuk8s.phases.init import Init
 from gpuk8s.phases.join import Join
@@ -80,13 +81,14 @@ class ClusterReport:
 
 def install_phases(inv: Inventory, on_event: Callable[[Event], None] | None = None,
                    measure_network: bool = False) -> list[Phase]:
-    # mig right after prepare: the layout (and any reboot it needs) before kubelet and the device plugin start
-    return [Lock(), Prepare(on_event, measure_network), Mig(), Init(), Kubeconfig(), CNI(inv.cluster.cni), Join(),
-            GPUNodes(), *([Monitoring()] if inv.monitoring.enabled else []), Verify()]
+    # driver and mig right after prepare: the module loaded and the MIG layout (and any reboot they need) before
+    # kubelet and the device plugin start
+    return [Lock(), Prepare(on_event, measure_network), Driver(), Mig(), Init(), Kubeconfig(), CNI(inv.cluster.cni),
+            Join(), GPUNodes(), *([Monitoring()] if inv.monitoring.enabled else []), Verify()]
 
 
 def join_phases(on_event: Callable[[Event], None] | None = None) -> list[Phase]:
-    return [Lock(), Prepare(on_event), Mig(), Join(), GPUNodes(), Verify()]
+    return [Lock(), Prepare(on_event), Driver(), Mig(), Join(), GPUNodes(), Verify()]
 
 
 def _run(ctx: Context, phases: list[Phase], dry_run: bool) -> ClusterReport:

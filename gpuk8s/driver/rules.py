@@ -19,7 +19,7 @@ from typing import Literal
 
 from gpuk8s import versions
 from gpuk8s.errors import GpuK8sError
-from gpuk8s.facts.model import PciDevice
+from gpuk8s.facts.model import HostFacts, PciDevice
 from gpuk8s.inventory.model import DriverSettings
 
 Modules = Literal["proprietary", "either", "open", "unknown"]
@@ -34,6 +34,14 @@ _CHIP_MODULES: dict[str, Modules] = {"GK": "proprietary", "GM": "proprietary", "
 # The first Turing device id (TU102, 0x1E02, is the lowest id in the open modules' table of supported GPUs):
 # every NVIDIA GPU before Turing has a lower id, so an id the PCI database cannot name still tells that much.
 FIRST_TURING_DEVICE = 0x1E00
+
+
+def accepted_modules(f: HostFacts) -> Modules:
+    """What the host's GPUs accept: from nvidia-smi's compute capabilities where the driver answers, else from
+    lspci (a host without a driver)."""
+    if f.compute_caps:
+        return combine([modules_of_capability(c, f.arch) for c in f.compute_caps])
+    return combine([modules_of_pci(g, f.arch) for g in f.driver.pci_gpus])
 
 
 class DriverRuleError(GpuK8sError):
@@ -126,3 +134,42 @@ def choose(settings: DriverSettings, accepted: Modules, today: date | None = Non
     if b.end_of_life_reached(day):
         why += f"; branch {branch} reached its end of life on {b.end_of_life.isoformat()}"
     return DriverChoice(branch, flavor, why)
+
+
+def channel_problem(settings: DriverSettings, os_family: str) -> str:
+    """Why gpuk8s cannot install the driver this way on this OS ('' where it can). Today: Ubuntu's archive (signed,
+    precompiled modules: Secure Boot works without enrolling a key). NVIDIA's repository and Alibaba Cloud Linux 3
+    (NVIDIA's RHEL 8 repository, DKMS) are planned, not built."""
+    if os_family != "debian":
+        return ("gpuk8s installs the driver from Ubuntu's archive only, so far; on Alibaba Cloud Linux 3 install it "
+                "yourself (NVIDIA's RHEL 8 repository) and set driver.manage: false")
+    if settings.source != "distro":
+        return ("gpuk8s installs the driver from Ubuntu's archive only, so far (source: distro); with source: nvidia "
+                "install it yourself from NVIDIA's CUDA repository and set driver.manage: false")
+    return ""
+
+
+def ubuntu_packages(c: DriverChoice, nvswitch: bool) -> dict[str, object]:
+    """The packages of a choice on Ubuntu (Canonical's 'NVIDIA drivers installation' guide and NVIDIA's own
+    precompiled Ubuntu 22.04 driver image): the headless driver without DKMS, nvidia-smi, and the kernel's signed
+    precompiled modules (linux-modules-nvidia-BRANCH-server[-open]-KERNEL, for the running kernel); on NVSwitch
+    systems fabric manager and NSCQ, which match the -server driver of their branch."""
+    suffix = "-server-open" if c.flavor == "open" else "-server"
+    pkgs = [f"nvidia-headless-no-dkms-{c.branch}{suffix}", f"nvidia-utils-{c.branch}-server"]
+    if nvswitch:
+        pkgs += [f"nvidia-fabricmanager-{c.branch}", f"libnvidia-nscq-{c.branch}"]
+    return {"packages": pkgs, "modules_prefix": f"linux-modules-nvidia-{c.branch}{suffix}-"}
+
+
+def playbook_context(settings: DriverSettings, f: HostFacts, today: date | None = None) -> dict[str, object]:
+    """What playbooks/nvidia-driver.yaml sees as `driver`: manage false where gpuk8s leaves the driver alone (not
+    managed, or settings preflight refused: that host is blocked before any playbook runs)."""
+    if not settings.manage or channel_problem(settings, f.os.family):
+        return {"manage": False}
+    try:
+        c = choose(settings, accepted_modules(f), today)
+    except DriverRuleError:
+        return {"manage": False}
+    nvswitch = bool(f.driver.nvswitches)
+    return {"manage": True, "branch": c.branch, "flavor": c.flavor, "nvswitch": nvswitch,
+            **ubuntu_packages(c, nvswitch)}

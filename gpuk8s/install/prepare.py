@@ -37,7 +37,9 @@ FIXED_BY_INSTALL = frozenset({
 
 def playbooks_for(inv: Inventory) -> list[str]:
     # Docker: Kubernetes >= 1.24 reaches it only through cri-dockerd (playbooks/cri-dockerd.yaml)
-    return ["kubernetes-prerequisites", "nvidia-container-toolkit", inv.cluster.container_runtime,
+    # the NVIDIA driver first, where any node has gpuk8s manage it (playbooks/nvidia-driver.yaml)
+    driver = ["nvidia-driver"] if any(h.gpu.driver.manage for h in inv.hosts) else []
+    return [*driver, "kubernetes-prerequisites", "nvidia-container-toolkit", inv.cluster.container_runtime,
             *(["cri-dockerd"] if inv.cluster.container_runtime == "docker" else [])]
 
 

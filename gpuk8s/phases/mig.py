@@ -16,7 +16,6 @@ the facts read after the change.
 
 from __future__ import annotations
 
-import contextlib
 import time
 from dataclasses import dataclass, field
 
@@ -28,7 +27,8 @@ from gpuk8s.mig.profiles import mig_capable, model_for
 from gpuk8s.phases import shell
 from gpuk8s.phases.base import Change, Context, Phase, PhasePlan, PhaseResult
 from gpuk8s.phases.prepare import refresh_facts
-from gpuk8s.remote import RemoteError, Session, for_each_host
+from gpuk8s.phases.reboot import REBOOT, reboot
+from gpuk8s.remote import Session, for_each_host
 
 UNIT = """[Unit]
 Description=gpuk8s: re-create the MIG layout of /etc/gpuk8s/mig.conf (GPU instances do not survive a reboot)
@@ -43,9 +43,6 @@ ExecStart=/usr/local/sbin/gpuk8s-mig /etc/gpuk8s/mig.conf
 [Install]
 WantedBy=multi-user.target
 """
-REBOOT = "sudo systemctl reboot"
-DOWN_TIMEOUT = 180.0  # how long a host may keep answering SSH after `systemctl reboot` before it counts as failed
-POLL = 0.5
 
 
 @dataclass
@@ -225,20 +222,9 @@ class Mig(Phase):
         did not (gpuk8s-mig.service normally creates the whole layout at boot)."""
         host = hm.host
         started = time.monotonic()
-        old = ctx.sessions[host.name]
-        # the connection may drop before the exit status comes back: that is the reboot too
-        with contextlib.suppress(RemoteError):
-            old.run("systemctl reboot", sudo=True, timeout=60, display="systemctl reboot (--allow-reboot)")
-        old.close()
-        password = ctx.sudo_passwords.get(host.name)
-        if not wait_down(host, password, DOWN_TIMEOUT):
-            return "failed", (f"reboot asked ({why}) but {host.name} still answered SSH after {DOWN_TIMEOUT:g} s: "
-                              f"check that {REBOOT} works there, reboot it by hand, then re-run")
-        fresh = wait_up(host, password, ctx.options.reboot_timeout)
+        fresh, problem = reboot(ctx, host, why)
         if fresh is None:
-            return "failed", (f"{host.name} did not answer SSH within {ctx.options.reboot_timeout:g} s after the "
-                              "reboot: check its console (BIOS, fsck, network); re-run gpuk8s install once it is back")
-        ctx.sessions[host.name] = fresh
+            return "failed", problem
         facts = refresh_facts({host.name: fresh}, 1).get(host.name)
         if facts is None:
             return "failed", f"{host.name} came back after the reboot, but its facts could not be read"
@@ -256,40 +242,3 @@ class Mig(Phase):
         if not res.ok or bad:
             return "failed", f"{took}; " + ("; ".join(bad) or f"mig-apply exit status {res.exit_status}")
         return "changed", f"{took}; GPU {', '.join(str(c.index) for c in again.changes)} changed after it"
-
-
-def _answers(host: Host, password: str | None) -> Session | None:
-    """A fresh session to the host when it runs a command now, else None."""
-    s = Session(host, password)
-    try:
-        if s.run("true", timeout=30, display="true (is SSH there?)").ok:
-            return s
-    except RemoteError:
-        pass
-    s.close()
-    return None
-
-
-def wait_down(host: Host, password: str | None, timeout: float) -> bool:
-    """Poll until the host stops answering SSH (True), or False at the timeout."""
-    deadline = time.monotonic() + timeout
-    while True:
-        s = _answers(host, password)
-        if s is None:
-            return True
-        s.close()
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(POLL)
-
-
-def wait_up(host: Host, password: str | None, timeout: float) -> Session | None:
-    """Poll until the host answers SSH again: the open session, or None at the timeout."""
-    deadline = time.monotonic() + timeout
-    while True:
-        s = _answers(host, password)
-        if s is not None:
-            return s
-        if time.monotonic() > deadline:
-            return None
-        time.sleep(POLL)

@@ -21,6 +21,7 @@ from typing import Any
 import jinja2
 
 from gpuk8s import mirrors, versions
+from gpuk8s.driver import rules as driver_rules
 from gpuk8s.facts.model import SUPPORTED_OS, HostFacts
 from gpuk8s.gpuplan import is_gpu_node
 from gpuk8s.inventory.model import Host, Inventory
@@ -74,6 +75,8 @@ def context(inv: Inventory, host: Host, facts: HostFacts) -> dict[str, Any]:
         "arch": facts.arch,
         "deb_arch": _DEB_ARCH.get(facts.arch, facts.arch),
         "gpu": is_gpu_node(host),  # the GPU plan decides (gpuk8s/gpuplan.py), nothing else
+        # the NVIDIA driver where gpuk8s manages it (gpuk8s/driver/rules.py decides branch, modules, packages)
+        "driver": driver_rules.playbook_context(host.gpu.driver, facts) if is_gpu_node(host) else {"manage": False},
         "runtime": c.container_runtime,
         # containerd 2.x reads config version 3, where the CRI runtime plugin has another name (the containerd
         # the host will have: after the upgrade, where install upgrades it)

@@ -36,19 +36,14 @@ def driver_checks(host: Host, f: HostFacts, today: date | None = None) -> list[C
     return out
 
 
-def accepted_modules(f: HostFacts) -> rules.Modules:
-    """What the host's GPUs accept: from nvidia-smi's compute capabilities where the driver answers, else from
-    lspci (a host without a driver)."""
-    if f.compute_caps:
-        return rules.combine([rules.modules_of_capability(c, f.arch) for c in f.compute_caps])
-    return rules.combine([rules.modules_of_pci(g, f.arch) for g in f.driver.pci_gpus])
-
-
 def plan(host: Host, f: HostFacts, today: date | None = None) -> CheckResult:
     """driver.plan: the branch and modules install gives this node, or why its settings cannot work on its GPUs."""
     where = f"driver (inventory line {host.gpu.driver.line})" if host.gpu.driver.line else "driver"
+    problem = rules.channel_problem(host.gpu.driver, f.os.family)
+    if problem:
+        return failed("driver.plan", f"{where}: {problem.split(';')[0]}", problem.split("; ", 1)[-1])
     try:
-        c = rules.choose(host.gpu.driver, accepted_modules(f), today)
+        c = rules.choose(host.gpu.driver, rules.accepted_modules(f), today)
     except rules.DriverRuleError as e:
         return failed("driver.plan", f"{where}: {e.message}", e.remedy)
     have = f.driver.module_version or (f.gpu.driver if f.gpu.state == "ok" else None)

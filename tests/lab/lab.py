@@ -55,18 +55,6 @@ RELAY_MIN_MS = 1.0  # a relayed delay below this is left to the veth pair itself
 BUILD_CACHE = Path(os.environ.get("GPUK8S_LAB_BUILD_CACHE", "/var/tmp/gpuk8s-lab-build"))
 
 
-def proc_driver_version(version: str, flavor: str, arch: str = "x86_64") -> str:
-    """/proc/driver/nvidia/version of a loaded module, in the format the real ones print (tests/fixtures/real/driver:
-    proprietary "NVIDIA UNIX x86_64 Kernel Module  V  DATE", open "NVIDIA UNIX Open Kernel Module for x86_64  V
-    Release Build  (dvs-builder@HOST)  DATE"; two spaces around the version)."""
-    if flavor == "open":
-        first = (f"NVRM version: NVIDIA UNIX Open Kernel Module for {arch}  {version}  Release Build  "
-                 "(dvs-builder@U22-I3-B17-02-5)  Tue Sep 23 09:55:41 UTC 2025")
-    else:
-        first = f"NVRM version: NVIDIA UNIX {arch} Kernel Module  {version}  Thu Dec 28 15:37:48 UTC 2023"
-    return first + "\nGCC version:  gcc version 11.4.0 (Ubuntu 11.4.0-1ubuntu1~22.04) \n"
-
-
 class LabError(Exception):
     pass
 
@@ -681,8 +669,8 @@ class Lab:
             return
         flavor = spec.get("driver_flavor") or "proprietary"
         libs = str(spec.get("driver_libraries") or v)  # another version: upgraded packages, the old module loaded
-        state["driver"] = {"loaded": v, "libraries": libs, "flavor": flavor}
-        h.write(f"{DRIVER_PROC}/version", proc_driver_version(v, flavor, spec["arch"]))
+        state["driver"] = {"loaded": v, "libraries": libs, "disk": libs, "flavor": flavor}
+        h.write(f"{DRIVER_PROC}/version", _fake_module().proc_driver_version(v, flavor, spec["arch"]))
         arch = "aarch64" if spec["arch"] == "aarch64" else "x86_64"
         lib = f"/usr/lib/{arch}-linux-gnu" if spec["os"].startswith("ubuntu") else "/usr/lib64"
         h.write(f"{lib}/libnvidia-ml.so.{libs}", "")

@@ -9,6 +9,7 @@ import pytest
 
 from gpuk8s.inventory.loader import loads
 from gpuk8s.phases import mig as migphase
+from gpuk8s.phases import reboot as rebootmod
 from gpuk8s.phases.base import Context, Options
 from gpuk8s.remote import RemoteError
 
@@ -46,8 +47,8 @@ class FakeSession:
 
 @pytest.fixture
 def ctx(monkeypatch):
-    monkeypatch.setattr(migphase, "Session", FakeSession)
-    monkeypatch.setattr(migphase, "POLL", 0.01)
+    monkeypatch.setattr(rebootmod, "Session", FakeSession)
+    monkeypatch.setattr(rebootmod, "POLL", 0.01)
     FakeSession.ran = []
     c = Context(INV, options=Options(allow_reboot=True, reboot_timeout=0.2))
     c.sessions["w"] = FakeSession(INV.host("w"))
@@ -55,7 +56,7 @@ def ctx(monkeypatch):
 
 
 def test_a_host_that_keeps_answering_after_the_reboot_command(ctx, monkeypatch) -> None:
-    monkeypatch.setattr(migphase, "DOWN_TIMEOUT", 0.1)
+    monkeypatch.setattr(rebootmod, "DOWN_TIMEOUT", 0.1)
     FakeSession.answers = staticmethod(lambda: True)
     status, detail = migphase.Mig._reboot(ctx, migphase.HostMig(INV.host("w")), "GPU 1 (in use)")
     assert status == "failed" and "still answered SSH after 0.1 s" in detail and "reboot it by hand" in detail
@@ -71,9 +72,9 @@ def test_a_host_that_does_not_come_back(ctx) -> None:
 
 
 def test_wait_up_returns_the_open_session_once_the_host_is_back(monkeypatch) -> None:
-    monkeypatch.setattr(migphase, "Session", FakeSession)
-    monkeypatch.setattr(migphase, "POLL", 0.01)
+    monkeypatch.setattr(rebootmod, "Session", FakeSession)
+    monkeypatch.setattr(rebootmod, "POLL", 0.01)
     calls = iter([False, False, True])
     FakeSession.answers = staticmethod(lambda: next(calls))
-    s = migphase.wait_up(INV.host("w"), None, 5)
+    s = rebootmod.wait_up(INV.host("w"), None, 5)
     assert isinstance(s, FakeSession)

@@ -36,7 +36,7 @@ def steps_for(inv=INV, f=None, host=HOST) -> list[RenderedStep]:
 
 def test_shipped_playbooks_parse():
     assert playbook_names() == ["containerd", "cri-dockerd", "docker", "kubernetes-prerequisites",
-                              "nvidia-container-toolkit"]
+                              "nvidia-container-toolkit", "nvidia-driver"]
     for name in playbook_names():
         pb = load_playbook(name)
         assert pb.steps and pb.description

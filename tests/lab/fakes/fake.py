@@ -380,6 +380,12 @@ def nvidia_smi(h: Host, args: list[str]) -> int:
     if n == 0:
         err("No devices were found\n")
         return 6
+    if drv["libraries"] and not drv["loaded"]:
+        # the packages are installed, no module is loaded (before the first load or the reboot): NVML's
+        # NVML_ERROR_DRIVER_NOT_LOADED is 9 (the text as tests/fixtures/real/nvidia-smi's no-driver samples print it)
+        out("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure that the latest "
+            "NVIDIA driver is installed and running.\n\n")
+        return 9
     if drv["libraries"] and drv["loaded"] and drv["libraries"] != drv["loaded"]:
         # as nvidia-smi of 550 and later prints it (tests/fixtures/real/nvidia-smi: NVML 550.144, 570.124, and
         # zzzhouuu/truenas-nvidia-drivers#19: 580.178): the library's major.minor on the second line; NVML's
@@ -485,7 +491,14 @@ def lsmod(h: Host, args: list[str]) -> int:
 
 
 def modprobe(h: Host, args: list[str]) -> int:
-    for m in [a for a in args if not a.startswith("-")]:
+    names = [a for a in args if not a.startswith("-")]
+    if names[:1] in (["nvidia"], ["nvidia_uvm"], ["nvidia-uvm"]):
+        if not load_driver(h):
+            err(f"modprobe: FATAL: Module {names[0]} not found in directory /lib/modules/{h.spec['kernel']}\n")
+            return 1
+        h.save()
+        return 0
+    for m in names:
         if m not in h.state["modules"]:
             h.state["modules"].append(m)
     h.save()
@@ -652,6 +665,17 @@ open(os.path.join(hostdir, "sshd.pid"), "w").write(str(p.pid))
 def _reboot(h: Host) -> int:
     for g in (h.state.get("mig") or {}).values():
         g["current"], g["gis"] = g["pending"], []
+    # the boot: nouveau stays out once blacklisted in the initramfs; the nvidia module on disk loads; the enabled
+    # NVIDIA services start (fabric manager only with a module of its own version: it refuses another)
+    if Path("/etc/modprobe.d/blacklist-nouveau.conf").exists() and \
+            Path("/var/lib/gpuk8s/driver/initramfs-blacklists-nouveau").exists() and "nouveau" in h.state["modules"]:
+        h.state["modules"].remove("nouveau")
+    if "nouveau" not in h.state["modules"] and load_driver(h):
+        d = h.state["driver"]
+        for unit in ("nvidia-persistenced", "nvidia-fabricmanager"):
+            if unit in h.state.get("enabled", []):
+                ok = unit != "nvidia-fabricmanager" or d.get("fabricmanager") == d["loaded"]
+                h.state["services"][unit] = "active" if ok else "failed"
     h.state["gpu_procs"] = {}
     h.state["boots"] = int(h.state.get("boots", 0)) + 1
     start = ""
@@ -1131,6 +1155,81 @@ def _serves(url: str) -> dict[str, list[str]]:
     return {}
 
 
+# Ubuntu's archive (restricted), where an Ubuntu host's own sources.list points: the -server driver branches
+# (proprietary and open), their utilities, the kernel's signed precompiled modules and, per branch, fabric manager
+# and NSCQ (Canonical's "NVIDIA drivers installation" guide). One release per branch, a version each has really
+# had; the package version as Ubuntu spells it.
+UBUNTU_DRIVERS = {"535": "535.274.02", "580": "580.95.05", "595": "595.71.05"}
+UBUNTU_ARCHIVE = "http://archive.ubuntu.com/ubuntu"
+
+
+def _ubuntu_archive(h: Host) -> dict[str, list[str]]:
+    out_: dict[str, list[str]] = {}
+    for b, v in UBUNTU_DRIVERS.items():
+        pv = [f"{v}-0ubuntu0.22.04.1"]
+        for sfx in ("-server", "-server-open"):
+            out_[f"nvidia-headless-no-dkms-{b}{sfx}"] = pv
+            out_[f"linux-modules-nvidia-{b}{sfx}-{h.spec['kernel']}"] = [f"{h.spec['kernel'].split('-')[0]}-105.115"]
+        out_[f"nvidia-utils-{b}-server"] = pv
+        out_[f"nvidia-fabricmanager-{b}"] = [f"{v}-1"]
+        out_[f"libnvidia-nscq-{b}"] = [f"{v}-1"]
+    return out_
+
+
+def _driver_package(h: Host, name: str, version: str) -> None:
+    """What installing a driver package does to the host: the headless driver brings the module (on disk: loaded at
+    the next boot or modprobe) and the NVML library of its version; nvidia-utils brings nvidia-smi; fabric manager
+    its version."""
+    v = version.split("-")[0]
+    d = h.state.setdefault("driver", {"loaded": "", "libraries": "", "flavor": "proprietary"})
+    if name.startswith("nvidia-headless-no-dkms-"):
+        d.update(libraries=v, disk=v, flavor="open" if name.endswith("-open") else "proprietary")
+        arch = "aarch64" if h.spec["arch"] == "aarch64" else "x86_64"
+        libdir = Path(f"/usr/lib/{arch}-linux-gnu")
+        libdir.mkdir(parents=True, exist_ok=True)
+        for old in libdir.glob("libnvidia-ml.so.*"):
+            old.unlink()
+        (libdir / f"libnvidia-ml.so.{v}").write_text("")
+    elif name.startswith("nvidia-utils-"):
+        for dname in ("/usr/bin", "/usr/sbin"):
+            pth = Path(dname) / "nvidia-smi"
+            if pth.is_char_device() or not pth.exists():
+                with contextlib.suppress(FileNotFoundError):
+                    pth.unlink()
+                pth.write_text(wrapper("nvidia-smi"))
+                pth.chmod(0o755)
+    elif name.startswith("nvidia-fabricmanager-"):
+        d["fabricmanager"] = v
+
+
+def load_driver(h: Host) -> bool:
+    """The module on disk loaded (modprobe nvidia, or a boot): /proc/driver/nvidia/version says so; False where no
+    module is on disk."""
+    d = h.state.get("driver") or {}
+    if not d.get("disk"):
+        return False
+    d["loaded"] = d["disk"]
+    Path("/var/lib/gpuk8s-lab/driver").mkdir(parents=True, exist_ok=True)
+    Path("/var/lib/gpuk8s-lab/driver/version").write_text(
+        proc_driver_version(d["loaded"], d.get("flavor", "proprietary"), h.spec["arch"]))
+    for m in ("nvidia", "nvidia_uvm"):
+        if m not in h.state["modules"]:
+            h.state["modules"].append(m)
+    return True
+
+
+def proc_driver_version(version: str, flavor: str, arch: str = "x86_64") -> str:
+    """/proc/driver/nvidia/version of a loaded module, in the format the real ones print (tests/fixtures/real/driver:
+    proprietary "NVIDIA UNIX x86_64 Kernel Module  V  DATE", open "NVIDIA UNIX Open Kernel Module for x86_64  V
+    Release Build  (dvs-builder@HOST)  DATE"; two spaces around the version)."""
+    if flavor == "open":
+        first = (f"NVRM version: NVIDIA UNIX Open Kernel Module for {arch}  {version}  Release Build  "
+                 "(dvs-builder@U22-I3-B17-02-5)  Tue Sep 23 09:55:41 UTC 2025")
+    else:
+        first = f"NVRM version: NVIDIA UNIX {arch} Kernel Module  {version}  Thu Dec 28 15:37:48 UTC 2023"
+    return first + "\nGCC version:  gcc version 11.4.0 (Ubuntu 11.4.0-1ubuntu1~22.04) \n"
+
+
 def _apt_sources() -> list[tuple[str, str]]:
     """(url, signed-by keyring) of every deb line in sources.list.d."""
     out = []
@@ -1298,6 +1397,8 @@ def apt_get(h: Host, args: list[str]) -> int:
             index[url] = _serves(url)
         if any(_unreachable(h, u) for u, _ in _apt_sources()):
             err("W: Some index files failed to download. They have been ignored, or old ones used instead.\n")
+        if str(h.spec["os"]).startswith("ubuntu"):
+            index[UBUNTU_ARCHIVE] = _ubuntu_archive(h)
         h.state["apt_index"] = index
         h.save()
         out("Reading package lists... Done\n")
@@ -1337,6 +1438,7 @@ def apt_get(h: Host, args: list[str]) -> int:
         out(f"Setting up {name} ({v}) ...\n")
         h.state.setdefault("packages", {})[name] = v
         _install_binaries(name, h)
+        _driver_package(h, name, v)
     h.save()
     return 0
 
