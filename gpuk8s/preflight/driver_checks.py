@@ -63,6 +63,9 @@ def _mismatch(d: DriverFacts, manage: bool) -> CheckResult:
     other = [v for v in d.libraries if v != d.module_version]
     if not other:
         return passed("driver.mismatch", f"module {d.module_version} ({d.module_flavor}) and its libraries agree")
+    if manage:  # install's driver phase loads the installed module (a reboot with --allow-reboot): not blocking
+        return skipped("driver.mismatch", f"kernel module {d.module_version} is loaded, the libraries are "
+                       f"{', '.join(other)}: install reboots the node into the installed driver (--allow-reboot)")
     return failed("driver.mismatch",
                   f"kernel module {d.module_version} is loaded, but the driver's libraries are {', '.join(other)}: "
                   "'Failed to initialize NVML: Driver/library version mismatch' (the packages were upgraded without "
@@ -131,6 +134,10 @@ def _fabric_manager(d: DriverFacts, manage: bool) -> CheckResult:
     fix = "gpuk8s install installs and starts it with the driver" if manage else (
         "install nvidia-fabricmanager of exactly the driver's version (Ubuntu: nvidia-fabricmanager-BRANCH; "
         "NVIDIA's repository: nvidia-fabricmanager), hold it, and systemctl enable --now nvidia-fabricmanager")
+    if manage and d.fabric_manager != "active":
+        # prepare installs it of the driver's version and the driver phase starts it once the module is loaded
+        return skipped("driver.fabric-manager", f"{n} NVSwitch(es), fabric manager {fm or 'not installed'} "
+                       f"({d.fabric_manager}): install installs and starts it with the driver (driver: manage)")
     if fm is None and d.fabric_manager != "active":
         return failed("driver.fabric-manager", f"{n} NVSwitch(es) and no fabric manager: CUDA programs fail with "
                       "error 802 'system not yet initialized'", fix)

@@ -40,7 +40,8 @@ LAB_USER, LAB_UID = "gpuk8s", 2742
 DRIVER_PROC = "/var/lib/gpuk8s-lab/driver"  # what the host sees as /proc/driver/nvidia (start_sshd)
 OVERLAYS = ("etc", "usr", "var/lib", "root", "home")
 FAKED = ("nvidia-smi", "lsmod", "modprobe", "sysctl", "swapon", "swapoff", "systemctl", "uname", "nproc",
-         "apt-get", "dpkg", "dpkg-query", "apt-mark", "dnf", "yum", "rpm", "curl", "gpg", "lspci")
+         "apt-get", "dpkg", "dpkg-query", "apt-mark", "dnf", "yum", "rpm", "curl", "gpg", "lspci", "update-initramfs",
+         "dracut")
 ALWAYS_ABSENT = ("usr/local/bin/docker", "usr/bin/docker", "usr/bin/kubectl", "usr/bin/kubeadm", "usr/bin/kubelet",
                  "usr/bin/nvidia-ctk")
 STUB_TOOLS = ("conntrack", "socat", "ebtables", "ethtool")  # present (as stubs) only when the fleet lists them

@@ -70,8 +70,8 @@ def test_full_install_then_no_op_then_join(lab_up, run_cli, tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     rep = json.loads(r.stdout)
     assert rep["ok"] and rep["changed"]
-    assert [p["name"] for p in rep["phases"]] == ["lock", "prepare", "mig", "init", "kubeconfig", "cni", "join",
-                                                  "gpu", "verify"]
+    assert [p["name"] for p in rep["phases"]] == ["lock", "prepare", "driver", "mig", "init", "kubeconfig", "cni",
+                                                  "join", "gpu", "verify"]
     checks = {n["node"]: n for n in rep["nodes"]}
     assert checks["gpu-1"]["allocatable_gpus"] == 4 and checks["gpu-2"]["allocatable_gpus"] == 2
     assert all(n["ok"] and n["ready"] for n in checks.values())
@@ -92,7 +92,8 @@ def test_full_install_then_no_op_then_join(lab_up, run_cli, tmp_path):
     rep2 = json.loads(r2.stdout)
     assert r2.returncode == 0 and rep2["ok"] and not rep2["changed"], r2.stdout
     assert {p["name"]: p["status"] for p in rep2["phases"]} == {
-        "lock": "changed", "prepare": "unchanged", "mig": "unchanged", "init": "unchanged", "kubeconfig": "unchanged",
+        "lock": "changed", "prepare": "unchanged", "driver": "unchanged", "mig": "unchanged", "init": "unchanged",
+        "kubeconfig": "unchanged",
         "cni": "unchanged", "join": "unchanged",
         "gpu": "unchanged", "verify": "passed"}
     r3 = run_cli("install", "-i", inv, env=ENV)

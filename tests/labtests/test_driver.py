@@ -60,3 +60,69 @@ def test_preflight_reads_the_driver_state_in_its_one_probe(lab_up, run_cli):
 
     probes = [argv for argv in lab.host("gpu-ok").commands() if argv[:1] == ["lspci"]]
     assert len(probes) == 1  # lspci ran once, inside the one probe
+
+
+BARE = """
+hosts:
+  - {name: cp-1, role: control-plane}
+  - {name: bare-1, gpus: 4, gpu_model: "NVIDIA H100 80GB HBM3", driver: null, modules: [overlay, nouveau],
+     driver_inventory: {manage: true}}
+  - {name: bare-2, gpus: 2, gpu_model: "NVIDIA A100-SXM4-80GB", driver: null,
+     driver_inventory: {manage: true, flavor: proprietary}}
+  - {name: hgx, gpus: 8, gpu_model: "NVIDIA H100 80GB HBM3", nvswitches: 4, driver: null, modules: [overlay, nouveau],
+     driver_inventory: {manage: true, branch: "595"}}
+"""
+
+
+def test_bare_servers_become_a_cluster_in_one_install_and_a_rerun_changes_nothing(lab_up, run_cli, tmp_path):
+    lab = lab_up(BARE)
+    kc = tmp_path / "kc"
+    # without --allow-reboot: the node nouveau holds is named, the one without nouveau gets its module loaded
+    r = run_cli("install", "-i", str(lab.inventory), "-o", "json", "--kubeconfig-out", str(kc))
+    rep = json.loads(r.stdout)
+    drv = next(p for p in rep["phases"] if p["name"] == "driver")
+    assert drv["hosts"]["bare-2"].startswith("changed: driver 580.95.05 installed, no module loaded: modprobe nvidia")
+    assert drv["hosts"]["bare-1"].startswith("needs-reboot: nouveau holds the GPUs: reboot it")
+    assert r.returncode == 1 and drv["status"] == "failed" and "--allow-reboot" in drv["remedy"]
+    nodes = {n["node"]: n for n in rep["nodes"]}
+    assert nodes["bare-2"]["allocatable_gpus"] == 2 and nodes["bare-2"]["ok"]
+    assert not nodes["bare-1"]["ok"] and not nodes["bare-1"]["ready"]  # left out: not joined
+
+    r = run_cli("install", "-i", str(lab.inventory), "-o", "json", "--kubeconfig-out", str(kc), "--allow-reboot")
+    assert r.returncode == 0, r.stdout + r.stderr
+    rep = json.loads(r.stdout)
+    drv = next(p for p in rep["phases"] if p["name"] == "driver")
+    assert drv["hosts"]["bare-1"].startswith("changed: nouveau holds the GPUs; driver 580.95.05 answers after")
+    assert drv["hosts"]["bare-1"].endswith("(rebooted)")
+    assert drv["hosts"]["hgx"].startswith("changed: nouveau holds the GPUs; driver 595.71.05 answers after")
+    assert {n["node"]: n["allocatable_gpus"] for n in rep["nodes"] if n["node"] != "cp-1"} == {
+        "bare-1": 4, "bare-2": 2, "hgx": 8}
+    assert all(n["ok"] for n in rep["nodes"])
+
+    b1, hgx = lab.host("bare-1"), lab.host("hgx")
+    assert "Open Kernel Module for x86_64  580.95.05" in b1.exec("cat /proc/driver/nvidia/version").stdout
+    assert "nouveau" not in b1.exec("lsmod").stdout
+    assert "blacklist nouveau" in b1.read("/etc/modprobe.d/blacklist-nouveau.conf")
+    assert [p for p in b1.exec("apt-mark showhold").stdout.split() if "nvidia" in p] == sorted([
+        "linux-modules-nvidia-580-server-open-5.15.0-105-generic", "nvidia-headless-no-dkms-580-server-open",
+        "nvidia-utils-580-server"])
+    assert "x86_64 Kernel Module  580.95.05" in lab.host("bare-2").exec("cat /proc/driver/nvidia/version").stdout
+    # the HGX board: fabric manager of the driver's version, running
+    assert "nvidia-fabricmanager-595" in hgx.exec("apt-mark showhold").stdout
+    assert hgx.exec("systemctl is-active nvidia-fabricmanager nvidia-persistenced").stdout.split() == [
+        "active", "active"]
+
+    pf = run_cli("preflight", "-i", str(lab.inventory), "-o", "json", "--no-network")
+    c = {h["name"]: {x["id"]: x["status"] for x in h["checks"]} for h in json.loads(pf.stdout)["hosts"]}
+    for name in ("bare-1", "bare-2", "hgx"):
+        assert {i: s for i, s in c[name].items() if i.startswith("driver.") and s not in ("pass", "skip")} == {}, name
+
+    before = {h: len(lab.host(h).commands()) for h in ("bare-1", "hgx")}
+    r = run_cli("install", "-i", str(lab.inventory), "-o", "json", "--kubeconfig-out", str(kc), "--allow-reboot")
+    rep = json.loads(r.stdout)
+    assert r.returncode == 0 and not rep["changed"], r.stdout
+    assert next(p for p in rep["phases"] if p["name"] == "driver")["status"] == "unchanged"
+    for h in ("bare-1", "hgx"):  # no package, module or reboot command the second time
+        calls = lab.host(h).commands()[before[h]:]
+        assert not [a for a in calls if a[:2] in (["apt-get", "install"], ["systemctl", "reboot"])
+                    or a[:1] == ["modprobe"]], h

@@ -32,8 +32,9 @@ def test_dry_run_plans_every_cluster_phase_and_changes_nothing(lab_up, run_cli, 
     assert r.returncode == 0, r.stdout + r.stderr
     rep = json.loads(r.stdout)
     plans = {p["name"]: p for p in rep["plans"]}
-    assert list(plans) == ["prepare", "mig", "init", "kubeconfig", "cni", "join", "gpu", "verify"]
+    assert list(plans) == ["prepare", "driver", "mig", "init", "kubeconfig", "cni", "join", "gpu", "verify"]
     assert plans["mig"]["status"] == "unchanged"  # no host asks for MIG or has it on
+    assert plans["driver"]["status"] == "unchanged"  # no host has driver: {manage: true}
     assert all(plans[n]["status"] == "would-change" for n in ("prepare", "init", "kubeconfig", "cni", "join", "gpu"))
     init = plans["init"]["changes"][1]
     assert init["host"] == "cp-1"
@@ -63,7 +64,8 @@ def test_dry_run_plans_every_cluster_phase_and_changes_nothing(lab_up, run_cli, 
                 str(tmp_path / "kc"))
     assert r.returncode == 0, r.stdout + r.stderr
     statuses = {p["name"]: p["status"] for p in json.loads(r.stdout)["plans"]}
-    assert statuses == {"prepare": "unchanged", "mig": "unchanged", "init": "unchanged", "kubeconfig": "unchanged",
+    assert statuses == {"prepare": "unchanged", "driver": "unchanged", "mig": "unchanged", "init": "unchanged",
+                        "kubeconfig": "unchanged",
                         "cni": "unchanged", "join": "unchanged", "gpu": "unchanged",
                         "verify": "would-change"}  # its test pods
     assert len(cluster_writes(lab)) == writes and snapshot(lab) == before
