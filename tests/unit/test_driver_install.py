@@ -1,0 +1,87 @@
+"""Install's driver, for nodes with driver: {manage: true}: the steps playbooks/nvidia-driver.yaml renders for the
+branch and modules gpuk8s/driver/rules.py chose (valid sh, every value quoted), and what the driver phase
+(gpuk8s/phases/driver.py) decides a node needs from its facts."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from dataclasses import replace
+
+import pytest
+
+from gpuk8s.facts.model import DriverFacts, GPUInfo, PciDevice
+from gpuk8s.install.prepare import playbooks_for
+from gpuk8s.inventory.loader import loads
+from gpuk8s.phases.driver import action, services
+from gpuk8s.playbook.model import load_playbook
+from gpuk8s.playbook.render import context, render_playbook
+from gpuk8s.playbook.script import build_script
+from tests.unit.test_checks import READY_DRIVER, facts
+
+INV = loads("hosts:\n  - {name: cp-1, address: 10.0.0.10, role: control-plane}\n"
+            "  - {name: gpu-1, address: 10.0.0.11, gpus: 8, driver: {manage: true}}\n"
+            "  - {name: gpu-2, address: 10.0.0.12, gpus: 8}\n", "inv.yaml")
+H100 = tuple(PciDevice(f"0000:{0x1b + i:02x}:00.0", 0x0302, 0x2330, "GH100 [H100 SXM5 80GB]") for i in range(8))
+SWITCHES = tuple(PciDevice(f"0000:{0x07 + i:02x}:00.0", 0x0680, 0x22A3, "GH100 [H100 NVSwitch]") for i in range(4))
+BARE = facts(gpu=GPUInfo("absent"), compute_caps=(), modules=frozenset({"overlay", "nouveau"}),
+             driver=DriverFacts(read=True, lspci=True, pci_gpus=H100, nvswitches=SWITCHES))
+
+
+def steps(host: str, f=BARE):
+    ctx = context(INV, INV.host(host), f)
+    return {s.name: s for n in playbooks_for(INV) for s in render_playbook(load_playbook(n), ctx)}
+
+
+def test_a_managed_bare_hgx_node_gets_the_chosen_driver_held_with_fabric_manager(tmp_path) -> None:
+    got = steps("gpu-1")
+    pkgs = got["driver-packages-apt"].run
+    assert "nvidia-headless-no-dkms-580-server-open nvidia-utils-580-server nvidia-fabricmanager-580 " \
+           "libnvidia-nscq-580 linux-modules-nvidia-580-server-open-\"$(uname -r)\"" in pkgs
+    assert "apt-mark hold nvidia-headless-no-dkms-580-server-open" in got["driver-hold-apt"].run
+    assert got["driver-nouveau-blacklist"].file_content.splitlines()[1:] == ["blacklist nouveau",
+                                                                             "options nouveau modeset=0"]
+    assert "update-initramfs -u" in got["driver-initramfs"].run
+    assert "systemctl enable nvidia-fabricmanager" in got["driver-fabricmanager"].run
+    # the driver first, before the toolkit and the runtime
+    assert list(got).index("driver-packages-apt") < list(got).index("toolkit-packages-apt")
+    for shell in ("sh", "bash") if shutil.which("bash") else ("sh",):
+        for dry in (False, True):
+            script = tmp_path / "s.sh"
+            script.write_text(build_script(list(got.values()), owner="test", dry_run=dry))
+            p = subprocess.run([shell, "-n", str(script)], capture_output=True, text=True)
+            assert p.returncode == 0, p.stderr
+
+
+def test_unmanaged_and_refused_nodes_get_no_driver_step() -> None:
+    assert not [n for n in steps("gpu-2") if n.startswith("driver-")]  # the user's driver: untouched
+    v100 = replace(BARE.driver, pci_gpus=(PciDevice("0000:1b:00.0", 0x0302, 0x1DB5, "GV100GL [Tesla V100 SXM2 32GB]"),),
+                   nvswitches=())
+    got = steps("gpu-1", replace(BARE, driver=v100))  # before Turing: proprietary modules of R580, no switches
+    assert "nvidia-headless-no-dkms-580-server nvidia-utils-580-server linux-modules-nvidia-580-server-" in \
+        got["driver-packages-apt"].run and "driver-fabricmanager" not in got
+    alinux = replace(BARE, os=replace(BARE.os, id="alinux", family="rhel", version_id="3"))
+    assert not [n for n in steps("gpu-1", alinux) if n.startswith("driver-")]  # refused by driver.plan instead
+
+
+LOADED = replace(READY_DRIVER, module_version="580.95.05", libraries=("580.95.05",), module_flavor="open")
+
+
+@pytest.mark.parametrize(("driver", "modules", "expected"), [
+    (LOADED, None, ("ok", "driver 580.95.05 loaded")),
+    (replace(LOADED, persistenced="inactive"), None, ("start", "start nvidia-persistenced")),
+    (replace(LOADED, nvswitches=SWITCHES, fabric_manager="inactive"), None,
+     ("start", "start nvidia-fabricmanager")),
+    (replace(LOADED, module_version=None), None,
+     ("load", "driver 580.95.05 installed, no module loaded: modprobe nvidia && modprobe nvidia_uvm")),
+    (replace(LOADED, module_version=None), {"overlay", "nouveau"}, ("reboot", "nouveau holds the GPUs")),
+    (replace(LOADED, module_version="535.274.02"), None,
+     ("reboot", "module 535.274.02 is loaded, 580.95.05 is installed")),
+    (replace(LOADED, libraries=()), None,
+     ("failed", "no NVIDIA driver library is installed (the driver packages did not install)")),
+])
+def test_what_the_driver_phase_does_for_a_node(driver: DriverFacts, modules: set[str] | None,
+                                              expected: tuple[str, str]) -> None:
+    f = facts(driver=driver, **({"modules": frozenset(modules)} if modules else {}))
+    assert action(f) == expected
+    assert services(f) == ["nvidia-persistenced", *(["nvidia-fabricmanager"] if driver.nvswitches else [])]
