@@ -274,6 +274,10 @@ FINDINGS.update({
     "pod.no-nvidia-runtime": _d("the pod's container did not get the GPU: the nvidia runtime is neither the "
                                 "node's default nor the pod's runtimeClassName, so no driver library or nvidia-smi "
                                 "is in the container"),
+    "pod.driver-mismatch": _d("the pod's GPU library found the node's loaded kernel module of another version ('Driver/"
+                              "library version mismatch'): the driver was upgraded without a reboot"),
+    "pod.fabric-manager": _d("CUDA error 802 'system not yet initialized' in the pod: on an NVSwitch system the fabric "
+                             "manager has not configured the switches"),
     "pod.gpu-oom": _d("a pod on a time-sliced (or MPS) GPU ran out of GPU memory: the replicas share one GPU's "
                       "memory with no isolation (time-slicing) or beyond their limit"),
     "pod.runtime-handler-missing": _d(

@@ -80,6 +80,15 @@ NO_RUNTIME = ('exec: "nvidia-smi": executable file not found', "nvidia-smi: not 
               "Found no NVIDIA driver on your system", "libcuda.so.1: cannot open shared object file")
 # CUDA's out-of-memory errors (cudaErrorMemoryAllocation's text, PyTorch's)
 GPU_OOM = ("CUDA out of memory", "CUDA error: out of memory", "cudaErrorMemoryAllocation")
+# CUDA error 802 (cudaErrorSystemNotReady / CUDA_ERROR_SYSTEM_NOT_READY): on an NVSwitch system the fabric manager
+# has not configured the switches (NVIDIA's Fabric Manager user guide); PyTorch prints "cuda runtime error (802) :
+# system not yet initialized" or "Error 802: system not yet initialized", CUDA's samples "returned 802 -> system not
+# yet initialized" (pytorch/pytorch#35710, microsoft/lisa#2823)
+FABRIC_NOT_READY = ("system not yet initialized", "cudaErrorSystemNotReady", "CUDA_ERROR_SYSTEM_NOT_READY")
+# NVML in the container finds the loaded module of another version than its library (the driver's packages upgraded
+# without a reboot): "Failed to initialize NVML: Driver/library version mismatch"; nvidia-container-cli's form is
+# "nvml error: driver/library version mismatch"
+DRIVER_MISMATCH = ("Driver/library version mismatch", "driver/library version mismatch")
 # The device plugin's health checker taking a GPU off the node (internal/rm/health.go, plugin/server.go):
 # "XidCriticalError: Xid=79 on Device=GPU-...; marking device as unhealthy.", "'nvidia.com/gpu' device marked
 # unhealthy: GPU-..."
@@ -753,6 +762,34 @@ def _failing(pod: dict[str, Any], ev: ClusterEvidence) -> list[Finding]:
                 subject=_subject(pod),
                 evidence=[x for x in msgs + log_lines if any(k in x for k in NO_RUNTIME)][:2]
                 + [f"pod runtimeClassName: {rc or 'none'}", f"node default runtime: {default or 'unknown'}"]))
+    if any(x in text for x in DRIVER_MISMATCH) and not out:
+        d = host.facts.driver if host is not None and host.facts is not None else None
+        lines = [x for x in msgs + log_lines if any(k in x for k in DRIVER_MISMATCH)][:2] + host_lines
+        if d is not None and d.module_version:
+            lines.append(f"{on}: kernel module {d.module_version} loaded, driver libraries "
+                         f"{', '.join(d.libraries) or 'unknown'}")
+        out.append(findings.failed(
+            "pod.driver-mismatch",
+            f"the driver on {on} was upgraded without a reboot: its loaded kernel module and its libraries differ, so "
+            "NVML (and every CUDA program) fails ('Driver/library version mismatch')",
+            f"drain {node or 'the node'} and reboot it (gpuk8s install --allow-reboot does, where driver: manage), "
+            "then hold the driver packages (apt-mark hold / dnf versionlock) so that unattended upgrades cannot do "
+            "it again",
+            subject=_subject(pod), evidence=lines))
+    if any(x in text for x in FABRIC_NOT_READY):
+        d = host.facts.driver if host is not None and host.facts is not None else None
+        lines = [x for x in log_lines if any(k in x for k in FABRIC_NOT_READY)][:2] + host_lines
+        if d is not None and d.read:
+            lines.append(f"{on}: {len(d.nvswitches)} NVSwitch(es); nvidia-fabricmanager {d.fabric_manager}"
+                         + (f" (package {v})" if (v := d.package_version("nvidia-fabricmanager")) else ""))
+        out.append(findings.failed(
+            "pod.fabric-manager",
+            f"CUDA cannot start on {on} (error 802, 'system not yet initialized'): on an NVSwitch system the fabric "
+            "manager has not configured the switches (not installed, stopped, or of another version than the driver)",
+            f"on {node or 'the node'}: systemctl status nvidia-fabricmanager and journalctl -u nvidia-fabricmanager "
+            "('driver interface version ... don't match' means its package and the driver differ: install the one "
+            "of the driver's exact version); gpuk8s preflight's driver.fabric-manager says which; then delete the pod",
+            subject=_subject(pod), evidence=lines))
     if any(x in text for x in GPU_OOM):
         sharing = plan.sharing if plan is not None else "none"
         shared = sharing in ("time-slicing", "mps")

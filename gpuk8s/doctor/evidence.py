@@ -71,6 +71,13 @@ class HostEvidence:
                            + (f", CUDA {f.gpu.cuda_version}" if f.gpu.cuda_version else ""))
             else:
                 out.append(f"nvidia-smi: {self.driver_problem}")
+            d = f.driver
+            if d.read and (d.module_version or d.libraries):
+                out.append(f"driver: module {d.module_version or 'not loaded'}"
+                           + (f" ({d.module_flavor})" if d.module_flavor else "")
+                           + f", libraries {', '.join(d.libraries) or 'none'}")
+            if d.read and d.nvswitches:
+                out.append(f"{len(d.nvswitches)} NVSwitch(es); nvidia-fabricmanager {d.fabric_manager}")
             out.append(f"{self.runtime} default runtime: {self.runtime_default}")
             out.append(f"nvidia-container-toolkit: {f.nvidia_ctk or 'not installed (no nvidia-ctk)'}")
         if self.sockets is not None:

@@ -404,9 +404,16 @@ CASES: list[tuple[str, str, str, list[str], str]] = [
      "node default runtime: runc"),
     ("doctor/workload/nvml-unknown-cpu-manager-static.log", "nvidia", "", ["pod.nvml-unknown-error"],
      "create-dev-char-symlinks"),
-    # NVML's version mismatch in the workload's own log: no cause of its own (the log line is in pod.unknown's evidence)
-    ("doctor/workload/nvml-version-mismatch-kubeflow-notebook.log", "nvidia", "", ["pod.unknown"],
-     "log: Failed to initialize NVML: Driver/library version mismatch"),
+    # NVML's version mismatch in the workload's own log: the node's driver upgraded without a reboot
+    ("doctor/workload/nvml-version-mismatch-kubeflow-notebook.log", "nvidia", "", ["pod.driver-mismatch"],
+     "Failed to initialize NVML: Driver/library version mismatch"),
+    # CUDA error 802 on NVSwitch systems without a working fabric manager
+    ("doctor/workload/cuda-802-system-not-yet-initialized-pytorch.log", "nvidia", "", ["pod.fabric-manager"],
+     "cuda runtime error (802) : system not yet initialized"),
+    ("doctor/workload/cuda-802-bandwidthtest-pytorch.log", "nvidia", "", ["pod.fabric-manager"],
+     "-> system not yet initialized"),
+    ("doctor/workload/cuda-802-torch-warning-azure-nd96asr.log", "nvidia", "", ["pod.fabric-manager"],
+     "Error 802: system not yet initialized"),
     ("old:nvml-unknown.log", "nvidia", "container-log", ["pod.nvml-unknown-error"],
      "create-dev-char-symlinks"),
     # the device plugin's log on a node short of its GPUs (v0.17, v0.19; before v0.14)
