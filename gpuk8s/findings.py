@@ -237,6 +237,12 @@ FINDINGS: dict[str, Spec] = {
                                      "the node was left as it was (uncordoned) and the upgrade stopped", ("upgrade",)),
     "upgrade.drain-failed": Spec("error", "the node's drain failed (kubectl's message says which pods); it stays "
                                  "cordoned", ("upgrade",)),
+    "driver.upgraded": Spec("error", "gpuk8s driver upgrade: the node runs the driver its inventory asks for: drained "
+                            "(GPU pods waited for), packages installed and held, rebooted, GPUs advertised again, "
+                            "uncordoned", ("upgrade",)),
+    "driver.upgrade-failed": Spec("error", "gpuk8s driver upgrade: the node's drain, packages, reboot or GPUs failed "
+                                  "(the message says which); it stays cordoned and a re-run resumes there",
+                                  ("upgrade",)),
     "upgrade.node-failed": Spec("error", "the node's upgrade failed for another reason (a package, kubeadm; the "
                                 "message says why): re-running resumes there", ("upgrade",)),
     "upgrade.host-blocked": Spec("error", "the host is not ready for the new minor: preflight for that minor fails "

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuk8s import gpuplan, versions
+from gpuk8s import findings, gpuplan, versions
 from gpuk8s.install.prepare import Event, PrepareReport
 from gpuk8s.inventory.model import Host, Inventory
 from gpuk8s.kube import state
@@ -32,6 +32,7 @@ from gpuk8s.phases.base import (
 )
 from gpuk8s.phases.cni import CNI
 from gpuk8s.phases.driver import Driver
+from gpuk8s.phases.driver_upgrade import DriverUpgrade
 from gpuk8s.phases.gpu import GPUNodes
 from gpuk8s.phases.init import Init
 from gpuk8s.phases.join import Join
@@ -53,6 +54,7 @@ class ClusterReport:
     nodes: list[NodeCheck] = field(default_factory=list)
     kubeconfig: str = ""
     plans: list[PhasePlan] = field(default_factory=list)  # --dry-run: what each phase would do
+    findings: list[findings.Finding] = field(default_factory=list)  # per node, where a flow gives them (driver)
 
     @property
     def dry_run(self) -> bool:
@@ -76,6 +78,8 @@ class ClusterReport:
         if self.dry_run:
             out["dry_run"] = True
             out["plans"] = [p.to_json() for p in self.plans]
+        if self.findings:
+            out["findings"] = [f.to_json() for f in self.findings]
         return out
 
 
@@ -274,6 +278,29 @@ class UpgradeReport(ClusterReport):
         return {**super().to_json(), "from": self.start_minor, "steps": self.steps,
                 "node_seconds": {k: round(v, 2) for k, v in self.node_seconds.items()},
                 "findings": [f.to_json() for f in self.findings]}
+
+
+def driver_upgrade(inv: Inventory, *, concurrency: int, sudo_passwords: dict[str, str], max_unavailable: int = 1,
+                   gpu_pod_timeout: float = 3600, drain_timeout: int = 600, options: Options | None = None,
+                   emit: Callable[[str], None] | None = None, dry_run: bool = False) -> ClusterReport:
+    """`gpuk8s driver upgrade`: lock, then every node with driver: {manage: true} brought to the driver its inventory
+    asks for, `max_unavailable` at a time (gpuk8s/phases/driver_upgrade.py), then verify."""
+    ctx = Context(inv, options=options or Options(), concurrency=concurrency, emit=emit or (lambda line: None),
+                  sudo_passwords=sudo_passwords)
+    got = for_each_host(inv.hosts, _connector(sudo_passwords), concurrency)
+    ctx.sessions = {n: s for n, s in got.items() if isinstance(s, Session)}
+    if inv.control_planes[0].name not in ctx.sessions:
+        err = got[inv.control_planes[0].name]
+        for s in ctx.sessions.values():
+            s.close()
+        raise PhaseError(f"the first control plane is not reachable: {getattr(err, 'message', err)}",
+                         getattr(err, "remedy", "bring it back, then re-run"))
+    ctx.facts = refresh_facts(ctx.sessions, concurrency)
+    ctx.plans = gpuplan.plans(inv, ctx.facts)
+    opts = up.UpgradeOptions("driver", max_unavailable, gpu_pod_timeout, drain_timeout)
+    report = _run(ctx, [Lock(), DriverUpgrade(opts), Verify()], dry_run)
+    report.findings = opts.findings
+    return report
 
 
 def upgrade(inv: Inventory, *, to: str | None, concurrency: int, ignore: set[str], sudo_passwords: dict[str, str],

@@ -65,8 +65,9 @@ headers() { if [ -d "/lib/modules/$(uname -r)/build" ]; then echo yes; else echo
 units() { $T systemctl is-active nvidia-fabricmanager nvidia-persistenced; true; }
 blacklist() { grep -ls '^[[:space:]]*blacklist[[:space:]]\{1,\}nouveau' /etc/modprobe.d/*.conf /lib/modprobe.d/*.conf /usr/lib/modprobe.d/*.conf; true; }
 drvpkgs() { if command -v dpkg-query >/dev/null 2>&1; then
-    dpkg-query -W -f '${Package} ${Version} ${db:Status-Abbrev}\n' 'nvidia-driver-*' 'nvidia-fabricmanager*' \
-      'linux-modules-nvidia-*' 'nvidia-dkms-*' 'libnvidia-nscq*' 2>/dev/null | awk '$3 ~ /^ii/ {print $1, $2}'
+    dpkg-query -W -f '${Package} ${Version} ${db:Status-Abbrev}\n' 'nvidia-driver-*' 'nvidia-headless-no-dkms-*' \
+      'nvidia-utils-*' 'nvidia-fabricmanager*' 'linux-modules-nvidia-*' 'nvidia-dkms-*' 'libnvidia-nscq*' 2>/dev/null |
+      awk '$3 ~ /^ii/ {print $1, $2}'
   else rpm -qa --qf '%{NAME} %{VERSION}-%{RELEASE}\n' 'nvidia-driver*' 'nvidia-fabric*' 'kmod-nvidia*' 2>/dev/null; fi; true; }
 holds() { if command -v apt-mark >/dev/null 2>&1; then apt-mark showhold; else cat /etc/dnf/plugins/versionlock.list 2>/dev/null; fi; true; }
 driver() {

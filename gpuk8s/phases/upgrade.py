@@ -255,6 +255,8 @@ class UpgradeOptions:
 class UpgradeStep(Phase):
     """Base of the per-step phases: the step's target minor and the per-node upgrade."""
 
+    resume = "gpuk8s upgrade"  # the command that resumes the run, named in remedies (gpuk8s driver upgrade too)
+
     def __init__(self, opts: UpgradeOptions, on_node: Callable[[str, float], None] | None = None) -> None:
         self.opts = opts
         self.on_node = on_node or (lambda name, seconds: None)
@@ -359,8 +361,8 @@ class UpgradeStep(Phase):
                 raise NodeFailure("upgrade.gpu-pods-timeout",
                                   f"{h.name}: GPU pods still running after {self.opts.gpu_pod_timeout:g} s: "
                                   f"{', '.join(left)}; the node was left as it was ({state})",
-                                  "let them finish or stop them, or raise --gpu-pod-timeout; then re-run gpuk8s "
-                                  "upgrade (it resumes)")
+                                  "let them finish or stop them, or raise --gpu-pod-timeout; then re-run "
+                                  f"{self.resume} (it resumes)")
             time.sleep(self.opts.poll)
             left = gpu_pods(ctx, h.name)
         emit(f"{h.name}: GPU pods finished: {', '.join(pods)}")

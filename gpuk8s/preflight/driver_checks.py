@@ -18,8 +18,8 @@ IDS = ("driver.mismatch", "driver.nouveau", "driver.secure-boot", "driver.fabric
        "driver.held")
 # Package names whose hold keeps the driver in place (apt-mark showhold lists names; dnf's versionlock.list lists
 # NAME-[EPOCH:]VERSION-RELEASE.* entries, matched by prefix): the meta package users install, and fabric manager
-DRIVER_PACKAGES = ("nvidia-driver", "nvidia-fabricmanager", "nvidia-fabric-manager", "linux-modules-nvidia",
-                   "kmod-nvidia", "nvidia-dkms")
+DRIVER_PACKAGES = ("nvidia-driver", "nvidia-headless-no-dkms", "nvidia-utils", "nvidia-fabricmanager",
+                   "nvidia-fabric-manager", "linux-modules-nvidia", "kmod-nvidia", "nvidia-dkms", "libnvidia-nscq")
 
 
 def driver_checks(host: Host, f: HostFacts, today: date | None = None) -> list[CheckResult]:

@@ -5,6 +5,9 @@ driver: {manage: true}, a host whose packages were upgraded without a reboot, lo
 from __future__ import annotations
 
 import json
+import time
+
+import yaml
 
 FLEET = """
 hosts:
@@ -116,6 +119,7 @@ def test_bare_servers_become_a_cluster_in_one_install_and_a_rerun_changes_nothin
     c = {h["name"]: {x["id"]: x["status"] for x in h["checks"]} for h in json.loads(pf.stdout)["hosts"]}
     for name in ("bare-1", "bare-2", "hgx"):
         assert {i: s for i, s in c[name].items() if i.startswith("driver.") and s not in ("pass", "skip")} == {}, name
+        assert c[name]["driver.held"] == "pass" and c[name]["driver.mismatch"] == "pass", name
 
     before = {h: len(lab.host(h).commands()) for h in ("bare-1", "hgx")}
     r = run_cli("install", "-i", str(lab.inventory), "-o", "json", "--kubeconfig-out", str(kc), "--allow-reboot")
@@ -126,3 +130,70 @@ def test_bare_servers_become_a_cluster_in_one_install_and_a_rerun_changes_nothin
         calls = lab.host(h).commands()[before[h]:]
         assert not [a for a in calls if a[:2] in (["apt-get", "install"], ["systemctl", "reboot"])
                     or a[:1] == ["modprobe"]], h
+
+
+MANAGED = """
+hosts:
+  - {name: cp-1, role: control-plane}
+  - {name: gpu-1, gpus: 2, gpu_model: "NVIDIA H100 80GB HBM3", driver: null, driver_inventory: {manage: true}}
+  - {name: gpu-2, gpus: 2, gpu_model: "NVIDIA H100 80GB HBM3", nvswitches: 4, driver: null,
+     driver_inventory: {manage: true}}
+"""
+
+
+def test_driver_upgrade_across_a_branch_node_by_node_with_a_gpu_job_waited_for(lab_up, run_cli, tmp_path):
+    lab = lab_up(MANAGED)
+    kc = tmp_path / "kc"
+    r = run_cli("install", "-i", str(lab.inventory), "-o", "json", "--kubeconfig-out", str(kc), "--allow-reboot")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    # the operator moves the managed nodes to R595 in the inventory, then asks for the upgrade
+    inv = yaml.safe_load(lab.inventory.read_text())
+    for h in inv["hosts"]:
+        if "driver" in h:
+            h["driver"]["branch"] = "595"
+    path = tmp_path / "inventory.yaml"
+    path.write_text(yaml.safe_dump(inv, sort_keys=False))
+
+    plan = run_cli("driver", "upgrade", "-i", str(path), "-o", "json", "--dry-run")
+    assert plan.returncode == 0, plan.stdout[-3000:] + plan.stderr[-3000:]
+    changes = next(p for p in json.loads(plan.stdout)["plans"] if p["name"] == "driver-upgrade")["changes"]
+    assert any("nvidia-headless-no-dkms-595-server-open" in c.get("commands", "") for c in changes)
+    assert [c["what"] for c in changes if c.get("commands") == "sudo systemctl reboot"] == [
+        "reboot gpu-1 into driver 595 (open), from 580.95.05", "reboot gpu-2 into driver 595 (open), from 580.95.05"]
+    assert "595" not in lab.host("gpu-1").exec("cat /proc/driver/nvidia/version").stdout  # a dry run changed nothing
+
+    job = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": "train-0", "namespace": "ml",
+                        "annotations": {"lab.gpuk8s.io/runs-seconds": "5", "lab.gpuk8s.io/created": str(time.time())},
+                        "ownerReferences": [{"kind": "Job", "name": "train"}]},
+           "spec": {"nodeName": "gpu-1", "containers": [{"name": "c", "image": "cuda",
+                                                          "resources": {"limits": {"nvidia.com/gpu": 1}}}]}}
+    lab.host("cp-1").exec("kubectl --kubeconfig /etc/kubernetes/admin.conf apply -f - <<'X'\n" + json.dumps(job)
+                          + "\nX\n")
+    t0 = time.monotonic()
+    r = run_cli("driver", "upgrade", "-i", str(path), "-o", "json", "--yes", "--gpu-pod-timeout", "120")
+    seconds = time.monotonic() - t0
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    rep = json.loads(r.stdout)
+    up = next(p for p in rep["phases"] if p["name"] == "driver-upgrade")
+    assert "waited for GPU pods ml/train-0" in up["hosts"]["gpu-1"], up
+    for name in ("gpu-1", "gpu-2"):
+        assert "driver 580.95.05 -> 595.71.05 (open, held)" in up["hosts"][name] and "uncordoned" in up["hosts"][name]
+        assert "Open Kernel Module for x86_64  595.71.05" in lab.host(name).exec(
+            "cat /proc/driver/nvidia/version").stdout
+        held = lab.host(name).exec("apt-mark showhold").stdout.split()
+        assert "nvidia-headless-no-dkms-595-server-open" in held and not [p for p in held if "-580" in p], held
+    assert "nvidia-fabricmanager-595" in lab.host("gpu-2").exec("apt-mark showhold").stdout
+    assert lab.host("gpu-2").exec("systemctl is-active nvidia-fabricmanager").stdout.strip() == "active"
+    assert {f["id"] for f in rep["findings"]} == {"driver.upgraded"}
+    assert all(n["ok"] for n in rep["nodes"]) and {n["node"]: n["allocatable_gpus"] for n in rep["nodes"]}[
+        "gpu-2"] == 2
+    down = {n: float(up["hosts"][n].split("GPUs back after ")[1].split(" s")[0]) for n in ("gpu-1", "gpu-2")}
+    print(f"driver upgrade of 2 nodes: {seconds:.1f} s; GPU-down per node: {down}")
+
+    # a re-run changes nothing; install agrees with the upgraded nodes (no downgrade back to 580)
+    r = run_cli("driver", "upgrade", "-i", str(path), "-o", "json", "--yes")
+    assert r.returncode == 0 and next(p for p in json.loads(r.stdout)["phases"]
+                                      if p["name"] == "driver-upgrade")["status"] == "unchanged", r.stdout[-2000:]
+    r = run_cli("install", "-i", str(path), "-o", "json", "--kubeconfig-out", str(kc))
+    assert r.returncode == 0 and not json.loads(r.stdout)["changed"], r.stdout[-3000:]

@@ -15,7 +15,9 @@ from gpuk8s import commands
 
 
 def _names(app: typer.Typer) -> list[str]:
-    return [c.name or c.callback.__name__ for c in app.registered_commands if c.callback is not None]
+    """The commands and command groups (`gpuk8s driver ...`) registered on the app."""
+    return [*(c.name or c.callback.__name__ for c in app.registered_commands if c.callback is not None),
+            *(g.name for g in app.registered_groups if g.name)]
 
 
 def test_the_table_names_each_command_by_the_module_that_registers_it() -> None:
@@ -44,7 +46,8 @@ def _imported_after_registering(argv: list[str]) -> list[str]:
     code = ("import json, sys\nfrom gpuk8s import cli\ncli._register_commands(json.loads(sys.argv[1]))\n"
             "print(json.dumps(sorted(m for m in sys.modules if m.startswith(('gpuk8s.commands.', "
             "'prometheus_client', 'gpuk8s.install', 'gpuk8s.phases', 'gpuk8s.flows')))))\n"
-            "print(json.dumps(sorted(c.name or c.callback.__name__ for c in cli.app.registered_commands)))")
+            "print(json.dumps(sorted([*(c.name or c.callback.__name__ for c in cli.app.registered_commands), "
+            "*(g.name for g in cli.app.registered_groups if g.name != 'inventory')])))")
     env = {k: v for k, v in __import__("os").environ.items() if not k.endswith("_COMPLETE")}
     out = subprocess.run([sys.executable, "-c", code, json.dumps(argv)], capture_output=True, text=True,
                          check=True, env=env).stdout.splitlines()

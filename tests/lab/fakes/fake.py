@@ -1279,9 +1279,21 @@ def _apt_conflict() -> str:
 CONTAINERD_IO_TAKES = {"containerd": "", "runc": "", "docker.io": "containerd", "podman": "runc", "buildah": "runc"}
 
 
+# Ubuntu's driver packages of one branch conflict with another branch's (one nvidia module, one libnvidia-ml):
+# installing one branch's removes the other's (its holds go with them, a simplification of dpkg's selections)
+_DRIVER_FAMILIES = re.compile(r"^(nvidia-headless-no-dkms-|nvidia-utils-|linux-modules-nvidia-|nvidia-fabricmanager-|"
+                              r"libnvidia-nscq-)([0-9]{3})")
+
+
 def _taken_by(h: Host, chosen: dict[str, str]) -> list[str]:
     pkgs = h.state.get("packages", {})
-    return [p for p in CONTAINERD_IO_TAKES if p in pkgs] if "containerd.io" in chosen else []
+    taken = [p for p in CONTAINERD_IO_TAKES if p in pkgs] if "containerd.io" in chosen else []
+    for name in chosen:
+        m = _DRIVER_FAMILIES.match(name)
+        if m:
+            taken += [p for p in pkgs if (o := _DRIVER_FAMILIES.match(p)) and o.group(1) == m.group(1)
+                      and o.group(2) != m.group(2) and p not in taken]
+    return taken
 
 
 def _yum_repos() -> list[tuple[str, str]]:
@@ -1434,6 +1446,8 @@ def apt_get(h: Host, args: list[str]) -> int:
         out("The following packages will be REMOVED:\n  " + " ".join(taken) + "\n")
         for p in taken:
             out(f"Removing {p} ({h.state['packages'].pop(p)}) ...\n")
+            if p in h.state.get("holds", []):
+                h.state["holds"].remove(p)
     for name, v in chosen.items():
         out(f"Setting up {name} ({v}) ...\n")
         h.state.setdefault("packages", {})[name] = v

@@ -1032,6 +1032,11 @@ def _gpus_on(host: str) -> int:
     state = _read_json(_hp(host, "var_lib/gpuk8s-lab/state.json"))
     if "nvidia-smi" in state.get("overrides", {}):
         return 0  # a broken driver: NVML cannot load
+    d = state.get("driver")
+    if d is None and not spec.get("driver"):
+        return 0  # a bare server: no driver at all
+    if d is not None and (not d.get("loaded") or (d.get("libraries") and d["libraries"] != d["loaded"])):
+        return 0  # no module loaded, or a module of another version than the libraries: NVML cannot initialise
     return int(spec.get("gpus", 0))
 
 
@@ -3043,8 +3048,9 @@ def _fit_error(s: dict[str, Any], reasons: dict[str, list[str]]) -> str:
 
 def _driver_cuda(host: str) -> tuple[int, ...]:
     spec = _read_json(_hp(host, "var_lib/gpuk8s-lab/host.json"))
+    loaded = (_read_json(_hp(host, "var_lib/gpuk8s-lab/state.json")).get("driver") or {}).get("loaded")
     cuda_of = (sys.modules.get("fake") or sys.modules.get("__main__")).cuda_of  # fakes/fake.py's table
-    return tuple(int(x) for x in cuda_of(str(spec.get("driver", "535.104.05"))).split("."))
+    return tuple(int(x) for x in cuda_of(str(loaded or spec.get("driver") or "535.104.05")).split("."))
 
 
 def _start(s: dict[str, Any], pod: dict[str, Any], node: str) -> dict[str, Any]:

@@ -1,0 +1,187 @@
+"""Phase driver-upgrade (`gpuk8s driver upgrade`): every node with `driver: {manage: true}` brought to the driver its
+inventory says (the branch and modules gpuk8s/driver/rules.py chooses), node by node or N at a time.
+
+Per node, as `gpuk8s upgrade` moves kubelets: cordoned (marked, so that a stopped run is finished by the next), its
+GPU pods named and waited for (never killed), drained; the new driver's packages installed and held
+(playbooks/nvidia-driver.yaml, with fabric manager of the same branch on NVSwitch systems); the node rebooted, which
+stops every GPU user (device plugin, DCGM exporter, MPS daemon hold the device files) and loads the new module; its
+facts read again and the driver checked; its GPUs waited for until the kubelet advertises them; uncordoned. The
+report gives each node's GPU-down seconds (from the reboot to its GPUs allocatable again). Nodes already at their
+driver are skipped: a re-run resumes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from gpuk8s import findings, gpuplan
+from gpuk8s.driver import rules
+from gpuk8s.facts.model import HostFacts
+from gpuk8s.gpuplan import is_gpu_node
+from gpuk8s.install.prepare import HostRun, run_steps
+from gpuk8s.inventory.model import Host
+from gpuk8s.kube.client import KubeError
+from gpuk8s.phases.base import Change, Context, PhasePlan, PhaseResult
+from gpuk8s.phases.driver import action
+from gpuk8s.phases.prepare import refresh_facts
+from gpuk8s.phases.reboot import REBOOT, reboot
+from gpuk8s.phases.upgrade import NodeFailure, UpgradeOptions, UpgradeStep, _drain_changes, _give_back, gpu_pods
+from gpuk8s.playbook.model import load_playbook
+from gpuk8s.playbook.render import RenderedStep, context, render_playbook
+from gpuk8s.remote import for_each_host
+
+
+def wanted(h: Host, f: HostFacts) -> dict[str, object]:
+    """The driver the node's inventory asks for (playbooks/nvidia-driver.yaml's `driver`)."""
+    return rules.playbook_context(h.gpu.driver, f)
+
+
+def at_target(f: HostFacts, want: dict[str, object]) -> bool:
+    """Whether the node runs the wanted branch and modules, loaded, with its libraries and services."""
+    d = f.driver
+    return (bool(want.get("manage")) and d.module_version is not None
+            and d.module_version.split(".")[0] == want["branch"] and d.module_flavor == want["flavor"]
+            and action(f)[0] == "ok")
+
+
+class DriverUpgrade(UpgradeStep):
+    name = "driver-upgrade"
+    title = "upgrade the NVIDIA driver node by node"
+    resume = "gpuk8s driver upgrade"
+
+    def __init__(self, opts: UpgradeOptions, on_node: Callable[[str, float], None] | None = None) -> None:
+        super().__init__(opts, on_node)
+        self.gpu_down: dict[str, float] = {}
+
+    @staticmethod
+    def _managed(ctx: Context) -> list[Host]:
+        return [h for h in ctx.inv.hosts if h.gpu.driver.manage and is_gpu_node(h)]
+
+    def _steps(self, ctx: Context, h: Host) -> list[RenderedStep]:
+        c = context(ctx.inv, h, ctx.facts[h.name])
+        return render_playbook(load_playbook("nvidia-driver"), c)
+
+    def plan(self, ctx: Context) -> PhasePlan:
+        changes: list[Change] = []
+        todo = []
+        for h in self._managed(ctx):
+            f = ctx.facts.get(h.name)
+            if f is None:
+                continue
+            want = wanted(h, f)
+            if not want.get("manage") or at_target(f, want):
+                continue
+            todo.append(h.name)
+            have = f.driver.module_version or "none"
+            pods = gpu_pods(ctx, h.name)
+            if pods:
+                changes.append(Change(f"GPU pods on {h.name} waited for: {', '.join(pods)}"))
+            changes += _drain_changes(ctx, h, self.opts)
+            changes += [Change(f"{s.playbook}/{s.name}: {s.title}", h.name, s.run) for s in self._steps(ctx, h)]
+            changes.append(Change(f"reboot {h.name} into driver {want['branch']} ({want['flavor']}), from {have}",
+                                  h.name, REBOOT))
+        if not todo:
+            return self.planned("unchanged", "every managed node runs the driver its inventory asks for")
+        return self.planned("would-change", f"{len(todo)} node(s) to upgrade ({', '.join(todo)}), "
+                            f"{self.opts.max_unavailable} at a time", changes)
+
+    def _node_upgrade(self, ctx: Context, h: Host) -> str:
+        t0 = time.monotonic()
+        f = ctx.facts[h.name]
+        want = wanted(h, f)
+        have = f.driver.module_version or "none"
+        emit = ctx.emit
+        mine = self._take_cordon(ctx, h)
+        waited = self._wait_gpu_pods(ctx, h, emit, mine)
+        try:
+            ctx.kube.drain(h.name, self.opts.drain_timeout)
+        except KubeError as e:
+            raise NodeFailure("driver.upgrade-failed", f"drain of {h.name} failed: {e.message}",
+                              f"see why its pods cannot leave; re-run {self.resume} (it resumes), or "
+                              f"'kubectl uncordon {h.name}' to put it back as it was") from None
+        run = HostRun(h)
+        run_steps(ctx.sessions[h.name], run, self._steps(ctx, h), False, lambda e: None)
+        if run.status != "done":
+            raise NodeFailure("driver.upgrade-failed", f"{h.name}: the driver packages: {run.message}",
+                              f"{run.remedy}; the node stays drained and cordoned; re-run {self.resume}")
+        down = time.monotonic()
+        fresh, problem = reboot(ctx, h, f"driver {have} -> {want['branch']}")
+        if fresh is None:
+            raise NodeFailure("driver.upgrade-failed", f"{h.name}: {problem}", f"then re-run {self.resume}")
+        got = refresh_facts({h.name: fresh}, 1).get(h.name)
+        if got is None or not at_target(got, want):
+            left = action(got)[1] if got is not None else "its facts could not be read"
+            raise NodeFailure("driver.upgrade-failed", f"{h.name} came back without driver {want['branch']}: {left}",
+                              f"see gpuk8s preflight on {h.name}; the node stays cordoned; re-run {self.resume}")
+        ctx.facts[h.name] = got
+        ctx.plans = gpuplan.plans(ctx.inv, ctx.facts)
+        self._wait_gpus(ctx, h)
+        gpu_down = time.monotonic() - down
+        self.gpu_down[h.name] = gpu_down
+        back = _give_back(ctx, h.name) if mine else "left cordoned (it was cordoned before the upgrade)"
+        seconds = time.monotonic() - t0
+        self.on_node(h.name, seconds)
+        emit(f"{h.name}: driver {have} -> {got.driver.module_version} in {seconds:.1f} s (GPUs down {gpu_down:.1f} s)")
+        self.opts.findings.append(findings.passed(
+            "driver.upgraded", f"{h.name} runs driver {got.driver.module_version} ({want['flavor']})",
+            subject=findings.node(h.name)))
+        return "; ".join([*([f"waited for GPU pods {', '.join(waited)}"] if waited else []), "drained",
+                          f"driver {have} -> {got.driver.module_version} ({want['flavor']}, held)", "rebooted",
+                          f"GPUs back after {gpu_down:.1f} s", back])
+
+    def _wait_gpus(self, ctx: Context, h: Host) -> None:
+        """Until the kubelet advertises the node's GPUs again (the plan's count of its resource)."""
+        plan = ctx.plans.get(h.name)
+        want = dict(plan.resources) if plan is not None else {}
+        deadline = time.monotonic() + self.opts.drain_timeout
+        while True:
+            node = ctx.kube.get("nodes", h.name)
+            alloc = ((node[0] if node else {}).get("status") or {}).get("allocatable") or {}
+            if all(str(alloc.get(r, "0")).isdigit() and int(str(alloc.get(r, "0"))) >= n for r, n in want.items()):
+                return
+            if time.monotonic() > deadline:
+                raise NodeFailure("driver.upgrade-failed", f"{h.name}: its GPUs were not advertised again within "
+                                  f"{self.opts.drain_timeout} s after the reboot ({alloc})",
+                                  f"gpuk8s doctor node/{h.name}; the node stays cordoned; re-run {self.resume}")
+            time.sleep(self.opts.poll)
+
+    def run(self, ctx: Context) -> PhaseResult:
+        r = self.result("pending")
+        todo = []
+        for h in self._managed(ctx):
+            f = ctx.facts.get(h.name)
+            if h.name not in ctx.sessions or f is None:
+                r.hosts[h.name] = "failed: not reachable"
+                continue
+            want = wanted(h, f)
+            if not want.get("manage"):
+                r.hosts[h.name] = "failed: its driver settings do not work on it (gpuk8s preflight: driver.plan)"
+            elif at_target(f, want):
+                r.hosts[h.name] = f"already at driver {f.driver.module_version} ({want['flavor']})"
+            else:
+                todo.append(h)
+        for name, res in for_each_host(todo, lambda h: self._node_upgrade(ctx, h),
+                                       self.opts.max_unavailable).items():
+            r.hosts[name] = (f"failed: {getattr(res, 'message', res)}" if isinstance(res, BaseException)
+                             else str(res))
+            if isinstance(res, NodeFailure):
+                self.opts.findings.append(findings.failed(res.id, res.message, res.remedy,
+                                                          subject=findings.node(name)))
+            elif isinstance(res, BaseException):
+                self.opts.findings.append(findings.failed("driver.upgrade-failed", f"{name}: {res}",
+                                                          f"re-run {self.resume}", subject=findings.node(name)))
+        failed = [n for n, s in r.hosts.items() if s.startswith("failed")]
+        done = [n for n, s in r.hosts.items() if not s.startswith(("failed", "already"))]
+        if not r.hosts:
+            r.status, r.message = "unchanged", "no node has driver: {manage: true}"
+        elif failed:
+            r.status = "failed"
+            r.message = "; ".join(f"{n}: {r.hosts[n]}" for n in failed)
+            r.remedy = f"fix the cause, then re-run {self.resume}: upgraded nodes are skipped"
+        else:
+            r.status = "changed" if done else "unchanged"
+            r.message = (f"upgraded {len(done)} node(s); GPUs down per node: "
+                         + ", ".join(f"{n} {self.gpu_down[n]:.1f} s" for n in done) if done
+                         else "every managed node runs the driver its inventory asks for")
+        return r
