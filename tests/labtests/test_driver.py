@@ -197,3 +197,38 @@ def test_driver_upgrade_across_a_branch_node_by_node_with_a_gpu_job_waited_for(l
                                       if p["name"] == "driver-upgrade")["status"] == "unchanged", r.stdout[-2000:]
     r = run_cli("install", "-i", str(path), "-o", "json", "--kubeconfig-out", str(kc))
     assert r.returncode == 0 and not json.loads(r.stdout)["changed"], r.stdout[-3000:]
+
+
+def test_an_unattended_upgrade_without_reboot_is_named_and_install_repairs_it(lab_up, run_cli, tmp_path):
+    lab = lab_up(MANAGED.replace("nvswitches: 4, ", ""))
+    kc = tmp_path / "kc"
+    r = run_cli("install", "-i", str(lab.inventory), "-o", "json", "--kubeconfig-out", str(kc), "--allow-reboot")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    # the archive publishes 580.126.09; an unattended upgrade (holds lifted by hand) installs it, no reboot follows
+    g1 = lab.host("gpu-1")
+    g1.update_state(archive_updates={"580": ["580.126.09"]})
+    g1.exec("apt-get update -q >/dev/null && apt-get install -y -q --allow-change-held-packages "
+            "nvidia-headless-no-dkms-580-server-open nvidia-utils-580-server >/dev/null")
+    smi = g1.exec("nvidia-smi", check=False)
+    assert smi.returncode == 18 and smi.stdout.splitlines() == [
+        "Failed to initialize NVML: Driver/library version mismatch", "NVML library version: 580.126"]
+
+    pf = run_cli("preflight", "-i", str(lab.inventory), "-o", "json", "--no-network")
+    c = {x["id"]: x for x in next(h for h in json.loads(pf.stdout)["hosts"] if h["name"] == "gpu-1")["checks"]}
+    assert c["driver.mismatch"]["status"] == "skip"  # managed: install repairs it, so it does not block
+    assert "580.95.05 is loaded, the libraries are 580.126.09" in c["driver.mismatch"]["message"]
+
+    doc = run_cli("doctor", "-i", str(lab.inventory), "-o", "json", "node/gpu-1")
+    assert doc.returncode == 1, doc.stdout[-3000:]
+    found = json.loads(doc.stdout)["findings"]
+    cause = next(f for f in found if f["id"] == "gpu.driver")
+    assert "version mismatch" in cause["message"]
+    assert any("driver: module 580.95.05 (open), libraries 580.126.09" in e for e in cause["evidence"]), cause
+
+    r = run_cli("install", "-i", str(lab.inventory), "-o", "json", "--kubeconfig-out", str(kc), "--allow-reboot")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    drv = next(p for p in json.loads(r.stdout)["phases"] if p["name"] == "driver")
+    assert drv["hosts"]["gpu-1"].startswith("changed: module 580.95.05 is loaded, 580.126.09 is installed; "
+                                            "driver 580.126.09 answers after"), drv
+    assert g1.exec("nvidia-smi --query-gpu=driver_version --format=csv,noheader").stdout.split() == [
+        "580.126.09", "580.126.09"]

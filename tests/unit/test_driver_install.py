@@ -85,3 +85,16 @@ def test_what_the_driver_phase_does_for_a_node(driver: DriverFacts, modules: set
     f = facts(driver=driver, **({"modules": frozenset(modules)} if modules else {}))
     assert action(f) == expected
     assert services(f) == ["nvidia-persistenced", *(["nvidia-fabricmanager"] if driver.nvswitches else [])]
+
+
+def test_a_node_is_at_its_target_only_with_the_branch_flavour_loaded_and_services_up() -> None:
+    from gpuk8s.phases.driver_upgrade import at_target
+
+    want = {"manage": True, "branch": "580", "flavor": "open"}
+    f = facts(driver=LOADED)
+    assert at_target(f, want)
+    assert not at_target(f, {**want, "branch": "595"})  # another branch wanted: upgrade
+    assert not at_target(f, {**want, "flavor": "proprietary"})  # another flavour: upgrade
+    assert not at_target(facts(driver=replace(LOADED, libraries=("595.71.05",))), want)  # packages moved, no reboot
+    assert not at_target(facts(driver=replace(LOADED, persistenced="inactive")), want)
+    assert not at_target(f, {"manage": False})

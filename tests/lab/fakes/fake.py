@@ -1164,15 +1164,18 @@ UBUNTU_ARCHIVE = "http://archive.ubuntu.com/ubuntu"
 
 
 def _ubuntu_archive(h: Host) -> dict[str, list[str]]:
+    """The archive's driver packages; state["archive_updates"] ({branch: [version, ...]}) publishes newer releases
+    of a branch, as the archive gets them (what an unattended upgrade then installs)."""
     out_: dict[str, list[str]] = {}
+    updates = h.state.get("archive_updates") or {}
     for b, v in UBUNTU_DRIVERS.items():
-        pv = [f"{v}-0ubuntu0.22.04.1"]
+        pv = [f"{x}-0ubuntu0.22.04.1" for x in [v, *updates.get(b, [])]]
         for sfx in ("-server", "-server-open"):
             out_[f"nvidia-headless-no-dkms-{b}{sfx}"] = pv
             out_[f"linux-modules-nvidia-{b}{sfx}-{h.spec['kernel']}"] = [f"{h.spec['kernel'].split('-')[0]}-105.115"]
         out_[f"nvidia-utils-{b}-server"] = pv
-        out_[f"nvidia-fabricmanager-{b}"] = [f"{v}-1"]
-        out_[f"libnvidia-nscq-{b}"] = [f"{v}-1"]
+        out_[f"nvidia-fabricmanager-{b}"] = [f"{x}-1" for x in [v, *updates.get(b, [])]]
+        out_[f"libnvidia-nscq-{b}"] = [f"{x}-1" for x in [v, *updates.get(b, [])]]
     return out_
 
 
