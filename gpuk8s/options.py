@@ -24,3 +24,12 @@ OnlyPhaseOpt = typer.Option(None, "--only-phase", help="Run this phase alone (af
 def phase_names(values: list[str]) -> list[str]:
     """--skip-phases a,b --skip-phases c -> [a, b, c]."""
     return [n.strip() for v in values for n in v.split(",") if n.strip()]
+
+
+# The node-by-node commands (upgrade, driver upgrade): how many nodes at a time, how long for GPU pods and drains
+MaxUnavailableOpt = typer.Option(1, "--max-unavailable", min=1, max=512,
+                                 help="Nodes drained and upgraded at the same time.")
+GpuPodTimeoutOpt = typer.Option(3600, "--gpu-pod-timeout", min=0,
+                                help="Seconds to wait for a node's GPU pods to finish before its drain; past it the "
+                                "node is left as it was and the upgrade stops.")
+DrainTimeoutOpt = typer.Option(600, "--drain-timeout", min=1, help="Seconds for kubectl drain.")

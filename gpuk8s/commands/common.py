@@ -2,6 +2,7 @@
 --kubeconfig, the cluster connection of the commands that only read it, usage errors, and finishing with a
 report."""
 
+import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, NoReturn
@@ -47,6 +48,27 @@ def local_kubectl(kubeconfig: Path, context: str | None = None) -> LocalKubectl:
     except KubeError as e:
         ui.say(ui.console(stderr=True), f"{e.message}; {e.remedy}")
         raise typer.Exit(ExitCode.USAGE) from None
+
+
+def confirm(dry_run: bool, yes: bool, what: str, question: str) -> None:
+    """Ask before a command that drains or changes nodes: --yes (or --dry-run) skips it; without a terminal --yes
+    must be given (exit 2, saying `what` the command does)."""
+    if dry_run or yes:
+        return
+    if not sys.stdin.isatty():
+        ui.say(ui.console(stderr=True), f"{what}: pass --yes (or look first with --dry-run)")
+        raise typer.Exit(ExitCode.USAGE)
+    if not typer.confirm(question, default=False):
+        raise typer.Exit(ExitCode.USAGE)
+
+
+def failed(e: GpuK8sError, output: Output) -> NoReturn:
+    """A flow that could not start (an unreachable control plane): its message and remedy, exit 1."""
+    if output == Output.json:
+        ui.emit_json({"ok": False, "error": e.message, "remedy": e.remedy})
+    else:
+        ui.say(ui.console(stderr=True), f"{e.message}; {e.remedy}")
+    raise typer.Exit(ExitCode.FAILED)
 
 
 def usage_error(e: GpuK8sError, output: Output) -> NoReturn:

@@ -4,17 +4,16 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
 import typer
 
 from gpuk8s import flows, ui
-from gpuk8s.commands.common import finish, passwords
+from gpuk8s.commands.common import confirm, failed, finish, passwords
 from gpuk8s.errors import GpuK8sError
 from gpuk8s.exitcodes import ExitCode
-from gpuk8s.options import InventoryOpt, Output, OutputOpt
+from gpuk8s.options import DrainTimeoutOpt, GpuPodTimeoutOpt, InventoryOpt, MaxUnavailableOpt, Output, OutputOpt
 from gpuk8s.phases.base import Options
 from gpuk8s.report import cluster as report
 
@@ -31,13 +30,9 @@ def register(app: typer.Typer, load_inventory: Any) -> None:
         dry_run: bool = typer.Option(False, "--dry-run", help="Show what each node's upgrade would do, with the "
                                      "exact commands; change nothing."),
         yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
-        max_unavailable: int = typer.Option(1, "--max-unavailable", min=1, max=512,
-                                            help="Nodes upgraded (drained and rebooted) at the same time."),
-        gpu_pod_timeout: float = typer.Option(3600, "--gpu-pod-timeout", min=0,
-                                              help="Seconds to wait for a node's GPU pods to finish before its "
-                                              "drain; past it the node is left as it was and its upgrade stops."),
-        drain_timeout: int = typer.Option(600, "--drain-timeout", min=1,
-                                          help="Seconds for kubectl drain, and for the GPUs to come back."),
+        max_unavailable: int = MaxUnavailableOpt,
+        gpu_pod_timeout: float = GpuPodTimeoutOpt,
+        drain_timeout: int = DrainTimeoutOpt,
         concurrency: int = typer.Option(16, "--concurrency", "-c", min=1, max=512),
         test_pods: bool = typer.Option(True, "--test-pods/--no-test-pods"),
     ) -> None:
@@ -49,22 +44,13 @@ def register(app: typer.Typer, load_inventory: Any) -> None:
             ui.say(con, "no host has driver: {manage: true}: gpuk8s does not manage any node's driver "
                         "(docs/driver.md)")
             raise typer.Exit(ExitCode.USAGE)
-        if not dry_run and not yes:
-            if not sys.stdin.isatty():
-                ui.say(con, "gpuk8s driver upgrade drains and reboots nodes: pass --yes (or look first with "
-                            "--dry-run)")
-                raise typer.Exit(ExitCode.USAGE)
-            if not typer.confirm("Upgrade the driver of this inventory's managed nodes?", default=False):
-                raise typer.Exit(ExitCode.USAGE)
+        confirm(dry_run, yes, "gpuk8s driver upgrade drains and reboots nodes",
+                "Upgrade the driver of this inventory's managed nodes?")
         try:
             rep = flows.driver_upgrade(inv, concurrency=concurrency, sudo_passwords=passwords(inv),
                                        max_unavailable=max_unavailable, gpu_pod_timeout=gpu_pod_timeout,
                                        drain_timeout=drain_timeout, options=Options(test_pods=test_pods),
                                        emit=report.phase_printer(output), dry_run=dry_run)
         except GpuK8sError as e:
-            if output == Output.json:
-                ui.emit_json({"ok": False, "error": e.message, "remedy": e.remedy})
-            else:
-                ui.say(con, f"{e.message}; {e.remedy}")
-            raise typer.Exit(ExitCode.FAILED) from None
+            failed(e, output)
         finish(rep, output, lambda: report.plans(rep) if dry_run else report.render_cluster(rep, "driver upgrade"))

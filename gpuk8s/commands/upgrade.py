@@ -3,17 +3,26 @@ order, resumable (gpuk8s/phases/upgrade.py, docs/upgrade.md)."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
 import typer
 
 from gpuk8s import findings, flows, ui
-from gpuk8s.commands.common import finish, ignored_checks, passwords, usage_error
+from gpuk8s.commands.common import confirm, failed, finish, ignored_checks, passwords, usage_error
 from gpuk8s.errors import GpuK8sError
 from gpuk8s.exitcodes import ExitCode
-from gpuk8s.options import InventoryOpt, OnlyPhaseOpt, Output, OutputOpt, SkipPhasesOpt, phase_names
+from gpuk8s.options import (
+    DrainTimeoutOpt,
+    GpuPodTimeoutOpt,
+    InventoryOpt,
+    MaxUnavailableOpt,
+    OnlyPhaseOpt,
+    Output,
+    OutputOpt,
+    SkipPhasesOpt,
+    phase_names,
+)
 from gpuk8s.phases.base import Options, PhaseSelectionError
 from gpuk8s.phases.upgrade import UpgradeRefused
 from gpuk8s.report import upgrade as report
@@ -30,12 +39,9 @@ def register(app: typer.Typer, load_inventory: Any) -> None:
         dry_run: bool = typer.Option(False, "--dry-run", help="Show what the first minor's upgrade would do, "
                                      "with the exact commands; change nothing."),
         yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
-        max_unavailable: int = typer.Option(1, "--max-unavailable", min=1, max=512,
-                                            help="Workers upgraded (drained) at the same time."),
-        gpu_pod_timeout: float = typer.Option(3600, "--gpu-pod-timeout", min=0,
-                                              help="Seconds to wait for a worker's GPU pods to finish before its "
-                                              "drain; past it the worker is left as it was and the upgrade stops."),
-        drain_timeout: int = typer.Option(600, "--drain-timeout", min=1, help="Seconds for kubectl drain."),
+        max_unavailable: int = MaxUnavailableOpt,
+        gpu_pod_timeout: float = GpuPodTimeoutOpt,
+        drain_timeout: int = DrainTimeoutOpt,
         concurrency: int = typer.Option(16, "--concurrency", "-c", min=1, max=512),
         ignore: list[str] = typer.Option([], "--ignore", help="Preflight check id that must not block a host."),
         test_pods: bool = typer.Option(True, "--test-pods/--no-test-pods"),
@@ -51,13 +57,8 @@ def register(app: typer.Typer, load_inventory: Any) -> None:
             usage_error(e, output)
         sudo = passwords(inv)
         con = ui.console(stderr=True)
-        if not dry_run and not yes:
-            if not sys.stdin.isatty():
-                ui.say(con, "gpuk8s upgrade changes every node of the cluster: pass --yes (or look first with "
-                            "--dry-run)")
-                raise typer.Exit(ExitCode.USAGE)
-            if not typer.confirm("Upgrade the cluster of this inventory?", default=False):
-                raise typer.Exit(ExitCode.USAGE)
+        confirm(dry_run, yes, "gpuk8s upgrade changes every node of the cluster",
+                "Upgrade the cluster of this inventory?")
         try:
             rep = flows.upgrade(inv, to=to, concurrency=concurrency, ignore=ignored_checks(inv, ignore),
                                 sudo_passwords=sudo, max_unavailable=max_unavailable,
@@ -72,11 +73,7 @@ def register(app: typer.Typer, load_inventory: Any) -> None:
                 ui.say(con, f"upgrade refused: {e.message}; {e.remedy}")
             raise typer.Exit(ExitCode.USAGE) from None
         except GpuK8sError as e:
-            if output == Output.json:
-                ui.emit_json({"ok": False, "error": e.message, "remedy": e.remedy})
-            else:
-                ui.say(con, f"{e.message}; {e.remedy}")
-            raise typer.Exit(ExitCode.FAILED) from None
+            failed(e, output)
         if not rep.steps:
             if output == Output.json:
                 ui.emit_json({"ok": True, "changed": False, "from": rep.start_minor, "steps": []})

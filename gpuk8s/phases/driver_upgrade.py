@@ -21,7 +21,6 @@ from gpuk8s.facts.model import HostFacts
 from gpuk8s.gpuplan import is_gpu_node
 from gpuk8s.install.prepare import HostRun, run_steps
 from gpuk8s.inventory.model import Host
-from gpuk8s.kube.client import KubeError
 from gpuk8s.phases.base import Change, Context, PhasePlan, PhaseResult
 from gpuk8s.phases.driver import action
 from gpuk8s.phases.prepare import refresh_facts
@@ -92,14 +91,7 @@ class DriverUpgrade(UpgradeStep):
         want = wanted(h, f)
         have = f.driver.module_version or "none"
         emit = ctx.emit
-        mine = self._take_cordon(ctx, h)
-        waited = self._wait_gpu_pods(ctx, h, emit, mine)
-        try:
-            ctx.kube.drain(h.name, self.opts.drain_timeout)
-        except KubeError as e:
-            raise NodeFailure("driver.upgrade-failed", f"drain of {h.name} failed: {e.message}",
-                              f"see why its pods cannot leave; re-run {self.resume} (it resumes), or "
-                              f"'kubectl uncordon {h.name}' to put it back as it was") from None
+        mine, waited = self._vacate(ctx, h, emit, "driver.upgrade-failed")
         run = HostRun(h)
         run_steps(ctx.sessions[h.name], run, self._steps(ctx, h), False, lambda e: None)
         if run.status != "done":

@@ -308,22 +308,28 @@ class UpgradeStep(Phase):
         else:
             _kubeadm(ctx, h, "node")
             did.append("kubeadm upgrade node")
-        mine = self._take_cordon(ctx, h)
-        waited = self._wait_gpu_pods(ctx, h, emit, mine)
+        mine, waited = self._vacate(ctx, h, emit, "upgrade.drain-failed")
         if waited:
             did.append(f"waited for GPU pods {', '.join(waited)}")
-        try:
-            ctx.kube.drain(h.name, self.opts.drain_timeout)
-        except KubeError as e:
-            raise NodeFailure("upgrade.drain-failed", f"drain of {h.name} failed: {e.message}",
-                             f"see why its pods cannot leave; re-run gpuk8s upgrade (it resumes), or "
-                             f"'kubectl uncordon {h.name}' to put it back as it was") from None
         _packages(ctx, h, to, "kubelet kubectl", restart=True)
         back = _give_back(ctx, h.name) if mine else "left cordoned (it was cordoned before the upgrade)"
         seconds = time.monotonic() - t0
         self.on_node(h.name, seconds)
         emit(f"{h.name}: upgraded to {to} in {seconds:.1f} s")
         return "; ".join([*did, "drained", f"kubelet and kubectl {to} (held)", back, f"{seconds:.1f} s"])
+
+    def _vacate(self, ctx: Context, h: Host, emit: Callable[[str], None], drain_id: str) -> tuple[bool, list[str]]:
+        """Cordon the node (marked), wait for its GPU pods, drain it: whether the cordon is gpuk8s's to undo, and the
+        GPU pods waited for. NodeFailure(drain_id) when the drain fails (the node stays cordoned)."""
+        mine = self._take_cordon(ctx, h)
+        waited = self._wait_gpu_pods(ctx, h, emit, mine)
+        try:
+            ctx.kube.drain(h.name, self.opts.drain_timeout)
+        except KubeError as e:
+            raise NodeFailure(drain_id, f"drain of {h.name} failed: {e.message}",
+                              f"see why its pods cannot leave; re-run {self.resume} (it resumes), or "
+                              f"'kubectl uncordon {h.name}' to put it back as it was") from None
+        return mine, waited
 
     @staticmethod
     def _take_cordon(ctx: Context, h: Host) -> bool:
