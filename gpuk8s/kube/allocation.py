@@ -145,11 +145,12 @@ class GPUMetric:
     memory_used_mib: float | None
     memory_free_mib: float | None
     pods: tuple[str, ...] = ()  # namespace/name of the pods the exporter attributes it to
+    driver: str = ""  # the driver the exporter reads (its DCGM_FI_DRIVER_VERSION label, where it has one)
 
     def to_json(self) -> dict[str, Any]:
         return {"gpu": self.gpu, "instance": self.instance, "model": self.model, "util_percent": self.util,
                 "memory_used_mib": self.memory_used_mib, "memory_free_mib": self.memory_free_mib,
-                "pods": list(self.pods)}
+                "pods": list(self.pods), "driver": self.driver}
 
 
 HAMI_REGISTER = "hami.io/node-nvidia-register"
@@ -569,7 +570,10 @@ def gpu_metrics(text: str) -> list[GPUMetric]:
                 if s.name not in (UTIL, FB_USED, FB_FREE):
                     continue
                 key = (s.labels.get("gpu", ""), s.labels.get("GPU_I_ID", ""))
-                d = values.setdefault(key, {"model": s.labels.get("modelName", ""), "pods": set()})
+                d = values.setdefault(key, {"model": s.labels.get("modelName", ""), "pods": set(), "driver": ""})
+                drv = s.labels.get("DCGM_FI_DRIVER_VERSION", "")
+                if _DRIVER.fullmatch(drv):
+                    d["driver"] = drv
                 d[s.name] = float(s.value)
                 if s.labels.get("pod"):
                     d["pods"].add(f"{s.labels.get('namespace', '')}/{s.labels['pod']}")
@@ -580,4 +584,9 @@ def gpu_metrics(text: str) -> list[GPUMetric]:
         return (int(k[0]) if k[0].isdigit() else 1 << 30, k[0], k[1])
 
     return [GPUMetric(g, i, clean(d["model"]), d.get(UTIL), d.get(FB_USED), d.get(FB_FREE),
-                      tuple(sorted(d["pods"]))) for (g, i), d in sorted(values.items(), key=lambda kv: order(kv[0]))]
+                      tuple(sorted(d["pods"])), d["driver"])
+            for (g, i), d in sorted(values.items(), key=lambda kv: order(kv[0]))]
+
+
+# A driver version as the exporter labels its series ("580.82.07"); anything else a node writes there is not shown
+_DRIVER = re.compile(r"[0-9]{1,4}(?:\.[0-9]{1,4}){1,3}")

@@ -58,12 +58,13 @@ def render(alloc: al.ClusterAllocation) -> None:
         for m in n.metrics:
             mem = "-" if m.memory_used_mib is None else (
                 f"{m.memory_used_mib:g}/{(m.memory_used_mib + (m.memory_free_mib or 0)):g} MiB")
-            mrows.append([n.node, m.gpu + (f"/{m.instance}" if m.instance else ""), m.model, _num(m.util, "%"), mem,
-                          ", ".join(m.pods)])
+            mrows.append([n.node, m.gpu + (f"/{m.instance}" if m.instance else ""), m.model, m.driver or "-",
+                          _num(m.util, "%"), mem, ", ".join(m.pods)])
         if n.metrics_note:
             notes.append(n.metrics_note)
     if mrows:
-        ui.table("GPU utilisation (DCGM exporter)", ["NODE", "GPU", "MODEL", "UTIL", "MEMORY", "PODS"], mrows)
+        ui.table("GPU utilisation (DCGM exporter)", ["NODE", "GPU", "MODEL", "DRIVER", "UTIL", "MEMORY", "PODS"],
+                 mrows)
     con = ui.console()
     for line in notes:
         ui.say(con, line)

@@ -399,3 +399,21 @@ def test_gather_reads_only_what_the_answer_needs() -> None:
     [a] = one.nodes
     assert (a.node, a.resources[0].requested) == ("gpu-a", 6)
     assert one.footer() == ["Allocated/Total GPUs in cluster: 6/8 (75%)"]
+
+
+def test_the_driver_the_exporter_reads_is_shown_per_gpu_from_a_real_line() -> None:
+    """The DCGM exporter labels its series with the driver (DCGM_FI_DRIVER_VERSION): status shows it per GPU
+    (tests/fixtures/real/dcgm, NVIDIA/dcgm-exporter#568); a label that is no version is not shown."""
+    from pathlib import Path
+
+    from gpuk8s.kube import allocation as al
+
+    path = Path(__file__).resolve().parents[1] / "fixtures" / "real" / "dcgm" / "gpu-util-driver-label-580-mps.txt"
+    head, _, body = path.read_text().partition("\n---\n")
+    assert "source: https://github.com/NVIDIA/dcgm-exporter/issues/568" in head
+    [m] = al.gpu_metrics("# TYPE DCGM_FI_DEV_GPU_UTIL gauge\n" + body)
+    assert (m.gpu, m.model, m.util, m.driver, m.pods) == ("0", "NVIDIA RTX A4000", 38.0, "580.82.07", ("xxxx/xxxxx",))
+    assert m.to_json()["driver"] == "580.82.07"
+    [bad] = al.gpu_metrics("# TYPE DCGM_FI_DEV_GPU_UTIL gauge\n"
+                           + body.replace('"580.82.07"', '"[red]580[/red]"'))
+    assert bad.driver == ""

@@ -2679,7 +2679,7 @@ def _metrics(s: dict[str, Any], ds: dict[str, Any], node: str) -> str:
         for g in range(_gpus_on(host)):
             labels = (f'gpu="{g}",UUID="GPU-{host}-{g:04d}-lab",pci_bus_id="00000000:{0x10 + g:02X}:00.0",'
                       f'device="nvidia{g}",modelName="{model}",Hostname="{node}",DCGM_FI_DRIVER_VERSION="'
-                      f'{spec.get("driver", "535.104.05")}"')
+                      f'{_loaded_driver(host) or spec.get("driver") or "535.104.05"}"')
             if g in owner:
                 labels += ',pod="{}",namespace="{}",container="{}"'.format(*owner[g])
             value = {"DCGM_FI_DEV_GPU_TEMP": 34 + g, "DCGM_FI_DEV_POWER_USAGE": 61.5,
@@ -3046,9 +3046,14 @@ def _fit_error(s: dict[str, Any], reasons: dict[str, list[str]]) -> str:
             + ", ".join(sorted(f"{c} {r}" for r, c in pre.items())) + ".")
 
 
+def _loaded_driver(host: str) -> str:
+    """The host's loaded driver module (its state), '' where the state does not say."""
+    return str((_read_json(_hp(host, "var_lib/gpuk8s-lab/state.json")).get("driver") or {}).get("loaded") or "")
+
+
 def _driver_cuda(host: str) -> tuple[int, ...]:
     spec = _read_json(_hp(host, "var_lib/gpuk8s-lab/host.json"))
-    loaded = (_read_json(_hp(host, "var_lib/gpuk8s-lab/state.json")).get("driver") or {}).get("loaded")
+    loaded = _loaded_driver(host)
     cuda_of = (sys.modules.get("fake") or sys.modules.get("__main__")).cuda_of  # fakes/fake.py's table
     return tuple(int(x) for x in cuda_of(str(loaded or spec.get("driver") or "535.104.05")).split("."))
 
