@@ -137,16 +137,43 @@ def choose(settings: DriverSettings, accepted: Modules, today: date | None = Non
 
 
 def channel_problem(settings: DriverSettings, os_family: str) -> str:
-    """Why gpuk8s cannot install the driver this way on this OS ('' where it can). Today: Ubuntu's archive (signed,
-    precompiled modules: Secure Boot works without enrolling a key). NVIDIA's repository and Alibaba Cloud Linux 3
-    (NVIDIA's RHEL 8 repository, DKMS) are planned, not built."""
-    if os_family != "debian":
-        return ("gpuk8s installs the driver from Ubuntu's archive only, so far; on Alibaba Cloud Linux 3 install it "
-                "yourself (NVIDIA's RHEL 8 repository) and set driver.manage: false")
-    if settings.source != "distro":
+    """Why gpuk8s cannot install the driver this way on this OS ('' where it can). Ubuntu: its archive (signed,
+    precompiled modules: Secure Boot works without enrolling a key); `source: nvidia` there (NVIDIA's CUDA repository)
+    is planned, not built. Alibaba Cloud Linux 3 has no NVIDIA driver of its own: NVIDIA's RHEL 8 repository, open
+    modules built by DKMS (rhel_packages), whatever `source` says."""
+    if os_family == "debian" and settings.source != "distro":
         return ("gpuk8s installs the driver from Ubuntu's archive only, so far (source: distro); with source: nvidia "
                 "install it yourself from NVIDIA's CUDA repository and set driver.manage: false")
+    if os_family not in ("debian", "rhel"):
+        return "gpuk8s installs the driver on Ubuntu 22.04 and Alibaba Cloud Linux 3 only"
     return ""
+
+
+def flavor_problem(c: DriverChoice, os_family: str) -> str:
+    """On the RHEL 8 family gpuk8s installs the open modules only (NVIDIA's nvidia-driver:BRANCH-open module stream);
+    the proprietary ones there (GPUs before Turing) are not built yet."""
+    if os_family == "rhel" and c.flavor != "open":
+        return ("on Alibaba Cloud Linux 3 gpuk8s installs the open kernel modules only, so far (NVIDIA's "
+                f"nvidia-driver:{c.branch}-open); for these GPUs install the proprietary driver yourself and set "
+                "driver.manage: false")
+    return ""
+
+
+# NVIDIA's RHEL 8 repository (NVIDIA/gpu-driver-container rhel8/install.sh: cuda-rhel8.repo; its key D42D0685.pub);
+# aarch64 hosts use the sbsa directory
+CUDA_RHEL8 = "https://developer.download.nvidia.com/compute/cuda/repos/rhel8"
+
+
+def rhel_packages(c: DriverChoice, nvswitch: bool, arch: str) -> dict[str, object]:
+    """The driver on the RHEL 8 family from NVIDIA's repository (NVIDIA's driver installation guide, "Open GPU Kernel
+    Modules Installation": `dnf module enable nvidia-driver:BRANCH-open`, `dnf install nvidia-open`): the module stream
+    locks the branch, versionlock the release; the modules built by DKMS against the running kernel's headers
+    (kernel-devel); fabric manager named nvidia-fabricmanager from R580 on, nvidia-fabric-manager before."""
+    fm = ("nvidia-fabricmanager" if int(c.branch) >= 580 else "nvidia-fabric-manager") if nvswitch else ""
+    return {"stream": f"{c.branch}-open", "packages": ["nvidia-open", *([fm] if fm else [])],
+            "locked": ["nvidia-open", "kmod-nvidia-open-dkms", "nvidia-driver", "nvidia-driver-libs",
+                       *([fm] if fm else [])],
+            "repo": f"{CUDA_RHEL8}/{'sbsa' if arch == 'aarch64' else 'x86_64'}"}
 
 
 def ubuntu_packages(c: DriverChoice, nvswitch: bool) -> dict[str, object]:
@@ -170,6 +197,8 @@ def playbook_context(settings: DriverSettings, f: HostFacts, today: date | None 
         c = choose(settings, accepted_modules(f), today)
     except DriverRuleError:
         return {"manage": False}
+    if flavor_problem(c, f.os.family):
+        return {"manage": False}
     nvswitch = bool(f.driver.nvswitches)
-    return {"manage": True, "branch": c.branch, "flavor": c.flavor, "nvswitch": nvswitch,
-            **ubuntu_packages(c, nvswitch)}
+    own = rhel_packages(c, nvswitch, f.arch) if f.os.family == "rhel" else ubuntu_packages(c, nvswitch)
+    return {"manage": True, "branch": c.branch, "flavor": c.flavor, "nvswitch": nvswitch, **own}

@@ -64,12 +64,15 @@ nvml() { for f in /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.* /usr/lib64/libnvid
 headers() { if [ -d "/lib/modules/$(uname -r)/build" ]; then echo yes; else echo no; fi; }
 units() { $T systemctl is-active nvidia-fabricmanager nvidia-persistenced; true; }
 blacklist() { grep -ls '^[[:space:]]*blacklist[[:space:]]\{1,\}nouveau' /etc/modprobe.d/*.conf /lib/modprobe.d/*.conf /usr/lib/modprobe.d/*.conf; true; }
-drvpkgs() { if command -v dpkg-query >/dev/null 2>&1; then
-    dpkg-query -W -f '${Package} ${Version} ${db:Status-Abbrev}\n' 'nvidia-driver-*' 'nvidia-headless-no-dkms-*' \
+# the RHEL family (Alibaba Cloud Linux: ID_LIKE="rhel fedora centos anolis") keeps packages in rpm and holds in dnf's
+# versionlock list; the Debian family in dpkg and apt-mark (decided by os-release, not by which tools exist)
+rpmos() { grep -qsE '^(ID|ID_LIKE)=.*(rhel|fedora|centos)' /etc/os-release; }
+drvpkgs() { if rpmos; then
+    rpm -qa --qf '%{NAME} %{VERSION}-%{RELEASE}\n' 'nvidia-driver*' 'nvidia-open' 'nvidia-fabric*' 'kmod-nvidia*' 2>/dev/null
+  else dpkg-query -W -f '${Package} ${Version} ${db:Status-Abbrev}\n' 'nvidia-driver-*' 'nvidia-headless-no-dkms-*' \
       'nvidia-utils-*' 'nvidia-fabricmanager*' 'linux-modules-nvidia-*' 'nvidia-dkms-*' 'libnvidia-nscq*' 2>/dev/null |
-      awk '$3 ~ /^ii/ {print $1, $2}'
-  else rpm -qa --qf '%{NAME} %{VERSION}-%{RELEASE}\n' 'nvidia-driver*' 'nvidia-fabric*' 'kmod-nvidia*' 2>/dev/null; fi; true; }
-holds() { if command -v apt-mark >/dev/null 2>&1; then apt-mark showhold; else cat /etc/dnf/plugins/versionlock.list 2>/dev/null; fi; true; }
+      awk '$3 ~ /^ii/ {print $1, $2}'; fi; true; }
+holds() { if rpmos; then cat /etc/dnf/plugins/versionlock.list 2>/dev/null; else apt-mark showhold; fi; true; }
 driver() {
   if command -v lspci >/dev/null 2>&1; then drvsub lspci lspci -Dnn -d 10de:; else printf '@@drv lspci 127\n'; fi
   drvsub nvml nvml

@@ -18,7 +18,7 @@ IDS = ("driver.mismatch", "driver.nouveau", "driver.secure-boot", "driver.fabric
        "driver.held")
 # Package names whose hold keeps the driver in place (apt-mark showhold lists names; dnf's versionlock.list lists
 # NAME-[EPOCH:]VERSION-RELEASE.* entries, matched by prefix): the meta package users install, and fabric manager
-DRIVER_PACKAGES = ("nvidia-driver", "nvidia-headless-no-dkms", "nvidia-utils", "nvidia-fabricmanager",
+DRIVER_PACKAGES = ("nvidia-driver", "nvidia-open", "nvidia-headless-no-dkms", "nvidia-utils", "nvidia-fabricmanager",
                    "nvidia-fabric-manager", "linux-modules-nvidia", "kmod-nvidia", "nvidia-dkms", "libnvidia-nscq")
 
 
@@ -46,6 +46,9 @@ def plan(host: Host, f: HostFacts, today: date | None = None) -> CheckResult:
         c = rules.choose(host.gpu.driver, rules.accepted_modules(f), today)
     except rules.DriverRuleError as e:
         return failed("driver.plan", f"{where}: {e.message}", e.remedy)
+    problem = rules.flavor_problem(c, f.os.family)
+    if problem:
+        return failed("driver.plan", f"{where}: {problem.split(';')[0]}", problem.split("; ", 1)[-1])
     have = f.driver.module_version or (f.gpu.driver if f.gpu.state == "ok" else None)
     now = f"; installed: {have} ({f.driver.module_flavor or 'flavour unknown'})" if have else "; no driver installed"
     return passed("driver.plan", f"install gives branch {c.branch}, {c.flavor} modules ({c.why}){now}")

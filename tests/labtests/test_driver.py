@@ -232,3 +232,35 @@ def test_an_unattended_upgrade_without_reboot_is_named_and_install_repairs_it(la
                                             "driver 580.126.09 answers after"), drv
     assert g1.exec("nvidia-smi --query-gpu=driver_version --format=csv,noheader").stdout.split() == [
         "580.126.09", "580.126.09"]
+
+
+ALINUX = """
+hosts:
+  - {name: cp-1, role: control-plane}
+  - {name: al-1, os: alinux-3, gpus: 4, gpu_model: "NVIDIA H100 80GB HBM3", nvswitches: 4, driver: null,
+     modules: [overlay, nouveau], driver_inventory: {manage: true},
+     containerd_config: "# containerd.io's shipped config\\ndisabled_plugins = [\\"cri\\"]\\n"}
+"""
+
+
+def test_a_bare_alibaba_cloud_linux_server_gets_nvidias_open_driver_by_dkms(lab_up, run_cli, tmp_path):
+    lab = lab_up(ALINUX)
+    kc = tmp_path / "kc"
+    r = run_cli("install", "-i", str(lab.inventory), "-o", "json", "--kubeconfig-out", str(kc), "--allow-reboot")
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-3000:]
+    rep = json.loads(r.stdout)
+    assert {n["node"]: n["allocatable_gpus"] for n in rep["nodes"]}["al-1"] == 4
+    al = lab.host("al-1")
+    assert "baseurl=https://developer.download.nvidia.com/compute/cuda/repos/rhel8/x86_64" in al.read(
+        "/etc/yum.repos.d/gpuk8s-cuda-rhel8.repo")
+    assert al.state()["dnf_modules"] == {"nvidia-driver": "580-open"}
+    assert "Open Kernel Module for x86_64  580.95.05" in al.exec("cat /proc/driver/nvidia/version").stdout
+    locks = al.read("/etc/dnf/plugins/versionlock.list").split()
+    assert "nvidia-open-3:580.95.05-1.el8.*" in locks and "nvidia-fabricmanager-3:580.95.05-1.el8.*" in locks
+    assert "kernel-devel-5.10.134-16.1.al8.x86_64" in al.state()["packages"]  # DKMS built against it
+    pf = run_cli("preflight", "-i", str(lab.inventory), "-o", "json", "--no-network")
+    c = {x["id"]: x["status"] for x in next(h for h in json.loads(pf.stdout)["hosts"] if h["name"] == "al-1")["checks"]}
+    assert {i: st for i, st in c.items() if i.startswith("driver.") and st not in ("pass", "skip")} == {}
+    assert c["driver.held"] == "pass" and c["driver.kernel-headers"] == "pass"
+    r = run_cli("install", "-i", str(lab.inventory), "-o", "json", "--kubeconfig-out", str(kc), "--allow-reboot")
+    assert r.returncode == 0 and not json.loads(r.stdout)["changed"], r.stdout[-3000:]

@@ -110,3 +110,14 @@ def test_a_small_fleet_keeps_the_least_cpu_of_its_runs() -> None:
     assert check_budgets([least_cpu([noisy, replace(noisy)]), one])  # every run slow: 51.4 ms, over 40
     single = run("gpuk8s", 8, 0.8)
     assert least_cpu([single]) is single and single.note == ""
+
+
+def test_every_rtts_run_counts_for_the_client_cpu() -> None:
+    """The link's delay changes how long the client waits, not its CPU: the least CPU of the runs at any RTT is the
+    size's figure (CI measured 0.788 s at RTT 0 and 0.571 s at RTT 20 ms for the same 8-host preflight)."""
+    one = run("gpuk8s-1of8", 1, 0.494)
+    at0, at20 = run("gpuk8s", 8, 0.788), replace(run("gpuk8s", 8, 0.571), rtt_ms=20)
+    assert check_budgets([at0, at20, one]) == []  # (0.571 - 0.494) / 7 = 11 ms per extra host
+    assert check_budgets([at0, one])  # the RTT 0 run alone: 42 ms, over 40
+    slow20 = replace(at20, cpu_s=0.9)
+    assert check_budgets([at0, slow20, one])  # both slow: still over

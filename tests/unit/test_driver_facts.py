@@ -176,3 +176,19 @@ def test_a_managed_flavour_the_gpus_refuse_fails_the_plan_with_its_line() -> Non
     status, message, remedy = by_id(host, v100, compute_caps=())["driver.plan"]
     assert status == "fail" and message.startswith("driver (inventory line 12): flavor: open")
     assert "proprietary" in remedy
+
+
+def test_alibaba_cloud_linux_is_planned_with_open_modules_and_refused_before_turing() -> None:
+    from gpuk8s.facts.model import OSInfo
+
+    alinux = OSInfo("alinux", ("rhel", "fedora", "centos", "anolis"), "3", "Alibaba Cloud Linux 3", "rhel")
+    h100 = DriverFacts(read=True, lspci=True, pci_gpus=(PciDevice("0000:1b:00.0", 0x0302, 0x2330,
+                                                                   "GH100 [H100 SXM5 80GB]"),))
+    status, message, _ = by_id(MANAGED, h100, os=alinux, compute_caps=())["driver.plan"]
+    assert status == "pass" and "branch 580, open modules" in message
+    v100 = replace(h100, pci_gpus=(PciDevice("0000:1b:00.0", 0x0302, 0x1DB5, "GV100GL [Tesla V100 SXM2 32GB]"),))
+    status, message, remedy = by_id(MANAGED, v100, os=alinux, compute_caps=())["driver.plan"]
+    assert status == "fail" and "open kernel modules only" in message and "manage: false" in remedy
+    nvidia = replace(MANAGED, gpu=NodeGPUSettings(driver=DriverSettings(manage=True, source="nvidia")))
+    status, message, _ = by_id(nvidia, h100, compute_caps=())["driver.plan"]  # Ubuntu: source nvidia not built yet
+    assert status == "fail" and "Ubuntu's archive only" in message

@@ -60,8 +60,24 @@ def test_unmanaged_and_refused_nodes_get_no_driver_step() -> None:
     got = steps("gpu-1", replace(BARE, driver=v100))  # before Turing: proprietary modules of R580, no switches
     assert "nvidia-headless-no-dkms-580-server nvidia-utils-580-server linux-modules-nvidia-580-server-" in \
         got["driver-packages-apt"].run and "driver-fabricmanager" not in got
+    alinux_v100 = replace(BARE, driver=v100, os=replace(BARE.os, id="alinux", family="rhel", version_id="3"))
+    assert not [n for n in steps("gpu-1", alinux_v100) if n.startswith("driver-")]  # refused by driver.plan instead
+
+
+def test_alibaba_cloud_linux_gets_nvidias_rhel8_repository_the_open_stream_and_locks(tmp_path) -> None:
     alinux = replace(BARE, os=replace(BARE.os, id="alinux", family="rhel", version_id="3"))
-    assert not [n for n in steps("gpu-1", alinux) if n.startswith("driver-")]  # refused by driver.plan instead
+    got = steps("gpu-1", alinux)
+    assert not [n for n in got if n.endswith("-apt")]
+    assert "baseurl=https://developer.download.nvidia.com/compute/cuda/repos/rhel8/x86_64" in \
+        got["driver-cuda-repo"].file_content
+    assert "dnf module enable -y -q nvidia-driver:580-open" in got["driver-module-stream"].run
+    assert "dnf install -y -q nvidia-open nvidia-fabricmanager" in got["driver-packages-dnf"].run
+    assert "dnf versionlock add nvidia-open kmod-nvidia-open-dkms nvidia-driver nvidia-driver-libs " \
+           "nvidia-fabricmanager" in got["driver-hold-dnf"].run
+    assert 'kernel-devel-$(uname -r)' in got["driver-kernel-devel"].run and "dracut -f" in got["driver-initramfs"].run
+    script = tmp_path / "s.sh"
+    script.write_text(build_script(list(got.values()), owner="test", dry_run=False))
+    assert subprocess.run(["sh", "-n", str(script)], capture_output=True, text=True).returncode == 0
 
 
 LOADED = replace(READY_DRIVER, module_version="580.95.05", libraries=("580.95.05",), module_flavor="open")

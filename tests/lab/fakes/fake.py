@@ -1138,8 +1138,22 @@ def _unreachable(h: Host, url: str) -> bool:
     return _url_host(url) in h.state.get("unreachable_hosts", [])
 
 
+def _nvidia_rhel8() -> dict[str, list[str]]:
+    """NVIDIA's RHEL 8 repository: per branch its open driver (the nvidia-open meta package, the DKMS modules, the
+    libraries) and fabric manager (nvidia-fabricmanager from R580 on, nvidia-fabric-manager before), as EL8 names
+    them; the branch is chosen by the enabled nvidia-driver module stream (dnf module enable nvidia-driver:580-open)."""
+    out_: dict[str, list[str]] = {}
+    for b, v in UBUNTU_DRIVERS.items():
+        for name in ("nvidia-open", "kmod-nvidia-open-dkms", "nvidia-driver", "nvidia-driver-libs",
+                     "nvidia-fabricmanager" if int(b) >= 580 else "nvidia-fabric-manager"):
+            out_.setdefault(name, []).append(f"{v}-1.el8")
+    return out_
+
+
 def _serves(url: str) -> dict[str, list[str]]:
     """Package name -> versions (oldest first) that a repository URL serves."""
+    if "/compute/cuda/repos/rhel8/" in url:
+        return _nvidia_rhel8()
     if "libnvidia-container" in url:
         return {p: list(TOOLKIT_VERSIONS) for p in TOOLKIT_PKGS}
     # Docker's containerd.io: deb versions VERSION~ubuntu.RELEASE~CODENAME, rpm VERSION.el8 (Docker's pools)
@@ -1185,15 +1199,18 @@ def _driver_package(h: Host, name: str, version: str) -> None:
     its version."""
     v = version.split("-")[0]
     d = h.state.setdefault("driver", {"loaded": "", "libraries": "", "flavor": "proprietary"})
-    if name.startswith("nvidia-headless-no-dkms-"):
-        d.update(libraries=v, disk=v, flavor="open" if name.endswith("-open") else "proprietary")
+    if name.startswith("nvidia-headless-no-dkms-") or name == "nvidia-open":
+        # NVIDIA's EL8 packages build the module by DKMS: without the running kernel's headers nothing is built
+        built = name != "nvidia-open" or f"kernel-devel-{h.spec['kernel']}" in h.state.get("packages", {})
+        d.update(libraries=v, disk=v if built else d.get("disk", ""),
+                 flavor="open" if name.endswith("-open") else "proprietary")
         arch = "aarch64" if h.spec["arch"] == "aarch64" else "x86_64"
-        libdir = Path(f"/usr/lib/{arch}-linux-gnu")
+        libdir = Path("/usr/lib64" if name == "nvidia-open" else f"/usr/lib/{arch}-linux-gnu")
         libdir.mkdir(parents=True, exist_ok=True)
         for old in libdir.glob("libnvidia-ml.so.*"):
             old.unlink()
         (libdir / f"libnvidia-ml.so.{v}").write_text("")
-    elif name.startswith("nvidia-utils-"):
+    if name.startswith("nvidia-utils-") or name == "nvidia-open":
         for dname in ("/usr/bin", "/usr/sbin"):
             pth = Path(dname) / "nvidia-smi"
             if pth.is_char_device() or not pth.exists():
@@ -1201,7 +1218,7 @@ def _driver_package(h: Host, name: str, version: str) -> None:
                     pth.unlink()
                 pth.write_text(wrapper("nvidia-smi"))
                 pth.chmod(0o755)
-    elif name.startswith("nvidia-fabricmanager-"):
+    elif name.startswith(("nvidia-fabricmanager", "nvidia-fabric-manager")):
         d["fabricmanager"] = v
 
 
@@ -1495,10 +1512,47 @@ def _dnf_lock_holder() -> int | None:
         return None  # no lock file, or a stale one: dnf takes the lock over
 
 
+VERSIONLOCK = Path("/etc/dnf/plugins/versionlock.list")
+_NVIDIA_RHEL8_DEPS = ("kmod-nvidia-open-dkms", "nvidia-driver", "nvidia-driver-libs")  # what nvidia-open pulls in
+
+
+def _dnf_module(h: Host, words: list[str]) -> int:
+    """dnf module reset NAME / enable NAME:STREAM: the enabled stream in the state."""
+    mods = h.state.setdefault("dnf_modules", {})
+    if words[1:2] == ["reset"]:
+        for m in words[2:]:
+            mods.pop(m, None)
+    elif words[1:2] == ["enable"]:
+        for spec in words[2:]:
+            name, _, stream = spec.partition(":")
+            mods[name] = stream
+    h.save()
+    return 0
+
+
+def _versionlock(h: Host, words: list[str]) -> int:
+    """dnf versionlock add/delete NAME...: entries as the plugin writes them, NAME-EPOCH:VERSION-RELEASE.* (EL8's
+    NVIDIA packages have epoch 3)."""
+    lines = VERSIONLOCK.read_text().splitlines() if VERSIONLOCK.exists() else []
+    pkgs = h.state.get("packages", {})
+    for p in words[2:]:
+        lines = [ln for ln in lines if not ln.startswith(p + "-")]
+        if words[1] == "add" and p in pkgs:
+            lines.append(f"{p}-3:{pkgs[p]}.*")
+            out(f"Adding versionlock on: {p}-3:{pkgs[p]}.*\n")
+    VERSIONLOCK.parent.mkdir(parents=True, exist_ok=True)
+    VERSIONLOCK.write_text("".join(ln + "\n" for ln in lines))
+    return 0
+
+
 def dnf(h: Host, args: list[str]) -> int:
     words = [a for a in args if not a.startswith("-")]
     if words[:1] in (["remove"], ["erase"]):
         return _remove_packages(h, words[1:], "dnf")
+    if words[:1] == ["module"]:
+        return _dnf_module(h, words)
+    if words[:1] == ["versionlock"]:
+        return _versionlock(h, words)
     if words[:1] != ["install"]:
         return 0
     holder = _dnf_lock_holder()
@@ -1518,6 +1572,14 @@ def dnf(h: Host, args: list[str]) -> int:
             return 1
         for p, vs in _serves(url).items():
             available.setdefault(p, []).extend(vs)
+    # the OS's own repositories (BaseOS, AppStream): the running kernel's headers, the versionlock plugin
+    available.setdefault(f"kernel-devel-{h.spec['kernel']}", [h.spec["kernel"].rsplit(".", 1)[0]])
+    available.setdefault("python3-dnf-plugin-versionlock", ["4.0.21-4.al8"])
+    stream = (h.state.get("dnf_modules") or {}).get("nvidia-driver", "")
+    if stream:  # an enabled stream keeps NVIDIA's packages to its branch
+        for p in _nvidia_rhel8():
+            if p in available:
+                available[p] = [v for v in available[p] if v.startswith(stream.split("-")[0] + ".")]
     chosen = {}
     for spec in words[1:]:
         name = next((p for p in sorted(available, key=len, reverse=True) if spec == p or spec.startswith(p + "-")),
@@ -1552,7 +1614,13 @@ def dnf(h: Host, args: list[str]) -> int:
         h.state["packages"].pop(p, None)
     for name, v in chosen.items():
         h.state.setdefault("packages", {})[name] = v
+        if name == "nvidia-open":
+            for dep in _NVIDIA_RHEL8_DEPS:
+                h.state["packages"][dep] = v
+        if name.startswith("kernel-devel-"):  # the headers' tree DKMS builds against
+            Path(f"/usr/lib/modules/{name[len('kernel-devel-'):]}/build").mkdir(parents=True, exist_ok=True)
         _install_binaries(name, h)
+        _driver_package(h, name, v)
     h.save()
     out("Complete!\n")
     return 0
@@ -1586,6 +1654,9 @@ def rpm(h: Host, args: list[str]) -> int:
     fmt = args[args.index("--qf") + 1] if "--qf" in args else "%{NAME}-%{VERSION}-%{RELEASE}.x86_64\n"
     names = [a for i, a in enumerate(args) if not a.startswith("-") and not (i and args[i - 1] == "--qf")]
     rc = 0
+    if "-qa" in args:  # every installed package matching a pattern (none given: all)
+        pkgs = h.state.get("packages", {})
+        names = sorted(p for p in pkgs if not names or any(fnmatch.fnmatchcase(p, n) for n in names))
     for p in names:
         v = h.state.get("packages", {}).get(p)
         if v is None:
