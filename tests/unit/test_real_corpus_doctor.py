@@ -453,19 +453,12 @@ CASES: list[tuple[str, str, str, list[str], str]] = [
 ]
 
 
-# Real texts gpuk8s reads wrong today: the reading in CASES is the right one, written by hand; the test fails until
-# the classifier is fixed (strict: an unexpected pass fails too, so the entry is moved out of here with the fix).
-XFAIL: dict[tuple[str, str], str] = {}  # none now: the two the third harvest found are fixed
-
-
 def _said(f: findings.Finding) -> str:
     return "\n".join([f.message, f.remedy, *f.evidence])
 
 
 def _case(c: tuple[str, str, str, list[str], str]) -> Any:
-    reason = XFAIL.get((c[0], c[1]))
-    marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
-    return pytest.param(*c, marks=marks, id=f"{c[0]}[{c[1]}]")
+    return pytest.param(*c, id=f"{c[0]}[{c[1]}]")
 
 
 @pytest.mark.parametrize(("name", "scenario", "form", "want", "says"), [_case(c) for c in CASES])
