@@ -31,3 +31,24 @@ def ascii_int(text: str, max_digits: int = 9) -> int | None:
     if 0 < len(text) <= max_digits and text.isascii() and text.isdecimal():
         return int(text)
     return None
+
+
+def subsections(text: str, marker: re.Pattern[str]) -> dict[str, tuple[int, str]]:
+    """A probe section's sub-sections: each starts at a line `marker` matches, whose groups are the name and the exit
+    status (`@@mig NAME RC`, `@@drv NAME RC`), and runs to the next; name -> (exit status, output). Lines before the
+    first marker are left out. Linear in the text."""
+    out: dict[str, tuple[int, str]] = {}
+    name: str | None = None
+    rc = 0
+    buf: list[str] = []
+    for ln in text.splitlines():
+        m = marker.match(ln)
+        if m:
+            if name is not None:
+                out[name] = (rc, "\n".join(buf))
+            name, rc, buf = m.group(1), int(m.group(2)), []
+        elif name is not None:
+            buf.append(ln)
+    if name is not None:
+        out[name] = (rc, "\n".join(buf))
+    return out

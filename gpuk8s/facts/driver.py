@@ -10,6 +10,7 @@ import re
 from typing import Literal
 
 from gpuk8s.facts.model import DriverFacts, PciDevice
+from gpuk8s.text import subsections
 
 Flavor = Literal["open", "proprietary"]
 
@@ -49,21 +50,7 @@ def parse_proc_version(text: str) -> tuple[str, Flavor] | None:
 
 def split_subsections(text: str) -> dict[str, tuple[int, str]]:
     """The `@@drv NAME RC` sub-sections of the probe's driver section: name -> (exit status, output)."""
-    out: dict[str, tuple[int, str]] = {}
-    name: str | None = None
-    rc = 0
-    buf: list[str] = []
-    for line in text.split("\n"):
-        m = _SUB.match(line) if line.startswith("@@drv ") else None
-        if m is not None:
-            if name is not None:
-                out[name] = (rc, "\n".join(buf))
-            name, rc, buf = m.group(1), int(m.group(2)), []
-        elif name is not None:
-            buf.append(line)
-    if name is not None:
-        out[name] = (rc, "\n".join(buf))
-    return out
+    return subsections(text, _SUB)
 
 
 def parse_lspci(text: str) -> tuple[tuple[PciDevice, ...], tuple[PciDevice, ...]]:

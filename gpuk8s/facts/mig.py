@@ -19,6 +19,7 @@ import re
 
 from gpuk8s.errors import ParseError
 from gpuk8s.facts.model import GpuProcess, MigComputeInstance, MigFacts, MigGPU, MigGpuInstance, MigProfile
+from gpuk8s.text import subsections
 
 MAX_ROWS = 4096  # more rows than any board has: the rest is ignored
 _NUM = re.compile(r"^[0-9]{1,9}$")
@@ -175,21 +176,7 @@ def parse_list(text: str) -> dict[int, tuple[tuple[str, str], ...]]:
 
 def split(text: str) -> dict[str, tuple[int, str]]:
     """The `@@mig NAME RC` sub-sections of the probe's mig section."""
-    out: dict[str, tuple[int, str]] = {}
-    name: str | None = None
-    rc = 0
-    buf: list[str] = []
-    for ln in text.splitlines():
-        m = _SUB.match(ln)
-        if m:
-            if name is not None:
-                out[name] = (rc, "\n".join(buf))
-            name, rc, buf = m.group(1), int(m.group(2)), []
-        elif name is not None:
-            buf.append(ln)
-    if name is not None:
-        out[name] = (rc, "\n".join(buf))
-    return out
+    return subsections(text, _SUB)
 
 
 def parse_section(text: str, rc: int = 0) -> MigFacts:
