@@ -136,27 +136,36 @@ def choose(settings: DriverSettings, accepted: Modules, today: date | None = Non
     return DriverChoice(branch, flavor, why)
 
 
-def channel_problem(settings: DriverSettings, os_family: str) -> str:
-    """Why gpuk8s cannot install the driver this way on this OS ('' where it can). Ubuntu: its archive (signed,
+def check_channel(settings: DriverSettings, os_family: str) -> None:
+    """DriverRuleError where gpuk8s cannot install the driver this way on this OS. Ubuntu: its archive (signed,
     precompiled modules: Secure Boot works without enrolling a key); `source: nvidia` there (NVIDIA's CUDA repository)
     is planned, not built. Alibaba Cloud Linux 3 has no NVIDIA driver of its own: NVIDIA's RHEL 8 repository, open
     modules built by DKMS (rhel_packages), whatever `source` says."""
     if os_family == "debian" and settings.source != "distro":
-        return ("gpuk8s installs the driver from Ubuntu's archive only, so far (source: distro); with source: nvidia "
-                "install it yourself from NVIDIA's CUDA repository and set driver.manage: false")
+        raise DriverRuleError("gpuk8s installs the driver from Ubuntu's archive only, so far (source: distro)",
+                              "with source: nvidia install it yourself from NVIDIA's CUDA repository and set "
+                              "driver.manage: false")
     if os_family not in ("debian", "rhel"):
-        return "gpuk8s installs the driver on Ubuntu 22.04 and Alibaba Cloud Linux 3 only"
-    return ""
+        only = "gpuk8s installs the driver on Ubuntu 22.04 and Alibaba Cloud Linux 3 only"
+        raise DriverRuleError(only, only)
 
 
-def flavor_problem(c: DriverChoice, os_family: str) -> str:
+def check_flavor(c: DriverChoice, os_family: str) -> None:
     """On the RHEL 8 family gpuk8s installs the open modules only (NVIDIA's nvidia-driver:BRANCH-open module stream);
-    the proprietary ones there (GPUs before Turing) are not built yet."""
+    the proprietary ones there (GPUs before Turing) are not built yet: DriverRuleError."""
     if os_family == "rhel" and c.flavor != "open":
-        return ("on Alibaba Cloud Linux 3 gpuk8s installs the open kernel modules only, so far (NVIDIA's "
-                f"nvidia-driver:{c.branch}-open); for these GPUs install the proprietary driver yourself and set "
-                "driver.manage: false")
-    return ""
+        raise DriverRuleError("on Alibaba Cloud Linux 3 gpuk8s installs the open kernel modules only, so far (NVIDIA's "
+                              f"nvidia-driver:{c.branch}-open)", "for these GPUs install the proprietary driver "
+                              "yourself and set driver.manage: false")
+
+
+def plan_for(settings: DriverSettings, f: HostFacts, today: date | None = None) -> DriverChoice:
+    """The driver a managed node gets on its OS and GPUs; DriverRuleError (message, remedy) where its settings cannot
+    work there. The one decision preflight's driver.plan reports and the playbook's context follows."""
+    check_channel(settings, f.os.family)
+    c = choose(settings, accepted_modules(f), today)
+    check_flavor(c, f.os.family)
+    return c
 
 
 # NVIDIA's RHEL 8 repository (NVIDIA/gpu-driver-container rhel8/install.sh: cuda-rhel8.repo; its key D42D0685.pub);
@@ -191,13 +200,11 @@ def ubuntu_packages(c: DriverChoice, nvswitch: bool) -> dict[str, object]:
 def playbook_context(settings: DriverSettings, f: HostFacts, today: date | None = None) -> dict[str, object]:
     """What playbooks/nvidia-driver.yaml sees as `driver`: manage false where gpuk8s leaves the driver alone (not
     managed, or settings preflight refused: that host is blocked before any playbook runs)."""
-    if not settings.manage or channel_problem(settings, f.os.family):
+    if not settings.manage:
         return {"manage": False}
     try:
-        c = choose(settings, accepted_modules(f), today)
+        c = plan_for(settings, f, today)
     except DriverRuleError:
-        return {"manage": False}
-    if flavor_problem(c, f.os.family):
         return {"manage": False}
     nvswitch = bool(f.driver.nvswitches)
     own = rhel_packages(c, nvswitch, f.arch) if f.os.family == "rhel" else ubuntu_packages(c, nvswitch)

@@ -39,16 +39,10 @@ def driver_checks(host: Host, f: HostFacts, today: date | None = None) -> list[C
 def plan(host: Host, f: HostFacts, today: date | None = None) -> CheckResult:
     """driver.plan: the branch and modules install gives this node, or why its settings cannot work on its GPUs."""
     where = f"driver (inventory line {host.gpu.driver.line})" if host.gpu.driver.line else "driver"
-    problem = rules.channel_problem(host.gpu.driver, f.os.family)
-    if problem:
-        return failed("driver.plan", f"{where}: {problem.split(';')[0]}", problem.split("; ", 1)[-1])
     try:
-        c = rules.choose(host.gpu.driver, rules.accepted_modules(f), today)
+        c = rules.plan_for(host.gpu.driver, f, today)
     except rules.DriverRuleError as e:
         return failed("driver.plan", f"{where}: {e.message}", e.remedy)
-    problem = rules.flavor_problem(c, f.os.family)
-    if problem:
-        return failed("driver.plan", f"{where}: {problem.split(';')[0]}", problem.split("; ", 1)[-1])
     have = f.driver.module_version or (f.gpu.driver if f.gpu.state == "ok" else None)
     now = f"; installed: {have} ({f.driver.module_flavor or 'flavour unknown'})" if have else "; no driver installed"
     return passed("driver.plan", f"install gives branch {c.branch}, {c.flavor} modules ({c.why}){now}")
