@@ -52,12 +52,21 @@ def read_host(session: Session, runtime: str) -> HostEvidence:
     return parse_host(res.stdout, runtime)
 
 
-def read_cluster(kube: KubeClient) -> ClusterEvidence:
-    """The nodes, every pod, the events, the device plugin DaemonSet and its config names, HAMi's scheduler."""
+# What doctor reads of a busy cluster, narrowed by the API server (issue 27: a list is the cost of a run at scale):
+# pods that are not done (a Succeeded pod holds no GPU and has nothing wrong; a Failed one, e.g. rejected at
+# admission, stays), and only the pods' warning events: every event doctor reads is one (the scheduler's
+# FailedScheduling, the kubelet's FailedCreatePodSandBox, Failed, BackOff, ...: all of type Warning).
+PODS_NOT_DONE = "status.phase!=Succeeded"
+POD_WARNINGS = "involvedObject.kind=Pod,type=Warning"
+
+
+def read_cluster(kube: KubeClient, every_pod: bool = False) -> ClusterEvidence:
+    """The nodes, the pods that are not done (every pod with `every_pod`: a pod named by the user may have
+    succeeded), the pods' warning events, the device plugin DaemonSet and its config names, HAMi's scheduler."""
     nodes = state.by_name(kube.get("nodes"))
-    pods = kube.get("pods", namespace="*")
+    pods = kube.get("pods", namespace="*", field_selector=None if every_pod else PODS_NOT_DONE)
     try:
-        events = kube.events()
+        events = kube.events(field_selector=POD_WARNINGS)
     except KubeError:
         events = []
     plugin = None
@@ -109,7 +118,7 @@ def find_pod(ev: ClusterEvidence, target: str) -> tuple[str, str] | None:
 def diagnose(inv: Inventory, kube: KubeClient, target: str | None, every: bool, ssh: bool,
              sudo: dict[str, str]) -> Diagnosis:
     """Read, select what to look at, read its hosts and logs, classify. LookupError: no such pod or node."""
-    ev = read_cluster(kube)
+    ev = read_cluster(kube, every_pod=bool(target) and not str(target).startswith("node/"))
     ev.plans = gpuplan.plans(inv)
     hosts = {h.name: h for h in inv.hosts}
     pods: list[tuple[str, str]] = []

@@ -97,7 +97,9 @@ class KubeClient(Protocol):
     def logs(self, pod: str, namespace: str, tail: int = 50) -> str:
         ...
 
-    def events(self, namespace: str | None = None) -> list[dict[str, Any]]:
+    def events(self, namespace: str | None = None, field_selector: str | None = None) -> list[dict[str, Any]]:
+        """Events in `namespace` (every namespace with None), only those `field_selector` selects
+        (`type=Warning,involvedObject.kind=Pod`: an event list is the largest read of a busy cluster)."""
         ...
 
     def raw_get(self, path: str, cap: int = RAW_CAP) -> str:
@@ -259,8 +261,8 @@ class Kubectl:
                             cap=2 * LOG_CAP)
         return out.stdout if out.ok else out.stderr
 
-    def events(self, namespace: str | None = None) -> list[dict[str, Any]]:
-        return self.get("events", namespace=namespace if namespace is not None else "*")
+    def events(self, namespace: str | None = None, field_selector: str | None = None) -> list[dict[str, Any]]:
+        return self.get("events", namespace=namespace if namespace is not None else "*", field_selector=field_selector)
 
     def raw_get(self, path: str, cap: int = RAW_CAP) -> str:
         if not path.startswith("/"):

@@ -53,6 +53,12 @@ gk_wait_dnf() { # SECONDS: dnf 4 waits without end for another dnf ("Waiting for
     sleep 1; n=$((n + 1))
   done
 }
+gk_ctrd() { # containerd's merged configuration (`containerd config dump`) in the file $GK_CTRD; its exit status
+  # read once per run: a dump is a Go process (~40 ms of CPU) and four checks read it; a step that ran drops it
+  GK_CTRD=$GK_TMP/containerd-dump
+  [ -e "$GK_CTRD.rc" ] || { containerd config dump > "$GK_CTRD" 2>/dev/null; echo $? > "$GK_CTRD.rc"; }
+  read -r r < "$GK_CTRD.rc" && return "$r"
+}
 gk_mode_is() { [ "$(stat -c %a "$1" 2>/dev/null)" = "${2#0}" ]; }
 gk_restart_pending() { [ -e "$GK_DIR/restart-$1" ]; }
 gk_out() { echo "@@gpuk8s-out $1"; tail -c 65536 "$2"; echo; echo "@@gpuk8s-out-end $1"; }
@@ -64,18 +70,20 @@ gk_step() { # N RESTARTS
   if [ -n "$2" ]; then mkdir -p "$GK_DIR" && touch "$GK_DIR/restart-$2"; fi
   ( set -e; "gk_run_$1" ) > "$o" 2>&1 </dev/null
   rc=$?
-  gk_out "$1" "$o"; rm -f "$o"
+  gk_out "$1" "$o"; rm -f "$o" "$GK_TMP/containerd-dump" "$GK_TMP/containerd-dump.rc"
   if [ "$rc" != 0 ]; then echo "@@gpuk8s-step $1 failed $rc"; exit 1; fi
   if ! ( "gk_check_$1" ) >/dev/null 2>&1 </dev/null; then echo "@@gpuk8s-step $1 not-converged 0"; exit 1; fi
   echo "@@gpuk8s-step $1 changed 0"
 }
+GK_TMP=$(mktemp -d) || { echo "@@gpuk8s-fatal cannot create a temporary directory"; exit 1; }
+trap 'rm -rf "$GK_TMP"' EXIT
 if [ "$GK_DRY" != 1 ]; then
   mkdir -p "$GK_DIR" || { echo "@@gpuk8s-fatal cannot create $GK_DIR"; exit 1; }
   exec 9>>"$GK_DIR/lock"
   if ! flock -n 9; then echo "@@gpuk8s-lock busy $(cat "$GK_DIR/lock.owner" 2>/dev/null)"; exit 75; fi
   if [ -s "$GK_DIR/lock.owner" ]; then echo "@@gpuk8s-lock stale $(cat "$GK_DIR/lock.owner")"; fi
   printf '%s, pid %s, since %s\n' "$GK_OWNER" "$$" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" > "$GK_DIR/lock.owner"
-  trap 'rm -f "$GK_DIR/lock.owner"' EXIT
+  trap 'rm -f "$GK_DIR/lock.owner"; rm -rf "$GK_TMP"' EXIT
   trap 'exit 130' HUP INT TERM PIPE
 fi
 """.replace("__STATE_DIR__", STATE_DIR)

@@ -113,8 +113,9 @@ class FakeKube:
     def logs(self, pod: str, namespace: str, tail: int = 50) -> str:
         return ""
 
-    def events(self, namespace: str | None = None) -> list[dict[str, Any]]:
-        return []
+    def events(self, namespace: str | None = None, field_selector: str | None = None) -> list[dict[str, Any]]:
+        self.calls.append(("events", namespace or "*") + ((field_selector,) if field_selector else ()))
+        return [e for e in getattr(self, "event_list", []) if selected(e, field_selector)]
 
     # raw_get: the API server's paths (a pod's or a service's proxy) answered from `self.raw`; a path
     # without an entry fails as the API server does when the pod does not answer

@@ -404,7 +404,7 @@ class EventfulKube:
         from tests.unit.fakekube import FakeKube
 
         self.kube = FakeKube()
-        self.kube.events = lambda namespace=None: events  # type: ignore[method-assign]
+        self.kube.event_list = events  # type: ignore[attr-defined]
         self.kube.logs = lambda pod, namespace, tail=50: logs.get(pod, "")  # type: ignore[method-assign]
 
 
@@ -433,7 +433,7 @@ def test_diagnose_selects_reads_and_classifies_through_the_seam() -> None:
     assert d.pods == [("default", "big")] and d.nodes == ["gpu-2"]  # the healthy pod and node are left alone
     assert ids(d.findings) == ["gpu.plugin-no-nvml", "pod.insufficient-gpu"]  # nodes first: they explain pods
     assert any("Incompatible strategy detected auto" in e for e in d.findings[0].evidence)
-    assert not [c for c in kube.calls if c[0] not in ("get", "raw_get")]  # doctor without --fix only reads
+    assert not [c for c in kube.calls if c[0] not in ("get", "raw_get", "events")]  # doctor without --fix only reads
     assert fix_targets(d) == {}  # without the host's runtime default, no-nvml is not one gpuk8s fixes
     every = diagnose(inv, kube, None, True, False, {})  # type: ignore[arg-type]
     assert ("default", "ok") in every.pods and every.nodes == ["gpu-1", "gpu-2"]
@@ -443,6 +443,38 @@ def test_diagnose_selects_reads_and_classifies_through_the_seam() -> None:
         diagnose(inv, kube, "nope", False, False, {})  # type: ignore[arg-type]
     with pytest.raises(LookupError, match="no node gpu-9"):
         diagnose(inv, kube, "node/gpu-9", False, False, {})  # type: ignore[arg-type]
+
+
+def test_doctor_reads_only_pods_not_done_and_pod_warnings() -> None:
+    """Issue 27: at scale the pod and event lists are doctor's cost: the API server narrows both (pods not
+    Succeeded, the pods' Warning events), and a pod the user names is still found when it has succeeded."""
+    from gpuk8s.doctor.diagnose import diagnose
+    from gpuk8s.inventory.loader import loads
+
+    inv = loads("hosts:\n  - {name: cp-1, address: 10.0.0.1, role: control-plane}\n"
+                "  - {name: gpu-1, address: 10.0.0.2, gpus: 2}\n")
+    big = pod("big", {"nvidia.com/gpu": "4"}, ns="default")
+    done = pod("done", {"nvidia.com/gpu": "1"}, on="gpu-1", phase="Succeeded", ns="default")
+    warn = event(big, text("scheduler-insufficient.txt"))
+    normal = {**event(big, "Successfully assigned default/big to gpu-1"), "reason": "Scheduled", "type": "Normal"}
+    node_event = {**event(big, "Node gpu-1 status is now: NodeReady"), "type": "Warning",
+                  "involvedObject": {"kind": "Node", "name": "gpu-1"}}
+    k = EventfulKube([normal, warn, node_event], {})
+    kube = k.kube
+    kube.add_node("cp-1")
+    kube.add_node("gpu-1", 2, {gpuplan.GPU_PRESENT: "true"})
+    for p in (big, done, plugin_pod("gpu-1")):
+        kube.objects[("pod", p["metadata"]["namespace"], p["metadata"]["name"])] = p
+    d = diagnose(inv, kube, None, True, False, {})  # type: ignore[arg-type]
+    assert ("default", "big") in d.pods and ("default", "done") not in d.pods
+    assert ("get", "pods", "", "*", "status.phase!=Succeeded") in kube.calls
+    assert ("events", "*", "involvedObject.kind=Pod,type=Warning") in kube.calls
+    assert d.ev.events == [warn]
+    assert ids(d.findings) == ["pod.insufficient-gpu"]
+    kube.calls.clear()
+    named = diagnose(inv, kube, "done", False, False, {})  # type: ignore[arg-type]
+    assert named.pods == [("default", "done")]
+    assert ("get", "pods", "", "*") in kube.calls
     # a GPU node whose GPU count the inventory leaves to the facts: looked at when it shows no GPU at all
     inv2 = loads("hosts:\n  - {name: cp-1, address: 10.0.0.1, role: control-plane}\n"
                  "  - {name: gpu-1, address: 10.0.0.2}\n  - {name: gpu-2, address: 10.0.0.3}\n")

@@ -3,6 +3,7 @@ the generated script is valid sh and actually converges when run (locally, in a 
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from dataclasses import replace
@@ -163,6 +164,46 @@ steps:
     res = parse_output(p.stdout)
     assert p.returncode == 1 and res.steps[0].status == "failed" and res.steps[0].exit_status == 7
     assert "E: broken" in res.steps[0].output and 1 not in res.steps and not Path(root / "after").exists()
+
+
+def test_containerd_config_dump_is_read_once_per_run_until_a_step_changes_something(tmp_path: Path) -> None:
+    """Issue 27: `containerd config dump` (a Go process, ~40 ms of CPU) was run by four checks of every host's
+    no-op install; gk_ctrd reads it once per run and a step that ran drops it, so a check after a change reads the
+    new configuration. Counted with a fake containerd, not timed."""
+    root = tmp_path
+    (root / "bin").mkdir()
+    (root / "tmp").mkdir()
+    (root / "config").write_text("a = 1\n")
+    fake = root / "bin" / "containerd"
+    fake.write_text(f"#!/bin/sh\necho x >> {root}/dumps\n[ -e {root}/broken ] && exit 3\ncat {root}/config\n")
+    fake.chmod(0o755)
+    pb = parse_playbook(f"""name: t
+steps:
+  - name: one
+    check: gk_ctrd && grep -q 'a = 1' "$GK_CTRD"
+    run: exit 1
+  - name: two
+    check: gk_ctrd && grep -q 'b = 2' "$GK_CTRD"
+    run: echo 'b = 2' >> {root}/config
+  - name: three
+    check: gk_ctrd && grep -q 'b = 2' "$GK_CTRD"
+    run: exit 1
+""", "t.yaml")
+    script = build_script(render_playbook(pb, {}), owner="unit test", dry_run=False).replace(
+        "/var/lib/gpuk8s", str(root / "state")).replace("export PATH=", f"export PATH={root}/bin:", 1)
+    env = {**os.environ, "TMPDIR": str(root / "tmp")}
+
+    def run() -> tuple[list[str], int]:
+        (root / "dumps").unlink(missing_ok=True)
+        p = subprocess.run(["sh", "-c", script], capture_output=True, text=True, env=env)
+        dumps = len((root / "dumps").read_text().splitlines()) if (root / "dumps").exists() else 0
+        return [s.status for s in parse_output(p.stdout).steps.values()], dumps
+
+    assert run() == (["unchanged", "changed", "unchanged"], 2)  # once, and once more after 'two' changed it
+    assert run() == (["unchanged", "unchanged", "unchanged"], 1)
+    assert not list((root / "tmp").iterdir())  # the run's cache is gone with it
+    (root / "broken").touch()  # a dump that fails fails every check that reads it, without a second try
+    assert run() == (["failed"], 1)
 
 
 # -- repository signing keys: https through redirects, plain http only with insecure_http, pinned fingerprints --
