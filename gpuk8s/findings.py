@@ -16,7 +16,7 @@ from typing import Any, Literal
 Status = Literal["pass", "warn", "fail", "skip"]
 Severity = Literal["error", "warning"]
 SubjectKind = Literal["host", "node", "pod", "cluster"]
-Source = Literal["preflight", "verify", "doctor", "reset", "upgrade", "monitoring"]
+Source = Literal["preflight", "verify", "doctor", "reset", "upgrade", "monitoring", "health"]
 
 STATUSES: tuple[Status, ...] = ("pass", "warn", "fail", "skip")
 ID_PATTERN = r"^[a-z0-9]+(\.[a-z0-9-]+)+$"  # the same pattern as docs/preflight.schema.json
@@ -248,6 +248,32 @@ FINDINGS: dict[str, Spec] = {
     "upgrade.host-blocked": Spec("error", "the host is not ready for the new minor: preflight for that minor fails "
                                  "or a playbook step failed (the message says which)", ("upgrade",)),
 }
+
+
+def _h(what: str, sev: Severity = "error") -> Spec:
+    return Spec(sev, what, ("health",))
+
+
+# gpuk8s health (gpuk8s/health/checks.py, docs/health.md): a GPU host's GPUs, over SSH, before or after it joins
+FINDINGS.update({
+    "health.gpu-count": _h("nvidia-smi lists as many GPUs as the inventory's gpus: and as lspci sees on the bus (a "
+                           "GPU missing fell off the bus or failed to initialise)"),
+    "health.xid": _h("no Xid since boot whose NVIDIA action is a GPU reset or a reboot (48, 64, 74, 79, 95, 119, 120), "
+                     "and no GPU fallen off the bus"),
+    "health.xid-app": _h("other Xids since boot: an application's fault (13, 31, 94) or informational (43, 45, 63, "
+                         "92, 154, 171), or one not in gpuk8s's catalogue", "warning"),
+    "health.ecc-uncorrected": _h("no uncorrectable ECC error since the driver loaded (nvidia-smi -q's volatile "
+                                 "counters)"),
+    "health.retired-pages-pending": _h("no page retirement waiting for a reboot (GPUs before Ampere)"),
+    "health.row-remap-pending": _h("no row remapping waiting for a GPU reset (Ampere and newer)"),
+    "health.row-remap-failed": _h("no row remapping failure (the GPU ran out of spare rows: replace it)"),
+    "health.pcie-width": _h("every GPU's PCIe link at the width it and its slot can do", "warning"),
+    "health.nvlink-down": _h("no NVLink link inactive (nvidia-smi nvlink -s)"),
+    "health.clocks-slowdown": _h("no hardware clock slowdown (thermal or power brake) active", "warning"),
+    "health.fabric": _h("on NVSwitch systems every GPU's fabric state is Completed, status Success"),
+})
+for _id in ("ssh.reachable", "ssh.sudo", "facts.parse"):  # a host health cannot reach is named as preflight names it
+    FINDINGS[_id] = replace(FINDINGS[_id], sources=(*FINDINGS[_id].sources, "health"))
 
 
 def _d(what: str, sev: Severity = "error") -> Spec:

@@ -30,6 +30,7 @@ from gpuk8s.doctor.evidence import (
     ClusterEvidence,
     HostEvidence,
 )
+from gpuk8s.driver import xid as xid_catalogue
 from gpuk8s.findings import Finding
 from gpuk8s.kube import allocation as al
 from gpuk8s.kube import state
@@ -1021,13 +1022,22 @@ def node_causes(name: str, ev: ClusterEvidence) -> list[Finding]:
     remedy = f.remedy
     fid = f.id
     message = f.message
-    if fid == "gpu.fewer-registered" and any(k in log for k in PLUGIN_UNHEALTHY):
-        xid = XID.search(log)
-        message = (f"{f.message.split(': ', 1)[0]}: the device plugin marked a GPU unhealthy"
-                   + (f" (Xid {xid.group(1)})" if xid else "") + " and no longer advertises it")
-        remedy = (f"on {name}: nvidia-smi and dmesg | grep -i xid say which GPU and why (Xid 79: fallen off the bus; "
-                  "48: a double-bit ECC error); such a GPU needs a reset (nvidia-smi -r -i N with no process on it) or "
-                  "a reboot, or a repair; the plugin advertises it again once it is healthy "
+    kernel = host.kernel if host is not None and host.kernel is not None else None
+    kernel_fatal = [e for e in kernel.xids if xid_catalogue.lookup(e.xid).fatal] if kernel is not None else []
+    if fid == "gpu.fewer-registered" and (any(k in log for k in PLUGIN_UNHEALTHY) or kernel_fatal
+                                          or (kernel is not None and kernel.fallen)):
+        # the plugin's word (XidCriticalError ... marking device as unhealthy) and the kernel's (NVRM: Xid ...)
+        m = XID.search(log)
+        number = int(m.group(1)) if m else kernel_fatal[0].xid if kernel_fatal else 79 if kernel and kernel.fallen \
+            else None
+        row = xid_catalogue.lookup(number) if number is not None else None
+        message = (f"{f.message.split(': ', 1)[0]}: " + ("the device plugin marked a GPU unhealthy" if m else
+                                                         "the kernel reports a GPU fault")
+                   + (f" (Xid {number})" if number is not None else "") + " and it is no longer advertised"
+                   + (f": {row.meaning}" if row is not None else ""))
+        remedy = (f"on {name}: {row.remedy if row is not None and row.fatal else 'reset the GPU or reboot'} "
+                  "(nvidia-smi and gpuk8s health say which GPU: "
+                  f"gpuk8s health {name}); the plugin advertises it again once it is healthy "
                   f"({restart_command(pname)})")
     if fid == "gpu.plugin-crashing" and plugin is not None:
         waiting = " ".join(container_messages(plugin))

@@ -17,6 +17,7 @@ from gpuk8s.doctor.evidence import (
     HostEvidence,
     parse_host,
 )
+from gpuk8s.facts.health import KERNEL_SECTION
 from gpuk8s.findings import Finding
 from gpuk8s.inventory.model import Host, Inventory
 from gpuk8s.kube import manifests, state
@@ -39,7 +40,7 @@ quick doctor-devnodes devnodes
 toolkitcfg() {{ grep -E '^[[:space:]]*"?{ENVVAR_UNPRIVILEGED}"?[[:space:]]*=' {TOOLKIT_CONFIG} 2>/dev/null; true; }}
 quick doctor-toolkit toolkitcfg
 """
-SCRIPT = PROBE + EXTRA
+SCRIPT = PROBE + EXTRA + KERNEL_SECTION  # and the kernel's Xid lines since boot, as gpuk8s health reads them
 
 
 def read_host(session: Session, runtime: str) -> HostEvidence:

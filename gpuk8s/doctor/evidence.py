@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuk8s.facts.health import KernelLog, parse_kernel_log
 from gpuk8s.facts.model import HostFacts
 from gpuk8s.facts.parse import ParseError, parse_probe, split_sections
 from gpuk8s.gpuplan import GPUPlan
@@ -35,6 +36,7 @@ class HostEvidence:
     dev_nodes: tuple[str, ...] = ()
     unreachable: str = ""
     envvar_unprivileged: bool | None = None  # the toolkit's accept-...-envvar-when-unprivileged; None: not set
+    kernel: KernelLog | None = None  # the kernel's Xid lines since boot (gpuk8s/facts/health.py); None: not read
 
     @property
     def runtime_default(self) -> str | None:
@@ -84,6 +86,10 @@ class HostEvidence:
             out.append(f"{DEVICE_PLUGINS}: " + (", ".join(self.sockets) or "empty"))
         if self.envvar_unprivileged is False:
             out.append(f"{TOOLKIT_CONFIG}: {ENVVAR_UNPRIVILEGED} = false")
+        if self.kernel is not None:
+            out += [f"kernel: {e.line}" for e in self.kernel.xids[:6]]
+            out += [f"kernel: GPU {b} fell off the bus" for b in self.kernel.fallen
+                    if not any(e.bus == b and e.xid == 79 for e in self.kernel.xids)]
         return out
 
 
@@ -107,10 +113,12 @@ def parse_host(stdout: str, runtime: str) -> HostEvidence:
         value = value.split("#", 1)[0].strip()  # a comment after the value
         if key.strip().strip('"') == ENVVAR_UNPRIVILEGED and value in ("true", "false"):
             envvar = value == "true"
+    klog = s.get("health-kernel")
     return HostEvidence(facts, runtime,
                         tuple(clean(x) for x in socks.split() if x) if socks is not None else None,
                         int(dc) if dc.isdigit() else None, tuple(clean(x) for x in nodes.split() if x),
-                        envvar_unprivileged=envvar)
+                        envvar_unprivileged=envvar,
+                        kernel=parse_kernel_log(klog.output) if klog is not None and klog.ok else None)
 
 
 @dataclass

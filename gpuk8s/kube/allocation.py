@@ -119,6 +119,12 @@ class ResourceUse:
         return max(self.allocatable - self.requested, 0)
 
     @property
+    def unhealthy(self) -> int:
+        """Devices the node has but does not offer: the device plugin marks a GPU unhealthy (an Xid, a GPU off the
+        bus) and the kubelet's allocatable drops below its capacity (HAMi's per-pod amounts are not devices)."""
+        return 0 if self.kind == "hami" else max(self.capacity - self.allocatable, 0)
+
+    @property
     def kind(self) -> str:
         if self.resource.startswith(MIG_PREFIX):
             return "mig"
@@ -130,8 +136,8 @@ class ResourceUse:
 
     def to_json(self) -> dict[str, Any]:
         return {"resource": self.resource, "kind": self.kind, "capacity": self.capacity,
-                "allocatable": self.allocatable, "requested": self.requested, "free": self.free,
-                "planned": self.planned, "pods": [p.to_json() for p in self.pods]}
+                "allocatable": self.allocatable, "unhealthy": self.unhealthy, "requested": self.requested,
+                "free": self.free, "planned": self.planned, "pods": [p.to_json() for p in self.pods]}
 
 
 @dataclass(frozen=True)

@@ -85,10 +85,17 @@ class Report:
 def gather(session: Session, prelude: str = "") -> tuple[HostFacts, list[CheckResult], float]:
     """Connect, run the probe once as root (once more unprivileged if sudo fails); facts and sudo result.
     `prelude`: shell assignments in front of the probe (the sources it checks: SourcePlan.prelude)."""
+    facts, checks, now, _ = probe(session, prelude)
+    return facts, checks, now
+
+
+def probe(session: Session, prelude: str = "", extra: str = "") -> tuple[HostFacts, list[CheckResult], float, str]:
+    """gather's work, with `extra` sections after the probe's (gpuk8s health's, in the same framing): the facts,
+    the SSH and sudo results, when the facts were read, and the probe's whole output (the extra sections' text)."""
     session.connect()
     checks = [passed("ssh.reachable", f"{session.settings.user}@{session.host.address}:{session.settings.port}")]
     # in one piece: the probe's ~100 writes as one SSH packet stream at its end, not a packet each (remote.py)
-    script = in_one_piece(prelude + PROBE)
+    script = in_one_piece(prelude + PROBE + extra)
     res = session.run(script, sudo=True, timeout=120, display="gpuk8s fact probe (read-only)",
                       max_output=PROBE_MAX_OUTPUT)
     now = time.time()
@@ -108,7 +115,7 @@ def gather(session: Session, prelude: str = "") -> tuple[HostFacts, list[CheckRe
     except ParseError as e:
         raise RemoteError("probe", f"the fact probe printed nothing usable: {e}; stderr: {res.stderr[:300]}",
                           "run it by hand with --verbose and see the log") from None
-    return facts, checks, now
+    return facts, checks, now, res.stdout
 
 
 def _sudo_problem(stderr: str, s: Session) -> str:

@@ -45,8 +45,9 @@ def render(alloc: al.ClusterAllocation) -> None:
             rows.append([node, how, "-", 0, 0, 0, 0, ""])
         for i, r in enumerate(n.resources):
             planned = "" if r.planned is None or r.planned == r.allocatable else f" (plan {r.planned})"
+            sick = f" ({r.unhealthy} unhealthy)" if r.unhealthy else ""  # gpuk8s health NODE says which and why
             rows.append([node if i == 0 else "", how if i == 0 else "", r.resource, r.capacity,
-                         f"{r.allocatable}{planned}", r.requested, r.free,
+                         f"{r.allocatable}{sick}{planned}", r.requested, r.free,
                          ", ".join(f"{p.namespace}/{p.name}" + (f" x{p.count}" if p.count > 1 else "")
                                    for p in r.pods)])
     ui.table("GPU allocation", ["NODE", "SHARING", "RESOURCE", "CAPACITY", "ALLOCATABLE", "REQUESTED", "FREE",

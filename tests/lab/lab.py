@@ -11,6 +11,7 @@ in the host's /usr/bin; a command made absent is an overlay whiteout.
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import json
 import os
@@ -36,12 +37,14 @@ BRIDGE = "gk8s0"
 NS_PREFIX = "gk8s-"
 FAKES_SRC = Path(__file__).parent / "fakes"
 REAL_OBJECTS = Path(__file__).resolve().parents[1] / "fixtures" / "real" / "objects"  # its SOURCE.md
+REAL_SMI_Q = Path(__file__).resolve().parents[1] / "fixtures" / "real" / "health" / \
+    "smi-q-h100x8-535-hw-slowdown-gpud.txt"
 LAB_USER, LAB_UID = "gpuk8s", 2742
 DRIVER_PROC = "/var/lib/gpuk8s-lab/driver"  # what the host sees as /proc/driver/nvidia (start_sshd)
 OVERLAYS = ("etc", "usr", "var/lib", "root", "home")
 FAKED = ("nvidia-smi", "lsmod", "modprobe", "sysctl", "swapon", "swapoff", "systemctl", "uname", "nproc",
          "apt-get", "dpkg", "dpkg-query", "apt-mark", "dnf", "yum", "rpm", "curl", "gpg", "lspci", "update-initramfs",
-         "dracut")
+         "dracut", "dmesg", "journalctl")
 ALWAYS_ABSENT = ("usr/local/bin/docker", "usr/bin/docker", "usr/bin/kubectl", "usr/bin/kubeadm", "usr/bin/kubelet",
                  "usr/bin/nvidia-ctk")
 STUB_TOOLS = ("conntrack", "socat", "ebtables", "ethtool")  # present (as stubs) only when the fleet lists them
@@ -532,6 +535,8 @@ class Lab:
         shutil.copytree(FAKES_SRC, self.root / "fakes", ignore=shutil.ignore_patterns("__pycache__"))
         if REAL_OBJECTS.is_dir():  # real Node and Pod objects: the simulated API server serves objects in their shape
             shutil.copytree(REAL_OBJECTS, self.root / "fakes" / "real")
+            # a real 8x H100 `nvidia-smi -q`: the fake's -q prints its GPU block, with each host's health in it
+            shutil.copy2(REAL_SMI_Q, self.root / "fakes" / "real" / "smi-q.txt")
         self._start_fake_server()
         (self.root / "cluster").mkdir()
         (self.root / "real").mkdir()
@@ -638,6 +643,7 @@ class Lab:
             "services": {spec["runtime"]: "active" if spec["runtime_active"] else "inactive"},
             "packages": {}, "overrides": dict(spec["overrides"] or {}),
             "enabled": [spec["runtime"]] if spec["runtime_active"] else [],
+            "health": copy.deepcopy(spec["health"] or {}),
             # 'repo-unreachable': NVIDIA's and Kubernetes' package repositories cannot be resolved
             "unreachable_hosts": ["nvidia.github.io", "pkgs.k8s.io"] if "repo-unreachable" in spec["faults"] else [],
         }

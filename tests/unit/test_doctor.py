@@ -561,3 +561,33 @@ def test_after_a_fix_the_diagnosis_is_taken_again_while_a_fixed_node_shows_a_cau
     calls.clear()
     assert settle(bad, lambda: (calls.append(1), bad)[1], {"gpu-1"}, timeout=0.05, every=0.01) is bad
     assert 1 <= len(calls) <= 5
+
+
+def test_a_gpu_lost_to_an_xid_is_named_from_the_kernels_line_and_nvidias_catalogue() -> None:
+    """Issue 32: a node short of one GPU whose plugin log says nothing of it (the GPU fell off the bus before the
+    plugin started): the host's kernel log (the section gpuk8s health reads, real text of pop-os/pop#3363) names
+    the Xid, its meaning and NVIDIA's action."""
+    from pathlib import Path
+
+    from gpuk8s.facts.health import parse_kernel_log
+
+    real = Path(__file__).resolve().parents[1] / "fixtures" / "real" / "health"
+    kernel = parse_kernel_log((real / "kernel-xid-79-no-pid-journalctl-pop-3363.txt").read_text().split("\n---\n")[1])
+    ready = host(default_runtime="nvidia").facts
+    assert ready is not None
+    seven = dataclasses.replace(ready, gpu=dataclasses.replace(ready.gpu, gpus=ready.gpu.gpus[:1]))
+    ev = ClusterEvidence({"gpu-1": node("gpu-1", 1, {gpuplan.GPU_PRESENT: "true"})}, [plugin_pod("gpu-1")],
+                         plans={"gpu-1": plan("gpu-1", 2)}, plugin=PLUGIN,
+                         logs={("kube-system", "nvidia-device-plugin-daemonset-gpu-1"): text("plugin-registered.log")},
+                         hosts={"gpu-1": HostEvidence(seven, "containerd", ("nvidia-gpu.sock", "kubelet.sock"), 0,
+                                                      kernel=kernel)})
+    [f] = classify.node_causes("gpu-1", ev)
+    assert f.id == "gpu.fewer-registered"
+    assert "the kernel reports a GPU fault (Xid 79) and it is no longer advertised: GPU has fallen off the bus" \
+        in f.message
+    assert "kernel: NVRM: Xid (PCI:0000:01:00): 79, GPU has fallen off the bus." in f.evidence
+    assert "reboot" in f.remedy and "gpuk8s health gpu-1" in f.remedy
+    # without the kernel's line (and nothing in the plugin's log) it stays the count, not a guessed Xid
+    plain = dataclasses.replace(ev, hosts={"gpu-1": HostEvidence(seven, "containerd", ("nvidia-gpu.sock",), 0)})
+    [g] = classify.node_causes("gpu-1", plain)
+    assert "Xid" not in g.message

@@ -32,7 +32,7 @@ LAYERS: list[tuple[str, ...]] = [
      "gpuk8s.ui"),
     ("gpuk8s.kube",),  # the cluster: kubectl seam, objects, manifests, images
     ("gpuk8s.playbook", "gpuk8s.preflight"),
-    ("gpuk8s.doctor", "gpuk8s.install"),
+    ("gpuk8s.doctor", "gpuk8s.install", "gpuk8s.health"),
     ("gpuk8s.phases",),
     ("gpuk8s.flows", "gpuk8s.doctor.fixes"),  # doctor --fix runs phases
     ("gpuk8s.report",),
@@ -47,7 +47,8 @@ LAZY = {("gpuk8s.cli", "gpuk8s.commands"), ("gpuk8s.cli", "gpuk8s.commands.inven
 PURE = ["gpuk8s.doctor.classify", "gpuk8s.doctor.evidence", "gpuk8s.gpuplan", "gpuk8s.facts.parse",
         "gpuk8s.facts.mig", "gpuk8s.mig.layout", "gpuk8s.versions", "gpuk8s.kube.state", "gpuk8s.kube.allocation",
         "gpuk8s.preflight.host_checks", "gpuk8s.preflight.cluster_checks", "gpuk8s.mirrors",
-        "gpuk8s.playbook.render", "gpuk8s.inventory.loader", "gpuk8s.driver.rules"]
+        "gpuk8s.playbook.render", "gpuk8s.inventory.loader", "gpuk8s.driver.rules", "gpuk8s.facts.health",
+        "gpuk8s.health.checks", "gpuk8s.driver.xid"]
 TALKS = {"gpuk8s.remote", "gpuk8s.kube.client"}
 
 

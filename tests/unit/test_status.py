@@ -84,6 +84,20 @@ def test_each_node_each_resource_and_who_holds_it() -> None:
     assert by["gpu-d"].resources[0].requested == 0 and by["gpu-d"].resources[0].free == 6
 
 
+def test_gpus_the_device_plugin_marked_unhealthy_are_counted_and_shown(capsys: Any) -> None:
+    """Issue 32: an Xid makes the device plugin mark a GPU unhealthy: the kubelet keeps its capacity and drops it
+    from allocatable. status counts it per resource (JSON `unhealthy`) and says so in the table."""
+    sick = node("gpu-a", {"nvidia.com/gpu": 8}, {gpuplan.GPU_PRESENT: "true"})
+    sick["status"]["allocatable"]["nvidia.com/gpu"] = "7"
+    a = al.allocation([sick], [pod("train", "gpu-a", {"nvidia.com/gpu": 2})])
+    [r] = a.nodes[0].resources
+    assert (r.capacity, r.allocatable, r.unhealthy, r.free) == (8, 7, 1, 5)
+    assert r.to_json()["unhealthy"] == 1
+    assert al.allocation(NODES, PODS).nodes[0].resources[0].unhealthy == 0
+    report.render(a)
+    assert "7 (1 unhealthy)" in capsys.readouterr().out
+
+
 def test_the_footer_counts_every_gpu_resource_of_the_cluster() -> None:
     a = al.allocation(NODES, PODS)
     assert a.footer() == ["Allocated/Total GPUs in cluster: 6/14 (42%)",

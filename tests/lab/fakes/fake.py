@@ -341,6 +341,9 @@ def _nvidia_smi_reset(h: Host, gpus: list[int]) -> int:
             "monitoring application such as another instance of nvidia-smi). Please first kill all processes using "
             "this device and all compute applications running in the system.\n")
         return 255
+    hl = _health(h)
+    if hl.get("remap_pending"):  # the reset activates the remap (NVIDIA: "reset gpu to activate")
+        hl["remap_pending"] = [i for i in hl["remap_pending"] if int(i) not in gpus]
     for i in gpus:
         if _mig_profiles(h.spec["gpu_model"], int(h.spec["gpu_memory_mib"])) is not None:
             g = _mig_gpu(h, i)
@@ -372,6 +375,163 @@ def driver_state(h: Host) -> dict:
     return d
 
 
+# -- GPU health (gpuk8s health, docs/health.md): the fleet's health key, kept in state.json -----------------------
+# The kernel's lines as real drivers write them (tests/fixtures/real/health: pop-os/pop#3363 for Xid 79 without a
+# pid, 570+; gpud's dmesg for Xid 48, 63 and 94 with pid='<unknown>'; gpud's Xid 119), after "NVRM: Xid (PCI:...): N, "
+XID_TEXTS = {
+    79: "GPU has fallen off the bus.",
+    48: "pid='<unknown>', name=<unknown>, An uncorrectable double bit error (DBE) has been detected on GPU in the "
+        "framebuffer at physAddr 0x12bac1c3e0 partition 2, subpartition 1.",
+    63: "pid='<unknown>', name=<unknown>, Row Remapper: New row (0x00000012bac1c3e0) marked for remapping, reset gpu "
+        "to activate.",
+    94: "pid='<unknown>', name=<unknown>, Contained: SM (0x1). RST: No, D-RST: No",
+    119: "pid=2024380, name=nvidia-smi, Timeout after 6s of waiting for RPC response from GPU4 GSP! Expected function "
+         "103 (GSP_RM_ALLOC) (0x2081 0x4).",
+}
+
+
+def _health(h: Host) -> dict:
+    return h.state.get("health") or {}
+
+
+def _kbus(i: int) -> str:
+    """GPU i's address as the kernel's NVRM lines write it (the same GPU as nvidia-smi's _bus(i))."""
+    return f"0000:{0x10 + i:02x}:00"
+
+
+def _lost(h: Host) -> set[int]:
+    return {int(i) for i in _health(h).get("lost") or []}
+
+
+def kernel_lines(h: Host) -> list[str]:
+    """The host's NVRM lines since boot, without their timestamp: each Xid of the fleet's health, and for a GPU
+    that fell off the bus its Xid 79 and the driver's line after it (as pop-os/pop#3363 shows them)."""
+    hl = _health(h)
+    lines = []
+    for e in hl.get("xid") or []:
+        i, n = int(e["gpu"]), int(e["xid"])
+        lines.append(f"NVRM: Xid (PCI:{_kbus(i)}): {n}, {XID_TEXTS.get(n, 'Graphics Exception')}")
+    for i in sorted(_lost(h)):
+        lines += [f"NVRM: GPU at PCI:{_kbus(i)}: GPU-{h.spec['name']}-{i:04d}-lab",
+                  f"NVRM: Xid (PCI:{_kbus(i)}): 79, {XID_TEXTS[79]}",
+                  f"NVRM: GPU {_kbus(i)}.0: GPU has fallen off the bus."]
+    return lines
+
+
+def dmesg(h: Host, args: list[str]) -> int:
+    """The kernel's ring buffer: the lab's only kernel messages are its NVRM lines ([seconds.micros] prefix)."""
+    for n, ln in enumerate(kernel_lines(h)):
+        out(f"[{1843 + n}.{308145 + n:06d}] {ln}\n")
+    return 0
+
+
+def journalctl(h: Host, args: list[str]) -> int:
+    """`journalctl -k ...`: the kernel's lines in journalctl's short format (as pop-os/pop#3363 prints them);
+    any other journal is empty here."""
+    if "-k" not in args and "--dmesg" not in args:
+        return 0
+    lines = kernel_lines(h)
+    if "-n" in args[:-1]:
+        lines = lines[-int(args[args.index("-n") + 1]):] if int(args[args.index("-n") + 1]) else []
+    for ln in lines:
+        out(f"Apr 29 19:24:11 {h.spec['name']} kernel: {ln}\n")
+    return 0
+
+
+_SMI_Q: list[str] | None = None
+
+
+def _smi_q_template() -> list[str]:
+    """The header and the first GPU's block of a real 8x H100 `nvidia-smi -q` (driver 535.161.08, gpud's test data;
+    copied into the lab's fakes by lab.py), its lines as they are."""
+    global _SMI_Q
+    if _SMI_Q is None:
+        text = (Path(__file__).resolve().parent / "real" / "smi-q.txt").read_text().split("\n---\n", 1)[1]
+        lines = text.splitlines()
+        starts = [n for n, ln in enumerate(lines) if ln.startswith("GPU 0000")]
+        _SMI_Q = lines[:starts[1]]
+    return _SMI_Q
+
+
+def _smi_q(h: Host, gpus: list[tuple[int, int]], driver: str, cuda: str) -> str:
+    """`nvidia-smi -q` of the listed GPUs ((index shown, GPU)) in the real layout: the template's lines with this
+    GPU's address, name, persistence, ECC counters, remapping, link width, slowdown and fabric state."""
+    hl = _health(h)
+    tpl = _smi_q_template()
+    head_end = next(n for n, ln in enumerate(tpl) if ln.startswith("GPU 0000"))
+    out_lines = []
+    for ln in tpl[:head_end]:
+        key = ln.split(":", 1)[0].strip()
+        val = {"Driver Version": driver, "CUDA Version": cuda, "Attached GPUs": str(len(gpus))}.get(key)
+        out_lines.append(ln if val is None else ln.split(":", 1)[0] + ": " + val)
+    ecc = {int(k): int(v) for k, v in (hl.get("ecc_uncorrected") or {}).items()}
+    width = {int(k): int(v) for k, v in (hl.get("pcie_width") or {}).items()}
+    pending = {int(i) for i in hl.get("remap_pending") or []}
+    failed = {int(i) for i in hl.get("remap_failed") or []}
+    slow = {int(i) for i in hl.get("slowdown") or []}
+    fabric = int(h.spec.get("nvswitches") or 0) > 0
+    for _, i in gpus:
+        path: list[tuple[int, str]] = []
+        for ln in tpl[head_end:]:
+            if ln.startswith("GPU 0000"):
+                out_lines.append(f"GPU {_bus(i)}")
+                continue
+            body = ln.rstrip()
+            indent = len(body) - len(body.lstrip(" "))
+            name, colon, _ = body.strip().partition(":")
+            name = name.strip()
+            while path and path[-1][0] >= indent:
+                path.pop()
+            if not colon:
+                path.append((indent, name))
+                out_lines.append(ln)
+                continue
+            where = tuple(p for _, p in path)
+            val = None
+            if not where and name == "Product Name":
+                val = str(h.spec["gpu_model"])
+            elif not where and name == "Persistence Mode":
+                val = "Enabled" if h.spec.get("persistenced", True) else "Disabled"
+            elif where[:2] == ("ECC Errors", "Volatile") and name == "DRAM Uncorrectable":
+                val = str(ecc.get(i, 0))
+            elif where == ("Remapped Rows",) and name == "Pending":
+                val = "Yes" if i in pending else "No"
+            elif where == ("Remapped Rows",) and name == "Remapping Failure Occurred":
+                val = "Yes" if i in failed else "No"
+            elif where == ("Remapped Rows",) and name == "Uncorrectable Error":
+                val = "1" if i in pending or i in failed else "0"
+            elif where[-1:] == ("Link Width",) and name == "Current":
+                val = f"{width.get(i, 16)}x"
+            elif where[:1] == ("Clocks Event Reasons",) and name in ("HW Slowdown", "HW Power Brake Slowdown",
+                                                                     "HW Thermal Slowdown"):
+                val = "Active" if i in slow and name != "HW Power Brake Slowdown" else "Not Active"
+            elif where == ("Fabric",) and name in ("State", "Status"):
+                val = ("Completed" if name == "State" else "Success") if fabric else "N/A"
+            if val is None:
+                out_lines.append(ln)
+            else:
+                out_lines.append(body.split(":", 1)[0] + ": " + val)
+        if out_lines[-1] != "":
+            out_lines.append("")
+    return "\n".join(out_lines) + "\n"
+
+
+def _nvlink_status(h: Host, gpus: list[tuple[int, int]]) -> str:
+    """`nvidia-smi nvlink -s` as on an 8x A100-SXM4-80GB (gpud's test data): `Link N: 25 GB/s` per link, a link
+    down `<inactive>` (Azure/azhpc-diagnostics#73); nothing at all for GPUs without NVLink (nvlinks: 0)."""
+    hl = _health(h)
+    links = int(hl.get("nvlinks") or 0)
+    if not links:
+        return ""
+    down = {int(k): {int(x) for x in v} for k, v in (hl.get("nvlink_down") or {}).items()}
+    lines = []
+    for shown, i in gpus:
+        lines.append(f"GPU {shown}: {h.spec['gpu_model']} (UUID: GPU-{h.spec['name']}-{i:04d}-lab)")
+        for k in range(links):
+            lines.append(f"         Link {k}: " + ("<inactive>" if k in down.get(i, set()) else "25 GB/s"))
+    return "\n".join(lines) + "\n"
+
+
 def nvidia_smi(h: Host, args: list[str]) -> int:
     s = h.spec
     n = int(s["gpus"])
@@ -396,6 +556,17 @@ def nvidia_smi(h: Host, args: list[str]) -> int:
     cuda = cuda_of(driver)
     gpus = [(i, s["gpu_model"], f"GPU-{h.spec['name']}-{i:04d}-lab", s["gpu_memory_mib"], _mig_mode(h, i)[0])
             for i in range(n)]
+    lost = _lost(h)
+    if lost and not (args and args[0] in ("mig", "-r", "--gpu-reset")):
+        # a GPU off the bus: NVML does not enumerate it, the others are numbered from 0 again
+        gpus = [(k, *g[1:]) for k, g in enumerate(g for g in gpus if g[0] not in lost)]
+    shown = [(k, i) for k, i in enumerate(i for i in range(n) if i not in lost)]
+    if args[:1] in (["-q"], ["--query"]):
+        out(_smi_q(h, shown, driver, cuda))
+        return 0
+    if args[:2] in (["nvlink", "-s"], ["nvlink", "--status"]):
+        out(_nvlink_status(h, shown))
+        return 0
     if args and args[0] == "--version":
         out(f"NVIDIA-SMI version  : {driver}\nDRIVER version      : {driver}\nCUDA Version        : {cuda}\n")
         return 0
@@ -677,6 +848,9 @@ def _reboot(h: Host) -> int:
                 ok = unit != "nvidia-fabricmanager" or d.get("fabricmanager") == d["loaded"]
                 h.state["services"][unit] = "active" if ok else "failed"
     h.state["gpu_procs"] = {}
+    hl = _health(h)
+    for k in ("xid", "lost", "remap_pending"):  # a new boot: a new kernel log, the GPU back on the bus, remaps applied
+        hl.pop(k, None)
     h.state["boots"] = int(h.state.get("boots", 0)) + 1
     start = ""
     if "gpuk8s-mig" in h.state.get("enabled", []):
@@ -2028,6 +2202,7 @@ COMMANDS = {
     "kubelet": kubelet, "kubeadm": kubeadm, "kubectl": kubectl, "cri-dockerd": cri_dockerd,
     "conntrack": noop, "socat": noop, "ebtables": noop, "ethtool": noop, "lspci": lspci,
     "update-initramfs": noop, "dracut": noop,  # the initramfs: the lab's boot reads the blacklist file itself
+    "dmesg": dmesg, "journalctl": journalctl,  # the kernel's log: only the lab's NVRM lines (never the machine's)
 }
 
 
@@ -2043,7 +2218,7 @@ def read_only(name: str, args: list[str]) -> bool:
                                      "--destroy-gpu-instance", "--create-compute-instance",
                                      "--destroy-compute-instance"} & set(args))
     if name in ("lsmod", "swapon", "uname", "nproc", "dpkg-query", "rpm", "conntrack", "socat",
-                "ebtables", "ethtool", "dpkg", "lspci"):
+                "ebtables", "ethtool", "dpkg", "lspci", "dmesg", "journalctl"):
         return True
     if name == "sysctl":
         return not any("=" in a or a in ("-w", "--write", "-p", "--load", "--system") or a.startswith("-p")

@@ -1037,7 +1037,8 @@ def _gpus_on(host: str) -> int:
         return 0  # a bare server: no driver at all
     if d is not None and (not d.get("loaded") or (d.get("libraries") and d["libraries"] != d["loaded"])):
         return 0  # no module loaded, or a module of another version than the libraries: NVML cannot initialise
-    return int(spec.get("gpus", 0))
+    lost = (state.get("health") or {}).get("lost") or []  # a GPU off the bus: the plugin lists the others
+    return max(0, int(spec.get("gpus", 0)) - len(lost))
 
 
 def _sys_admin(ds: dict[str, Any]) -> bool:

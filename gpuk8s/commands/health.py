@@ -1,0 +1,51 @@
+"""`gpuk8s health [HOST...]`: each GPU host's GPU health over SSH, before or after it joins (docs/health.md)."""
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.text import Text
+
+from gpuk8s import ui
+from gpuk8s.commands.common import finish, passwords, usage_error
+from gpuk8s.errors import GpuK8sError
+from gpuk8s.gpuplan import is_gpu_node
+from gpuk8s.health.run import HostHealth, run_health
+from gpuk8s.options import InventoryOpt, Output, OutputOpt
+from gpuk8s.report import health as render
+
+
+def register(app: typer.Typer, load_inventory: Callable[..., Any]) -> None:
+    @app.command()
+    def health(
+        hosts: list[str] = typer.Argument(None, help="Hosts to check (default: every GPU host of the inventory)."),
+        inventory: Path | None = InventoryOpt,  # noqa: UP007
+        output: Output = OutputOpt,
+        concurrency: int = typer.Option(16, "--concurrency", "-c", min=1, max=512, help="Hosts contacted at once."),
+    ) -> None:
+        """Check every GPU host's GPUs (the quick level: one round trip per host): GPU count, Xid errors since
+        boot, uncorrectable ECC errors, retired pages and row remapping, PCIe link width, NVLink, clock slowdown,
+        NVSwitch fabric. Exit status 1 when a host is unhealthy or unreachable."""
+        inv = load_inventory(inventory, output)
+        by_name = {h.name: h for h in inv.hosts}
+        unknown = [n for n in hosts or [] if n not in by_name]
+        if unknown:
+            usage_error(GpuK8sError(f"no host {', '.join(unknown)} in the inventory",
+                                    f"name hosts of the inventory: {', '.join(list(by_name)[:10])}"), output)
+        chosen = [by_name[n] for n in dict.fromkeys(hosts)] if hosts else [h for h in inv.hosts if is_gpu_node(h)]
+        live = output == Output.table and ui.is_terminal()
+        con = ui.console(stderr=True)
+        done = [0]
+
+        def progress(r: HostHealth) -> None:
+            done[0] += 1
+            if live:
+                mark = ui.safe("healthy", "green") if r.ok else ui.safe("UNHEALTHY", "red")
+                con.print(Text.assemble(ui.safe(f"[{done[0]}/{len(chosen)}] {r.host.name}: "), mark,
+                                        f" ({r.seconds:.1f} s)"))
+
+        if live:
+            ui.say(con, f"checking the GPUs of {len(chosen)} host(s), {concurrency} at a time ...")
+        rep = run_health(chosen, concurrency=concurrency, sudo_passwords=passwords(inv), on_host=progress)
+        finish(rep, output, lambda: render.render(rep))

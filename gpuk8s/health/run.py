@@ -1,0 +1,126 @@
+"""`gpuk8s health`'s run: one round trip per host (the fact probe and the health sections, as root), then the
+quick level's judgement (gpuk8s/health/checks.py) per host.
+
+The health sections, after the probe's and in its framing (gpuk8s/facts/probe.sh: `quick` bounds each at 256 KiB):
+`nvidia-smi -q` (every GPU's ECC, remapping, PCIe link, clock reasons, fabric), `nvidia-smi nvlink -s`, and the
+kernel's NVRM lines since boot (journalctl -k -b 0 where the journal has the kernel's messages, else dmesg; only
+the lines that name an Xid or a GPU off the bus, the first 4,000). nvidia-smi goes through the probe's `smi`,
+which is not called again once one nvidia-smi has hung.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuk8s.facts.health import KERNEL_SECTION, SMI_SECTIONS, HealthFacts, health_facts
+from gpuk8s.facts.model import HostFacts
+from gpuk8s.facts.parse import ParseError, split_sections
+from gpuk8s.findings import Finding, counts, failed
+from gpuk8s.health.checks import judge
+from gpuk8s.inventory.model import Host
+from gpuk8s.preflight.runner import probe
+from gpuk8s.remote import RemoteError, Session, for_each_host
+
+EXTRA = SMI_SECTIONS + KERNEL_SECTION
+
+
+@dataclass
+class HostHealth:
+    host: Host
+    reachable: bool = False
+    facts: HostFacts | None = None
+    health: HealthFacts | None = None
+    findings: list[Finding] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.reachable and all(f.ok for f in self.findings)
+
+    def to_json(self) -> dict[str, Any]:
+        h = self.health
+        return {"name": self.host.name, "address": self.host.address, "reachable": self.reachable,
+                "healthy": self.ok, "seconds": round(self.seconds, 2),
+                "gpus": [{"bus": g.bus, "name": g.name, "uncorrected_volatile": g.uncorrected_volatile,
+                          "remap_pending": g.remap_pending, "remap_failed": g.remap_failed,
+                          "retired_pending": g.retired_pending, "pcie_width": g.width_current,
+                          "pcie_width_max": g.width_max, "slowdowns": list(g.slowdowns),
+                          "fabric": g.fabric_state} for g in (h.gpus if h else ())],
+                "xids": [{"bus": e.bus, "xid": e.xid, "instance": e.instance, "text": e.text}
+                         for e in (h.kernel.xids if h else ())],
+                "findings": [f.to_json() for f in self.findings], "summary": counts(self.findings)}
+
+
+@dataclass
+class HealthReport:
+    hosts: list[HostHealth]
+    level: str
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return all(h.ok for h in self.hosts)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"level": self.level, "hosts": [h.to_json() for h in self.hosts],
+                "summary": {"ok": self.ok, "hosts": len(self.hosts),
+                            "unhealthy": sum(1 for h in self.hosts if not h.ok),
+                            "seconds": round(self.seconds, 2)}}
+
+
+def read_health(host: Host, stdout: str) -> HealthFacts:
+    """The health sections of one host's probe output."""
+    try:
+        s = split_sections(stdout)
+    except ParseError:
+        s = {}
+
+    def sec(name: str) -> tuple[int, str] | None:
+        v = s.get(name)
+        return (v.rc, v.output) if v is not None else None
+
+    return health_facts(sec("health-smi-q"), sec("health-nvlink"), sec("health-kernel"))
+
+
+def check_host(host: Host, sudo_password: str | None) -> HostHealth:
+    out = HostHealth(host)
+    t0 = time.monotonic()
+    try:
+        with Session(host, sudo_password) as s:
+            facts, checks, _, stdout = probe(s, extra=EXTRA)
+    except RemoteError as e:
+        out.findings = [failed("ssh.reachable", e.message, e.remedy)]
+        out.seconds = time.monotonic() - t0
+        return out
+    out.reachable = True
+    out.facts = facts
+    bad = [c for c in checks if c.status == "fail"]  # sudo: the probe ran unprivileged, its answers are partial
+    out.health = read_health(host, stdout)
+    out.findings = bad + judge(host, facts, out.health)
+    out.seconds = time.monotonic() - t0
+    return out
+
+
+def run_health(hosts: list[Host], *, concurrency: int, sudo_passwords: dict[str, str],
+               on_host: Callable[[HostHealth], None] | None = None) -> HealthReport:
+    """The quick level on every host, `concurrency` at a time; one host's failure never stops another."""
+    t0 = time.monotonic()
+
+    def one(h: Host) -> HostHealth:
+        r = check_host(h, sudo_passwords.get(h.name))
+        if on_host:
+            on_host(r)
+        return r
+
+    results = for_each_host(hosts, one, concurrency)
+    reports = []
+    for h in hosts:
+        r = results[h.name]
+        if isinstance(r, BaseException):  # a bug: named, not a traceback, and the others are kept
+            r = HostHealth(h, findings=[failed("facts.parse", f"gpuk8s failed on this host: {r!r}",
+                                               "see the log file and report it")])
+        reports.append(r)
+    return HealthReport(reports, "quick", time.monotonic() - t0)
