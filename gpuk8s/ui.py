@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from rich.console import Console
@@ -60,15 +60,16 @@ class _Unsupported(Exception):
 _FLOAT_SPECIAL = {float("inf"): "Infinity", float("-inf"): "-Infinity"}
 
 
-def _json_text(data: Any) -> str:
-    """`json.dumps(_safe_json(data), indent=2)`, byte for byte, in one walk.
+def _json_text(data: Any, indent: str = "", memo: dict[str, str] | None = None) -> str:
+    """`json.dumps(_safe_json(data), indent=2)`, byte for byte, in one walk; with `indent`, the text of `data` as a
+    value nested at that indentation (its first line not indented: it follows a key or a list's separator).
 
     Every string (keys too) is cleaned and masked once per distinct value (a report repeats the same
     keys, ids and facts on every host), then escaped by json's C escaper; the indented layout is written
     here, because json's own indented encoder is pure Python and walks the data a second time.
     """
     esc = json.encoder.encode_basestring_ascii
-    memo: dict[str, str] = {}
+    memo = {} if memo is None else memo  # a string's JSON text, cleaned and masked: shared by a streamed report's hosts
     seps: dict[str, tuple[str, str, str, str]] = {}  # indent -> its separators, made once
     blocks: list[str] = []  # the text so far, in blocks of a few thousand pieces (fewer small objects)
     out: list[str] = []
@@ -155,9 +156,49 @@ def _json_text(data: Any) -> str:
         else:
             raise _Unsupported
 
-    value(data, "")
+    value(data, indent)
     blocks.append("".join(out))
     return "".join(blocks)
+
+
+class LazyList:
+    """A JSON list whose items are made one at a time as emit_json_stream writes them (a report of 512 hosts: each
+    host's object built, written and dropped, never the whole report in memory)."""
+
+    def __init__(self, items: Iterable[Any]) -> None:
+        self.items = items
+
+
+def _nested(data: Any, indent: str, memo: dict[str, str]) -> str:
+    try:
+        return _json_text(data, indent, memo)
+    except (_Unsupported, RecursionError):
+        return json.dumps(_safe_json(data), indent=2, sort_keys=False).replace("\n", "\n" + indent)
+
+
+def emit_json_stream(fields: Sequence[tuple[str, Any]]) -> None:
+    """A JSON object of `fields` (key, value) on stdout, byte for byte what emit_json of the dict writes, a LazyList
+    value written item by item."""
+    out = sys.stdout
+    if not fields:
+        out.write("{}\n")
+        out.flush()
+        return
+    out.write("{\n")
+    memo: dict[str, str] = {}
+    for i, (k, v) in enumerate(fields):
+        out.write((",\n  " if i else "  ") + json.encoder.encode_basestring_ascii(mask(clean(k))) + ": ")
+        if isinstance(v, LazyList):
+            first = True
+            for item in v.items:
+                out.write("[\n    " if first else ",\n    ")
+                out.write(_nested(item, "    ", memo))
+                first = False
+            out.write("[]" if first else "\n  ]")
+        else:
+            out.write(_nested(v, "  ", memo))
+    out.write("\n}\n")
+    out.flush()
 
 
 def emit_json(data: Any) -> None:

@@ -83,7 +83,10 @@ def usage_error(e: GpuK8sError, output: Output) -> NoReturn:
 def finish(rep: Any, output: Output, render: Callable[[], None]) -> None:
     """JSON or the rendered tables, then exit 0 when the report is ok, else 1."""
     if output == Output.json:
-        ui.emit_json(rep.to_json())
+        if hasattr(rep, "json_fields"):  # a report that writes its hosts one by one (preflight's)
+            ui.emit_json_stream(rep.json_fields())
+        else:
+            ui.emit_json(rep.to_json())
     else:
         render()
     raise typer.Exit(ExitCode.OK if rep.ok else ExitCode.FAILED)

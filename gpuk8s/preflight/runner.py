@@ -18,6 +18,7 @@ from gpuk8s.preflight.host_checks import check_host, sources_check
 from gpuk8s.preflight.result import CheckResult, apply_ignores, failed, passed, skipped
 from gpuk8s.preflight.sources import SourcePlan
 from gpuk8s.remote import RemoteError, Session, for_each_host, in_one_piece
+from gpuk8s.ui import LazyList
 
 log = logging.getLogger("gpuk8s.preflight")
 
@@ -52,34 +53,36 @@ class Report:
     def ok(self) -> bool:
         return not any(h.failed for h in self.hosts) and not any(c.status == "fail" for c in self.cluster)
 
-    def to_json(self) -> dict[str, Any]:
+    def json_fields(self) -> list[tuple[str, Any]]:
+        """The report's JSON object as (key, value), the hosts as a LazyList: -o json writes each host's object and
+        drops it (ui.emit_json_stream), so that 512 hosts' report is never in memory whole."""
         all_checks = [c for h in self.hosts for c in h.checks] + self.cluster
         counts = {s: sum(1 for c in all_checks if c.status == s) for s in ("pass", "warn", "fail", "skip")}
-        return {
-            "hosts": [
-                {
-                    "name": h.host.name,
-                    "address": h.host.address,
-                    "role": h.host.role,
-                    "reachable": h.reachable,
-                    "facts": h.facts.to_json() if h.facts else {},
-                    "checks": [c.to_json() for c in h.checks],
-                }
-                for h in self.hosts
-            ],
-            "cluster": {
+        return [
+            ("hosts", LazyList({
+                "name": h.host.name,
+                "address": h.host.address,
+                "role": h.host.role,
+                "reachable": h.reachable,
+                "facts": h.facts.to_json() if h.facts else {},
+                "checks": [c.to_json() for c in h.checks],
+            } for h in self.hosts)),
+            ("cluster", {
                 "checks": [c.to_json() for c in self.cluster],
                 "links": [{"worker": link.worker, "rtt_ms": link.rtt_ms, "gbit_per_s": link.gbit,
                            "note": link.note} for link in self.links],
-            },
-            "summary": {
+            }),
+            ("summary", {
                 "ok": self.ok,
                 "hosts": len(self.hosts),
                 "hosts_failed": sum(1 for h in self.hosts if h.failed),
                 "seconds": round(self.seconds, 2),
                 **counts,
-            },
-        }
+            }),
+        ]
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: list(v.items) if isinstance(v, LazyList) else v for k, v in self.json_fields()}
 
 
 def gather(session: Session, prelude: str = "") -> tuple[HostFacts, list[CheckResult], float]:

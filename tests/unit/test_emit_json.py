@@ -73,3 +73,43 @@ def test_what_json_cannot_write_fails_as_before(monkeypatch: pytest.MonkeyPatch)
     # a float key, and a value json writes specially, go the same way as json.dumps
     data = {1.5: math.inf, "x": -math.inf, "y": math.nan}
     assert _emitted(data, monkeypatch) == _reference(data)
+
+
+_fields = st.lists(st.tuples(st.text(alphabet="abcé\x1b\n", max_size=6), _data), max_size=4, unique_by=lambda kv:
+                   logs.mask(ui.clean(kv[0])))
+
+
+@settings(max_examples=300, deadline=None)
+@given(_fields, st.integers(min_value=-1, max_value=3), st.lists(_data, max_size=4))
+def test_emit_json_stream_writes_what_emit_json_of_the_whole_writes(fields: list[tuple[str, object]], at: int,
+                                                                    items: list[object]) -> None:
+    """Issue 27: preflight's report at 512 hosts is written host by host (ui.emit_json_stream, a LazyList of hosts),
+    never held whole; the text is the same, byte for byte, as the whole object's (every string cleaned and masked)."""
+    streamed = list(fields)
+    whole = dict(fields)
+    if 0 <= at <= len(fields) and "hosts" not in whole:
+        streamed.insert(at, ("hosts", ui.LazyList(iter(items))))
+        whole = dict(streamed[:at] + [("hosts", items)] + streamed[at + 1:])  # type: ignore[list-item]
+    mp = pytest.MonkeyPatch()
+    try:
+        out = io.StringIO()
+        mp.setattr(sys, "stdout", out)
+        ui.emit_json_stream(streamed)
+        assert out.getvalue() == _reference(whole)
+    finally:
+        mp.undo()
+
+
+def test_a_preflight_report_streams_its_hosts_as_its_json_says(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpuk8s.inventory.model import Host, SSHSettings
+    from gpuk8s.preflight.result import passed
+    from gpuk8s.preflight.runner import HostReport, Report
+
+    hosts = [HostReport(Host(f"gpu-{i}", f"10.0.0.{i}", "worker", SSHSettings()), True, None,
+                        [passed("ssh.reachable", "ok hunter2-sudo")]) for i in range(3)]
+    rep = Report(hosts, [passed("ssh.reachable", "cluster")], [], 1.234)
+    out = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", out)
+    ui.emit_json_stream(rep.json_fields())
+    assert out.getvalue() == _reference(rep.to_json()) and "hunter2" not in out.getvalue()
+    assert [h["name"] for h in json.loads(out.getvalue())["hosts"]] == ["gpu-0", "gpu-1", "gpu-2"]
