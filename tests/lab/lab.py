@@ -34,6 +34,7 @@ from tests.lab.fleet import Fleet, HostSpec, load_fleet
 
 LAB_ROOT = Path(os.environ.get("GPUK8S_LAB_DIR", "/var/tmp/gpuk8s-lab"))
 BRIDGE = "gk8s0"
+BRIDGE_MAC = "02:67:6b:38:73:01"  # locally administered
 NS_PREFIX = "gk8s-"
 FAKES_SRC = Path(__file__).parent / "fakes"
 REAL_OBJECTS = Path(__file__).resolve().parents[1] / "fixtures" / "real" / "objects"  # its SOURCE.md
@@ -549,8 +550,12 @@ class Lab:
         (self.root / "lab.json").write_text(json.dumps(
             {"fleet": str(Path(fleet_path).resolve()), "subnet": str(fleet.subnet), "created": time.time()}))
         gw = f"{fleet.subnet.network_address + 1}/{fleet.subnet.prefixlen}"
-        _run(["ip", "-batch", "-"], input=f"link add {BRIDGE} type bridge\naddr add {gw} dev {BRIDGE}\n"
-             f"link set {BRIDGE} up\n")
+        # The bridge's MAC set once: a bridge otherwise takes the lowest MAC of its ports, and a change of its
+        # address flushes every neighbour entry on it, the permanent ones too (the kernel's neigh_changeaddr). A host
+        # plumbed after a drop-packets host then took that host's static entry away, and its connects failed at
+        # once with "No route to host" instead of hanging (tests/labtests/test_preflight.py, seen once in CI-like runs).
+        _run(["ip", "-batch", "-"], input=f"link add {BRIDGE} type bridge\nlink set {BRIDGE} address {BRIDGE_MAC}\n"
+             f"addr add {gw} dev {BRIDGE}\nlink set {BRIDGE} up\n")
         self.hosts = {s.name: LabHost(self, s, i) for i, s in enumerate(fleet.hosts)}
         self._neighbour_room(len(self.hosts))
         pub = (self.root / "id_ed25519.pub").read_text()
