@@ -166,3 +166,31 @@ def test_out_of_gpu_memory_on_the_time_sliced_node(cluster: Cluster) -> None:
         assert "gpu_sharing.replicas" in f["remedy"]
     finally:
         cluster.kubectl("delete pod hungry -n default")
+
+
+def test_a_gpu_marked_unhealthy_after_an_xid_in_status_doctor_and_health(cluster: Cluster) -> None:
+    """Issue 32: an Xid 79 on one of 'whole''s GPUs after install: the device plugin marks it unhealthy (its real
+    log lines), the kubelet keeps it in capacity and drops it from allocatable; status counts it, doctor names it from
+    the plugin's line and the kernel's with NVIDIA's meaning, gpuk8s health fails the host with the kernel's line."""
+    host = cluster.lab.hosts["whole"]
+    host.update_state(health={"xid": [{"gpu": 1, "xid": 79}]})
+    try:
+        st = json.loads(cluster.cli("status", "whole", "-i", cluster.inv, "-o", "json").stdout)
+        jsonschema.validate(st, STATUS_SCHEMA)
+        [res] = st["nodes"][0]["resources"]
+        assert (res["capacity"], res["allocatable"], res["unhealthy"]) == (2, 1, 1)
+        assert "\t2\t1 (1 unhealthy) (plan 2)\t" in cluster.cli("status", "whole", "-i", cluster.inv).stdout
+        rc, doc = cluster.doctor("node/whole")
+        [f] = [f for f in doc["findings"] if f["id"] == "gpu.fewer-registered"]
+        assert rc == 1 and "marked a GPU unhealthy (Xid 79)" in f["message"] and \
+            "GPU has fallen off the bus" in f["message"]
+        assert any("XidCriticalError: Xid=79 on Device=GPU-whole-0001-lab" in e for e in f["evidence"])
+        assert "kernel: NVRM: Xid (PCI:0000:11:00): 79, GPU has fallen off the bus." in f["evidence"]
+        assert "reboot" in f["remedy"] and "gpuk8s health whole" in f["remedy"]
+        r = cluster.cli("health", "whole", "-i", cluster.inv, "-o", "json")
+        [h] = json.loads(r.stdout)["hosts"]
+        assert r.returncode == 1 and {f["id"]: f["status"] for f in h["findings"]}["health.xid"] == "fail"
+    finally:
+        host.update_state(health={})
+    [res] = json.loads(cluster.cli("status", "whole", "-i", cluster.inv, "-o", "json").stdout)["nodes"][0]["resources"]
+    assert res["unhealthy"] == 0

@@ -1041,6 +1041,22 @@ def _gpus_on(host: str) -> int:
     return max(0, int(spec.get("gpus", 0)) - len(lost))
 
 
+# The device plugin's health check (NVIDIA/k8s-device-plugin internal/rm/health.go): an Xid event on a GPU marks it
+# unhealthy, except the Xids it skips by default (13, 31, 43, 45, 68, 109: application errors); the kubelet keeps the
+# GPU in capacity and drops it from allocatable.
+PLUGIN_SKIPPED_XIDS = {13, 31, 43, 45, 68, 109}
+
+
+def _xid_sick(host: str) -> dict[int, int]:
+    """GPU index -> the first Xid the plugin counts against it, from the host's health (tests/lab/fleet.py)."""
+    state = _read_json(_hp(host, "var_lib/gpuk8s-lab/state.json"))
+    out: dict[int, int] = {}
+    for e in (state.get("health") or {}).get("xid") or []:
+        if int(e["xid"]) not in PLUGIN_SKIPPED_XIDS:
+            out.setdefault(int(e["gpu"]), int(e["xid"]))
+    return out
+
+
 def _sys_admin(ds: dict[str, Any]) -> bool:
     """The toolkit takes a container for privileged when it has CAP_SYS_ADMIN (nvidia-container-toolkit
     internal/config/image/privileged.go)."""
@@ -1203,6 +1219,9 @@ def _node_now(s: dict[str, Any], name: str) -> dict[str, Any]:
         annotations["hami.io/node-nvidia-register"] = json.dumps(
             [{k: v for k, v in d.items() if v not in (0, False, "")} for d in _hami_devices(s, n)])
     allocatable = {k: ("0" if k in serving and k not in registered else v) for k, v in capacity.items()}
+    sick = len(_xid_sick(n["host"])) if serving and "nvidia.com/gpu" in serving else 0
+    if sick:  # whole GPUs only: the lab's health faults are on unshared, non-MIG nodes
+        allocatable["nvidia.com/gpu"] = str(max(0, int(allocatable["nvidia.com/gpu"]) - sick))
     # the CNI's pod on this node (and kube-proxy's) must pull its images: else no network plugin there
     ready = _cni_ready(s) and not any(_ds_pull(s, ds, n) for ds in _daemonsets(s)
                                       if re.search(r"calico-node|flannel", ds["metadata"]["name"]))
@@ -3214,7 +3233,14 @@ def _plugin_log(s: dict[str, Any], node: str) -> str:
         # its Register dials kubelet.sock (NVIDIA/k8s-device-plugin issue 82 quotes the lines)
         return text + (f"{ts} server.go:146] Could not register device plugin: context deadline exceeded\n"
                        f"{ts} main.go:253] Could not contact Kubelet. Did you enable the device plugin feature gate?\n")
-    return text + f"{ts} server.go:146] Registered device plugin for '{res}' with Kubelet\n"
+    text += f"{ts} server.go:146] Registered device plugin for '{res}' with Kubelet\n"
+    for gpu, xid in sorted(_xid_sick(n["host"]).items()):
+        # the lines of v0.15-v0.17 (akash-network/support#244 quotes health.go:185 and server.go:292)
+        uid = f"GPU-{n['host']}-{gpu:04d}-lab"
+        text += (f"I1130 09:10:00.000000       1 health.go:185] XidCriticalError: Xid={xid} on Device={uid}; "
+                 "marking device as unhealthy.\n"
+                 f"I1130 09:10:00.000100       1 server.go:292] '{res}' device marked unhealthy: {uid}\n")
+    return text
 
 
 def _doctor_kubectl(verb: str, words: list[str], args: list[str]) -> int | None:
