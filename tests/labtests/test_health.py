@@ -6,6 +6,11 @@ and a reboot clear what they clear on a real GPU."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
+
+import jsonschema
+
+SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "docs" / "health.schema.json").read_text())
 
 FLEET = """
 hosts:
@@ -29,6 +34,7 @@ def test_health_names_each_fault_with_its_evidence_and_passes_the_healthy(lab_up
     r = run_cli("health", "-i", str(lab.inventory), "-o", "json")
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
     rep = json.loads(r.stdout)
+    jsonschema.validate(rep, SCHEMA)
     assert [h["name"] for h in rep["hosts"]] == ["fine", "fell", "remap"]  # GPU hosts only: the control plane has none
     got = by_host(rep)
     fine = got["fine"]
@@ -75,6 +81,7 @@ def test_health_of_a_host_that_is_down_is_named_and_the_others_go_on(lab_up, run
     lab = lab_up("hosts:\n  - name: cp-1\n    role: control-plane\n  - name: ok\n  - name: down\n"
                  "    faults: [sshd-stopped]\n")
     r = run_cli("health", "-i", str(lab.inventory), "-o", "json")
+    jsonschema.validate(json.loads(r.stdout), SCHEMA)
     got = by_host(json.loads(r.stdout))
     assert r.returncode == 1
     assert got["down"]["ssh.reachable"]["status"] == "fail" and "refused" in got["down"]["ssh.reachable"]["message"]
