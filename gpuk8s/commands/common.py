@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import typer
+from rich.text import Text
 
 from gpuk8s import ui
 from gpuk8s.credentials import CredentialError, sudo_passwords
@@ -78,6 +79,26 @@ def usage_error(e: GpuK8sError, output: Output) -> NoReturn:
     else:
         ui.say(ui.console(stderr=True), f"{e.message}; {e.remedy}")
     raise typer.Exit(ExitCode.USAGE)
+
+
+class HostProgress:
+    """Live progress of a command that reads hosts (preflight, health): `[n/total] HOST: MARK (seconds)` on stderr as
+    each host finishes, on a terminal only (-o table), never when piped or for -o json."""
+
+    def __init__(self, total: int, output: Output) -> None:
+        self.live = output == Output.table and ui.is_terminal()
+        self.con = ui.console(stderr=True)
+        self.total, self.done = total, 0
+
+    def say(self, text: str) -> None:
+        if self.live:
+            ui.say(self.con, text)
+
+    def host(self, name: str, ok: bool, mark: str, seconds: float) -> None:
+        self.done += 1
+        if self.live:
+            self.con.print(Text.assemble(ui.safe(f"[{self.done}/{self.total}] {name}: "),
+                                         ui.safe(mark, "green" if ok else "red"), f" ({seconds:.1f} s)"))
 
 
 def finish(rep: Any, output: Output, render: Callable[[], None]) -> None:

@@ -5,13 +5,11 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.text import Text
 
-from gpuk8s import ui
-from gpuk8s.commands.common import finish, passwords, usage_error
+from gpuk8s.commands.common import HostProgress, finish, passwords, usage_error
 from gpuk8s.errors import GpuK8sError
 from gpuk8s.gpuplan import is_gpu_node
-from gpuk8s.health.run import HostHealth, run_health
+from gpuk8s.health.run import run_health
 from gpuk8s.options import InventoryOpt, Output, OutputOpt
 from gpuk8s.report import health as render
 
@@ -34,18 +32,9 @@ def register(app: typer.Typer, load_inventory: Callable[..., Any]) -> None:
             usage_error(GpuK8sError(f"no host {', '.join(unknown)} in the inventory",
                                     f"name hosts of the inventory: {', '.join(list(by_name)[:10])}"), output)
         chosen = [by_name[n] for n in dict.fromkeys(hosts)] if hosts else [h for h in inv.hosts if is_gpu_node(h)]
-        live = output == Output.table and ui.is_terminal()
-        con = ui.console(stderr=True)
-        done = [0]
-
-        def progress(r: HostHealth) -> None:
-            done[0] += 1
-            if live:
-                mark = ui.safe("healthy", "green") if r.ok else ui.safe("UNHEALTHY", "red")
-                con.print(Text.assemble(ui.safe(f"[{done[0]}/{len(chosen)}] {r.host.name}: "), mark,
-                                        f" ({r.seconds:.1f} s)"))
-
-        if live:
-            ui.say(con, f"checking the GPUs of {len(chosen)} host(s), {concurrency} at a time ...")
-        rep = run_health(chosen, concurrency=concurrency, sudo_passwords=passwords(inv), on_host=progress)
+        progress = HostProgress(len(chosen), output)
+        progress.say(f"checking the GPUs of {len(chosen)} host(s), {concurrency} at a time ...")
+        rep = run_health(chosen, concurrency=concurrency, sudo_passwords=passwords(inv),
+                         on_host=lambda r: progress.host(r.host.name, r.ok, "healthy" if r.ok else "UNHEALTHY",
+                                                         r.seconds))
         finish(rep, output, lambda: render.render(rep))

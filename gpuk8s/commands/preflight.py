@@ -5,10 +5,9 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.text import Text
 
 from gpuk8s import ui
-from gpuk8s.commands.common import finish, ignored_checks, passwords
+from gpuk8s.commands.common import HostProgress, finish, ignored_checks, passwords
 from gpuk8s.logs import log_path
 from gpuk8s.options import InventoryOpt, Output, OutputOpt
 from gpuk8s.preflight.runner import HostReport, run_preflight
@@ -33,25 +32,19 @@ def register(app: typer.Typer, load_inventory: Callable[..., Any]) -> None:
         ignored = ignored_checks(inv, ignore)
         sudo = passwords(inv)
 
-        live = output == Output.table and ui.is_terminal()
-        con = ui.console(stderr=True)
-        done = [0]
+        progress = HostProgress(len(inv.hosts), output)
 
-        def progress(rep: HostReport) -> None:
-            done[0] += 1
-            if live:
-                fails = sum(1 for c in rep.checks if c.status == "fail")
-                mark = ui.safe("ready", "green") if not fails else ui.safe(f"{fails} failed", "red")
-                con.print(Text.assemble(ui.safe(f"[{done[0]}/{len(inv.hosts)}] {rep.host.name}: "), mark,
-                                        f" ({rep.seconds:.1f} s)"))
+        def done(rep: HostReport) -> None:
+            fails = sum(1 for c in rep.checks if c.status == "fail")
+            progress.host(rep.host.name, not fails, "ready" if not fails else f"{fails} failed", rep.seconds)
 
-        if live:
-            ui.say(con, f"checking {len(inv.hosts)} host(s), {concurrency} at a time ...")
+        progress.say(f"checking {len(inv.hosts)} host(s), {concurrency} at a time ...")
         rep = run_preflight(inv, concurrency=concurrency, ignore=ignored, sudo_passwords=sudo,
-                            network_seconds=network_seconds, measure_network=network, on_host=progress)
+                            network_seconds=network_seconds, measure_network=network, on_host=done)
+
         def tables() -> None:
             render.render(rep, inv.preflight.min_bandwidth_gbit, inv.preflight.max_rtt_ms)
             if not rep.ok and log_path():
-                ui.say(con, f"full detail in {log_path()}")
+                ui.say(progress.con, f"full detail in {log_path()}")
 
         finish(rep, output, tables)

@@ -1023,16 +1023,16 @@ def node_causes(name: str, ev: ClusterEvidence) -> list[Finding]:
     fid = f.id
     message = f.message
     kernel = host.kernel if host is not None and host.kernel is not None else None
-    kernel_fatal = [e for e in kernel.xids if xid_catalogue.lookup(e.xid).fatal] if kernel is not None else []
-    if fid == "gpu.fewer-registered" and (any(k in log for k in PLUGIN_UNHEALTHY) or kernel_fatal
-                                          or (kernel is not None and kernel.fallen)):
+    kernel_fatal = [e for e, _ in kernel.firsts if xid_catalogue.lookup(e.xid).fatal] if kernel is not None else []
+    plugin_said = any(k in log for k in PLUGIN_UNHEALTHY)
+    if fid == "gpu.fewer-registered" and (plugin_said or kernel_fatal or (kernel is not None and kernel.fallen)):
         # the plugin's word (XidCriticalError ... marking device as unhealthy) and the kernel's (NVRM: Xid ...)
         m = XID.search(log)
         number = int(m.group(1)) if m else kernel_fatal[0].xid if kernel_fatal else 79 if kernel and kernel.fallen \
             else None
         row = xid_catalogue.lookup(number) if number is not None else None
-        message = (f"{f.message.split(': ', 1)[0]}: " + ("the device plugin marked a GPU unhealthy" if m else
-                                                         "the kernel reports a GPU fault")
+        message = (f"{f.message.split(': ', 1)[0]}: " + ("the device plugin marked a GPU unhealthy" if plugin_said
+                                                         else "the kernel reports a GPU fault")
                    + (f" (Xid {number})" if number is not None else "") + " and it is no longer advertised"
                    + (f": {row.meaning}" if row is not None else ""))
         remedy = (f"on {name}: {row.remedy if row is not None and row.fatal else 'reset the GPU or reboot'} "

@@ -1,6 +1,6 @@
 """GPU health facts from real texts (pure): `nvidia-smi -q`, `nvidia-smi nvlink -s` and the kernel's NVRM lines.
 
-What `gpuk8s health` reads on a host (gpuk8s/health/probe.py runs the commands; gpuk8s/health/checks.py judges):
+What `gpuk8s health` reads on a host (gpuk8s/health/run.py runs the commands; gpuk8s/health/checks.py judges):
 
 - `nvidia-smi -q` (--query): per GPU its ECC errors (the volatile uncorrectable counters: since the driver loaded),
   retired pages pending (before Ampere), row remapping pending or failed (Ampere and newer), the PCIe link width
@@ -47,7 +47,7 @@ _BUS = re.compile(r"([0-9a-f]{4,8}):([0-9a-f]{2}):([0-9a-f]{2})(?:\.[0-7])?")
 # -- the host side: sections after the fact probe's, in its framing (gpuk8s/facts/probe.sh: `quick` bounds each at
 # 256 KiB; `smi` is the probe's nvidia-smi, not called again once one has hung). gpuk8s health runs both; doctor the
 # kernel's. The kernel's NVRM lines since boot: journalctl -k -b 0 where the journal has the kernel's messages, else
-# dmesg; only the lines that name an Xid or a GPU off the bus, the first 4,000.
+# dmesg; only the lines that name an Xid or a GPU off the bus, at most 4,000 (klog_cut).
 # the lines kept: an Xid, a GPU the driver says fell off the bus (one line, or the 570+ text over three)
 KERNEL_PATTERN = r"NVRM: (Xid|GPU [0-9a-fA-F]{4,8}:|The NVIDIA GPU|fallen off the bus)"
 SMI_SECTIONS = """
@@ -59,14 +59,21 @@ quick health-nvlink nvl
 KERNEL_SECTION = f"""
 klog() {{
   if command -v journalctl >/dev/null 2>&1 && [ -n "$(journalctl -k -b 0 -q -n 1 --no-pager 2>/dev/null)" ]; then
-    journalctl -k -b 0 -q --no-pager 2>/dev/null | grep -E '{KERNEL_PATTERN}' | head -n 4000
+    journalctl -k -b 0 -q --no-pager 2>/dev/null | grep -E '{KERNEL_PATTERN}' | klog_cut
     return 0
   fi
   command -v dmesg >/dev/null 2>&1 || {{ echo "neither journalctl nor dmesg is installed"; return 127; }}
   # dmesg's own failure (kernel.dmesg_restrict without root) is the section's error, not an empty log
   o=$(dmesg 2>&1) || {{ printf '%s\\n' "$o" | head -c 300; return 1; }}
-  printf '%s\\n' "$o" | grep -E '{KERNEL_PATTERN}' | head -n 4000
+  printf '%s\\n' "$o" | grep -E '{KERNEL_PATTERN}' | klog_cut
   return 0
+}}
+# at most 4,000 lines: the first 2,000, then only a line whose Xid number and GPU were not seen yet (or a GPU off the
+# bus): a storm of one Xid cannot crowd out a later, different one
+klog_cut() {{
+  awk 'n >= 4000 {{ exit }}
+       {{ k = $0; if (match(k, /Xid \\([^)]*\\): [0-9]+/)) k = substr(k, RSTART, RLENGTH); else k = "" }}
+       NR <= 2000 || k == "" || !(k in s) {{ s[k] = 1; print; n++ }}'
 }}
 quick health-kernel klog
 """
@@ -93,6 +100,8 @@ class GpuHealth:
     slowdowns: tuple[str, ...] = ()  # the active clock slowdown reasons gpuk8s judges (HW_REASONS)
     fabric_state: str = ""  # Completed | In Progress | Not Started | N/A | '' (no Fabric section)
     fabric_status: str = ""  # Success | an error | N/A | ''
+    reset_required: bool | None = None  # "GPU Reset Status / Reset Required" (R535+): the driver's own word, now
+    drain_reset: bool | None = None  # "GPU Reset Status / Drain and Reset Recommended"
 
 
 # The clock event reasons that say the hardware is slowing the GPU down (not idle, not an application's or the
@@ -100,7 +109,14 @@ class GpuHealth:
 HW_REASONS = ("HW Slowdown", "HW Thermal Slowdown", "HW Power Brake Slowdown", "SW Thermal Slowdown")
 _CLOCKS = ("Clocks Event Reasons", "Clocks Throttle Reasons")  # R535 renamed the section
 _GPU_LINE = re.compile(r"GPU ([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])\s*")
-_FIELD = re.compile(r"( *)([^:]*?)\s*(?::\s?(.*))?")
+
+
+def _field(line: str) -> tuple[int, str, str | None]:
+    """(indent, name, value or None for a section heading) of one `nvidia-smi -q` line, by string operations
+    (linear: a regex with a lazy name and optional spaces is quadratic on a long line without a colon)."""
+    body = line.lstrip(" ")
+    name, colon, value = body.partition(":")
+    return len(line) - len(body), name.strip(), (value[1:] if value.startswith(" ") else value) if colon else None
 
 
 def _count(value: str) -> int | None:
@@ -149,10 +165,7 @@ def parse_smi_query(text: str) -> tuple[GpuHealth, ...]:
             continue
         if cur is None or not line.strip():
             continue
-        m = _FIELD.fullmatch(line)
-        if not m:
-            continue
-        indent, name, value = len(m.group(1)), m.group(2).strip(), m.group(3)
+        indent, name, value = _field(line)
         while path and path[-1][0] >= indent:
             path.pop()
         if value is None:  # a section heading
@@ -195,6 +208,11 @@ def parse_smi_query(text: str) -> tuple[GpuHealth, ...]:
                 cur["width_current"] = _width(value)
         elif top in _CLOCKS and name in HW_REASONS and value.strip() == "Active":
             slow.append(name)
+        elif where == ("GPU Reset Status",):
+            if name == "Reset Required":
+                cur["reset_required"] = _yes(value)
+            elif name == "Drain and Reset Recommended":
+                cur["drain_reset"] = _yes(value)
         elif where == ("Fabric",):
             if name == "State":
                 cur["fabric_state"] = value.strip()[:40]
@@ -212,6 +230,7 @@ class NvlinkGpu:
     name: str
     links: int  # links listed
     inactive: tuple[int, ...] = field(default=())  # the links printed as <inactive>
+    all_inactive: bool = False  # "NVML: Unable to retrieve NVLink information as all links are inActive"
 
 
 _NVL_GPU = re.compile(r"GPU (\d{1,3}): (.{1,120}?) \(UUID: [^)]{0,80}\)")
@@ -222,7 +241,7 @@ def parse_nvlink_status(text: str) -> tuple[NvlinkGpu, ...]:
     """Each GPU's links of `nvidia-smi nvlink -s` (`Link N: 25 GB/s` or `Link N: <inactive>`); () without NVLink
     (nvidia-smi prints nothing there)."""
     out: list[NvlinkGpu] = []
-    idx, name, links = -1, "", 0
+    idx, name, links, dark = -1, "", 0, False
     inactive: list[int] = []
     for n, raw in enumerate(text.splitlines()):
         if n >= MAX_LINES:
@@ -231,8 +250,11 @@ def parse_nvlink_status(text: str) -> tuple[NvlinkGpu, ...]:
         g = _NVL_GPU.fullmatch(line)
         if g:
             if idx >= 0:
-                out.append(NvlinkGpu(idx, name, links, tuple(inactive)))
-            idx, name, links, inactive = int(g.group(1)), one_line(g.group(2)), 0, []
+                out.append(NvlinkGpu(idx, name, links, tuple(inactive), dark))
+            idx, name, links, inactive, dark = int(g.group(1)), one_line(g.group(2)), 0, [], False
+            continue
+        if idx >= 0 and _ALL_INACTIVE in line.lower():  # leptonai/gpud#1085: a B200 whose every link is down
+            dark = True
             continue
         m = _NVL_LINK.fullmatch(line)
         if m and idx >= 0:
@@ -240,8 +262,11 @@ def parse_nvlink_status(text: str) -> tuple[NvlinkGpu, ...]:
             if m.group(2).strip() == "<inactive>":
                 inactive.append(int(m.group(1)))
     if idx >= 0:
-        out.append(NvlinkGpu(idx, name, links, tuple(inactive)))
+        out.append(NvlinkGpu(idx, name, links, tuple(inactive), dark))
     return tuple(out)
+
+
+_ALL_INACTIVE = "unable to retrieve nvlink information as all links are inactive"
 
 
 # -- the kernel log -----------------------------------------------------------------------------------------------
@@ -265,9 +290,12 @@ _NOT_RESPONDING = "fallen off the bus and is not responding to commands"
 
 @dataclass(frozen=True)
 class KernelLog:
-    xids: tuple[XidEvent, ...] = ()
+    xids: tuple[XidEvent, ...] = ()  # the first MAX_EVENTS Xid lines
     fallen: tuple[str, ...] = ()  # bus_keys the driver said fell off the bus (with or without an Xid 79)
     more: int = 0  # Xid lines past MAX_EVENTS, counted, not kept
+    # each Xid number's first event on each GPU and how many lines it had, past MAX_EVENTS too: a storm of an
+    # application's Xid 13 must not hide the Xid 79 after it (at most MAX_EVENTS pairs)
+    firsts: tuple[tuple[XidEvent, int], ...] = ()
 
 
 def parse_kernel_log(text: str) -> KernelLog:
@@ -275,6 +303,7 @@ def parse_kernel_log(text: str) -> KernelLog:
     journalctl -k): whatever precedes `NVRM:` on a line (timestamp, host, 'kernel:') is left out."""
     xids: list[XidEvent] = []
     fallen: list[str] = []
+    firsts: dict[tuple[int, str], list[object]] = {}  # (xid, bus) -> [first event, lines]
     more = 0
     announced: str | None = None  # the GPU of a 570+ "The NVIDIA GPU ..." line, until its text ends
     for n, raw in enumerate(text.splitlines()):
@@ -289,14 +318,23 @@ def parse_kernel_log(text: str) -> KernelLog:
             key = bus_key(m.group(1))
             if key is None:
                 continue
-            if len(xids) >= MAX_EVENTS:
+            number = int(m.group(3))
+            if number == 79 and key not in fallen:
+                fallen.append(key)
+            seen = firsts.get((number, key))
+            if seen is not None:
+                seen[1] = int(str(seen[1])) + 1
+            if len(xids) >= MAX_EVENTS and (seen is not None or len(firsts) >= MAX_EVENTS):
                 more += 1
                 continue
             rest = _PIDNAME.sub("", m.group(4), count=1) if m.group(4).startswith("pid=") else m.group(4)
-            xids.append(XidEvent(key, int(m.group(3)), rest.strip()[:MAX_TEXT], m.group(2).strip(),
-                                 line[:MAX_TEXT + 60]))
-            if int(m.group(3)) == 79 and key not in fallen:
-                fallen.append(key)
+            event = XidEvent(key, number, rest.strip()[:MAX_TEXT], m.group(2).strip(), line[:MAX_TEXT + 60])
+            if seen is None and len(firsts) < MAX_EVENTS:
+                firsts[(number, key)] = [event, 1]
+            if len(xids) < MAX_EVENTS:
+                xids.append(event)
+            else:
+                more += 1
             continue
         f = _FELL.match(line)
         if f:
@@ -312,7 +350,8 @@ def parse_kernel_log(text: str) -> KernelLog:
             if announced not in fallen:
                 fallen.append(announced)
             announced = None
-    return KernelLog(tuple(xids), tuple(fallen[:64]), more)
+    return KernelLog(tuple(xids), tuple(fallen[:64]), more,
+                     tuple((e, int(str(c))) for e, c in firsts.values() if isinstance(e, XidEvent)))
 
 
 # -- the host's health facts --------------------------------------------------------------------------------------

@@ -20,10 +20,13 @@ The quick level's checks, each with its source and threshold (docs/health.md):
 
 from __future__ import annotations
 
+import re
+
 from gpuk8s.driver.xid import lookup
-from gpuk8s.facts.health import HealthFacts
+from gpuk8s.facts.health import HealthFacts, XidEvent
 from gpuk8s.facts.model import HostFacts
 from gpuk8s.findings import Finding, failed, passed, skipped
+from gpuk8s.gpuplan import is_gpu_node
 from gpuk8s.inventory.model import Host
 
 QUICK = ("health.gpu-count", "health.xid", "health.xid-app", "health.ecc-uncorrected", "health.retired-pages-pending",
@@ -40,6 +43,8 @@ def judge(host: Host, facts: HostFacts, h: HealthFacts) -> list[Finding]:
     """The quick level's findings for one host, in QUICK's order; a check the host cannot answer is skipped with
     the reason (no driver, nvidia-smi failed, no kernel log)."""
     g = facts.gpu
+    if not is_gpu_node(host):
+        return [skipped(i, "not a GPU host (gpus: 0 or a control plane without GPUs)") for i in QUICK]
     if g.state != "ok":
         why = "no NVIDIA driver" if g.state == "absent" else f"nvidia-smi failed: {g.error}"
         # a failing driver is health's business too: it is what a GPU off the bus or a hung GPU looks like
@@ -77,81 +82,101 @@ def _count(host: Host, facts: HostFacts, h: HealthFacts) -> Finding:
     return passed("health.gpu-count", said + (" (as the inventory expects)" if want is not None else ""))
 
 
+_RECOVERY = re.compile(r"to 0x[0-9a-fA-F]{1,8} \(([^)]{1,60})\)")
+
+
+def recovery_action(e: XidEvent) -> str:
+    """The recovery action an Xid 154 says the GPU now needs ('GPU Reset Required', 'Drain and Reset', 'Node Reboot
+    Required'; the driver's 'GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)'), else ''."""
+    m = _RECOVERY.search(e.text) if e.xid == 154 else None
+    return "" if m is None or m.group(1) == "None" else m.group(1)
+
+
+def is_fatal(e: XidEvent) -> bool:
+    """The Xid needs a GPU reset or a reboot: NVIDIA's catalogue says so, or an Xid 154 names such an action."""
+    return lookup(e.xid).fatal or bool(recovery_action(e))
+
+
 def _kernel(h: HealthFacts) -> list[Finding]:
     if not h.kernel_read:
         why = f"the kernel log could not be read: {h.kernel_error}" if h.kernel_error else "the kernel log not read"
         return [skipped("health.xid", why), skipped("health.xid-app", why)]
+    # Every Xid since boot is judged: a GPU reset clears the GPU but not the kernel's log, and nothing the driver
+    # prints proves a reset came after the Xid, so a host stays failing until it reboots (conservative: a GPU
+    # quarantined too long is better than one released with a DBE). What the GPU reports now is added to it:
+    # "GPU Reset Status" (R535+) saying a reset is required or recommended fails the host without any Xid line.
     fatal: dict[int, list[str]] = {}
-    other: dict[int, list[str]] = {}
-    for e in h.kernel.xids:
-        (fatal if lookup(e.xid).fatal else other).setdefault(e.xid, []).append(e.bus)
-    lines = [e.line for e in h.kernel.xids]
-    fallen = [b for b in h.kernel.fallen if 79 not in fatal or b not in fatal[79]]
+    other: dict[int, int] = {}
+    firsts = h.kernel.firsts or tuple((e, 1) for e in h.kernel.xids)
+    for e, count in firsts:
+        if is_fatal(e):
+            fatal.setdefault(e.xid, []).append(e.bus)
+        else:
+            other[e.xid] = other.get(e.xid, 0) + count
+    owed = [g.bus for g in h.gpus if g.reset_required or g.drain_reset]
+    fallen = [b for b in h.kernel.fallen if b not in fatal.get(79, [])]
     out: list[Finding] = []
-    if fatal or fallen:
-        parts = [f"Xid {n} ({lookup(n).meaning}) on {_gpu_names(h, sorted(set(buses)))}" for n, buses in
-                 sorted(fatal.items())]
+    if fatal or fallen or owed:
+        parts = [f"Xid {n} ({lookup(n).meaning}" + (f": {recovery_action(next(e for e, _ in firsts if e.xid == n))}"
+                                                    if n == 154 else "") + f") on {_gpu_names(h, sorted(set(b)))}"
+                 for n, b in sorted(fatal.items())]
         parts += [f"GPU {b} fell off the bus (no Xid line)" for b in fallen]
-        first = min(fatal) if fatal else 79
-        ev = [ln for ln in lines if lookup(_xid_of(ln)).fatal][:8] or [f"fell off the bus: {b}" for b in fallen]
-        out.append(failed("health.xid", "since boot: " + "; ".join(parts), lookup(first).remedy, evidence=ev))
+        parts += [f"{_gpu_names(h, [b])} reports GPU Reset Required / Drain and Reset Recommended" for b in owed
+                  if not any(b in buses for buses in fatal.values())]
+        first = min(fatal) if fatal else 79 if fallen else 95  # 95: NVIDIA's RESET_GPU remedy
+        ev = [e.line for e, _ in firsts if is_fatal(e)][:8] or [f"fell off the bus: {b}" for b in fallen]
+        out.append(failed("health.xid", "since boot: " + "; ".join(parts), lookup(first).remedy +
+                          " (the kernel's Xid lines stay until a reboot: after a GPU reset the host still fails this "
+                          "check until it reboots)", evidence=ev))
     else:
         out.append(passed("health.xid", "no Xid that needs a GPU reset or a reboot since boot"))
     if other:
-        parts = [f"Xid {n} ({lookup(n).meaning}) x{len(b)}" for n, b in sorted(other.items())]
-        more = f" (and {h.kernel.more} more Xid lines)" if h.kernel.more else ""
-        out.append(failed("health.xid-app", "since boot: " + ", ".join(parts) + more, lookup(min(other)).remedy,
-                          evidence=[ln for ln in lines if not lookup(_xid_of(ln)).fatal][:8]))
+        parts = [f"Xid {n} ({lookup(n).meaning}) x{c}" for n, c in sorted(other.items())]
+        more = f" ({h.kernel.more} Xid lines past the first {len(h.kernel.xids)} only counted)" \
+            if h.kernel.more else ""
+        out.append(failed("health.xid-app", "since boot: " + ", ".join(parts) + more,
+                          lookup(min(other)).remedy,
+                          evidence=[e.line for e, _ in firsts if not is_fatal(e)][:8]))
     else:
         out.append(passed("health.xid-app", "no other Xid since boot"))
     return out
 
 
-def _xid_of(line: str) -> int:
-    # the evidence line 'NVRM: Xid (PCI:...): N, ...' back to N (lines are those parse_kernel_log matched)
-    head = line.partition("): ")[2].split(",", 1)[0]
-    return int(head) if head.isdecimal() else -1
+def _per_gpu(fid: str, bad: list[str], known: bool, what: str, remedy: str, unknown: str, fine: str) -> Finding:
+    """A check over every GPU: failed naming the GPUs where it holds, skipped when no GPU reports the value, else
+    passed."""
+    if bad:
+        return failed(fid, f"{what} on " + ", ".join(bad), remedy)
+    if not known:
+        return skipped(fid, unknown)
+    return passed(fid, fine)
 
 
 def _memory(h: HealthFacts) -> list[Finding]:
-    out = []
-    bad = [(i, g) for i, g in enumerate(h.gpus) if g.uncorrected_volatile]
-    if bad:
-        out.append(failed("health.ecc-uncorrected", "uncorrectable ECC errors since the driver loaded: " +
-                          ", ".join(f"GPU {i} ({g.bus}): {g.uncorrected_volatile}" for i, g in bad),
-                          "drain the node and reset the GPU or reboot; on Ampere and newer see whether a row remap "
-                          "is pending (health.row-remap-pending); RMA when it repeats"))
-    elif not any(g.uncorrected_volatile is not None for g in h.gpus):
-        out.append(skipped("health.ecc-uncorrected", "no GPU reports ECC error counts (ECC off or not supported)"))
-    else:
-        out.append(passed("health.ecc-uncorrected", "no uncorrectable ECC error since the driver loaded"))
-    pend = [f"GPU {i} ({g.bus})" for i, g in enumerate(h.gpus) if g.retired_pending]
-    if pend:
-        out.append(failed("health.retired-pages-pending", "page retirement pending on " + ", ".join(pend),
-                          "drain the node and reboot it: the retired pages are applied when the driver reloads"))
-    elif not any(g.retired_pending is not None for g in h.gpus):
-        out.append(skipped("health.retired-pages-pending", "no GPU uses page retirement (Ampere and newer remap rows)"))
-    else:
-        out.append(passed("health.retired-pages-pending", "no page retirement pending"))
-    pend = [f"GPU {i} ({g.bus})" for i, g in enumerate(h.gpus) if g.remap_pending]
-    fail = [f"GPU {i} ({g.bus})" for i, g in enumerate(h.gpus) if g.remap_failed]
-    known = any(g.remap_pending is not None for g in h.gpus)
-    if pend:
-        out.append(failed("health.row-remap-pending", "row remapping pending on " + ", ".join(pend),
-                          "drain the node and reset the GPU (nvidia-smi -r -i N) or reboot: the remap takes effect "
-                          "then; until it does, the bad row can fail jobs again"))
-    elif not known:
-        out.append(skipped("health.row-remap-pending", "no GPU supports row remapping (before Ampere, or no ECC)"))
-    else:
-        out.append(passed("health.row-remap-pending", "no row remapping pending"))
-    if fail:
-        out.append(failed("health.row-remap-failed", "row remapping failed on " + ", ".join(fail),
-                          "the GPU has no spare rows left for the failing memory: replace it (RMA)"))
-    elif not known:
-        out.append(skipped("health.row-remap-failed", "no GPU supports row remapping"))
-    else:
-        out.append(passed("health.row-remap-failed", "no row remapping failure"))
-    return out
+    name = [f"GPU {i} ({g.bus})" for i, g in enumerate(h.gpus)]
+    return [
+        _per_gpu("health.ecc-uncorrected",
+                 [f"{name[i]}: {g.uncorrected_volatile}" for i, g in enumerate(h.gpus) if g.uncorrected_volatile],
+                 any(g.uncorrected_volatile is not None for g in h.gpus),
+                 "uncorrectable ECC errors since the driver loaded",
+                 "drain the node and reset the GPU or reboot; on Ampere and newer see whether a row remap is pending "
+                 "(health.row-remap-pending); RMA when it repeats",
+                 "no GPU reports ECC error counts (ECC off or not supported)",
+                 "no uncorrectable ECC error since the driver loaded"),
+        _per_gpu("health.retired-pages-pending", [name[i] for i, g in enumerate(h.gpus) if g.retired_pending],
+                 any(g.retired_pending is not None for g in h.gpus), "page retirement pending",
+                 "drain the node and reboot it: the retired pages are applied when the driver reloads",
+                 "no GPU uses page retirement (Ampere and newer remap rows)", "no page retirement pending"),
+        _per_gpu("health.row-remap-pending", [name[i] for i, g in enumerate(h.gpus) if g.remap_pending],
+                 any(g.remap_pending is not None for g in h.gpus), "row remapping pending",
+                 "drain the node and reset the GPU (nvidia-smi -r -i N) or reboot: the remap takes effect then; until "
+                 "it does, the bad row can fail jobs again",
+                 "no GPU supports row remapping (before Ampere, or no ECC)", "no row remapping pending"),
+        _per_gpu("health.row-remap-failed", [name[i] for i, g in enumerate(h.gpus) if g.remap_failed],
+                 any(g.remap_failed is not None for g in h.gpus), "row remapping failed",
+                 "the GPU has no spare rows left for the failing memory: replace it (RMA)",
+                 "no GPU supports row remapping", "no row remapping failure"),
+    ]
 
 
 def _pcie(h: HealthFacts) -> Finding:
@@ -166,9 +191,13 @@ def _pcie(h: HealthFacts) -> Finding:
 
 
 def _nvlink(h: HealthFacts) -> Finding:
-    if not h.nvlink:
-        return skipped("health.nvlink-down", "no NVLink (nvidia-smi nvlink -s lists no link)")
+    # A GPU whose every link is down prints no link at all ("all links are inActive"): it is down only where NVLink
+    # is in use on the host (another GPU lists links); a host of PCIe GPUs without bridges says it for every GPU.
+    used = any(g.links for g in h.nvlink)
+    if not used:
+        return skipped("health.nvlink-down", "no NVLink in use (nvidia-smi nvlink -s lists no active link)")
     down = [f"GPU {g.index} link(s) {', '.join(map(str, g.inactive))}" for g in h.nvlink if g.inactive]
+    down += [f"GPU {g.index} every link" for g in h.nvlink if g.all_inactive]
     if down:
         return failed("health.nvlink-down", "NVLink down: " + "; ".join(down),
                       "drain the node and reset the GPUs or reboot; if a link stays inactive, contact the server's "

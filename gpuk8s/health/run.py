@@ -92,7 +92,9 @@ def check_host(host: Host, sudo_password: str | None) -> HostHealth:
         with Session(host, sudo_password) as s:
             facts, checks, _, stdout = probe(s, extra=EXTRA)
     except RemoteError as e:
-        out.findings = [failed("ssh.reachable", e.message, e.remedy)]
+        # a probe that came back unreadable (cut, nothing parseable) is not a host that cannot be reached
+        out.reachable = e.kind == "probe"
+        out.findings = [failed("facts.parse" if e.kind == "probe" else "ssh.reachable", e.message, e.remedy)]
         out.seconds = time.monotonic() - t0
         return out
     out.reachable = True

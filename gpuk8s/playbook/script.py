@@ -77,6 +77,7 @@ gk_step() { # N RESTARTS
 }
 GK_TMP=$(mktemp -d) || { echo "@@gpuk8s-fatal cannot create a temporary directory"; exit 1; }
 trap 'rm -rf "$GK_TMP"' EXIT
+trap 'exit 130' HUP INT TERM PIPE  # dash runs the EXIT trap on exit, not when a signal kills it (a dry run too)
 if [ "$GK_DRY" != 1 ]; then
   mkdir -p "$GK_DIR" || { echo "@@gpuk8s-fatal cannot create $GK_DIR"; exit 1; }
   exec 9>>"$GK_DIR/lock"

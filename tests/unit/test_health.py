@@ -54,10 +54,12 @@ KERNEL = {
     "kernel-xid-79-no-pid-journalctl-pop-3363.txt": ([("0000:01:00", 79)], ("0000:01:00",)),
     "kernel-xid-79-pid-journalctl-ogkm-1010.txt": ([("0000:01:00", 79)], ("0000:01:00",)),
     "kernel-fallen-off-bus-570-multiline-nvsentinel-155.txt": ([], ("0000:b3:00",)),
+    "kernel-xid-120-154-reset-required-dmesg-T-sirzzang.txt": ([("0000:2a:00", 120), ("0000:2a:00", 154)], ()),
 }
 NVLINK = {
     "nvlink-s-a100x8-all-up-gpud.txt": (8, 12, ()),
     "nvlink-s-v100-two-inactive-azhpc-73.txt": (1, 6, (3, 5)),
+    "nvlink-s-b200-all-inactive-gpud-1085.txt": (1, 0, ()),
 }
 
 
@@ -246,11 +248,11 @@ def _klog(tmp_path: Path, journal: str | None, dmesg: str | None, dmesg_rc: int 
 
     from gpuk8s.health.run import EXTRA
 
-    func = re.search(r"^klog\(\) \{.*?^\}$", EXTRA, re.S | re.M)
+    func = re.search(r"^klog\(\) \{.*?^\}$.*?^klog_cut\(\) \{.*?^\}$", EXTRA, re.S | re.M)
     assert func is not None
     bin_ = tmp_path / "bin"
     bin_.mkdir(exist_ok=True)
-    for tool in ("sh", "grep", "head", "printf", "cat"):
+    for tool in ("sh", "grep", "head", "printf", "cat", "awk"):
         p = shutil.which(tool)
         if p:
             (bin_ / tool).unlink(missing_ok=True)
@@ -278,3 +280,58 @@ def test_the_kernel_section_reads_the_journal_else_dmesg_and_names_dmesgs_failur
     assert health_facts(None, None, (rc, out)).kernel_read is False
     rc, out = _klog(tmp_path, None, None)
     assert rc == 127 and "neither journalctl nor dmesg" in out
+
+
+# -- what an independent review of the first version found ---------------------------------------------------------
+
+def test_a_storm_of_application_xids_does_not_hide_a_later_fatal_one() -> None:
+    storm = "".join(f"NVRM: Xid (PCI:0000:19:00): 13, Graphics Exception {i}\n" for i in range(300))
+    tail = real("kernel-xid-79-no-pid-journalctl-pop-3363.txt") + \
+        "NVRM: Xid (PCI:0000:19:00): 48, pid='<unknown>', name=<unknown>, An uncorrectable double bit error\n"
+    k = parse_kernel_log(storm + tail)
+    assert len(k.xids) == 256 and k.more == 46 and k.fallen == ("0000:01:00",)
+    assert {(e.xid, e.bus, c) for e, c in k.firsts} == {(13, "0000:19:00", 300), (79, "0000:01:00", 1),
+                                                        (48, "0000:19:00", 1)}
+    by = {f.id: f for f in judge(HOST8, facts(), h100(kernel=storm + tail))}
+    assert by["health.xid"].status == "fail" and "Xid 48" in by["health.xid"].message and \
+        "Xid 79" in by["health.xid"].message
+    assert "Xid 13 (Graphics Engine Exception) x300" in by["health.xid-app"].message
+
+
+def test_an_xid_154_naming_a_reset_fails_and_a_gpu_that_reports_reset_required_fails() -> None:
+    by = {f.id: f for f in judge(HOST8, facts(), h100(kernel=real(
+        "kernel-xid-120-154-reset-required-dmesg-T-sirzzang.txt")))}
+    assert by["health.xid"].status == "fail"
+    assert "Xid 154 (GPU Recovery Action Changed: GPU Reset Required)" in by["health.xid"].message
+    assert "Xid 120 (GSP Error)" in by["health.xid"].message
+    text = real("smi-q-h100x8-535-hw-slowdown-gpud.txt")
+    line = "        Reset Required                    : No"
+    assert line in text
+    owed = health_facts((0, text.replace(line, line.replace("No", "Yes"), 1)), (0, ""), (0, ""))
+    by = {f.id: f for f in judge(HOST8, facts(), owed)}
+    assert by["health.xid"].status == "fail" and "GPU 0 (0000:19:00) reports GPU Reset Required" in \
+        by["health.xid"].message
+
+
+def test_nvlink_all_links_down_fails_where_nvlink_is_used_and_pcie_gpus_skip() -> None:
+    up = real("nvlink-s-a100x8-all-up-gpud.txt")
+    dark = real("nvlink-s-b200-all-inactive-gpud-1085.txt")
+    by = {f.id: f for f in judge(HOST8, facts(), h100(nvlink=up.rstrip("\n") + "\n" + dark))}
+    assert by["health.nvlink-down"].status == "fail" and "GPU 2 every link" in by["health.nvlink-down"].message
+    alone = {f.id: f for f in judge(HOST8, facts(), h100(nvlink=dark))}["health.nvlink-down"]
+    assert alone.status == "skip"  # PCIe GPUs without a bridge say the same for every GPU
+    assert {f.id: f for f in judge(HOST8, facts(), h100(nvlink=""))}["health.nvlink-down"].status == "skip"
+
+
+def test_a_cpu_host_named_is_skipped_not_failed() -> None:
+    from gpuk8s.facts.model import GPUInfo as G
+
+    cpu = replace(HOST8, gpus=0)
+    got = judge(cpu, facts(gpu=G("absent", None, None, None, ())), HealthFacts())
+    assert {f.status for f in got} == {"skip"} and len(got) == len(QUICK)
+
+
+def test_a_long_smi_line_without_a_colon_is_linear() -> None:
+    t0 = time.process_time()
+    parse_smi_query("GPU 00000000:01:00.0\n" + ("    a" + " " * 4000 + "b\n") * 2000)
+    assert time.process_time() - t0 < 2
