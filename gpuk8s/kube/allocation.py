@@ -22,6 +22,7 @@ compromised).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import re
@@ -109,6 +110,7 @@ class ResourceUse:
     allocatable: int
     planned: int | None = None  # what the node's GPU plan says it must expose; None: no plan for it
     pods: list[PodUse] = field(default_factory=list)
+    plugin_down: bool = False  # the node's device plugin pod is not running: the kubelet offers none of its devices
 
     @property
     def requested(self) -> int:
@@ -121,8 +123,10 @@ class ResourceUse:
     @property
     def unhealthy(self) -> int:
         """Devices the node has but does not offer: the device plugin marks a GPU unhealthy (an Xid, a GPU off the
-        bus) and the kubelet's allocatable drops below its capacity (HAMi's per-pod amounts are not devices)."""
-        return 0 if self.kind == "hami" else max(self.capacity - self.allocatable, 0)
+        bus) and the kubelet's allocatable drops below its capacity (HAMi's per-pod amounts are not devices). 0 while
+        the node's plugin pod is not running (restarted, upgraded): the kubelet then drops every device of it for a
+        while, and that is no GPU's fault."""
+        return 0 if self.kind == "hami" or self.plugin_down else max(self.capacity - self.allocatable, 0)
 
     @property
     def kind(self) -> str:
@@ -452,7 +456,7 @@ def _hami_total(res: str, hami: list[HamiGPU], gpus: int | None, plan: GPUPlan |
 
 
 def node_allocation(node: dict[str, Any], held: list[tuple[dict[str, Any], dict[str, int]]],
-                    plan: GPUPlan | None = None) -> NodeAllocation:
+                    plan: GPUPlan | None = None, plugin_down: bool = False) -> NodeAllocation:
     """One node's GPU resources: those it has (capacity), those its plan wants, and those its pods hold."""
     ns = state.node_state(node)
     status = node.get("status") if isinstance(node.get("status"), dict) else {}
@@ -476,7 +480,8 @@ def node_allocation(node: dict[str, Any], held: list[tuple[dict[str, Any], dict[
             total = _hami_total(res, hami, gpus, plan)
             use = ResourceUse(res, total, total)
         else:
-            use = ResourceUse(res, _qty(capacity.get(res, 0)), ns.allocatable_of(res), planned.get(res))
+            use = ResourceUse(res, _qty(capacity.get(res, 0)), ns.allocatable_of(res), planned.get(res),
+                              plugin_down=plugin_down)
         granted = _granted(hami, res) if res in HAMI_PER_POD else {}
         for p, req in held:
             pns, pname = _pod_id(p)
@@ -503,13 +508,21 @@ def allocation(nodes: list[dict[str, Any]], pods: list[dict[str, Any]], plans: d
                only: list[str] | None = None) -> ClusterAllocation:
     """The cluster's GPU allocation; `only`: these nodes (the footer then counts them alone)."""
     held = holding_pods(pods)
+    plugins = []  # gpuk8s's device plugin pods (is_device_plugin_pod: by owner, not by a look-alike name)
+    for p in pods:
+        md = p.get("metadata") if isinstance(p, dict) else None
+        if isinstance(md, dict) and str(md.get("name", "")).startswith(state.DEVICE_PLUGIN_POD_PREFIX):
+            with contextlib.suppress(StateError):
+                plugins.append(state.pod_state(p))
     out = []
     for n in nodes:
         try:
             name = state.name_of(n)
             if only and name not in only:
                 continue
-            a = node_allocation(n, held.get(name, []), (plans or {}).get(name))
+            plugin = state.device_plugin_pod(plugins, name)
+            down = plugin is not None and (plugin.phase != "Running" or bool(plugin.waiting))
+            a = node_allocation(n, held.get(name, []), (plans or {}).get(name), plugin_down=down)
         except StateError:
             continue
         if a.gpu_node or a.resources:

@@ -96,6 +96,17 @@ def test_gpus_the_device_plugin_marked_unhealthy_are_counted_and_shown(capsys: A
     assert al.allocation(NODES, PODS).nodes[0].resources[0].unhealthy == 0
     report.render(a)
     assert "7 (1 unhealthy)" in capsys.readouterr().out
+    # while the node's device plugin pod restarts the kubelet drops all its devices: no GPU's fault, not counted
+    restarting = {"apiVersion": "v1", "kind": "Pod",
+                  "metadata": {"name": "nvidia-device-plugin-daemonset-x1", "namespace": "kube-system",
+                               "ownerReferences": [{"kind": "DaemonSet", "name": "nvidia-device-plugin-daemonset"}]},
+                  "spec": {"nodeName": "gpu-a", "containers": [{"name": "p"}]},
+                  "status": {"phase": "Pending"}}
+    sick["status"]["allocatable"]["nvidia.com/gpu"] = "0"
+    [r] = al.allocation([sick], [restarting]).nodes[0].resources
+    assert (r.capacity, r.allocatable, r.unhealthy) == (8, 0, 0)
+    lookalike = {**restarting, "metadata": {**restarting["metadata"], "ownerReferences": []}}
+    assert al.allocation([sick], [lookalike]).nodes[0].resources[0].unhealthy == 8  # not gpuk8s's plugin pod
 
 
 def test_the_footer_counts_every_gpu_resource_of_the_cluster() -> None:
