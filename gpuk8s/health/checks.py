@@ -117,9 +117,9 @@ def _kernel(h: HealthFacts) -> list[Finding]:
     fallen = [b for b in h.kernel.fallen if b not in fatal.get(79, [])]
     out: list[Finding] = []
     if fatal or fallen or owed:
-        parts = [f"Xid {n} ({lookup(n).meaning}" + (f": {recovery_action(next(e for e, _ in firsts if e.xid == n))}"
-                                                    if n == 154 else "") + f") on {_gpu_names(h, sorted(set(b)))}"
-                 for n, b in sorted(fatal.items())]
+        action = {e.xid: recovery_action(e) for e, _ in reversed(firsts) if e.xid == 154 and is_fatal(e)}
+        parts = [f"Xid {n} ({lookup(n).meaning}" + (f": {action[n]}" if n in action else "")
+                 + f") on {_gpu_names(h, sorted(set(b)))}" for n, b in sorted(fatal.items())]
         parts += [f"GPU {b} fell off the bus (no Xid line)" for b in fallen]
         parts += [f"{_gpu_names(h, [b])} reports GPU Reset Required / Drain and Reset Recommended" for b in owed
                   if not any(b in buses for buses in fatal.values())]

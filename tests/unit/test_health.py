@@ -304,6 +304,11 @@ def test_an_xid_154_naming_a_reset_fails_and_a_gpu_that_reports_reset_required_f
     assert by["health.xid"].status == "fail"
     assert "Xid 154 (GPU Recovery Action Changed: GPU Reset Required)" in by["health.xid"].message
     assert "Xid 120 (GSP Error)" in by["health.xid"].message
+    calm = "NVRM: Xid (PCI:0000:19:00): 154, GPU recovery action changed from 0x1 (GPU Reset Required) to 0x0 (None)\n"
+    by = {f.id: f for f in judge(HOST8, facts(), h100(kernel=calm + real(
+        "kernel-xid-120-154-reset-required-dmesg-T-sirzzang.txt")))}
+    assert "Xid 154 (GPU Recovery Action Changed: GPU Reset Required)" in by["health.xid"].message  # not the None one
+    assert "Xid 154 (GPU Recovery Action Changed) x1" in by["health.xid-app"].message
     text = real("smi-q-h100x8-535-hw-slowdown-gpud.txt")
     line = "        Reset Required                    : No"
     assert line in text
