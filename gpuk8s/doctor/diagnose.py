@@ -55,8 +55,9 @@ def read_host(session: Session, runtime: str) -> HostEvidence:
 
 # What doctor reads of a busy cluster, narrowed by the API server (issue 27: a list is the cost of a run at scale):
 # pods that are not done (a Succeeded pod holds no GPU and has nothing wrong; a Failed one, e.g. rejected at
-# admission, stays), and only the pods' warning events: every event doctor reads is one (the scheduler's
-# FailedScheduling, the kubelet's FailedCreatePodSandBox, Failed, BackOff, ...: all of type Warning).
+# admission, stays), and only the pods' warning events: what doctor judges by is Warning (the scheduler's
+# FailedScheduling, the kubelet's FailedCreatePodSandBox, Failed, BackOff restarting a container, ...); the kubelet's
+# "Back-off pulling image" is Normal, and left out: its Warning "Failed to pull image" events say why.
 PODS_NOT_DONE = "status.phase!=Succeeded"
 POD_WARNINGS = "involvedObject.kind=Pod,type=Warning"
 
