@@ -1023,7 +1023,7 @@ def node_causes(name: str, ev: ClusterEvidence) -> list[Finding]:
     fid = f.id
     message = f.message
     kernel = host.kernel if host is not None and host.kernel is not None else None
-    kernel_fatal = [e for e, _ in kernel.firsts if xid_catalogue.lookup(e.xid).fatal] if kernel is not None else []
+    kernel_fatal = [e for e, _ in kernel.firsts if xid_catalogue.is_fatal(e)] if kernel is not None else []
     plugin_said = any(k in log for k in PLUGIN_UNHEALTHY)
     if fid == "gpu.fewer-registered" and (plugin_said or kernel_fatal or (kernel is not None and kernel.fallen)):
         # the plugin's word (XidCriticalError ... marking device as unhealthy) and the kernel's (NVRM: Xid ...)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuk8s.driver.xid import lookup
+from gpuk8s.driver.xid import is_fatal
 from gpuk8s.facts.health import KernelLog, parse_kernel_log
 from gpuk8s.facts.model import HostFacts
 from gpuk8s.facts.parse import ParseError, parse_probe, split_sections
@@ -88,7 +88,7 @@ class HostEvidence:
         if self.envvar_unprivileged is False:
             out.append(f"{TOOLKIT_CONFIG}: {ENVVAR_UNPRIVILEGED} = false")
         if self.kernel is not None:  # each Xid's first line, those that need a reset or a reboot first
-            firsts = sorted(self.kernel.firsts, key=lambda ec: not lookup(ec[0].xid).fatal)
+            firsts = sorted(self.kernel.firsts, key=lambda ec: not is_fatal(ec[0]))
             out += [f"kernel: {e.line}" + (f" (x{c})" if c > 1 else "") for e, c in firsts[:6]]
             out += [f"kernel: GPU {b} fell off the bus" for b in self.kernel.fallen
                     if not any(e.bus == b and e.xid == 79 for e in self.kernel.xids)]

@@ -11,7 +11,10 @@ new driver's Xid is seen, not silently dropped or blown up into a quarantine.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+
+from gpuk8s.facts.health import XidEvent
 
 
 @dataclass(frozen=True)
@@ -64,3 +67,18 @@ def lookup(number: int) -> Xid:
     return CATALOGUE.get(number) or Xid(number, "", "not in gpuk8s's Xid catalogue", "", False,
                                         "look the Xid up in NVIDIA's Xid catalogue "
                                         "(docs.nvidia.com/deploy/xid-errors)")
+
+
+_RECOVERY = re.compile(r"to 0x[0-9a-fA-F]{1,8} \(([^)]{1,60})\)")
+
+
+def recovery_action(e: XidEvent) -> str:
+    """The recovery action an Xid 154 says the GPU now needs ('GPU Reset Required', 'Drain and Reset', 'Node Reboot
+    Required'; the driver's 'GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)'), else ''."""
+    m = _RECOVERY.search(e.text) if e.xid == 154 else None
+    return "" if m is None or m.group(1) == "None" else m.group(1)
+
+
+def is_fatal(e: XidEvent) -> bool:
+    """The Xid needs a GPU reset or a reboot: NVIDIA's catalogue says so, or an Xid 154 names such an action."""
+    return lookup(e.xid).fatal or bool(recovery_action(e))

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from itertools import islice
 
 from gpuk8s.text import ascii_int, one_line
 
@@ -151,9 +152,7 @@ def parse_smi_query(text: str) -> tuple[GpuHealth, ...]:
             cur["slowdowns"] = tuple(slow)
             gpus.append(GpuHealth(**cur))  # type: ignore[arg-type]
 
-    for n, raw in enumerate(text.splitlines()):
-        if n >= MAX_LINES:
-            break
+    for raw in islice(text.splitlines(), MAX_LINES):
         line = raw[:400].rstrip()
         g = _GPU_LINE.fullmatch(line)
         if g:
@@ -243,9 +242,7 @@ def parse_nvlink_status(text: str) -> tuple[NvlinkGpu, ...]:
     out: list[NvlinkGpu] = []
     idx, name, links, dark = -1, "", 0, False
     inactive: list[int] = []
-    for n, raw in enumerate(text.splitlines()):
-        if n >= MAX_LINES:
-            break
+    for raw in islice(text.splitlines(), MAX_LINES):
         line = raw[:200].rstrip()
         g = _NVL_GPU.fullmatch(line)
         if g:
@@ -306,9 +303,7 @@ def parse_kernel_log(text: str) -> KernelLog:
     firsts: dict[tuple[int, str], list[object]] = {}  # (xid, bus) -> [first event, lines]
     more = 0
     announced: str | None = None  # the GPU of a 570+ "The NVIDIA GPU ..." line, until its text ends
-    for n, raw in enumerate(text.splitlines()):
-        if n >= MAX_LINES:
-            break
+    for raw in islice(text.splitlines(), MAX_LINES):
         at = raw.find("NVRM: ", 0, 200)
         if at < 0:
             continue

@@ -20,10 +20,8 @@ The quick level's checks, each with its source and threshold (docs/health.md):
 
 from __future__ import annotations
 
-import re
-
-from gpuk8s.driver.xid import lookup
-from gpuk8s.facts.health import HealthFacts, XidEvent
+from gpuk8s.driver.xid import is_fatal, lookup, recovery_action
+from gpuk8s.facts.health import HealthFacts
 from gpuk8s.facts.model import HostFacts
 from gpuk8s.findings import Finding, failed, passed, skipped
 from gpuk8s.gpuplan import is_gpu_node
@@ -80,21 +78,6 @@ def _count(host: Host, facts: HostFacts, h: HealthFacts) -> Finding:
                       "not list", "check the kernel log for the GPU (fallen off the bus, probe failed); reboot, "
                       "reseat or replace it")
     return passed("health.gpu-count", said + (" (as the inventory expects)" if want is not None else ""))
-
-
-_RECOVERY = re.compile(r"to 0x[0-9a-fA-F]{1,8} \(([^)]{1,60})\)")
-
-
-def recovery_action(e: XidEvent) -> str:
-    """The recovery action an Xid 154 says the GPU now needs ('GPU Reset Required', 'Drain and Reset', 'Node Reboot
-    Required'; the driver's 'GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)'), else ''."""
-    m = _RECOVERY.search(e.text) if e.xid == 154 else None
-    return "" if m is None or m.group(1) == "None" else m.group(1)
-
-
-def is_fatal(e: XidEvent) -> bool:
-    """The Xid needs a GPU reset or a reboot: NVIDIA's catalogue says so, or an Xid 154 names such an action."""
-    return lookup(e.xid).fatal or bool(recovery_action(e))
 
 
 def _kernel(h: HealthFacts) -> list[Finding]:

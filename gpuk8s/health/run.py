@@ -71,7 +71,7 @@ class HealthReport:
                             "seconds": round(self.seconds, 2)}}
 
 
-def read_health(host: Host, stdout: str) -> HealthFacts:
+def read_health(stdout: str) -> HealthFacts:
     """The health sections of one host's probe output."""
     try:
         s = split_sections(stdout)
@@ -100,7 +100,7 @@ def check_host(host: Host, sudo_password: str | None) -> HostHealth:
     out.reachable = True
     out.facts = facts
     bad = [c for c in checks if c.status == "fail"]  # sudo: the probe ran unprivileged, its answers are partial
-    out.health = read_health(host, stdout)
+    out.health = read_health(stdout)
     out.findings = bad + judge(host, facts, out.health)
     out.seconds = time.monotonic() - t0
     return out
