@@ -103,6 +103,9 @@ FINDINGS: dict[str, Spec] = {
     "node.not-ready": _v("the node's Ready condition is not True (the kubelet's message says why)"),
     "node.unreachable": _v("the host could not be reached over SSH, so its GPUs could not be checked"),
     "node.failed": _v("a failed node verdict that names no more specific id (its message says why)"),
+    "node.quarantined": Spec("warning", "the node has the taint gpuk8s.io/quarantine (its GPUs failed the health "
+                             "check before it joined): it takes no new pods and verify runs no test pod on it",
+                             ("verify", "health")),
     "gpu.plugin-missing": _v("the NVIDIA device plugin DaemonSet is not deployed"),
     "gpu.plugin-not-scheduled": _v("no device plugin pod on the node: the label nvidia.com/gpu.present=true is "
                                    "missing, or the plugin does not tolerate the node's taints"),
@@ -271,6 +274,8 @@ FINDINGS.update({
     "health.nvlink-down": _h("no NVLink link inactive (nvidia-smi nvlink -s)"),
     "health.clocks-slowdown": _h("no hardware clock slowdown (thermal or power brake) active", "warning"),
     "health.fabric": _h("on NVSwitch systems every GPU's fabric state is Completed, status Success"),
+    "health.release": _h("gpuk8s health --release: the quarantine taint is removed only from a node whose GPUs pass "
+                         "the check now"),
 })
 for _id in ("ssh.reachable", "ssh.sudo", "facts.parse"):  # a host health cannot reach is named as preflight names it
     FINDINGS[_id] = replace(FINDINGS[_id], sources=(*FINDINGS[_id].sources, "health"))

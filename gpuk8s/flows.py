@@ -34,6 +34,7 @@ from gpuk8s.phases.cni import CNI
 from gpuk8s.phases.driver import Driver
 from gpuk8s.phases.driver_upgrade import DriverUpgrade
 from gpuk8s.phases.gpu import GPUNodes
+from gpuk8s.phases.health import Health
 from gpuk8s.phases.init import Init
 from gpuk8s.phases.join import Join
 from gpuk8s.phases.kubeconfig import Kubeconfig
@@ -87,12 +88,13 @@ def install_phases(inv: Inventory, on_event: Callable[[Event], None] | None = No
                    measure_network: bool = False) -> list[Phase]:
     # driver and mig right after prepare: the module loaded and the MIG layout (and any reboot they need) before
     # kubelet and the device plugin start
-    return [Lock(), Prepare(on_event, measure_network), Driver(), Mig(), Init(), Kubeconfig(), CNI(inv.cluster.cni),
-            Join(), GPUNodes(), *([Monitoring()] if inv.monitoring.enabled else []), Verify()]
+    # health after the driver (a bare host is judged with its driver loaded) and before the GPUs are reset for MIG
+    return [Lock(), Prepare(on_event, measure_network), Driver(), Health(), Mig(), Init(), Kubeconfig(),
+            CNI(inv.cluster.cni), Join(), GPUNodes(), *([Monitoring()] if inv.monitoring.enabled else []), Verify()]
 
 
 def join_phases(on_event: Callable[[Event], None] | None = None) -> list[Phase]:
-    return [Lock(), Prepare(on_event), Driver(), Mig(), Join(), GPUNodes(), Verify()]
+    return [Lock(), Prepare(on_event), Driver(), Health(), Mig(), Join(), GPUNodes(), Verify()]
 
 
 def _run(ctx: Context, phases: list[Phase], dry_run: bool) -> ClusterReport:
@@ -107,6 +109,7 @@ def _run(ctx: Context, phases: list[Phase], dry_run: bool) -> ClusterReport:
         ctx.close()
     report.prepare = ctx.prepare_report
     report.nodes = ctx.nodes
+    report.findings = list(ctx.findings)
     report.kubeconfig = ctx.kubeconfig
     return report
 

@@ -29,6 +29,15 @@ HAMI_MEMORY = "nvidia.com/gpumem"  # MiB, HAMi's (charts/hami/values.yaml resour
 HAMI_CORES = "nvidia.com/gpucores"  # percent of one GPU (resourceCores)
 GPU_PRESENT = "nvidia.com/gpu.present"
 RUNTIME_HANDLER = "nvidia"
+# The taint of a node whose GPUs failed the health check before it joined (docs/health.md): its value the failing
+# finding's id; only `gpuk8s health --release` removes it
+QUARANTINE_KEY = "gpuk8s.io/quarantine"
+
+
+def quarantine_taint(finding_id: str) -> Taint:
+    return Taint(QUARANTINE_KEY, finding_id, "NoSchedule")
+
+
 # The label the device plugin's config-manager watches (deployments/helm/.../daemonset-device-plugin.yml NODE_LABEL)
 CONFIG_LABEL = "nvidia.com/device-plugin.config"
 # GPU Feature Discovery's label names (k8s-device-plugin internal/lm/resource.go baseLabeler), set by gpuk8s

@@ -9,6 +9,7 @@ import typer
 from gpuk8s.commands.common import HostProgress, finish, passwords, usage_error
 from gpuk8s.errors import GpuK8sError
 from gpuk8s.gpuplan import is_gpu_node
+from gpuk8s.health.release import release
 from gpuk8s.health.run import run_health
 from gpuk8s.options import InventoryOpt, Output, OutputOpt
 from gpuk8s.report import health as render
@@ -21,11 +22,17 @@ def register(app: typer.Typer, load_inventory: Callable[..., Any]) -> None:
         inventory: Path | None = InventoryOpt,  # noqa: UP007
         output: Output = OutputOpt,
         concurrency: int = typer.Option(16, "--concurrency", "-c", min=1, max=512, help="Hosts contacted at once."),
+        release_: bool = typer.Option(False, "--release", help="Remove the quarantine taint (gpuk8s.io/quarantine) "
+                                      "from each named node whose GPUs pass the check now."),
     ) -> None:
         """Check every GPU host's GPUs (the quick level: one round trip per host): GPU count, Xid errors since
         boot, uncorrectable ECC errors, retired pages and row remapping, PCIe link width, NVLink, clock slowdown,
-        NVSwitch fabric. Exit status 1 when a host is unhealthy or unreachable."""
+        NVSwitch fabric. Exit status 1 when a host is unhealthy or unreachable (or, with --release, kept in
+        quarantine)."""
         inv = load_inventory(inventory, output)
+        if release_ and not hosts:
+            usage_error(GpuK8sError("--release needs the nodes to release", "name them: gpuk8s health --release "
+                                    "NODE..."), output)
         by_name = {h.name: h for h in inv.hosts}
         unknown = [n for n in hosts or [] if n not in by_name]
         if unknown:
@@ -37,4 +44,6 @@ def register(app: typer.Typer, load_inventory: Callable[..., Any]) -> None:
         rep = run_health(chosen, concurrency=concurrency, sudo_passwords=passwords(inv),
                          on_host=lambda r: progress.host(r.host.name, r.ok, "healthy" if r.ok else "UNHEALTHY",
                                                          r.seconds))
+        if release_:
+            release(inv, rep, passwords(inv))
         finish(rep, output, lambda: render.render(rep))

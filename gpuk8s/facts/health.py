@@ -25,6 +25,7 @@ import re
 from dataclasses import dataclass, field
 from itertools import islice
 
+from gpuk8s.facts.parse import ParseError, split_sections
 from gpuk8s.text import ascii_int, one_line
 
 MAX_LINES = 200_000  # an 8-GPU `nvidia-smi -q` is ~1,650 lines; a kernel log section is cut at 256 KiB before this
@@ -353,7 +354,7 @@ def parse_kernel_log(text: str) -> KernelLog:
 
 @dataclass(frozen=True)
 class HealthFacts:
-    """What the health probe read (gpuk8s/health/probe.py): nvidia-smi -q per GPU, NVLink, the kernel log."""
+    """What the health sections read (gpuk8s/health/run.py): nvidia-smi -q per GPU, NVLink, the kernel log."""
 
     smi_read: bool = False
     smi_error: str = ""
@@ -377,3 +378,18 @@ def health_facts(smi: tuple[int, str] | None, nvlink: tuple[int, str] | None,
         kernel_read=kernel_ok,
         kernel_error="" if kernel_ok else one_line((kernel[1] if kernel else "not run").strip())[:300],
         kernel=parse_kernel_log(kernel[1]) if kernel is not None and kernel_ok else KernelLog())
+
+
+def read_health(stdout: str) -> HealthFacts:
+    """The health sections (SMI_SECTIONS, KERNEL_SECTION) of one host's probe output; a section that did not come
+    back reads as not run."""
+    try:
+        s = split_sections(stdout)
+    except ParseError:
+        s = {}
+
+    def sec(name: str) -> tuple[int, str] | None:
+        v = s.get(name)
+        return (v.rc, v.output) if v is not None else None
+
+    return health_facts(sec("health-smi-q"), sec("health-nvlink"), sec("health-kernel"))

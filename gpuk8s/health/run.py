@@ -15,9 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuk8s.facts.health import KERNEL_SECTION, SMI_SECTIONS, HealthFacts, health_facts
+from gpuk8s.facts.health import KERNEL_SECTION, SMI_SECTIONS, HealthFacts, read_health
 from gpuk8s.facts.model import HostFacts
-from gpuk8s.facts.parse import ParseError, split_sections
 from gpuk8s.findings import Finding, counts, failed
 from gpuk8s.health.checks import judge
 from gpuk8s.inventory.model import Host
@@ -71,26 +70,18 @@ class HealthReport:
                             "seconds": round(self.seconds, 2)}}
 
 
-def read_health(stdout: str) -> HealthFacts:
-    """The health sections of one host's probe output."""
-    try:
-        s = split_sections(stdout)
-    except ParseError:
-        s = {}
-
-    def sec(name: str) -> tuple[int, str] | None:
-        v = s.get(name)
-        return (v.rc, v.output) if v is not None else None
-
-    return health_facts(sec("health-smi-q"), sec("health-nvlink"), sec("health-kernel"))
-
-
 def check_host(host: Host, sudo_password: str | None) -> HostHealth:
+    with Session(host, sudo_password) as s:
+        return check_session(s)
+
+
+def check_session(session: Session) -> HostHealth:
+    """The quick level over an open (or not yet opened) connection: one round trip."""
+    host = session.host
     out = HostHealth(host)
     t0 = time.monotonic()
     try:
-        with Session(host, sudo_password) as s:
-            facts, checks, _, stdout = probe(s, extra=EXTRA)
+        facts, checks, _, stdout = probe(session, extra=EXTRA)
     except RemoteError as e:
         # a probe that came back unreadable (cut, nothing parseable) is not a host that cannot be reached
         out.reachable = e.kind == "probe"

@@ -146,10 +146,12 @@ def prepare(inv: Inventory, *, concurrency: int, ignore: set[str], sudo_password
             dry_run: bool = False, measure_network: bool = False,
             on_event: Callable[[Event], None] | None = None,
             sessions: dict[str, Session] | None = None,
-            wanted: Callable[[RenderedStep], bool] | None = None) -> PrepareReport:
+            wanted: Callable[[RenderedStep], bool] | None = None,
+            extra: Callable[[Host], str] | None = None) -> PrepareReport:
     """Preflight, then the playbooks on every host that passed. With `sessions`, connections stay open
     for the caller (install part 2 goes on over them) and the caller closes them. `wanted`: the steps to run
-    (upgrade leaves the Kubernetes packages to its node-by-node phases); default all."""
+    (upgrade leaves the Kubernetes packages to its node-by-node phases); default all. `extra`: sections preflight
+    runs after its probe on a host (run_preflight), read into its HostReport.health."""
     start = time.monotonic()
     own = sessions is None
     sessions = {} if sessions is None else sessions
@@ -162,7 +164,8 @@ def prepare(inv: Inventory, *, concurrency: int, ignore: set[str], sudo_password
 
     try:
         pre = run_preflight(inv, concurrency=concurrency, ignore=ignore, sudo_passwords=sudo_passwords,
-                            measure_network=measure_network, on_host=after_preflight, keep_sessions=sessions)
+                            measure_network=measure_network, on_host=after_preflight, keep_sessions=sessions,
+                            extra=extra)
         eligible = []
         for rep in pre.hosts:
             run = runs[rep.host.name]

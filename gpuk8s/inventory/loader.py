@@ -33,6 +33,7 @@ from gpuk8s.inventory.model import (
     Cluster,
     DriverSettings,
     GPUSharing,
+    HealthSettings,
     Host,
     InstallSettings,
     Inventory,
@@ -104,6 +105,8 @@ _IMAGE = re.compile(r"^[a-z0-9][a-z0-9._/-]*(:[0-9]+)?(/[a-z0-9._-]+)*(:[A-Za-z0
 _TOP_KEYS: tuple[str, ...] = ("cluster", "ssh", "hosts", "preflight", "install", "gpu_defaults", "gpu_groups")
 _TOP_KEYS += ("monitoring",)
 _TOP_KEYS += ("registry",)
+_TOP_KEYS += ("health",)
+_HEALTH_KEYS = ("before_join", "on_failure")
 # registry: (docs/mirrors.md; gpuk8s/mirrors.py turns it into image references and manifest URLs)
 _REGISTRY_KEYS = ("mirror", "overrides", "manifests", "credentials", "insecure_http", "ca_file")
 _CREDENTIAL_KEYS = ("env", "file")
@@ -369,8 +372,9 @@ class _Reader:
         self.sharing_across(hosts, install)
         monitoring = self.monitoring(top["monitoring"][1]) if "monitoring" in top else MonitoringSettings()
         registry = self.registry(top["registry"][1], cluster, install) if "registry" in top else RegistrySettings()
+        health = self.health(top["health"][1]) if "health" in top else HealthSettings()
         return Inventory(Path(self.filename), cluster, ssh, tuple(hosts), preflight, install,
-                         monitoring=monitoring, registry=registry)
+                         monitoring=monitoring, registry=registry, health=health)
 
     def cluster(self, node: Node) -> Cluster:
         readers: dict[str, Callable[[Node, str], Any]] = {
@@ -539,6 +543,14 @@ class _Reader:
             "ignore": self.check_ids,
         }
         return PreflightSettings(**self.fields(node, "preflight", _PREFLIGHT_KEYS, readers))
+
+    def health(self, node: Node) -> HealthSettings:
+        """The health section (docs/health.md): the check before a node joins and what a failure does."""
+        readers: dict[str, Callable[[Node, str], Any]] = {
+            "before_join": lambda n, k: self.choice(n, k, ("quick", "off")),
+            "on_failure": lambda n, k: self.choice(n, k, ("quarantine", "skip", "fail")),
+        }
+        return HealthSettings(**self.fields(node, "health", _HEALTH_KEYS, readers))
 
     def monitoring(self, node: Node) -> MonitoringSettings:
         """The monitoring section (docs/monitoring.md): every value reaches manifests or kubectl's argv."""

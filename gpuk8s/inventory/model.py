@@ -223,6 +223,16 @@ class MonitoringSettings:
 
 
 @dataclass(frozen=True)
+class HealthSettings:
+    """The health section (docs/health.md): the GPU health check install and join run before a node joins."""
+
+    before_join: Literal["quick", "off"] = "quick"
+    # quarantine: joined with the taint gpuk8s.io/quarantine=<finding>:NoSchedule; skip: not joined; fail: the run
+    # stops before any node is initialised or joined
+    on_failure: Literal["quarantine", "skip", "fail"] = "quarantine"
+
+
+@dataclass(frozen=True)
 class RegistrySettings:
     """Where container images and CNI manifests come from (inventory `registry:`); docs/mirrors.md.
 
@@ -254,6 +264,7 @@ class Inventory:
     warnings: tuple[Problem, ...] = ()
     monitoring: MonitoringSettings = field(default_factory=MonitoringSettings)
     registry: RegistrySettings = field(default_factory=RegistrySettings)
+    health: HealthSettings = field(default_factory=HealthSettings)
 
     @property
     def control_planes(self) -> list[Host]:

@@ -370,6 +370,7 @@ class NodeAllocation:
     metrics: list[GPUMetric] = field(default_factory=list)
     metrics_note: str = ""  # why there are no metrics ("" when read, or monitoring is off)
     hami_gpus: list[HamiGPU] = field(default_factory=list)  # HAMi's per-GPU view; empty: no HAMi here
+    quarantine: str = ""  # the gpuk8s.io/quarantine taint's value (the health finding it failed); '' without one
 
     def to_json(self) -> dict[str, Any]:
         return {"node": self.node, "ready": self.ready, "gpu_node": self.gpu_node, "sharing": self.sharing,
@@ -377,7 +378,7 @@ class NodeAllocation:
                 "mig_strategy": self.mig_strategy,
                 "resources": [r.to_json() for r in self.resources],
                 "metrics": [m.to_json() for m in self.metrics], "metrics_note": self.metrics_note,
-                "hami_gpus": [g.to_json() for g in self.hami_gpus]}
+                "hami_gpus": [g.to_json() for g in self.hami_gpus], "quarantine": self.quarantine}
 
 
 @dataclass
@@ -501,7 +502,7 @@ def node_allocation(node: dict[str, Any], held: list[tuple[dict[str, Any], dict[
     return NodeAllocation(ns.name, ns.ready, bool(plan.gpu_node) if plan is not None else bool(
         labels.get(gpuplan.GPU_PRESENT) == "true" or any(r.allocatable for r in resources)),
         sharing or "none", replicas or 1, gpus, resources, mig, strategy,
-        hami_gpus=hami)
+        hami_gpus=hami, quarantine=state.quarantined(node))
 
 
 def allocation(nodes: list[dict[str, Any]], pods: list[dict[str, Any]], plans: dict[str, GPUPlan] | None = None,

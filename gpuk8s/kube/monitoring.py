@@ -19,7 +19,7 @@ import jinja2
 import yaml
 
 from gpuk8s import mirrors, versions
-from gpuk8s.gpuplan import GPU_PRESENT, GPU_RESOURCE, GPUPlan
+from gpuk8s.gpuplan import GPU_PRESENT, GPU_RESOURCE, QUARANTINE_KEY, GPUPlan
 from gpuk8s.inventory.model import Inventory
 from gpuk8s.kube.client import KubeClient
 from gpuk8s.kube.manifests import Manifest, applied_by_gpuk8s
@@ -63,8 +63,10 @@ def gpu_plans(plans: dict[str, GPUPlan]) -> list[GPUPlan]:
 
 
 def tolerations(plans: dict[str, GPUPlan]) -> list[dict[str, str]]:
-    """The device plugin's toleration, and one per taint the GPU plan puts on any GPU node."""
-    out: list[dict[str, str]] = [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
+    """The device plugin's tolerations (its GPUs' and the quarantine's: a quarantined node's GPUs are still watched),
+    and one per taint the GPU plan puts on any GPU node."""
+    out: list[dict[str, str]] = [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"},
+                                 {"key": QUARANTINE_KEY, "operator": "Exists", "effect": "NoSchedule"}]
     for p in gpu_plans(plans):
         for t in p.taints:
             tol = ({"key": t.key, "operator": "Equal", "value": t.value, "effect": t.effect} if t.value

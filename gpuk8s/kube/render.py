@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import secrets
 import shlex
+from collections.abc import Sequence
 from typing import Any
 
 import yaml
@@ -15,7 +16,7 @@ import yaml
 from gpuk8s import gpuplan, mirrors, versions
 from gpuk8s.facts.model import CRI_SOCKETS
 from gpuk8s.gpuplan import GPU_RESOURCE
-from gpuk8s.inventory.model import Host, Inventory
+from gpuk8s.inventory.model import Host, Inventory, Taint
 from gpuk8s.kube import manifests as kube_manifests
 from gpuk8s.kube.client import label_args, taint_args
 from gpuk8s.versions import Release
@@ -84,14 +85,23 @@ def upload_certs_config(inv: Inventory, certificate_key: str) -> str:
                            "certificateKey": certificate_key}, sort_keys=False)
 
 
+# kubeadm's default taint of a control plane, which nodeRegistration.taints replaces when it is set
+CONTROL_PLANE_TAINT = {"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}
+
+
 def join_config(inv: Inventory, host: Host, api_endpoint: str, token: str, ca_hash: str,
-                certificate_key: str | None = None) -> str:
+                certificate_key: str | None = None, taints: Sequence[Taint] = ()) -> str:
+    """`taints`: the node registers with them (a quarantined node: no pod lands on it before the gpu phase);
+    kubeadm then leaves out its own default, so a control plane's is added back."""
     doc: dict[str, Any] = {
         "apiVersion": api_version(inv), "kind": "JoinConfiguration",
         "discovery": {"bootstrapToken": {"apiServerEndpoint": api_endpoint, "token": token,
                                          "caCertHashes": [ca_hash]}},
         "nodeRegistration": {"name": host.name, "criSocket": CRI_SOCKETS[inv.cluster.container_runtime]},
     }
+    if taints:
+        doc["nodeRegistration"]["taints"] = ([dict(CONTROL_PLANE_TAINT)] if host.is_control_plane else []) + [
+            {"key": t.key, **({"value": t.value} if t.value else {}), "effect": t.effect} for t in taints]
     if host.is_control_plane:
         doc["controlPlane"] = {"localAPIEndpoint": {"advertiseAddress": host.address, "bindPort": 6443},
                                "certificateKey": certificate_key}

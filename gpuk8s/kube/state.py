@@ -18,7 +18,7 @@ from typing import Any
 from gpuk8s import findings
 from gpuk8s.errors import GpuK8sError
 from gpuk8s.findings import Finding
-from gpuk8s.gpuplan import GPU_PRESENT
+from gpuk8s.gpuplan import GPU_PRESENT, QUARANTINE_KEY
 
 GPU_RESOURCE = "nvidia.com/gpu"
 DEVICE_PLUGIN = "nvidia-device-plugin-daemonset"
@@ -266,6 +266,7 @@ class NodeCheck:
     remedy: str = ""
     resource: str = GPU_RESOURCE  # what expected_gpus and allocatable_gpus count (nvidia.com/gpu.shared, ...)
     proof: str = ""  # on a shared node: what the sharing proof showed
+    quarantine: str = ""  # the node's gpuk8s.io/quarantine taint's value (the finding it failed): not verified
 
     def __post_init__(self) -> None:
         if not self.ok and not self.cause_id:
@@ -278,6 +279,13 @@ class NodeCheck:
 
     def finding(self) -> Finding:
         subject = findings.node(self.node)
+        if self.quarantine:
+            return findings.failed(
+                "node.quarantined", f"quarantined ({self.quarantine}): no test pod; "
+                f"{self.allocatable_gpus} of {self.expected_gpus} GPU(s) allocatable"
+                + (f" ({self.cause})" if not self.ok and self.cause else ""),
+                f"gpuk8s health {self.node} names the fault; once it is fixed: gpuk8s health --release {self.node}",
+                subject=subject, evidence=[*self.evidence, *self._facts()])
         if self.ok:
             msg = "Ready, " + (f"{self.allocatable_gpus} of {self.expected_gpus} GPU(s) schedulable"
                                if self.expected_gpus else "no GPU expected")
@@ -542,9 +550,12 @@ def pod_progress(pod: PodState | None) -> str:
 
 
 def summary(checks: list[NodeCheck]) -> str:
-    bad = [c for c in checks if not c.ok]
-    gpus = sum(c.allocatable_gpus for c in checks)
-    return (f"{len(checks) - len(bad)}/{len(checks)} nodes ok, {gpus} GPU(s) schedulable"
+    """One line: nodes ok, GPUs schedulable (a quarantined node's are not: it takes no new pods), the failures."""
+    held = [c for c in checks if c.quarantine]
+    bad = [c for c in checks if not c.ok and not c.quarantine]
+    gpus = sum(c.allocatable_gpus for c in checks if not c.quarantine)
+    return (f"{len(checks) - len(bad) - len(held)}/{len(checks)} nodes ok, {gpus} GPU(s) schedulable"
+            + (f", {len(held)} quarantined ({', '.join(c.node for c in held)})" if held else "")
             + (": " + "; ".join(f"{c.node}: {c.cause}" for c in bad) if bad else ""))
 
 
@@ -556,6 +567,18 @@ def label_changes(want: dict[str, str], node: NodeState,
         if k in node.labels and k not in want:
             out[k] = None
     return out
+
+
+def quarantined(node: Any) -> str:
+    """The value of a node object's quarantine taint (the finding its GPUs failed before it joined; docs/health.md),
+    '' without one, without a node or for an unreadable one."""
+    if node is None:
+        return ""
+    try:
+        taints = node_state(node).taints
+    except StateError:
+        return ""
+    return next((v or "unknown" for k, v, _ in sorted(taints) if k == QUARANTINE_KEY), "")
 
 
 def missing_taints(want: list[tuple[str, str, str]], node: NodeState) -> list[tuple[str, str, str]]:

@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from gpuk8s.errors import GpuK8sError
+from gpuk8s.facts.health import HealthFacts
 from gpuk8s.facts.model import HostFacts
+from gpuk8s.findings import Finding
 from gpuk8s.gpuplan import GPUPlan
 from gpuk8s.inventory.model import Host, Inventory
 from gpuk8s.kube.client import ADMIN, KubeClient, SSHKubectl
@@ -111,6 +113,15 @@ class Context:
     initialized_cache: bool | None = None
     api_problem: str = ""  # admin.conf exists but the API server did not answer (initialized())
     prepare_report: Any = None  # install.prepare.PrepareReport, when the flow prepared hosts
+    # the GPU health sections preflight read with a host's facts (inventory health.before_join): the facts object
+    # they came with, so that the health phase reads a host again once a later phase re-read its facts (a driver
+    # installed, a reboot)
+    health: dict[str, tuple[HostFacts, HealthFacts]] = field(default_factory=dict)
+    # nodes joined (or kept) with the quarantine taint by this run's health phase: node -> the failing finding's id
+    quarantine: dict[str, str] = field(default_factory=dict)
+    # hosts a phase left out of the cluster phases on purpose: host -> why (the health phase's skip)
+    held: dict[str, str] = field(default_factory=dict)
+    findings: list[Finding] = field(default_factory=list)  # per host, where a phase gives them (health): the report's
 
     def close(self) -> None:
         """Release what the run holds (the cluster lock), then close every connection."""

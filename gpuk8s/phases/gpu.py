@@ -15,9 +15,11 @@ from gpuk8s.gpuplan import (
     HAMI_NODE_VALUE,
     MANAGED_LABELS,
     MANAGED_PREFIXES,
+    QUARANTINE_KEY,
     REPLICAS_LABEL,
     STRATEGY_LABEL,
     GPUPlan,
+    quarantine_taint,
 )
 from gpuk8s.kube import manifests, state
 from gpuk8s.kube.client import label_args, taint_args
@@ -65,13 +67,20 @@ def owned_labels(node: state.NodeState) -> tuple[str, ...]:
         k for k in sorted(node.labels) if k.startswith(MANAGED_PREFIXES))
 
 
-def node_changes(plan: GPUPlan, node: state.NodeState) -> tuple[dict[str, str | None], list[str]]:
-    """The labels to set (None: to remove) and the taints to add so that the node matches its plan; a label the
-    plan cannot decide (no facts for the host) is neither set nor removed."""
-    missing = state.missing_taints([(t.key, t.value, t.effect) for t in plan.taints], node)
+def node_changes(plan: GPUPlan, node: state.NodeState,
+                 quarantine: str | None = None) -> tuple[dict[str, str | None], list[str]]:
+    """The labels to set (None: to remove) and the taints to add so that the node matches its plan, and the
+    quarantine taint where the health phase put the node in quarantine (`quarantine`: the failing finding's id); a
+    label the plan cannot decide (no facts for the host) is neither set nor removed. No taint is ever removed
+    here: the quarantine's only by `gpuk8s health --release`."""
+    want = [*plan.taints, *([quarantine_taint(quarantine)] if quarantine else [])]
+    # a quarantined node keeps the finding it was quarantined for first: a second one does not overwrite it
+    if quarantine and any(k == QUARANTINE_KEY for k, _, _ in node.taints):
+        want = list(plan.taints)
+    missing = state.missing_taints([(t.key, t.value, t.effect) for t in want], node)
     owned = tuple(k for k in owned_labels(node) if plan.decides(k))
     return (state.label_changes({k: v for k, v in plan.labels.items() if plan.decides(k)}, node, owned),
-            [str(t) for t in plan.taints if (t.key, t.value, t.effect) in missing])
+            [str(t) for t in want if (t.key, t.value, t.effect) in missing])
 
 
 class GPUNodes(Phase):
@@ -89,7 +98,7 @@ class GPUNodes(Phase):
                 continue
             try:
                 ns = state.node_state(nodes[name])
-                diff = node_changes(plan, ns)
+                diff = node_changes(plan, ns, ctx.quarantine.get(name))
                 self._was_shared[name] = ns.labels.get(STRATEGY_LABEL, "none") != "none"
             except StateError as e:
                 raise PhaseError(f"the node object of {name} is unreadable: {e}", "see the log file") from None

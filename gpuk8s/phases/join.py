@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import re
 
-from gpuk8s.inventory.model import Host
+from gpuk8s.gpuplan import quarantine_taint
+from gpuk8s.inventory.model import Host, Taint
 from gpuk8s.kube import render, state
 from gpuk8s.logs import register_secret
 from gpuk8s.phases import shell
@@ -44,7 +45,8 @@ class Join(Phase):
                                                 size=0), stdin="the certificate key (minted at run time)"))
         for h in todo:
             placeholder = render.join_config(ctx.inv, h, render.endpoint(ctx.inv), "<token>", "sha256:<CA hash>",
-                                             "<certificate key>" if h.is_control_plane else None)
+                                             "<certificate key>" if h.is_control_plane else None,
+                                             self._taints(ctx, h))
             changes.append(Change(f"kubeadm join {h.name}", h.name,
                                   shell.command("kubeadm-join", config="/etc/kubernetes/gpuk8s-join-RANDOM.yaml",
                                                 size=len(placeholder.encode())), stdin=placeholder))
@@ -56,8 +58,8 @@ class Join(Phase):
         for h in present:
             r.hosts[h.name] = "already in the cluster"
         for h in todo:
-            if h.name not in ctx.sessions:  # not prepared: the prepare phase says why
-                r.hosts[h.name] = "skipped: not prepared"
+            if h.name not in ctx.sessions:  # not prepared, or held back: the phase that left it out says why
+                r.hosts[h.name] = f"skipped: {ctx.held.get(h.name, 'not prepared')}"
         todo = [h for h in todo if h.name in ctx.sessions]
         if not todo:
             r.status, r.message = "unchanged", "every prepared host is already in the cluster"
@@ -66,7 +68,8 @@ class Join(Phase):
 
         def one(h: Host) -> str:
             res = run_with_secret(ctx.sessions[h.name], "kubeadm-join", "join",
-                                  render.join_config(ctx.inv, h, api, token, ca_hash, key), timeout=900)
+                                  render.join_config(ctx.inv, h, api, token, ca_hash, key, self._taints(ctx, h)),
+                                  timeout=900)
             if "@@gpuk8s-joined-elsewhere" in res.stdout:
                 if ctx.kube.get("node", h.name):  # an earlier, interrupted run's kubeadm join finished meanwhile
                     return "joined (by an earlier run's kubeadm, which this run waited for)"
@@ -80,6 +83,9 @@ class Join(Phase):
             if not res.ok:
                 raise PhaseError(f"kubeadm join on {h.name} failed (exit status {res.exit_status}): {tail(res)}",
                                  f"fix the cause on {h.name} (can it reach {api}?), then re-run")
+            if h.name in ctx.quarantine:
+                ctx.emit(f"{h.name}: joined, quarantined")
+                return f"joined, quarantined ({quarantine_taint(ctx.quarantine[h.name])})"
             ctx.emit(f"{h.name}: joined")
             return "joined"
 
@@ -99,6 +105,11 @@ class Join(Phase):
         else:
             r.status, r.message = "changed", f"joined {len(todo)} host(s)"
         return r
+
+    @staticmethod
+    def _taints(ctx: Context, h: Host) -> list[Taint]:
+        """A host the health phase quarantined registers with the quarantine taint."""
+        return [quarantine_taint(ctx.quarantine[h.name])] if h.name in ctx.quarantine else []
 
     def _credentials(self, ctx: Context, control_plane: bool) -> tuple[str, str, str, str | None]:
         """(API endpoint, CA hash, token, certificate key or None), minted on the first control plane."""

@@ -13,11 +13,21 @@ from dataclasses import replace
 
 from gpuk8s import gpuplan
 from gpuk8s.facts.model import HostFacts
+from gpuk8s.gpuplan import is_gpu_node
+from gpuk8s.health.run import EXTRA
 from gpuk8s.install.prepare import Event, PrepareReport, prepare
-from gpuk8s.inventory.model import Inventory
+from gpuk8s.inventory.model import Host, Inventory
 from gpuk8s.phases.base import Change, Context, Phase, PhasePlan, PhaseResult
 from gpuk8s.preflight.runner import gather
 from gpuk8s.remote import Session, for_each_host
+
+
+def health_sections(inv: Inventory) -> Callable[[Host], str] | None:
+    """The health sections preflight runs with the probe on a GPU host, where the health phase will judge them
+    (health.before_join): they ride in preflight's round trip."""
+    if inv.health.before_join == "off":
+        return None
+    return lambda h: EXTRA if is_gpu_node(h) else ""
 
 
 def refresh_facts(sessions: dict[str, Session], concurrency: int) -> dict[str, HostFacts]:
@@ -49,7 +59,7 @@ class Prepare(Phase):
     def _prepare(self, ctx: Context, dry_run: bool) -> PrepareReport:
         rep = prepare(self._target(ctx), concurrency=ctx.concurrency, ignore=ctx.ignore,
                       sudo_passwords=ctx.sudo_passwords, dry_run=dry_run, measure_network=self.measure_network,
-                      on_event=self.on_event, sessions=ctx.sessions)
+                      on_event=self.on_event, sessions=ctx.sessions, extra=health_sections(ctx.inv))
         ctx.prepare_report = rep
         done = {h.host.name for h in rep.hosts if h.status == "done"}
         for name in [n for n in ctx.sessions if n not in done and n != ctx.cp.name]:
@@ -59,6 +69,8 @@ class Prepare(Phase):
                  if r.facts is not None and r.host.name in done and r.host.name not in changed}
         facts.update(refresh_facts({n: s for n, s in ctx.sessions.items() if n in changed}, ctx.concurrency))
         ctx.facts = facts
+        ctx.health = {r.host.name: (facts[r.host.name], r.health) for r in rep.preflight
+                      if r.health is not None and facts.get(r.host.name) is r.facts}
         ctx.plans = gpuplan.plans(ctx.inv, facts)
         return rep
 

@@ -159,12 +159,14 @@ class Verify(Phase):
         for c in checks:
             if ctx.plans[c.node].mig_strategy != "none":
                 mig_check(ctx, ctx.plans[c.node], c, nodes.get(c.node))
+            c.quarantine = state.quarantined(nodes.get(c.node)) if c.ready else ""  # not Ready: that is its verdict
         if ctx.options.test_pods:
-            self._test_pods(ctx, [c for c in checks if c.ok and c.expected_gpus])
-            self._sharing_proofs(ctx, [c for c in checks if c.ok and c.expected_gpus
-                                       and ctx.plans[c.node].sharing != "none"])
+            # a quarantined node is not tested: its GPUs failed the health check, and it takes no new pods
+            tested = [c for c in checks if c.ok and c.expected_gpus and not c.quarantine]
+            self._test_pods(ctx, tested)
+            self._sharing_proofs(ctx, [c for c in tested if ctx.plans[c.node].sharing != "none"])
         ctx.nodes = checks
-        bad = [c for c in checks if not c.ok]
+        bad = [c for c in checks if not c.ok and not c.quarantine]
         r = self.result("failed" if bad else "passed", state.summary(checks))
         if bad:
             r.remedy = "fix the named cause on each node, then run gpuk8s verify (or gpuk8s install) again"

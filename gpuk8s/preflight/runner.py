@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
+from gpuk8s.facts.health import HealthFacts, read_health
 from gpuk8s.facts.model import HostFacts
 from gpuk8s.facts.parse import ParseError, parse_probe
 from gpuk8s.inventory.model import Host, Inventory
@@ -36,6 +37,8 @@ class HostReport:
     checks: list[CheckResult] = field(default_factory=list)
     seconds: float = 0.0
     local_time: float | None = None
+    # the health sections' reading, where run_preflight was given `extra` for this host (install's health phase)
+    health: HealthFacts | None = None
 
     @property
     def failed(self) -> bool:
@@ -145,9 +148,12 @@ def _sudo_remedy(stderr: str, s: Session) -> str:
 def run_preflight(inv: Inventory, *, concurrency: int, ignore: set[str], sudo_passwords: dict[str, str],
                   network_seconds: float | None = None, measure_network: bool = True,
                   on_host: Callable[[HostReport], None] | None = None,
-                  keep_sessions: dict[str, Session] | None = None) -> Report:
+                  keep_sessions: dict[str, Session] | None = None,
+                  extra: Callable[[Host], str] | None = None) -> Report:
     """Preflight of every host. With `keep_sessions`, the open connections are handed over there
-    (the caller closes them) so that install goes on over the same connection."""
+    (the caller closes them) so that install goes on over the same connection. `extra`: sections to run after the
+    probe's on a host, in the same round trip (install's GPU health: gpuk8s/health/run.py EXTRA), read into
+    HostReport.health."""
     start = time.monotonic()
     reports = {h.name: HostReport(h) for h in inv.hosts}
     sessions: dict[str, Session] = {} if keep_sessions is None else keep_sessions
@@ -169,7 +175,11 @@ def run_preflight(inv: Inventory, *, concurrency: int, ignore: set[str], sudo_pa
         stage = "gathering its facts"
         checks: list[CheckResult] = []
         try:
-            facts, checks, now = gather(s, plan.prelude(host))
+            more = extra(host) if extra is not None else ""
+            facts, checks, now, stdout = probe(s, plan.prelude(host), more)
+            if more:
+                rep.health = read_health(stdout)
+            del stdout  # ~100 KB a host: never kept past its reading (512 hosts' outputs would be 50 MB)
             if keep_all:
                 sessions[host.name] = s
             else:

@@ -41,6 +41,8 @@ def render(alloc: al.ClusterAllocation) -> None:
                                                if n.mig else "")
         how = how.strip()
         node = f"{n.node}{'' if n.ready else ' (NotReady)'}"
+        if n.quarantine:  # gpuk8s health NODE says why; gpuk8s health --release NODE once it is fixed
+            node += f" (quarantined: {n.quarantine})"
         if not n.resources:
             rows.append([node, how, "-", 0, 0, 0, 0, ""])
         for i, r in enumerate(n.resources):

@@ -463,12 +463,12 @@ def test_preflight_decides_the_sources_once_per_run_not_per_host(monkeypatch):
         def close(self):
             pass
 
-    def gather(s, prelude=""):
+    def probe(s, prelude="", extra=""):
         preludes[s.host.name] = prelude
-        return parse_probe(PROBE), [], time.time()
+        return parse_probe(PROBE), [], time.time(), PROBE
 
     monkeypatch.setattr(runner, "Session", Dummy)
-    monkeypatch.setattr(runner, "gather", gather)
+    monkeypatch.setattr(runner, "probe", probe)
     rep = runner.run_preflight(i, concurrency=4, ignore=set(), sudo_passwords={}, measure_network=False)
     assert len(rep.hosts) == n + 1
     assert calls["needed"] == 1

@@ -231,10 +231,10 @@ def _inventory() -> Inventory:
     return Inventory(Path("inventory.yaml"), Cluster(), SSHSettings(), (WORKER,))
 
 
-def _run(monkeypatch: pytest.MonkeyPatch, gather: Callable[..., object],
+def _run(monkeypatch: pytest.MonkeyPatch, probe: Callable[..., object],
          check: Callable[..., object] | None = None) -> runner.Report:
     monkeypatch.setattr(runner, "Session", _DummySession)
-    monkeypatch.setattr(runner, "gather", gather)
+    monkeypatch.setattr(runner, "probe", probe)
     if check is not None:
         monkeypatch.setattr(runner, "check_host", check)
     return runner.run_preflight(_inventory(), concurrency=2, ignore=set(), sudo_passwords={},
@@ -262,7 +262,7 @@ def test_a_check_that_raises_fails_its_host(monkeypatch: pytest.MonkeyPatch) -> 
     records = _Records()
     logging.getLogger("gpuk8s.preflight").addHandler(records)
     try:
-        rep = _run(monkeypatch, lambda s, *prelude: (facts, reached, time.time()), boom)
+        rep = _run(monkeypatch, lambda s, *prelude: (facts, reached, time.time(), PROBE), boom)
     finally:
         logging.getLogger("gpuk8s.preflight").removeHandler(records)
     (host,) = rep.hosts
@@ -277,11 +277,11 @@ def test_a_check_that_raises_fails_its_host(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_a_parser_that_raises_fails_its_host(monkeypatch: pytest.MonkeyPatch) -> None:
-    def gather(_: object, *prelude: object) -> object:
+    def probe(_: object, *prelude: object) -> object:
         raise KeyError("sysctl")
 
     _DummySession.closed = 0
-    rep = _run(monkeypatch, gather)
+    rep = _run(monkeypatch, probe)
     (host,) = rep.hosts
     assert not rep.ok and host.failed and _DummySession.closed == 1
     assert [(c.id, c.status) for c in host.checks] == [("facts.parse", "fail")]

@@ -15,7 +15,7 @@ from gpuk8s.phases.prepare import Prepare
 
 INV = loads("hosts:\n  - {name: cp, address: 192.0.2.1, role: control-plane}\n"
             "  - {name: gpu-1, address: 192.0.2.2, role: worker, gpus: 8}\n")
-INSTALL = ["lock", "prepare", "driver", "mig", "init", "kubeconfig", "cni", "join", "gpu", "verify"]
+INSTALL = ["lock", "prepare", "driver", "health", "mig", "init", "kubeconfig", "cni", "join", "gpu", "verify"]
 
 
 def _names(phases: list) -> list[tuple[str, bool]]:

@@ -526,7 +526,11 @@ def _admit(req: dict[str, Any]) -> dict[str, Any]:
             return {"ok": False, "error": "error downloading certs: error decoding certificate key: the "
                         "certificate key does not match, or the kubeadm-certs Secret has expired"}
         role = "control-plane" if req.get("control_plane") else "worker"
-        s.setdefault("nodes", {})[req["name"]] = {"host": req["host"], "role": role, "labels": {}, "taints": [],
+        # nodeRegistration.taints of the JoinConfiguration: the node registers with them (the kubelet's
+        # --register-with-taints)
+        taints = [{k: str(t[k]) for k in ("key", "value", "effect") if t.get(k) is not None}
+                  for t in req.get("taints") or [] if isinstance(t, dict) and t.get("key") and t.get("effect")]
+        s.setdefault("nodes", {})[req["name"]] = {"host": req["host"], "role": role, "labels": {}, "taints": taints,
                                                   "created": _now()}
         return {"ok": True}
 
@@ -560,7 +564,8 @@ def _join(h: Any, args: list[str]) -> int:
     try:
         with socket.create_connection((host, int(port or PORT)), timeout=5) as c:
             c.sendall((json.dumps({"token": token, "ca_hashes": hashes, "control_plane": control_plane,
-                                   "certificate_key": cert_key, "name": name, "host": spec["name"]}) + "\n").encode())
+                                   "certificate_key": cert_key, "name": name, "host": spec["name"],
+                                   "taints": cfg.get("nodeRegistration", {}).get("taints")}) + "\n").encode())
             c.settimeout(10)
             reply = json.loads(c.makefile().readline() or "{}")
     except (OSError, ValueError) as e:

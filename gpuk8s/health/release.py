@@ -1,0 +1,50 @@
+"""`gpuk8s health --release HOST...`: the quarantine taint removed from each named node whose GPUs pass the check
+now (docs/health.md). Only the taint gpuk8s put there (key gpuk8s.io/quarantine) is removed, through kubectl on the
+first control plane; a node still unhealthy keeps it."""
+
+from __future__ import annotations
+
+from gpuk8s import findings
+from gpuk8s.errors import GpuK8sError
+from gpuk8s.gpuplan import QUARANTINE_KEY
+from gpuk8s.health.run import HealthReport
+from gpuk8s.inventory.model import Inventory
+from gpuk8s.kube import state
+from gpuk8s.kube.client import KubeClient, SSHKubectl
+from gpuk8s.remote import Session
+
+
+def release(inv: Inventory, report: HealthReport, sudo_passwords: dict[str, str]) -> None:
+    """Add a health.release finding to every host of `report`, removing the quarantine taint where the host is
+    healthy now; the first control plane unreachable (or its API) fails every host's."""
+    cp = inv.control_planes[0]
+    try:
+        with Session(cp, sudo_passwords.get(cp.name)) as s:
+            release_with(SSHKubectl(s), report)
+    except GpuK8sError as e:  # unreachable, kubectl failed, a node object unreadable
+        for h in report.hosts:
+            h.findings.append(findings.failed(
+                "health.release", f"not released: the cluster could not be read through {cp.name}: {e.message}",
+                e.remedy or f"bring {cp.name} back, then run gpuk8s health --release again"))
+
+
+def release_with(kube: KubeClient, report: HealthReport) -> None:
+    nodes = state.by_name(kube.get("nodes"))
+    for h in report.hosts:
+        name = h.host.name
+        was = state.quarantined(nodes.get(name))
+        if name not in nodes:
+            f = findings.skipped("health.release", "not a node of the cluster: nothing to release")
+        elif not was:
+            f = findings.passed("health.release", "not quarantined")
+        elif not h.ok:
+            bad = next((x for x in h.findings if not x.ok), None)
+            f = findings.failed("health.release", f"kept in quarantine ({was}): its GPUs fail the check now"
+                                + (f" ({bad.id})" if bad else ""),
+                                "fix the fault the findings above name (reset the GPU, reboot, or replace it), then "
+                                "run gpuk8s health --release again")
+        else:
+            kube.taint(name, [f"{QUARANTINE_KEY}:NoSchedule-"])
+            f = findings.passed("health.release", f"released: the quarantine taint ({was}) removed, the node takes "
+                                "pods again")
+        h.findings.append(f)
