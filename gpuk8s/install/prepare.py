@@ -132,10 +132,17 @@ class Event:
     status: str = ""
 
 
-def blocking_checks(checks: list[CheckResult]) -> list[CheckResult]:
+# Preflight findings that the health phase judges itself (as health.gpu-count) where it runs on the host: its policy
+# (quarantine, skip, fail; docs/health.md) decides what a GPU missing does, not preflight
+JUDGED_BY_HEALTH = frozenset({"gpu.count"})
+
+
+def blocking_checks(checks: list[CheckResult], health: bool = False) -> list[CheckResult]:
     """The failed preflight checks that keep a host from being prepared: every failure except those the
-    playbooks fix themselves (FIXED_BY_INSTALL)."""
-    return [c for c in checks if c.status == "fail" and c.id not in FIXED_BY_INSTALL]
+    playbooks fix themselves (FIXED_BY_INSTALL) and, where the health phase judges the host (`health`), those it
+    judges (JUDGED_BY_HEALTH)."""
+    fine = FIXED_BY_INSTALL | JUDGED_BY_HEALTH if health else FIXED_BY_INSTALL
+    return [c for c in checks if c.status == "fail" and c.id not in fine]
 
 
 def owner() -> str:
@@ -159,8 +166,11 @@ def prepare(inv: Inventory, *, concurrency: int, ignore: set[str], sudo_password
     runs = {h.name: HostRun(h) for h in inv.hosts}
     playbooks = [load_playbook(n) for n in playbooks_for(inv)]
 
+    def blocking(rep: HostReport) -> list[CheckResult]:
+        return blocking_checks(rep.checks, health=bool(extra and extra(rep.host)))
+
     def after_preflight(rep: HostReport) -> None:
-        emit(Event(rep.host.name, "preflight", status="ok" if not blocking_checks(rep.checks) else "blocked"))
+        emit(Event(rep.host.name, "preflight", status="ok" if not blocking(rep) else "blocked"))
 
     try:
         pre = run_preflight(inv, concurrency=concurrency, ignore=ignore, sudo_passwords=sudo_passwords,
@@ -174,9 +184,9 @@ def prepare(inv: Inventory, *, concurrency: int, ignore: set[str], sudo_password
                 c = rep.checks[0] if rep.checks else None
                 run.message = c.message if c else "not reachable"
                 run.remedy = c.remedy if c else ""
-            elif blocking_checks(rep.checks):
+            elif blocking(rep):
                 run.status = "blocked"
-                bad = blocking_checks(rep.checks)
+                bad = blocking(rep)
                 run.message = "preflight failed: " + "; ".join(f"{c.id}: {c.message}" for c in bad)
                 run.remedy = bad[0].remedy + f" (or re-run with --ignore {bad[0].id} to prepare it anyway)"
             else:

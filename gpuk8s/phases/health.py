@@ -51,7 +51,10 @@ class Health(Phase):
         else:
             res = check_session(ctx.sessions[h.name])
             found = res.findings
-        return [f.about(findings.host(h.name)) for f in found if f.status == "fail"]
+        bad = [f.about(findings.host(h.name)) for f in found if f.status == "fail"]
+        # the cause first: a GPU missing from the count is what an Xid 79 leaves behind, so the Xid names the
+        # quarantine where both fail
+        return sorted(bad, key=lambda f: f.id == "health.gpu-count")
 
     def plan(self, ctx: Context) -> PhasePlan:
         if ctx.inv.health.before_join == "off":

@@ -1053,11 +1053,14 @@ PLUGIN_SKIPPED_XIDS = {13, 31, 43, 45, 68, 109}
 
 
 def _xid_sick(host: str) -> dict[int, int]:
-    """GPU index -> the first Xid the plugin counts against it, from the host's health (tests/lab/fleet.py)."""
+    """GPU index -> the first Xid the plugin counts against it, from the host's health (tests/lab/fleet.py). A GPU
+    off the bus is not among the plugin's devices (_gpus_on leaves it out, as NVML does for a plugin started after
+    the GPU was lost): its Xid marks nothing."""
     state = _read_json(_hp(host, "var_lib/gpuk8s-lab/state.json"))
+    lost = {int(g) for g in (state.get("health") or {}).get("lost") or []}
     out: dict[int, int] = {}
     for e in (state.get("health") or {}).get("xid") or []:
-        if int(e["xid"]) not in PLUGIN_SKIPPED_XIDS:
+        if int(e["xid"]) not in PLUGIN_SKIPPED_XIDS and int(e["gpu"]) not in lost:
             out.setdefault(int(e["gpu"]), int(e["xid"]))
     return out
 
