@@ -1,0 +1,234 @@
+"""Health before a node joins (issue 32): the health phase's policies (quarantine, skip, fail) on judged facts from
+real texts, the quarantine taint in kubeadm's JoinConfiguration and in the gpu phase, verify's verdict on a
+quarantined node, `gpuk8s health --release`, the inventory's health section and preflight's gpu.count left to the
+health phase."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpuk8s import gpuplan
+from gpuk8s.facts.health import HealthFacts, health_facts
+from gpuk8s.health.release import release_with
+from gpuk8s.health.run import HealthReport, HostHealth
+from gpuk8s.install.prepare import blocking_checks
+from gpuk8s.inventory import InventoryError, loads
+from gpuk8s.inventory.model import Cluster, HealthSettings, Host, Inventory, SSHSettings
+from gpuk8s.kube import render, state
+from gpuk8s.kube.state import NodeCheck
+from gpuk8s.phases import health as phase
+from gpuk8s.phases.base import Context
+from gpuk8s.phases.gpu import node_changes
+from gpuk8s.preflight.result import failed, passed
+from tests.unit.fakekube import FakeKube
+from tests.unit.test_checks import facts
+from tests.unit.test_health import real
+
+CP = Host("cp", "10.0.0.10", "control-plane", SSHSettings())
+GOOD, BAD, REMAP = (Host(n, f"10.0.0.{i}", "worker", SSHSettings(), gpus=8)
+                    for i, n in ((11, "good"), (12, "bad"), (13, "remap")))
+QUARANTINE = "gpuk8s.io/quarantine"
+
+
+def h100(kernel: str = "") -> HealthFacts:
+    return health_facts((0, real("smi-q-h100x8-535-hw-slowdown-gpud.txt")),
+                        (0, real("nvlink-s-a100x8-all-up-gpud.txt")), (0, kernel))
+
+
+def remapping() -> HealthFacts:
+    text = real("smi-q-h100x8-535-hw-slowdown-gpud.txt")
+    # the A10's pending remap (real text) on the H100's first GPU: the remap block's lines as nvidia-smi prints them
+    a10 = real("smi-q-a10-535-remap-pending-gpud.txt")
+    block = a10[a10.index("    Remapped Rows"):a10.index("    Temperature")]
+    start = text.index("    Remapped Rows")
+    return health_facts((0, text[:start] + block + text[text.index("    Temperature", start):]),
+                        (0, real("nvlink-s-a100x8-all-up-gpud.txt")), (0, ""))
+
+
+class Session:
+    def __init__(self, host: Host) -> None:
+        self.host, self.closed = host, False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def context(policy: str = "quarantine", *, before: str = "quick", cp: Host = CP,
+            joined: tuple[str, ...] = ()) -> Context:
+    hosts = (cp, GOOD, BAD, REMAP)
+    inv = Inventory(Path("inventory.yaml"), Cluster(), SSHSettings(), hosts,
+                    health=HealthSettings(before, policy))  # type: ignore[arg-type]
+    kube = FakeKube()
+    for n in joined:
+        kube.add_node(n)
+    f = {h.name: facts() for h in hosts}
+    readings = {"good": h100(), "bad": h100(real("kernel-xid-79-no-pid-journalctl-pop-3363.txt")),
+                "remap": remapping(), cp.name: h100(real("kernel-xid-79-no-pid-journalctl-pop-3363.txt"))}
+    return Context(inv, sessions={h.name: Session(h) for h in hosts}, facts=f,  # type: ignore[misc]
+                   health={n: (f[n], r) for n, r in readings.items()}, kube_client=kube,
+                   initialized_cache=bool(joined), plans=gpuplan.plans(inv, f))
+
+
+def test_the_remap_reading_is_the_real_a10_block() -> None:
+    assert [g.remap_pending for g in remapping().gpus][:2] == [True, False]
+
+
+def test_quarantine_joins_the_unhealthy_with_the_cause_and_its_evidence() -> None:
+    ctx = context()
+    r = phase.Health().run(ctx)
+    assert r.status == "passed" and not r.stop
+    assert ctx.quarantine == {"bad": "health.xid", "remap": "health.row-remap-pending"}
+    assert r.hosts["good"] == "healthy"
+    assert r.hosts["bad"].startswith("quarantined (gpuk8s.io/quarantine=health.xid:NoSchedule): health.xid: ")
+    assert r.message == ("1 of 3 GPU host(s) healthy; quarantined: bad (health.xid), remap "
+                         "(health.row-remap-pending)")
+    assert "gpuk8s health --release bad remap" in r.remedy
+    xid = next(f for f in ctx.findings if f.id == "health.xid")
+    assert xid.subject is not None and xid.subject.name == "bad"
+    assert xid.evidence == ("NVRM: Xid (PCI:0000:01:00): 79, GPU has fallen off the bus.",)
+    assert set(ctx.sessions) == {"cp", "good", "bad", "remap"} and not ctx.held
+
+
+def test_skip_leaves_the_unhealthy_out_and_the_others_go_on() -> None:
+    ctx = context("skip")
+    bad = ctx.sessions["bad"]
+    r = phase.Health().run(ctx)
+    assert r.status == "failed" and not r.stop and not phase.Health.fatal
+    assert set(ctx.held) == {"bad", "remap"} and "bad" not in ctx.sessions and bad.closed  # type: ignore[attr-defined]
+    assert ctx.held["bad"].startswith("GPU health failed: health.xid: ") and not ctx.quarantine
+    assert r.hosts["bad"].startswith("not joined: health.xid") and "not joined: bad, remap" in r.message
+
+
+def test_fail_stops_the_run_before_any_host_joins() -> None:
+    ctx = context("fail")
+    r = phase.Health().run(ctx)
+    assert r.status == "failed" and r.stop and not ctx.quarantine
+    assert "unhealthy: bad, remap: the run stops before any host joins" in r.message
+    assert "gpuk8s health bad remap" in r.remedy
+
+
+def test_the_first_control_plane_cannot_be_skipped_so_it_is_quarantined() -> None:
+    cp = Host("cp", "10.0.0.10", "control-plane", SSHSettings(), gpus=8)
+    ctx = context("skip", cp=cp)
+    r = phase.Health().run(ctx)
+    assert ctx.quarantine["cp"] == "health.xid" and "cp" not in ctx.held and "cp" in ctx.sessions
+    assert r.hosts["cp"].startswith("quarantined")
+    ctx = context("fail", cp=cp)
+    assert phase.Health().run(ctx).stop
+
+
+def test_nodes_already_joined_are_not_judged_and_off_judges_none() -> None:
+    ctx = context(joined=("cp", "bad", "remap"))
+    r = phase.Health().run(ctx)
+    assert r.hosts == {"good": "healthy"} and not ctx.quarantine
+    ctx = context(before="off")
+    assert phase.Health().run(ctx).status == "skipped" and not ctx.quarantine
+    assert phase.Health().plan(ctx).status == "unchanged"
+
+
+def test_a_host_whose_facts_were_read_again_is_probed_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The driver phase re-reads a host's facts after installing a driver: preflight's reading is stale for it."""
+    ctx = context()
+    ctx.facts["bad"] = facts()  # another object: read again after preflight
+    probed: list[str] = []
+
+    def check_session(s: Any) -> HostHealth:
+        probed.append(s.host.name)
+        return HostHealth(s.host, reachable=True, facts=ctx.facts["bad"], health=h100(), findings=[])
+
+    monkeypatch.setattr(phase, "check_session", check_session)
+    r = phase.Health().run(ctx)
+    assert probed == ["bad"] and r.hosts["bad"] == "healthy" and "bad" not in ctx.quarantine
+
+
+def test_the_plan_names_what_the_run_would_do() -> None:
+    p = phase.Health().plan(context("skip"))
+    assert p.status == "would-change"
+    assert "bad: would not be joined (health.xid: " in p.reason and "remap: would not be joined" in p.reason
+    assert "would join quarantined" in phase.Health().plan(context()).reason
+
+
+def test_a_quarantined_worker_registers_with_the_taint_and_a_control_plane_keeps_kubeadms() -> None:
+    inv = Inventory(Path("i.yaml"), Cluster(), SSHSettings(), (CP, GOOD))
+    t = gpuplan.quarantine_taint("health.xid")
+    doc = yaml.safe_load(render.join_config(inv, GOOD, "10.0.0.10:6443", "t", "sha256:x", None, [t]))
+    assert doc["nodeRegistration"]["taints"] == [{"key": QUARANTINE, "value": "health.xid", "effect": "NoSchedule"}]
+    cp2 = Host("cp-2", "10.0.0.9", "control-plane", SSHSettings())
+    doc = yaml.safe_load(render.join_config(inv, cp2, "10.0.0.10:6443", "t", "sha256:x", "key", [t]))
+    assert doc["nodeRegistration"]["taints"][0] == {"key": "node-role.kubernetes.io/control-plane",
+                                                    "effect": "NoSchedule"}
+    # no quarantine: kubeadm's defaults (no taints key at all)
+    assert "taints" not in yaml.safe_load(render.join_config(inv, GOOD, "a:6443", "t", "sha256:x"))["nodeRegistration"]
+
+
+def test_the_gpu_phase_adds_the_quarantine_once_and_never_overwrites_it() -> None:
+    ctx = context()
+    plan = ctx.plans["bad"]
+    kube = FakeKube()
+    kube.add_node("bad")
+    _, taints = node_changes(plan, state.node_state(kube.nodes["bad"]), "health.xid")
+    assert taints == ["gpuk8s.io/quarantine=health.xid:NoSchedule"]
+    kube.add_node("bad", taints=[{"key": QUARANTINE, "value": "health.ecc-uncorrected", "effect": "NoSchedule"}])
+    _, taints = node_changes(plan, state.node_state(kube.nodes["bad"]), "health.xid")
+    assert taints == []
+    assert state.quarantined(kube.nodes["bad"]) == "health.ecc-uncorrected"
+    assert state.quarantined(None) == "" and state.quarantined({"metadata": {"name": "x"}, "spec": "bad"}) == ""
+
+
+def test_verify_names_a_quarantined_node_without_failing_on_it() -> None:
+    ok = NodeCheck("good", True, True, 8, 8, pod="gpuk8s-verify-good")
+    held = NodeCheck("bad", False, True, 8, 7, cause="7 of 8", cause_id="gpu.fewer-registered",
+                     quarantine="health.xid")
+    f = held.finding()
+    assert (f.id, f.status) == ("node.quarantined", "warn")
+    assert f.message.startswith("quarantined (health.xid): no test pod; 7 of 8 GPU(s) allocatable (7 of 8)")
+    assert "gpuk8s health --release bad" in f.remedy
+    assert state.summary([ok, held]) == "1/2 nodes ok, 8 GPU(s) schedulable, 1 quarantined (bad)"
+
+
+def report(*hosts: tuple[Host, bool]) -> HealthReport:
+    from gpuk8s.findings import failed as fail
+    return HealthReport([HostHealth(h, reachable=True, findings=[] if ok else [
+        fail("health.xid", "Xid 79", "reboot")]) for h, ok in hosts], "quick", 0.1)
+
+
+def test_release_removes_only_a_healthy_nodes_quarantine() -> None:
+    kube = FakeKube()
+    q = [{"key": QUARANTINE, "value": "health.xid", "effect": "NoSchedule"}]
+    kube.add_node("good", taints=q)
+    kube.add_node("bad", taints=q)
+    kube.add_node("remap")
+    rep = report((GOOD, True), (BAD, False), (REMAP, True), (CP, True))
+    release_with(kube, rep)  # type: ignore[arg-type]
+    got = {h.host.name: h.findings[-1] for h in rep.hosts}
+    assert kube.writes == [("taint", "good", "gpuk8s.io/quarantine:NoSchedule-")]
+    assert got["good"].status == "pass"
+    assert got["good"].message.startswith("released: the quarantine taint (health.xid)")
+    assert got["bad"].status == "fail" and got["bad"].message == ("kept in quarantine (health.xid): its GPUs fail the "
+                                                                  "check now (health.xid)")
+    assert (got["remap"].status, got["remap"].message) == ("pass", "not quarantined")
+    assert got["cp"].status == "skip" and not rep.ok
+
+
+def test_the_inventory_health_section() -> None:
+    base = "hosts:\n  - {name: cp-1, address: 10.0.0.10, role: control-plane}\n"
+    inv = loads(base + "health: {before_join: off, on_failure: skip}\n", "inv.yaml")
+    assert inv.health == HealthSettings("off", "skip")
+    assert loads(base, "inv.yaml").health == HealthSettings("quick", "quarantine")
+    with pytest.raises(InventoryError) as e:
+        loads(base + "health:\n  on_failure: evict\n  when: always\n", "inv.yaml")
+    msgs = {(p.line, p.key): (p.message, p.fix) for p in e.value.problems}
+    assert msgs[4, "health.on_failure"][0] == "'evict' is not one of quarantine, skip, fail"
+    assert (5, "health.when") in msgs
+
+
+def test_a_missing_gpu_is_the_health_phases_to_judge_where_it_runs() -> None:
+    checks = [passed("ssh.reachable", "x"), failed("gpu.count", "7 of 8", "check the bus")]
+    assert [c.id for c in blocking_checks(checks)] == ["gpu.count"]
+    assert blocking_checks(checks, health=True) == []
+    other = [*checks, failed("gpu.driver", "not installed", "install it")]
+    assert [c.id for c in blocking_checks(other, health=True)] == ["gpu.driver"]
