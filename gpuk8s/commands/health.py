@@ -14,6 +14,8 @@ from gpuk8s.health.run import run_health
 from gpuk8s.options import InventoryOpt, Output, OutputOpt
 from gpuk8s.report import health as render
 
+LEVELS = ("quick", "standard", "long")
+
 
 def register(app: typer.Typer, load_inventory: Callable[..., Any]) -> None:
     @app.command()
@@ -22,6 +24,9 @@ def register(app: typer.Typer, load_inventory: Callable[..., Any]) -> None:
         inventory: Path | None = InventoryOpt,  # noqa: UP007
         output: Output = OutputOpt,
         concurrency: int = typer.Option(16, "--concurrency", "-c", min=1, max=512, help="Hosts contacted at once."),
+        level: str = typer.Option("quick", "--level", help="quick: one round trip per host; standard / long: "
+                                  "also DCGM's diagnostic (dcgmi diag -r 2 / -r 3: minutes / up to an hour) where "
+                                  "DCGM is installed."),
         release_: bool = typer.Option(False, "--release", help="Remove the quarantine taint (gpuk8s.io/quarantine) "
                                       "from each named node whose GPUs pass the check now."),
     ) -> None:
@@ -30,6 +35,8 @@ def register(app: typer.Typer, load_inventory: Callable[..., Any]) -> None:
         NVSwitch fabric. Exit status 1 when a host is unhealthy or unreachable (or, with --release, kept in
         quarantine)."""
         inv = load_inventory(inventory, output)
+        if level not in LEVELS:
+            usage_error(GpuK8sError(f"no level {level!r}", f"give one of: {', '.join(LEVELS)}"), output)
         if release_ and not hosts:
             usage_error(GpuK8sError("--release needs the nodes to release", "name them: gpuk8s health --release "
                                     "NODE..."), output)
@@ -41,7 +48,7 @@ def register(app: typer.Typer, load_inventory: Callable[..., Any]) -> None:
         chosen = [by_name[n] for n in dict.fromkeys(hosts)] if hosts else [h for h in inv.hosts if is_gpu_node(h)]
         progress = HostProgress(len(chosen), output)
         progress.say(f"checking the GPUs of {len(chosen)} host(s), {concurrency} at a time ...")
-        rep = run_health(chosen, concurrency=concurrency, sudo_passwords=passwords(inv),
+        rep = run_health(chosen, concurrency=concurrency, sudo_passwords=passwords(inv), level=level,
                          on_host=lambda r: progress.host(r.host.name, r.ok, "healthy" if r.ok else "UNHEALTHY",
                                                          r.seconds))
         if release_:

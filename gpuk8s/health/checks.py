@@ -21,6 +21,7 @@ The quick level's checks, each with its source and threshold (docs/health.md):
 from __future__ import annotations
 
 from gpuk8s.driver.xid import is_fatal, lookup, recovery_action
+from gpuk8s.facts.dcgm import DiagReport
 from gpuk8s.facts.health import HealthFacts
 from gpuk8s.facts.model import HostFacts
 from gpuk8s.findings import Finding, failed, passed, skipped
@@ -209,3 +210,40 @@ def _fabric(facts: HostFacts, h: HealthFacts) -> Finding:
                       f"check nvidia-fabricmanager (it is {facts.driver.fabric_manager} here): it must run at the "
                       "driver's version before CUDA can use the GPUs (error 802 otherwise)")
     return passed("health.fabric", f"NVSwitch fabric Completed/Success on {len(known)} GPU(s)")
+
+
+DCGM_LEVEL = {"standard": 2, "long": 3}
+
+
+def judge_dcgm(level: str, report: DiagReport | None) -> Finding:
+    """health.dcgm-diag: DCGM's diagnostic of the standard (-r 2) or long (-r 3) level; `report` None: DCGM is not
+    installed on the host (skipped, said: the quick level's checks ran, this one did not)."""
+    run = f"dcgmi diag -r {DCGM_LEVEL[level]}"
+    if report is None:
+        return skipped("health.dcgm-diag", f"DCGM is not installed: the {level} level's diagnostic ({run}) was not "
+                       "run; the quick level's checks ran",
+                       "install DCGM (NVIDIA's datacenter-gpu-manager-4 package for the driver's CUDA major) and start "
+                       "nvidia-dcgm, then run gpuk8s health --level " + level + " again")
+    if not report.read:
+        return failed("health.dcgm-diag", f"{run} gave no result: {report.error}",
+                      "check DCGM's host engine (systemctl status nvidia-dcgm), then run " + run + " -j by hand")
+    where = f"DCGM {report.version or '?'}" + (f", driver {report.driver}" if report.driver else "")
+    bad = report.failed
+    evidence = [f"{r.category}/{r.test} GPU {r.gpu or '-'}: {r.status}" + (f": {'; '.join(r.warnings)}"
+                                                                            if r.warnings else "")
+                for r in bad + report.warned][:20]
+    if bad:
+        names = sorted({f"{r.test} (GPU {r.gpu})" if r.gpu else r.test for r in bad})
+        first = next((w for r in bad for w in r.warnings), "")
+        return failed("health.dcgm-diag", f"{run} ({where}): {len(bad)} result(s) failed: {', '.join(names[:8])}"
+                      + (f": {first}" if first else ""),
+                      "DCGM's warning says what to do (NVIDIA's DCGM diagnostics guide lists each test); a hardware "
+                      "test that keeps failing after a GPU reset or a reboot means the GPU needs replacing",
+                      evidence=evidence)
+    counted = f"{len(report.results)} result(s)" + (f" (and {report.more} more)" if report.more else "")
+    warned = f", {len(report.warned)} with a warning" if report.warned else ""
+    # a test DCGM skipped (not allowed on this GPU model, not run at this level) is said, never counted as passed
+    skips = sorted({r.test for r in report.results if r.status in ("skip", "not-run")})
+    skipped_ = f", not run: {', '.join(skips[:8])}" if skips else ""
+    return passed("health.dcgm-diag", f"{run} ({where}): {counted}, none failed{warned}{skipped_}",
+                  evidence=evidence)

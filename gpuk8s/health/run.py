@@ -12,18 +12,31 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from gpuk8s.facts.dcgm import MAX_BYTES, parse_diag
 from gpuk8s.facts.health import KERNEL_SECTION, SMI_SECTIONS, HealthFacts, read_health
 from gpuk8s.facts.model import HostFacts
 from gpuk8s.findings import Finding, counts, failed
-from gpuk8s.health.checks import judge
+from gpuk8s.gpuplan import is_gpu_node
+from gpuk8s.health.checks import judge, judge_dcgm
 from gpuk8s.inventory.model import Host
 from gpuk8s.preflight.runner import probe
 from gpuk8s.remote import RemoteError, Session, for_each_host
+from gpuk8s.text import clean
 
 EXTRA = SMI_SECTIONS + KERNEL_SECTION
+# The standard and long levels: DCGM's diagnostic after the quick level, one more round trip (docs/health.md).
+# `dcgmi diag -r 2` runs a few minutes, `-r 3` up to an hour on 8 GPUs: their own timeouts
+DCGM_RUNS = {"standard": 2, "long": 3}
+DCGM_TIMEOUT = {"standard": 1800, "long": 7200}
+NOT_INSTALLED = 127  # the exit status of the command below without dcgmi
+
+
+def dcgm_command(level: str) -> str:
+    return (f"command -v dcgmi >/dev/null 2>&1 || {{ echo 'dcgmi: not installed'; exit {NOT_INSTALLED}; }}; "
+            f"dcgmi diag -r {DCGM_RUNS[level]} -j")
 
 
 @dataclass
@@ -70,13 +83,14 @@ class HealthReport:
                             "seconds": round(self.seconds, 2)}}
 
 
-def check_host(host: Host, sudo_password: str | None) -> HostHealth:
+def check_host(host: Host, sudo_password: str | None, level: str = "quick") -> HostHealth:
     with Session(host, sudo_password) as s:
-        return check_session(s)
+        return check_session(s, level)
 
 
-def check_session(session: Session) -> HostHealth:
-    """The quick level over an open (or not yet opened) connection: one round trip."""
+def check_session(session: Session, level: str = "quick") -> HostHealth:
+    """The quick level over an open (or not yet opened) connection, one round trip; the standard and long levels
+    add DCGM's diagnostic on a GPU host that can be checked at all, one more."""
     host = session.host
     out = HostHealth(host)
     t0 = time.monotonic()
@@ -93,17 +107,35 @@ def check_session(session: Session) -> HostHealth:
     bad = [c for c in checks if c.status == "fail"]  # sudo: the probe ran unprivileged, its answers are partial
     out.health = read_health(stdout)
     out.findings = bad + judge(host, facts, out.health)
+    if level in DCGM_RUNS and is_gpu_node(host) and facts.gpu.state == "ok":
+        out.findings.append(dcgm(session, level))
     out.seconds = time.monotonic() - t0
     return out
 
 
+def dcgm(session: Session, level: str) -> Finding:
+    """Run DCGM's diagnostic of `level` as root and judge it (health.dcgm-diag)."""
+    try:
+        res = session.run(dcgm_command(level), sudo=True, timeout=DCGM_TIMEOUT[level],
+                          display=f"dcgmi diag -r {DCGM_RUNS[level]} -j (DCGM's diagnostic, read-only)",
+                          max_output=MAX_BYTES)
+    except RemoteError as e:
+        return failed("health.dcgm-diag", f"dcgmi diag -r {DCGM_RUNS[level]} did not finish: {e.message}", e.remedy)
+    if res.exit_status == NOT_INSTALLED and "dcgmi: not installed" in res.stdout:
+        return judge_dcgm(level, None)
+    report = parse_diag(res.stdout)
+    if not report.read and res.stderr.strip():
+        report = replace(report, error=f"{report.error}; dcgmi: {clean(res.stderr.strip().splitlines()[-1])[:300]}")
+    return judge_dcgm(level, report)
+
+
 def run_health(hosts: list[Host], *, concurrency: int, sudo_passwords: dict[str, str],
-               on_host: Callable[[HostHealth], None] | None = None) -> HealthReport:
-    """The quick level on every host, `concurrency` at a time; one host's failure never stops another."""
+               on_host: Callable[[HostHealth], None] | None = None, level: str = "quick") -> HealthReport:
+    """The level's checks on every host, `concurrency` at a time; one host's failure never stops another."""
     t0 = time.monotonic()
 
     def one(h: Host) -> HostHealth:
-        r = check_host(h, sudo_passwords.get(h.name))
+        r = check_host(h, sudo_passwords.get(h.name), level)
         if on_host:
             on_host(r)
         return r
@@ -116,4 +148,4 @@ def run_health(hosts: list[Host], *, concurrency: int, sudo_passwords: dict[str,
             r = HostHealth(h, findings=[failed("facts.parse", f"gpuk8s failed on this host: {r!r}",
                                                "see the log file and report it")])
         reports.append(r)
-    return HealthReport(reports, "quick", time.monotonic() - t0)
+    return HealthReport(reports, level, time.monotonic() - t0)

@@ -1,7 +1,8 @@
 """Phase health: the GPU health check of a host before it joins (inventory health.before_join; docs/health.md).
 
 The quick level's readings ride in preflight's round trip (phases/prepare.health_sections); a host whose facts a
-later phase read again (a driver installed, a reboot) is read once more here, one round trip. Only GPU hosts that
+later phase read again (a driver installed, a reboot) is read once more here, one round trip. The standard and long
+levels add DCGM's diagnostic (dcgmi diag -r 2 / -r 3), one more round trip per host. Only GPU hosts that
 are not yet nodes of the cluster are judged: a node that joined is `gpuk8s health`'s business, and a quarantine
 taint it has stays until `gpuk8s health --release`.
 
@@ -19,7 +20,7 @@ from gpuk8s import findings
 from gpuk8s.findings import Finding
 from gpuk8s.gpuplan import is_gpu_node, quarantine_taint
 from gpuk8s.health.checks import judge
-from gpuk8s.health.run import check_session
+from gpuk8s.health.run import DCGM_RUNS, check_session, dcgm
 from gpuk8s.inventory.model import Host
 from gpuk8s.kube import state
 from gpuk8s.phases.base import Context, Phase, PhasePlan, PhaseResult
@@ -42,15 +43,18 @@ class Health(Phase):
                 and h.name not in present]
 
     @staticmethod
-    def _judge(ctx: Context, h: Host) -> list[Finding]:
+    def _judge(ctx: Context, h: Host, planning: bool = False) -> list[Finding]:
         """The host's failing findings: from preflight's reading where its facts are still those preflight read,
-        else from a fresh one (one round trip)."""
+        else from a fresh one (one round trip); DCGM's diagnostic at the standard and long levels, not when
+        `planning` (a dry run does not run minutes of GPU tests)."""
         got = ctx.health.get(h.name)
+        level = "quick" if planning else ctx.inv.health.before_join
         if got is not None and got[0] is ctx.facts.get(h.name):
             found = judge(h, got[0], got[1])
+            if level in DCGM_RUNS and got[0].gpu.state == "ok":
+                found.append(dcgm(ctx.sessions[h.name], level))
         else:
-            res = check_session(ctx.sessions[h.name])
-            found = res.findings
+            found = check_session(ctx.sessions[h.name], level).findings
         bad = [f.about(findings.host(h.name)) for f in found if f.status == "fail"]
         # the cause first: a GPU missing from the count is what an Xid 79 leaves behind, so the Xid names the
         # quarantine where both fail
@@ -63,9 +67,11 @@ class Health(Phase):
         if not hosts:
             return self.planned("unchanged", "no GPU host to join")
         # read-only: a host whose facts were read again is probed again, as the run would
-        bad = {h.name: self._judge(ctx, h) for h in hosts}
+        bad = {h.name: self._judge(ctx, h, planning=True) for h in hosts}
         verdicts = [f"{n}: {self._action(ctx, n)} ({fs[0].id}: {fs[0].message})" for n, fs in bad.items() if fs]
-        reason = (f"{len(hosts)} GPU host(s) judged before joining (the quick level)"
+        reason = (f"{len(hosts)} GPU host(s) judged before joining (the quick level"
+                  + (f"; the run adds dcgmi diag -r {DCGM_RUNS[ctx.inv.health.before_join]} on each)"
+                     if ctx.inv.health.before_join in DCGM_RUNS else ")")
                   + ("; " + "; ".join(verdicts) if verdicts else ": healthy"))
         return self.planned("would-change" if verdicts else "unchanged", reason)
 

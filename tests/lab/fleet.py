@@ -77,7 +77,8 @@ DEFAULTS: dict[str, Any] = {
     # them), lost [gpu] (fell off the bus: nvidia-smi leaves it out, lspci still lists it), remap_pending [gpu],
     # remap_failed [gpu], ecc_uncorrected {gpu: n}, pcie_width {gpu: width}, nvlink_down {gpu: [link]}, slowdown [gpu],
     # nvlinks (links per GPU nvidia-smi nvlink -s lists; 0: none, as on a PCIe GPU). A reboot clears xid, lost and
-    # the pending remaps; a GPU reset (nvidia-smi -r) the GPU's pending remap.
+    # the pending remaps; a GPU reset (nvidia-smi -r) the GPU's pending remap. dcgm: a DCGM version (dcgmi installed,
+    # its diagnostic answers), dcgm_fail [gpu] (those GPUs fail its software test).
     "health": {},
     "faults": [],  # sshd-stopped, drop-packets, unknown-hostkey, changed-hostkey, auth-refused, repo-unreachable
 }

@@ -727,6 +727,8 @@ class Lab:
         spec = h.spec.spec
         fake = _fake_module()
         names = list(FAKED) + [t for t in STUB_TOOLS if t in spec["tools"]]
+        if (spec.get("health") or {}).get("dcgm"):  # DCGM installed (its version): dcgmi answers its diagnostic
+            names.append("dcgmi")
         if spec["runtime"] == "docker":
             names.append("docker")
         if spec["runtime_version"] != "debian":

@@ -86,3 +86,45 @@ def test_health_of_a_host_that_is_down_is_named_and_the_others_go_on(lab_up, run
     assert r.returncode == 1
     assert got["down"]["ssh.reachable"]["status"] == "fail" and "refused" in got["down"]["ssh.reachable"]["message"]
     assert got["ok"]["health.gpu-count"]["status"] == "pass"
+
+
+DCGM_FLEET = """
+hosts:
+  - name: cp-1
+    role: control-plane
+  - name: dcgm-ok
+    health: {dcgm: "4.5.2"}
+  - name: dcgm-bad
+    health: {dcgm: "4.5.2", dcgm_fail: [1]}
+  - name: no-dcgm
+"""
+
+
+def test_the_standard_level_runs_dcgms_diagnostic_where_dcgm_is_installed(lab_up, run_cli):
+    """--level standard: dcgmi diag -r 2 -j on each GPU host after the quick level; its failing test named with
+    DCGM's own warning; a host without DCGM says the diagnostic was not run (and stays healthy by the quick level)."""
+    lab = lab_up(DCGM_FLEET)
+    r = run_cli("health", "-i", str(lab.inventory), "--level", "standard", "-o", "json")
+    assert "Traceback" not in r.stderr, r.stderr
+    rep = json.loads(r.stdout)
+    jsonschema.validate(rep, SCHEMA)
+    assert rep["level"] == "standard" and r.returncode == 1
+    got = by_host(rep)
+    ok, bad, absent = got["dcgm-ok"]["health.dcgm-diag"], got["dcgm-bad"]["health.dcgm-diag"], \
+        got["no-dcgm"]["health.dcgm-diag"]
+    assert ok["status"] == "pass" and ok["message"].startswith("dcgmi diag -r 2 (DCGM 4.5.2, driver ")
+    assert "12 result(s), none failed" in ok["message"]
+    assert bad["status"] == "fail" and "1 result(s) failed: software (GPU 1): Persistence Mode: Persistence mode " \
+        "for GPU 1 is disabled." in bad["message"]
+    assert bad["evidence"][0].startswith("Deployment/software GPU 1: fail: Persistence Mode")
+    assert absent["status"] == "skip" and "DCGM is not installed" in absent["message"]
+    assert {h["name"]: h["healthy"] for h in rep["hosts"]} == {"dcgm-ok": True, "dcgm-bad": False, "no-dcgm": True}
+    # the quick level never runs DCGM; the long one adds DCGM's diagnostic test
+    quick = by_host(json.loads(run_cli("health", "dcgm-bad", "-i", str(lab.inventory), "-o", "json").stdout))
+    assert "health.dcgm-diag" not in quick["dcgm-bad"]
+    long = by_host(json.loads(run_cli("health", "dcgm-ok", "-i", str(lab.inventory), "--level", "long",
+                                      "-o", "json").stdout))
+    assert long["dcgm-ok"]["health.dcgm-diag"]["message"].startswith("dcgmi diag -r 3 (DCGM 4.5.2")
+    assert "16 result(s)" in long["dcgm-ok"]["health.dcgm-diag"]["message"]
+    r = run_cli("health", "-i", str(lab.inventory), "--level", "deep")
+    assert r.returncode == 2 and "no level 'deep'" in r.stderr

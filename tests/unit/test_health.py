@@ -65,7 +65,9 @@ NVLINK = {
 
 def test_every_real_health_text_is_in_a_table() -> None:
     names = {p.name for p in REAL.glob("*.txt")}
-    assert names == set(SMI_Q) | set(KERNEL) | set(NVLINK) | {"kernel-xid-119-gsp-dmesg-T-gpud.txt"}
+    dcgm = {n for n in names if n.startswith("dcgm-diag-")}  # tests/unit/test_dcgm.py reads each
+    assert len(dcgm) == 3
+    assert names == set(SMI_Q) | set(KERNEL) | set(NVLINK) | {"kernel-xid-119-gsp-dmesg-T-gpud.txt"} | dcgm
 
 
 @pytest.mark.parametrize("name", sorted(SMI_Q))

@@ -48,7 +48,7 @@ PURE = ["gpuk8s.doctor.classify", "gpuk8s.doctor.evidence", "gpuk8s.gpuplan", "g
         "gpuk8s.facts.mig", "gpuk8s.mig.layout", "gpuk8s.versions", "gpuk8s.kube.state", "gpuk8s.kube.allocation",
         "gpuk8s.preflight.host_checks", "gpuk8s.preflight.cluster_checks", "gpuk8s.mirrors",
         "gpuk8s.playbook.render", "gpuk8s.inventory.loader", "gpuk8s.driver.rules", "gpuk8s.facts.health",
-        "gpuk8s.health.checks", "gpuk8s.driver.xid"]
+        "gpuk8s.health.checks", "gpuk8s.driver.xid", "gpuk8s.facts.dcgm"]
 TALKS = {"gpuk8s.remote", "gpuk8s.kube.client"}
 
 

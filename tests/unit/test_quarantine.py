@@ -219,6 +219,7 @@ def test_the_inventory_health_section() -> None:
     inv = loads(base + "health: {before_join: off, on_failure: skip}\n", "inv.yaml")
     assert inv.health == HealthSettings("off", "skip")
     assert loads(base, "inv.yaml").health == HealthSettings("quick", "quarantine")
+    assert loads(base + "health: {before_join: long}\n", "inv.yaml").health.before_join == "long"
     with pytest.raises(InventoryError) as e:
         loads(base + "health:\n  on_failure: evict\n  when: always\n", "inv.yaml")
     msgs = {(p.line, p.key): (p.message, p.fix) for p in e.value.problems}

@@ -438,6 +438,48 @@ def journalctl(h: Host, args: list[str]) -> int:
     return 0
 
 
+# DCGM's diagnostic (`dcgmi diag -r N -j`, gpuk8s health --level standard|long): present where the fleet's health
+# names a DCGM version (health: {dcgm: "4.5.2"}). The document has DCGM 4.x's shape as a real 4.5.2 run prints it
+# (tests/fixtures/real/health/dcgm-diag-r2-4.5.2-gb10-software-fail-glimmer.json.txt): per test one result per GPU
+# (entity_group GPU), its test_summary, entity_groups, metadata; -r 2 runs software, memory and pcie (the real 4.4.2
+# -r 2 table's tests), -r 3 adds diagnostic. A GPU in health.dcgm_fail fails software with the real run's
+# persistence-mode warning (error_id 29), and dcgmi exits 226 as it did there.
+DCGM_PERSISTENCE = ("Persistence Mode: Persistence mode for GPU {gpu} is disabled. Enable persistence mode by running "
+                    "\"nvidia-smi -i <gpuId> -pm 1 \" as root.")
+DCGM_TESTS = {2: [("Deployment", "software"), ("Hardware", "memory"), ("Integration", "pcie")],
+              3: [("Deployment", "software"), ("Hardware", "memory"), ("Hardware", "diagnostic"),
+                  ("Integration", "pcie")]}
+
+
+def dcgmi(h: Host, args: list[str]) -> int:
+    if args[:1] != ["diag"] or "-r" not in args[:-1]:
+        err("dcgmi: the lab answers only 'dcgmi diag -r N -j'\n")
+        return 1
+    level = int(args[args.index("-r") + 1])
+    hl = _health(h)
+    gpus = [i for i in range(int(h.spec["gpus"])) if i not in _lost(h)]
+    failing = {int(i) for i in hl.get("dcgm_fail") or []}
+    categories: dict[str, list] = {}
+    for category, test in DCGM_TESTS.get(level, DCGM_TESTS[2]):
+        results = []
+        for i in gpus:
+            r: dict = {"entity_group": "GPU", "entity_group_id": 1, "entity_id": i, "status": "Pass"}
+            if test == "software" and i in failing:
+                r["status"] = "Fail"
+                r["warnings"] = [{"error_category": 8, "error_id": 29, "error_severity": 5,
+                                  "warning": DCGM_PERSISTENCE.format(gpu=i)}]
+            results.append(r)
+        summary = {"status": "Fail" if any(r["status"] == "Fail" for r in results) else "Pass"}
+        categories.setdefault(category, []).append({"name": test, "results": results, "test_summary": summary})
+    doc = {"DCGM Diagnostic": {"test_categories": [{"category": c, "tests": t} for c, t in categories.items()]},
+           "entity_groups": [{"entities": [{"device_id": "2330", "entity_id": i, "serial_num": f"165322{i:07d}"}
+                                           for i in gpus], "entity_group": "GPU", "entity_group_id": 1}],
+           "metadata": {"Driver Version Detected": str(driver_state(h)["loaded"] or h.spec["driver"]),
+                        "version": str(hl.get("dcgm"))}}
+    out(json.dumps(doc, indent="\t", separators=(",", " : ")) + "\n")
+    return 226 if failing & set(gpus) else 0
+
+
 _SMI_Q: list[str] | None = None
 
 
@@ -2203,6 +2245,7 @@ COMMANDS = {
     "conntrack": noop, "socat": noop, "ebtables": noop, "ethtool": noop, "lspci": lspci,
     "update-initramfs": noop, "dracut": noop,  # the initramfs: the lab's boot reads the blacklist file itself
     "dmesg": dmesg, "journalctl": journalctl,  # the kernel's log: only the lab's NVRM lines (never the machine's)
+    "dcgmi": dcgmi,  # DCGM's diagnostic, where the fleet's health names a DCGM version
 }
 
 
@@ -2218,7 +2261,7 @@ def read_only(name: str, args: list[str]) -> bool:
                                      "--destroy-gpu-instance", "--create-compute-instance",
                                      "--destroy-compute-instance"} & set(args))
     if name in ("lsmod", "swapon", "uname", "nproc", "dpkg-query", "rpm", "conntrack", "socat",
-                "ebtables", "ethtool", "dpkg", "lspci", "dmesg", "journalctl"):
+                "ebtables", "ethtool", "dpkg", "lspci", "dmesg", "journalctl", "dcgmi"):
         return True
     if name == "sysctl":
         return not any("=" in a or a in ("-w", "--write", "-p", "--load", "--system") or a.startswith("-p")
