@@ -136,13 +136,13 @@ def test_a_host_whose_facts_were_read_again_is_probed_again(monkeypatch: pytest.
     ctx.facts["bad"] = facts()  # another object: read again after preflight
     probed: list[str] = []
 
-    def check_session(s: Any) -> HostHealth:
-        probed.append(s.host.name)
+    def check_session(s: Any, level: str = "quick") -> HostHealth:
+        probed.append(f"{s.host.name}:{level}")
         return HostHealth(s.host, reachable=True, facts=ctx.facts["bad"], health=h100(), findings=[])
 
     monkeypatch.setattr(phase, "check_session", check_session)
     r = phase.Health().run(ctx)
-    assert probed == ["bad"] and r.hosts["bad"] == "healthy" and "bad" not in ctx.quarantine
+    assert probed == ["bad:quick"] and r.hosts["bad"] == "healthy" and "bad" not in ctx.quarantine
 
 
 def test_the_plan_names_what_the_run_would_do() -> None:
