@@ -105,7 +105,7 @@ FINDINGS: dict[str, Spec] = {
     "node.failed": _v("a failed node verdict that names no more specific id (its message says why)"),
     "node.quarantined": Spec("warning", "the node has the taint gpuk8s.io/quarantine (its GPUs failed the health "
                              "check before it joined): it takes no new pods and verify runs no test pod on it",
-                             ("verify", "health")),
+                             ("verify",)),
     "gpu.plugin-missing": _v("the NVIDIA device plugin DaemonSet is not deployed"),
     "gpu.plugin-not-scheduled": _v("no device plugin pod on the node: the label nvidia.com/gpu.present=true is "
                                    "missing, or the plugin does not tolerate the node's taints"),

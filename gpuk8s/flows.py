@@ -89,12 +89,13 @@ def install_phases(inv: Inventory, on_event: Callable[[Event], None] | None = No
     # driver and mig right after prepare: the module loaded and the MIG layout (and any reboot they need) before
     # kubelet and the device plugin start
     # health after the driver (a bare host is judged with its driver loaded) and before the GPUs are reset for MIG
-    return [Lock(), Prepare(on_event, measure_network), Driver(), Health(), Mig(), Init(), Kubeconfig(),
-            CNI(inv.cluster.cni), Join(), GPUNodes(), *([Monitoring()] if inv.monitoring.enabled else []), Verify()]
+    monitoring = [Monitoring()] if inv.monitoring.enabled else []
+    return health_selected([Lock(), Prepare(on_event, measure_network), Driver(), Health(), Mig(), Init(),
+                            Kubeconfig(), CNI(inv.cluster.cni), Join(), GPUNodes(), *monitoring, Verify()])
 
 
 def join_phases(on_event: Callable[[Event], None] | None = None) -> list[Phase]:
-    return [Lock(), Prepare(on_event), Driver(), Health(), Mig(), Join(), GPUNodes(), Verify()]
+    return health_selected([Lock(), Prepare(on_event), Driver(), Health(), Mig(), Join(), GPUNodes(), Verify()])
 
 
 def _run(ctx: Context, phases: list[Phase], dry_run: bool) -> ClusterReport:
@@ -128,8 +129,18 @@ def select_install(inv: Inventory, skip: Sequence[str], only: str | None,
                    on_event: Callable[[Event], None] | None = None, measure_network: bool = False) -> list[Phase]:
     """install's phases with --skip-phases / --only-phase applied (phases.base.select); a left-out prepare still
     reads every host (facts, connections, GPU plans) and applies nothing."""
-    return select(install_phases(inv, on_event, measure_network), skip, only, "install",
-                  read_only={"prepare": Prepare(on_event, measure_network, apply=False)})
+    return health_selected(select(install_phases(inv, on_event, measure_network), skip, only, "install",
+                                  read_only={"prepare": Prepare(on_event, measure_network, apply=False)}))
+
+
+def health_selected(phases: list[Phase]) -> list[Phase]:
+    """Tell prepare whether the health phase runs after it (--skip-phases health or --only-phase another leave it
+    out): only then does preflight read the health sections, and leave a GPU missing to the health phase."""
+    judged = any(isinstance(p, Health) for p in phases)
+    for p in phases:
+        if isinstance(p, Prepare):
+            p.health = judged
+    return phases
 
 
 def select_upgrade(skip: Sequence[str], only: str | None) -> dict[str, Phase]:

@@ -71,9 +71,14 @@ def _status(v: Any) -> str:
     return STATUSES.get(_text(v).lower(), "unknown")
 
 
+def _list(v: Any) -> list[Any]:
+    """A JSON array as a list; anything else (a number, an object, null) as empty: the document is a host's."""
+    return v if isinstance(v, list) else []
+
+
 def _warnings(result: dict[str, Any]) -> tuple[str, ...]:
     out = []
-    for w in result.get("warnings") or []:
+    for w in _list(result.get("warnings")):
         text = _text(w.get("warning")) if isinstance(w, dict) else _text(w)
         if text:
             out.append(text)
@@ -109,21 +114,21 @@ def parse_diag(text: str) -> DiagReport:
     root = next((doc[k] for k in ROOTS if isinstance(doc, dict) and isinstance(doc.get(k), dict)), None)
     if root is None:
         return DiagReport(error="no 'DCGM Diagnostic' (4.x) or 'DCGM GPU Diagnostic' (3.x) object in the document")
-    meta = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else root
+    meta = doc["metadata"] if isinstance(doc.get("metadata"), dict) else root
     version = _text(meta.get("version") or root.get("version") or "")
     driver = _text(meta.get("Driver Version Detected") or root.get("Driver Version Detected")
                    or root.get("driver_version_detected") or "")
     results: list[DiagResult] = []
     more = 0
-    for cat in root.get("test_categories") or []:
+    for cat in _list(root.get("test_categories")):
         if not isinstance(cat, dict):
             continue
         category = _text(cat.get("category"))
-        for test in cat.get("tests") or []:
+        for test in _list(cat.get("tests")):
             if not isinstance(test, dict):  # 3.x's NVVS layer leaves nulls between tests
                 continue
             name = _text(test.get("name"))
-            rows = [r for r in test.get("results") or [] if isinstance(r, dict)]
+            rows = [r for r in _list(test.get("results")) if isinstance(r, dict)]
             summary = test.get("test_summary")
             if not rows and isinstance(summary, dict):  # a test judged as a whole
                 rows = [{"status": summary.get("status"), "warnings": summary.get("warnings")}]

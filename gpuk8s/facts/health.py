@@ -60,8 +60,9 @@ quick health-nvlink nvl
 """
 KERNEL_SECTION = f"""
 klog() {{
-  if command -v journalctl >/dev/null 2>&1 && [ -n "$(journalctl -k -b 0 -q -n 1 --no-pager 2>/dev/null)" ]; then
-    journalctl -k -b 0 -q --no-pager 2>/dev/null | grep -E '{KERNEL_PATTERN}' | klog_cut
+  # $T: the probe's timeout (20 s) where the host has one: a large journal must not hold the whole probe
+  if command -v journalctl >/dev/null 2>&1 && [ -n "$($T journalctl -k -b 0 -q -n 1 --no-pager 2>/dev/null)" ]; then
+    $T journalctl -k -b 0 -q --no-pager 2>/dev/null | grep -E '{KERNEL_PATTERN}' | klog_cut
     return 0
   fi
   command -v dmesg >/dev/null 2>&1 || {{ echo "neither journalctl nor dmesg is installed"; return 127; }}

@@ -7,7 +7,7 @@ from __future__ import annotations
 from gpuk8s import findings
 from gpuk8s.errors import GpuK8sError
 from gpuk8s.gpuplan import QUARANTINE_KEY
-from gpuk8s.health.run import HealthReport
+from gpuk8s.health.run import DCGM_RUNS, HealthReport
 from gpuk8s.inventory.model import Inventory
 from gpuk8s.kube import state
 from gpuk8s.kube.client import KubeClient, SSHKubectl
@@ -37,6 +37,11 @@ def release_with(kube: KubeClient, report: HealthReport) -> None:
             f = findings.skipped("health.release", "not a node of the cluster: nothing to release")
         elif not was:
             f = findings.passed("health.release", "not quarantined")
+        elif was == "health.dcgm-diag" and report.level not in DCGM_RUNS:
+            # quarantined by DCGM's diagnostic: the quick level cannot tell that its fault is gone
+            f = findings.failed("health.release", f"kept in quarantine ({was}): DCGM's diagnostic put it there and "
+                                "the quick level does not run it",
+                                f"run gpuk8s health --release {name} --level standard (or long)")
         elif not h.ok:
             bad = next((x for x in h.findings if not x.ok), None)
             f = findings.failed("health.release", f"kept in quarantine ({was}): its GPUs fail the check now"
@@ -44,7 +49,11 @@ def release_with(kube: KubeClient, report: HealthReport) -> None:
                                 "fix the fault the findings above name (reset the GPU, reboot, or replace it), then "
                                 "run gpuk8s health --release again")
         else:
-            kube.taint(name, [f"{QUARANTINE_KEY}:NoSchedule-"])
-            f = findings.passed("health.release", f"released: the quarantine taint ({was}) removed, the node takes "
-                                "pods again")
+            try:
+                kube.taint(name, [f"{QUARANTINE_KEY}:NoSchedule-"])
+                f = findings.passed("health.release", f"released: the quarantine taint ({was}) removed, the node "
+                                    "takes pods again")
+            except GpuK8sError as e:  # this node's alone: the others are released or not on their own
+                f = findings.failed("health.release", f"not released: kubectl taint failed: {e.message}",
+                                    e.remedy or f"run gpuk8s health --release {name} again")
         h.findings.append(f)

@@ -43,15 +43,22 @@ def endpoint(inv: Inventory) -> str:
     return ep if ":" in ep and not ep.count(":") > 1 else f"{ep}:6443"
 
 
+# kubeadm's default taint of a control plane, which nodeRegistration.taints replaces when it is set
+CONTROL_PLANE_TAINT = {"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}
+
+
 def kubeadm_init_config(inv: Inventory, cp: Host, version: str, token: str | None,
-                        certificate_key: str | None) -> str:
-    """InitConfiguration + ClusterConfiguration + KubeletConfiguration for the first control plane."""
+                        certificate_key: str | None, taints: Sequence[Taint] = ()) -> str:
+    """InitConfiguration + ClusterConfiguration + KubeletConfiguration for the first control plane; `taints`: it
+    registers with them besides kubeadm's control-plane taint (a quarantined control plane)."""
     c = inv.cluster
     init: dict[str, Any] = {
         "apiVersion": api_version(inv), "kind": "InitConfiguration",
         "localAPIEndpoint": {"advertiseAddress": cp.address, "bindPort": 6443},
         "nodeRegistration": {"name": cp.name, "criSocket": CRI_SOCKETS[c.container_runtime]},
     }
+    if taints:
+        init["nodeRegistration"]["taints"] = registration_taints(cp, taints)
     if token:
         init["bootstrapTokens"] = [{"token": token, "ttl": "2h0m0s", "usages": ["signing", "authentication"],
                                     "groups": ["system:bootstrappers:kubeadm:default-node-token"]}]
@@ -85,8 +92,10 @@ def upload_certs_config(inv: Inventory, certificate_key: str) -> str:
                            "certificateKey": certificate_key}, sort_keys=False)
 
 
-# kubeadm's default taint of a control plane, which nodeRegistration.taints replaces when it is set
-CONTROL_PLANE_TAINT = {"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}
+def registration_taints(host: Host, taints: Sequence[Taint]) -> list[dict[str, str]]:
+    """nodeRegistration.taints: set, it replaces kubeadm's default, so a control plane's is added back."""
+    return ([dict(CONTROL_PLANE_TAINT)] if host.is_control_plane else []) + [
+        {"key": t.key, **({"value": t.value} if t.value else {}), "effect": t.effect} for t in taints]
 
 
 def join_config(inv: Inventory, host: Host, api_endpoint: str, token: str, ca_hash: str,
@@ -100,8 +109,7 @@ def join_config(inv: Inventory, host: Host, api_endpoint: str, token: str, ca_ha
         "nodeRegistration": {"name": host.name, "criSocket": CRI_SOCKETS[inv.cluster.container_runtime]},
     }
     if taints:
-        doc["nodeRegistration"]["taints"] = ([dict(CONTROL_PLANE_TAINT)] if host.is_control_plane else []) + [
-            {"key": t.key, **({"value": t.value} if t.value else {}), "effect": t.effect} for t in taints]
+        doc["nodeRegistration"]["taints"] = registration_taints(host, taints)
     if host.is_control_plane:
         doc["controlPlane"] = {"localAPIEndpoint": {"advertiseAddress": host.address, "bindPort": 6443},
                                "certificateKey": certificate_key}

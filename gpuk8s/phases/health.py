@@ -23,8 +23,11 @@ from gpuk8s.health.checks import judge
 from gpuk8s.health.run import DCGM_RUNS, check_session, dcgm
 from gpuk8s.inventory.model import Host
 from gpuk8s.kube import state
-from gpuk8s.phases.base import Context, Phase, PhasePlan, PhaseResult
+from gpuk8s.phases.base import Change, Context, Phase, PhasePlan, PhaseResult
 from gpuk8s.remote import for_each_host
+
+# A host whose health could not be read at all (or only without root): held back whatever the policy
+UNREAD = ("ssh.reachable", "ssh.sudo", "facts.parse")
 
 
 class Health(Phase):
@@ -43,22 +46,49 @@ class Health(Phase):
                 and h.name not in present]
 
     @staticmethod
-    def _judge(ctx: Context, h: Host, planning: bool = False) -> list[Finding]:
-        """The host's failing findings: from preflight's reading where its facts are still those preflight read,
-        else from a fresh one (one round trip); DCGM's diagnostic at the standard and long levels, not when
-        `planning` (a dry run does not run minutes of GPU tests)."""
+    def _quick(ctx: Context, h: Host) -> tuple[list[Finding], bool]:
+        """The host's quick-level findings about it, and whether its GPUs could be checked at all (for DCGM): from
+        the reading taken with its facts where those are still the context's, else from a fresh one (one round
+        trip: a later phase read its facts again)."""
         got = ctx.health.get(h.name)
-        level = "quick" if planning else ctx.inv.health.before_join
         if got is not None and got[0] is ctx.facts.get(h.name):
-            found = judge(h, got[0], got[1])
-            if level in DCGM_RUNS and got[0].gpu.state == "ok":
-                found.append(dcgm(ctx.sessions[h.name], level))
+            found, gpu_ok = judge(h, got[0], got[1]), got[0].gpu.state == "ok"
         else:
-            found = check_session(ctx.sessions[h.name], level).findings
-        bad = [f.about(findings.host(h.name)) for f in found if f.status == "fail"]
-        # the cause first: a GPU missing from the count is what an Xid 79 leaves behind, so the Xid names the
-        # quarantine where both fail
-        return sorted(bad, key=lambda f: f.id == "health.gpu-count")
+            res = check_session(ctx.sessions[h.name])
+            found, gpu_ok = res.findings, res.facts is not None and res.facts.gpu.state == "ok"
+        return [f.about(findings.host(h.name)) for f in found], gpu_ok
+
+    def _judge(self, ctx: Context, hosts: list[Host], planning: bool = False) -> dict[str, list[Finding]]:
+        """Every host's findings that matter here (failures, the cause first; a DCGM diagnostic that was not run).
+        The standard and long levels add DCGM's diagnostic on the hosts the quick level passed (a failing host's
+        verdict is made; minutes of GPU tests would not change it), all at once: it is the hosts' work, not this
+        machine's. Not when `planning`: a dry run does not run GPU tests."""
+        out: dict[str, list[Finding]] = {}
+        can_dcgm: list[Host] = []
+        for name, v in for_each_host(hosts, lambda h: self._quick(ctx, h), ctx.concurrency).items():
+            if isinstance(v, BaseException):  # a bug: named, never a healthy host
+                out[name] = [findings.failed("facts.parse", f"gpuk8s failed while judging its health: {v!r}",
+                                             "see the log file and report it", subject=findings.host(name))]
+                continue
+            found, gpu_ok = v
+            out[name] = [f for f in found if f.status == "fail"]
+            if not out[name] and gpu_ok:
+                can_dcgm.append(ctx.inv.host(name))
+        level = ctx.inv.health.before_join
+        if level in DCGM_RUNS and not planning and can_dcgm:
+            ctx.emit(f"DCGM's diagnostic (dcgmi diag -r {DCGM_RUNS[level]}) on {len(can_dcgm)} host(s) ...")
+            ran = for_each_host(can_dcgm, lambda h: dcgm(ctx.sessions[h.name], level), min(len(can_dcgm), 128))
+            for name, f in ran.items():
+                if isinstance(f, BaseException):
+                    f = findings.failed("health.dcgm-diag", f"gpuk8s failed while running DCGM's diagnostic: {f!r}",
+                                        "see the log file and report it")
+                if f.status in ("fail", "skip"):
+                    out[name].append(f.about(findings.host(name)))
+        for fs in out.values():
+            # the cause first: a GPU missing from the count is what an Xid 79 leaves behind, so the Xid names the
+            # quarantine where both fail
+            fs.sort(key=lambda f: (f.status != "fail", f.id == "health.gpu-count"))
+        return out
 
     def plan(self, ctx: Context) -> PhasePlan:
         if ctx.inv.health.before_join == "off":
@@ -66,21 +96,14 @@ class Health(Phase):
         hosts = self._hosts(ctx)
         if not hosts:
             return self.planned("unchanged", "no GPU host to join")
-        # read-only: a host whose facts were read again is probed again, as the run would
-        bad = {h.name: self._judge(ctx, h, planning=True) for h in hosts}
-        verdicts = [f"{n}: {self._action(ctx, n)} ({fs[0].id}: {fs[0].message})" for n, fs in bad.items() if fs]
+        # read-only: a host whose facts were read again is probed again, as the run would; the decisions are
+        # recorded in the context as the run records them, so that join's and the gpu phase's plans show the taint
+        r = self._decide(ctx, hosts, self._judge(ctx, hosts, planning=True), planning=True)
         reason = (f"{len(hosts)} GPU host(s) judged before joining (the quick level"
                   + (f"; the run adds dcgmi diag -r {DCGM_RUNS[ctx.inv.health.before_join]} on each)"
-                     if ctx.inv.health.before_join in DCGM_RUNS else ")")
-                  + ("; " + "; ".join(verdicts) if verdicts else ": healthy"))
-        return self.planned("would-change" if verdicts else "unchanged", reason)
-
-    @staticmethod
-    def _action(ctx: Context, name: str) -> str:
-        policy = ctx.inv.health.on_failure
-        if policy == "quarantine" or (policy == "skip" and name == ctx.cp.name):
-            return "would join quarantined" if name != ctx.cp.name else "would be quarantined"
-        return "would not be joined" if policy == "skip" else "would stop the run"
+                     if ctx.inv.health.before_join in DCGM_RUNS else ")") + ": " + r.message)
+        changes = [Change(f"{n}: {what}", n) for n, what in r.hosts.items() if what != "healthy"]
+        return self.planned("would-change" if changes else "unchanged", reason, changes)
 
     def run(self, ctx: Context) -> PhaseResult:
         if ctx.inv.health.before_join == "off":
@@ -88,35 +111,41 @@ class Health(Phase):
         hosts = self._hosts(ctx)
         if not hosts:
             return self.result("unchanged", "no GPU host to join")
+        return self._decide(ctx, hosts, self._judge(ctx, hosts))
+
+    def _decide(self, ctx: Context, hosts: list[Host], judged: dict[str, list[Finding]],
+                planning: bool = False) -> PhaseResult:
+        """What the policy does with each host (in the context: quarantine, held), and the phase's result."""
         r = self.result("passed")
-        bad: dict[str, list[Finding]] = {}
-        for name, v in for_each_host(hosts, lambda h: self._judge(ctx, h), ctx.concurrency).items():
-            if isinstance(v, BaseException):
-                v = [findings.failed("facts.parse", f"gpuk8s failed while judging its health: {v!r}",
-                                     "see the log file and report it", subject=findings.host(name))]
-            if v:
-                bad[name] = v
-            else:
-                r.hosts[name] = "healthy"
-        ctx.findings.extend(f for fs in bad.values() for f in fs)
+        ctx.findings.extend(f for fs in judged.values() for f in fs)
         policy = ctx.inv.health.on_failure
-        unread = {n for n, fs in bad.items() if fs[0].id in ("ssh.reachable", "facts.parse")}
-        for name, fs in bad.items():
-            what = f"{fs[0].id}: {fs[0].message}" + (f" (and {len(fs) - 1} more)" if len(fs) > 1 else "")
-            if name in unread:
-                r.hosts[name] = f"not checked: {what}"
-                self._hold(ctx, name, f"its GPU health could not be read: {what}")
-            elif policy == "quarantine" or (policy == "skip" and name == ctx.cp.name):
-                ctx.quarantine[name] = fs[0].id
-                r.hosts[name] = f"quarantined ({quarantine_taint(fs[0].id)}): {what}"
-                ctx.emit(f"{name}: quarantined: {what}")
+        would = "would be " if planning else ""
+        bad: dict[str, list[Finding]] = {}
+        for h in hosts:
+            fs = judged.get(h.name, [])
+            failing = [f for f in fs if f.status == "fail"]
+            if not failing:
+                skipped_ = next((f for f in fs if f.id == "health.dcgm-diag"), None)
+                r.hosts[h.name] = ("healthy" if skipped_ is None else
+                                   "healthy (the quick level only: DCGM is not installed)")
+                continue
+            bad[h.name] = failing
+            what = f"{failing[0].id}: {failing[0].message}" + (
+                f" (and {len(failing) - 1} more)" if len(failing) > 1 else "")
+            if failing[0].id in UNREAD:
+                r.hosts[h.name] = f"{would}not checked: {what}"
+                self._hold(ctx, h.name, f"its GPU health could not be read: {what}", planning)
+            elif policy == "quarantine" or (policy == "skip" and h.name == ctx.cp.name):
+                ctx.quarantine[h.name] = failing[0].id
+                r.hosts[h.name] = f"{would}quarantined ({quarantine_taint(failing[0].id)}): {what}"
+                if not planning:
+                    ctx.emit(f"{h.name}: quarantined: {what}")
             elif policy == "skip":
-                r.hosts[name] = f"not joined: {what}"
-                self._hold(ctx, name, f"GPU health failed: {what}")
+                r.hosts[h.name] = f"{would}not joined: {what}"
+                self._hold(ctx, h.name, f"GPU health failed: {what}", planning)
             else:
-                r.hosts[name] = f"failed: {what}"
-        healthy = len(hosts) - len(bad)
-        r.message = f"{healthy} of {len(hosts)} GPU host(s) healthy"
+                r.hosts[h.name] = f"failed: {what}"
+        r.message = f"{len(hosts) - len(bad)} of {len(hosts)} GPU host(s) healthy"
         if ctx.quarantine:
             r.message += "; quarantined: " + ", ".join(f"{n} ({i})" for n, i in sorted(ctx.quarantine.items()))
         failed = sorted(n for n in bad if n not in ctx.quarantine)
@@ -135,9 +164,9 @@ class Health(Phase):
         return r
 
     @staticmethod
-    def _hold(ctx: Context, name: str, why: str) -> None:
+    def _hold(ctx: Context, name: str, why: str, planning: bool = False) -> None:
         """Leave a host out of the phases after this one (never the first control plane's connection: the
-        cluster's phases run over it)."""
+        cluster's phases run over it; a dry run keeps every connection, its later plans only read)."""
         ctx.held[name] = why
-        if name != ctx.cp.name and name in ctx.sessions:
+        if not planning and name != ctx.cp.name and name in ctx.sessions:
             ctx.sessions.pop(name).close()

@@ -34,6 +34,7 @@ class Join(Phase):
 
     def plan(self, ctx: Context) -> PhasePlan:
         todo, _ = self._todo(ctx)
+        todo = [h for h in todo if h.name not in ctx.held]  # the health phase held it back (its plan says why)
         if not todo:
             return self.planned("unchanged", "every host is already in the cluster")
         changes = [Change("a bootstrap token for this run", ctx.cp.name,
@@ -63,6 +64,8 @@ class Join(Phase):
         todo = [h for h in todo if h.name in ctx.sessions]
         if not todo:
             r.status, r.message = "unchanged", "every prepared host is already in the cluster"
+            if any(n in ctx.held for n in r.hosts):
+                r.message = "no host to join: " + ", ".join(n for n in r.hosts if n in ctx.held) + " held back"
             return r
         api, ca_hash, token, key = self._credentials(ctx, any(h.is_control_plane for h in todo))
 

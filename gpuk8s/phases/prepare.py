@@ -8,33 +8,63 @@ phases; the first control plane failing stops the flow.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import replace
 
 from gpuk8s import gpuplan
+from gpuk8s.errors import GpuK8sError
+from gpuk8s.facts.health import HealthFacts, read_health
 from gpuk8s.facts.model import HostFacts
 from gpuk8s.gpuplan import is_gpu_node
 from gpuk8s.health.run import EXTRA
 from gpuk8s.install.prepare import Event, PrepareReport, prepare
 from gpuk8s.inventory.model import Host, Inventory
+from gpuk8s.kube import state
 from gpuk8s.phases.base import Change, Context, Phase, PhasePlan, PhaseResult
-from gpuk8s.preflight.runner import gather
+from gpuk8s.preflight.runner import probe
 from gpuk8s.remote import Session, for_each_host
 
+log = logging.getLogger("gpuk8s.phases")
 
-def health_sections(inv: Inventory) -> Callable[[Host], str] | None:
-    """The health sections preflight runs with the probe on a GPU host, where the health phase will judge them
-    (health.before_join): they ride in preflight's round trip."""
-    if inv.health.before_join == "off":
+
+def health_sections(ctx: Context) -> Callable[[Host], str] | None:
+    """The health sections preflight runs with the probe on each GPU host the health phase will judge (not yet a
+    node of the cluster; inventory health.before_join): they ride in preflight's round trip. The cluster's nodes
+    are read over the first control plane's connection (the lock's; opened here for a dry run, which takes no
+    lock); a cluster that cannot be read counts as none yet (every GPU host is judged)."""
+    if ctx.inv.health.before_join == "off":
         return None
-    return lambda h: EXTRA if is_gpu_node(h) else ""
+    present: set[str] = set()
+    try:
+        if ctx.cp.name not in ctx.sessions:
+            ctx.sessions[ctx.cp.name] = Session(ctx.cp, ctx.sudo_passwords.get(ctx.cp.name))
+        if ctx.initialized():
+            present = set(state.by_name(ctx.kube.get("nodes")))
+    except GpuK8sError as e:  # preflight names an unreachable control plane; the API's trouble is init's to name
+        log.info("the cluster's nodes could not be read before preflight: %s", e.message)
+    return lambda h: EXTRA if is_gpu_node(h) and h.name not in present else ""
+
+
+def reread(sessions: dict[str, Session], concurrency: int, extra: Callable[[Host], str] | None = None
+           ) -> tuple[dict[str, HostFacts], dict[str, HealthFacts]]:
+    """Facts as they are now (after the playbooks changed the hosts): one probe run per host, with the health
+    sections where `extra` gives them (their reading in the second dict)."""
+    hosts = [s.host for s in sessions.values()]
+
+    def one(h: Host) -> tuple[HostFacts, HealthFacts | None]:
+        more = extra(h) if extra is not None else ""
+        facts, _, _, stdout = probe(sessions[h.name], "", more)
+        return facts, read_health(stdout) if more else None
+
+    got = for_each_host(hosts, one, concurrency)
+    ok = {n: v for n, v in got.items() if isinstance(v, tuple)}
+    return {n: v[0] for n, v in ok.items()}, {n: v[1] for n, v in ok.items() if v[1] is not None}
 
 
 def refresh_facts(sessions: dict[str, Session], concurrency: int) -> dict[str, HostFacts]:
     """Facts as they are now (after the playbooks changed the hosts): one probe run per host."""
-    hosts = [s.host for s in sessions.values()]
-    got = for_each_host(hosts, lambda h: gather(sessions[h.name])[0], concurrency)
-    return {n: v for n, v in got.items() if isinstance(v, HostFacts)}
+    return reread(sessions, concurrency)[0]
 
 
 class Prepare(Phase):
@@ -44,6 +74,9 @@ class Prepare(Phase):
 
     def __init__(self, on_event: Callable[[Event], None] | None = None, measure_network: bool = False,
                  apply: bool = True) -> None:
+        # whether the health phase runs after this one (flows.health_selected sets it from the phase list): only then
+        # do its readings ride in preflight's round trip, and only then is a GPU missing its to judge
+        self.health = False
         self.on_event = on_event
         self.measure_network = measure_network
         # apply=False: --skip-phases prepare (or --only-phase another): preflight and the steps' checks still run,
@@ -57,9 +90,10 @@ class Prepare(Phase):
         return replace(ctx.inv, hosts=tuple(h for h in ctx.inv.hosts if h.name in names))
 
     def _prepare(self, ctx: Context, dry_run: bool) -> PrepareReport:
+        extra = health_sections(ctx) if self.health else None
         rep = prepare(self._target(ctx), concurrency=ctx.concurrency, ignore=ctx.ignore,
                       sudo_passwords=ctx.sudo_passwords, dry_run=dry_run, measure_network=self.measure_network,
-                      on_event=self.on_event, sessions=ctx.sessions, extra=health_sections(ctx.inv))
+                      on_event=self.on_event, sessions=ctx.sessions, extra=extra)
         ctx.prepare_report = rep
         done = {h.host.name for h in rep.hosts if h.status == "done"}
         for name in [n for n in ctx.sessions if n not in done and n != ctx.cp.name]:
@@ -67,10 +101,14 @@ class Prepare(Phase):
         changed = {h.host.name for h in rep.hosts if h.count("changed")}
         facts = {r.host.name: r.facts for r in rep.preflight
                  if r.facts is not None and r.host.name in done and r.host.name not in changed}
-        facts.update(refresh_facts({n: s for n, s in ctx.sessions.items() if n in changed}, ctx.concurrency))
+        health = {r.host.name: (r.facts, r.health) for r in rep.preflight
+                  if r.health is not None and r.facts is not None and r.host.name in facts}
+        # a host the playbooks changed is read again, its health sections with it (one round trip, as before)
+        fresh, readings = reread({n: s for n, s in ctx.sessions.items() if n in changed}, ctx.concurrency, extra)
+        facts.update(fresh)
+        health.update({n: (fresh[n], h) for n, h in readings.items()})
         ctx.facts = facts
-        ctx.health = {r.host.name: (facts[r.host.name], r.health) for r in rep.preflight
-                      if r.health is not None and facts.get(r.host.name) is r.facts}
+        ctx.health = health
         ctx.plans = gpuplan.plans(ctx.inv, facts)
         return rep
 

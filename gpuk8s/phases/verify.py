@@ -104,13 +104,15 @@ class Verify(Phase):
     fatal = False
 
     def plan(self, ctx: Context) -> PhasePlan:
-        gpu_nodes = [p.node for p in ctx.plans.values() if p.expected_gpus]
+        # not a node held back or quarantined by the health phase: verify tests neither
+        gpu_nodes = [p.node for p in ctx.plans.values() if p.expected_gpus and p.node not in ctx.quarantine
+                     and p.node not in ctx.held]
         changes = []
         if ctx.options.test_pods:
             changes = [Change(f"test pod on {n} (created, then deleted)", manifest=self._pod(ctx, n))
                        for n in gpu_nodes]
             for p in ctx.plans.values():
-                if p.expected_gpus and p.sharing != "none":
+                if p.expected_gpus and p.sharing != "none" and p.node in gpu_nodes:
                     what = (f"{p.expected_gpus} + 1 one-slice pods" if p.sharing != "hami"
                             else "one pod asking for GPU memory")
                     limits = ({p.resource_name: 1} if p.sharing != "hami"
@@ -157,6 +159,11 @@ class Verify(Phase):
                                            plugin, driver_problem=problem, runtime_default=runtime_default,
                                            resource=plan.resource_name, sharing=self._sharing(ctx, plan)))
         for c in checks:
+            if c.node in ctx.held and not c.ok and c.cause_id == "node.not-joined":
+                # left out on purpose by this run's health phase: why, and what to do, not `gpuk8s join`
+                c.cause = f"not joined: held back by the health phase ({ctx.held[c.node]})"
+                c.remedy = (f"gpuk8s health {c.node} names the fault; once fixed, gpuk8s join {c.node} (or set "
+                            "health.on_failure: quarantine to join it tainted)")
             if ctx.plans[c.node].mig_strategy != "none":
                 mig_check(ctx, ctx.plans[c.node], c, nodes.get(c.node))
             c.quarantine = state.quarantined(nodes.get(c.node)) if c.ready else ""  # not Ready: that is its verdict

@@ -72,11 +72,15 @@ def render_cluster(rep: ClusterReport, title: str) -> None:
         prepare_table(rep.prepare)
     rows = [[p.name, p.status, p.message] for p in rep.phases]
     ui.table(title, ["phase", "result", "detail"], rows, [PHASE_STYLE.get(p.status, "") for p in rep.phases])
+    bad = [f for f in rep.findings if f.status != "pass"]
+    if bad:  # per host, what a phase found (the health phase's failures, with their evidence)
+        findings.table("findings", bad, subject="host")
     if rep.nodes:
         findings.table("nodes", [n.finding() for n in rep.nodes], subject="node")
     con = ui.console(stderr=True)
     for p in rep.phases:
-        if p.status == "failed" and p.remedy:
+        # a failure's remedy; and the health phase's where it quarantined nodes (it passed: the policy was followed)
+        if p.remedy and (p.status == "failed" or p.name == "health"):
             ui.say(con, f"{p.name}: {p.message}\n    fix: {p.remedy}")
     if rep.kubeconfig:
         ui.say(con, f"admin kubeconfig: {rep.kubeconfig} (mode 0600): kubectl --kubeconfig {rep.kubeconfig} get nodes")

@@ -70,8 +70,9 @@ def test_full_install_then_no_op_then_join(lab_up, run_cli, tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     rep = json.loads(r.stdout)
     assert rep["ok"] and rep["changed"]
-    assert [p["name"] for p in rep["phases"]] == ["lock", "prepare", "driver", "mig", "init", "kubeconfig", "cni",
-                                                  "join", "gpu", "verify"]
+    assert [p["name"] for p in rep["phases"]] == ["lock", "prepare", "driver", "health", "mig", "init", "kubeconfig",
+                                                  "cni", "join", "gpu", "verify"]
+    assert {p["name"]: p for p in rep["phases"]}["health"]["status"] == "passed"  # the lab's GPUs are healthy
     checks = {n["node"]: n for n in rep["nodes"]}
     assert checks["gpu-1"]["allocatable_gpus"] == 4 and checks["gpu-2"]["allocatable_gpus"] == 2
     assert all(n["ok"] and n["ready"] for n in checks.values())

@@ -32,7 +32,7 @@ def test_dry_run_plans_every_cluster_phase_and_changes_nothing(lab_up, run_cli, 
     assert r.returncode == 0, r.stdout + r.stderr
     rep = json.loads(r.stdout)
     plans = {p["name"]: p for p in rep["plans"]}
-    assert list(plans) == ["prepare", "driver", "mig", "init", "kubeconfig", "cni", "join", "gpu", "verify"]
+    assert list(plans) == ["prepare", "driver", "health", "mig", "init", "kubeconfig", "cni", "join", "gpu", "verify"]
     assert plans["mig"]["status"] == "unchanged"  # no host asks for MIG or has it on
     assert plans["driver"]["status"] == "unchanged"  # no host has driver: {manage: true}
     assert all(plans[n]["status"] == "would-change" for n in ("prepare", "init", "kubeconfig", "cni", "join", "gpu"))

@@ -55,6 +55,13 @@ def test_install_quarantines_unhealthy_hosts_and_release_lifts_it_once_fixed(lab
     assert "GPU 2 (0000:12:00)" in found["remap", "health.row-remap-pending"]["message"]
     assert not [k for k in found if k[0] == "fine"]
 
+    # the readings rode in the fact probes install runs anyway (preflight, and the one after the playbooks changed
+    # the host): no probe of its own, one `nvidia-smi -q` per probe
+    calls = lab.host("fine").commands()
+    probes = [a for a in calls if a[:2] == ["nvidia-smi", "--version"]]
+    assert len(probes) == 2 and len([a for a in calls if a[:2] == ["nvidia-smi", "-q"]]) == 2, calls
+    assert not [a for a in lab.host("cp-1").commands() if a[:2] == ["nvidia-smi", "-q"]]  # no GPUs: not judged
+
     # the taint is on the node from its registration (JoinConfiguration), the healthy node has none
     assert quarantine(lab, "fell") == "health.xid" and quarantine(lab, "remap") == "health.row-remap-pending"
     assert quarantine(lab, "fine") is None

@@ -75,12 +75,28 @@ def test_not_installed_is_skipped_and_said() -> None:
     "", "Error: unable to establish a connection to the specified host: localhost\n",
     "[" * 200_000, '{"DCGM Diagnostic": {"test_categories": [' + '{"tests": [null, 1, "x"]},' * 50_000 + "{}]}}",
     "{" + '"a":' * 10 + "1" + "}" * 10, '{"other": {}}', "x" * (MAX_BYTES + 1),
+    # a type where an array belongs, at each level (a parser that iterates it would raise)
+    '{"DCGM Diagnostic": {"test_categories": 5}}', '{"DCGM Diagnostic": {"test_categories": [{"tests": 1}]}}',
+    '{"DCGM Diagnostic": {"test_categories": [{"tests": [{"name": "t", "results": 2}]}]}}',
+    '{"DCGM Diagnostic": {"test_categories": [{"tests": [{"name": "t", "results": {"status": "Pass"}}]}]}}',
+    '{"DCGM Diagnostic": [], "metadata": 3}', '[1, 2]', '"Pass"',
 ])
 def test_hostile_output_is_bounded_and_never_a_pass(text: str) -> None:
     t0 = time.process_time()
     r = parse_diag(text)
     assert time.process_time() - t0 < 2
     assert not r.read and r.error and judge_dcgm("standard", r).status == "fail"
+
+
+def test_odd_warnings_and_entities_are_read_as_text_or_left_out() -> None:
+    doc = {"DCGM Diagnostic": {"test_categories": [{"category": "c", "tests": [{"name": "t", "results": [
+        {"entity_group": "GPU", "entity_id": True, "status": "Fail", "warnings": 7},
+        {"entity_group": "Switch", "entity_id": 2, "status": "fail", "warnings": ["x" * 1000, {"warning": 5}, None]},
+    ]}]}]}, "metadata": {"version": ["4"], "Driver Version Detected": "580.1\x1b[31m"}}
+    r = parse_diag(json.dumps(doc))
+    assert [(x.gpu, x.status, x.warnings) for x in r.results] == [("", "fail", ()), ("Switch 2", "fail",
+                                                                                      ("x" * 300, "5"))]
+    assert r.version == "" and "\x1b" not in r.driver
 
 
 def test_many_results_are_kept_up_to_the_cap() -> None:
@@ -129,5 +145,29 @@ def test_the_health_phase_runs_dcgm_at_the_standard_level(monkeypatch: pytest.Mo
     monkeypatch.setattr(phase, "dcgm", dcgm)
     assert "dcgmi" not in str(ran) and "dcgmi diag -r 2 on each" in phase.Health().plan(ctx).reason and not ran
     r = phase.Health().run(ctx)
-    assert sorted(ran) == ["bad:standard", "good:standard", "remap:standard"]
+    # only where the quick level passed: a failing host's verdict is made without minutes of GPU tests
+    assert ran == ["good:standard"]
     assert r.hosts["good"].startswith("not joined: health.dcgm-diag: dcgmi diag -r 2 (DCGM 4.5.2")
+    assert r.hosts["bad"].startswith("not joined: health.xid")
+
+
+def test_without_dcgm_the_standard_level_says_so_and_joins_on_the_quick_level(monkeypatch: pytest.MonkeyPatch) -> None:
+    ctx = context()
+    ctx.inv = type(ctx.inv)(**{**ctx.inv.__dict__, "health": type(ctx.inv.health)("long", "quarantine")})
+    monkeypatch.setattr(phase, "dcgm", lambda session, level: judge_dcgm(level, None))
+    r = phase.Health().run(ctx)
+    assert r.hosts["good"] == "healthy (the quick level only: DCGM is not installed)" and "good" not in ctx.quarantine
+    said = [f for f in ctx.findings if f.id == "health.dcgm-diag"]
+    assert len(said) == 1 and said[0].status == "skip" and said[0].subject.name == "good"  # type: ignore[union-attr]
+
+
+def test_a_dcgm_run_that_raises_is_named_not_healthy(monkeypatch: pytest.MonkeyPatch) -> None:
+    ctx = context("skip")
+    ctx.inv = type(ctx.inv)(**{**ctx.inv.__dict__, "health": type(ctx.inv.health)("standard", "skip")})
+
+    def boom(session: object, level: str) -> object:
+        raise KeyError("x")
+
+    monkeypatch.setattr(phase, "dcgm", boom)
+    r = phase.Health().run(ctx)
+    assert r.hosts["good"].startswith("not joined: health.dcgm-diag: gpuk8s failed while running DCGM's diagnostic")

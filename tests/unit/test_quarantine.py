@@ -145,11 +145,42 @@ def test_a_host_whose_facts_were_read_again_is_probed_again(monkeypatch: pytest.
     assert probed == ["bad:quick"] and r.hosts["bad"] == "healthy" and "bad" not in ctx.quarantine
 
 
-def test_the_plan_names_what_the_run_would_do() -> None:
-    p = phase.Health().plan(context("skip"))
-    assert p.status == "would-change"
-    assert "bad: would not be joined (health.xid: " in p.reason and "remap: would not be joined" in p.reason
-    assert "would join quarantined" in phase.Health().plan(context()).reason
+def test_the_plan_names_what_the_run_would_do_and_records_it_for_the_later_plans() -> None:
+    ctx = context("skip")
+    p = phase.Health().plan(ctx)
+    assert p.status == "would-change" and p.reason.endswith("1 of 3 GPU host(s) healthy; not joined: bad, remap")
+    changes = {c.host: c.what for c in p.changes}
+    assert changes["bad"].startswith("bad: would be not joined: health.xid: ") and "good" not in changes
+    # held in the plan as in the run, but a dry run closes no connection: join's plan leaves them out
+    assert set(ctx.held) == {"bad", "remap"} and "bad" in ctx.sessions
+    from gpuk8s.phases.join import Join
+    joins = [c.host for c in Join().plan(ctx).changes if c.what.startswith("kubeadm join")]
+    assert joins == ["good"]
+    ctx = context()
+    p = phase.Health().plan(ctx)
+    assert ctx.quarantine == {"bad": "health.xid", "remap": "health.row-remap-pending"}
+    assert {c.host: c.what for c in p.changes}["bad"].startswith(
+        "bad: would be quarantined (gpuk8s.io/quarantine=health.xid:NoSchedule)")
+    # join's plan shows the JoinConfiguration with the taint
+    from gpuk8s.phases.join import Join
+    stdin = {c.host: c.stdin for c in Join().plan(ctx).changes if c.what.startswith("kubeadm join")}
+    assert "gpuk8s.io/quarantine" in stdin["bad"] and "gpuk8s.io/quarantine" not in stdin["good"]
+
+
+def test_a_host_read_without_root_is_held_not_quarantined(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fresh reading that ran without sudo (the kernel log may be unreadable) judges nothing: held back."""
+    from gpuk8s.findings import failed as fail
+    ctx = context()
+    ctx.facts["bad"] = facts()
+
+    def check_session(s: Any, level: str = "quick") -> HostHealth:
+        return HostHealth(s.host, reachable=True, facts=ctx.facts["bad"], health=h100(), findings=[
+            fail("ssh.sudo", "sudo asks gpuk8s for a password", "set ssh.sudo.mode")])
+
+    monkeypatch.setattr(phase, "check_session", check_session)
+    r = phase.Health().run(ctx)
+    assert "bad" not in ctx.quarantine and ctx.held["bad"].startswith("its GPU health could not be read: ssh.sudo")
+    assert r.status == "failed" and r.hosts["bad"].startswith("not checked: ssh.sudo")
 
 
 def test_a_quarantined_worker_registers_with_the_taint_and_a_control_plane_keeps_kubeadms() -> None:
@@ -161,6 +192,13 @@ def test_a_quarantined_worker_registers_with_the_taint_and_a_control_plane_keeps
     doc = yaml.safe_load(render.join_config(inv, cp2, "10.0.0.10:6443", "t", "sha256:x", "key", [t]))
     assert doc["nodeRegistration"]["taints"][0] == {"key": "node-role.kubernetes.io/control-plane",
                                                     "effect": "NoSchedule"}
+    # the first control plane: in kubeadm init's InitConfiguration, kubeadm's own taint kept
+    init = next(yaml.safe_load_all(render.kubeadm_init_config(inv, CP, "v1.36.0", None, None, [t])))
+    assert init["nodeRegistration"]["taints"] == [
+        {"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"},
+        {"key": QUARANTINE, "value": "health.xid", "effect": "NoSchedule"}]
+    assert "taints" not in next(yaml.safe_load_all(render.kubeadm_init_config(inv, CP, "v1.36.0", None, None)))[
+        "nodeRegistration"]
     # no quarantine: kubeadm's defaults (no taints key at all)
     assert "taints" not in yaml.safe_load(render.join_config(inv, GOOD, "a:6443", "t", "sha256:x"))["nodeRegistration"]
 
@@ -214,6 +252,37 @@ def test_release_removes_only_a_healthy_nodes_quarantine() -> None:
     assert got["cp"].status == "skip" and not rep.ok
 
 
+def test_release_keeps_a_dcgm_quarantine_below_the_standard_level_and_names_a_failed_taint() -> None:
+    kube = FakeKube()
+    kube.add_node("good", taints=[{"key": QUARANTINE, "value": "health.dcgm-diag", "effect": "NoSchedule"}])
+    rep = report((GOOD, True))
+    release_with(kube, rep)  # type: ignore[arg-type]
+    f = rep.hosts[0].findings[-1]
+    assert f.status == "fail" and "DCGM's diagnostic put it there" in f.message and "--level standard" in f.remedy
+    assert kube.writes == []
+    rep = report((GOOD, True))
+    rep.level = "standard"
+    release_with(kube, rep)  # type: ignore[arg-type]
+    assert kube.writes == [("taint", "good", "gpuk8s.io/quarantine:NoSchedule-")]
+
+    class Refusing(FakeKube):
+        def taint(self, node: str, taints: list[str]) -> None:
+            from gpuk8s.kube.client import KubeError
+            if node == "bad":
+                raise KubeError("Error from server (Forbidden)")
+            super().taint(node, taints)
+
+    kube = Refusing()
+    q = [{"key": QUARANTINE, "value": "health.xid", "effect": "NoSchedule"}]
+    kube.add_node("bad", taints=q)
+    kube.add_node("good", taints=q)
+    rep = report((BAD, True), (GOOD, True))
+    release_with(kube, rep)  # type: ignore[arg-type]
+    got = {h.host.name: h.findings[-1] for h in rep.hosts}
+    assert got["bad"].status == "fail" and "kubectl taint failed" in got["bad"].message
+    assert got["good"].message.startswith("released")  # one node's refusal is its own
+
+
 def test_the_inventory_health_section() -> None:
     base = "hosts:\n  - {name: cp-1, address: 10.0.0.10, role: control-plane}\n"
     inv = loads(base + "health: {before_join: off, on_failure: skip}\n", "inv.yaml")
@@ -233,3 +302,36 @@ def test_a_missing_gpu_is_the_health_phases_to_judge_where_it_runs() -> None:
     assert blocking_checks(checks, health=True) == []
     other = [*checks, failed("gpu.driver", "not installed", "install it")]
     assert [c.id for c in blocking_checks(other, health=True)] == ["gpu.driver"]
+
+
+def test_preflight_reads_the_health_sections_only_of_gpu_hosts_not_yet_nodes() -> None:
+    from gpuk8s.health.run import EXTRA
+    from gpuk8s.phases.prepare import health_sections
+    ctx = context(joined=("cp", "bad"))
+    extra = health_sections(ctx)
+    assert extra is not None
+    assert {h.name: extra(h) == EXTRA for h in ctx.inv.hosts} == {"cp": False, "good": True, "bad": False,
+                                                                  "remap": True}
+    assert health_sections(context(before="off")) is None
+    # a missing GPU blocks preparation exactly where the health phase will not judge it
+    checks = [failed("gpu.count", "7 of 8", "check the bus")]
+    assert blocking_checks(checks, health=bool(extra(BAD))) != [] and blocking_checks(checks, bool(extra(GOOD))) == []
+
+
+def test_skipping_the_health_phase_tells_prepare() -> None:
+    from gpuk8s import flows
+    from gpuk8s.phases.prepare import Prepare
+    inv = Inventory(Path("inventory.yaml"), Cluster(), SSHSettings(), (CP, GOOD))
+    prep = [p for p in flows.select_install(inv, ["health"], None) if isinstance(p, Prepare)]
+    assert len(prep) == 1 and prep[0].health is False
+    prep = [p for p in flows.select_install(inv, [], "verify") if isinstance(p, Prepare)]
+    assert prep[0].health is False  # --only-phase verify: prepare reads, health does not run
+    prep = [p for p in flows.select_install(inv, [], None) if isinstance(p, Prepare)]
+    assert prep[0].health is True
+
+
+def test_only_flows_with_the_health_phase_read_its_sections() -> None:
+    from gpuk8s import flows
+    from gpuk8s.phases.prepare import Prepare
+    assert [p.health for p in flows.join_phases() if isinstance(p, Prepare)] == [True]
+    assert Prepare().health is False  # doctor --fix's prepare: no health phase after it, gpu.count blocks

@@ -461,7 +461,12 @@ def _init(h: Any, args: list[str]) -> int:
                   "kube_proxy_image": images[3],
                   "nodes": {name: {"host": spec["name"], "role": "control-plane", "created": _now(), "labels": {
                       "node-role.kubernetes.io/control-plane": ""},
-                      "taints": [{"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}]}}})
+                      # nodeRegistration.taints replaces kubeadm's default taint when it is set
+                      "taints": [{k: str(t[k]) for k in ("key", "value", "effect") if t.get(k) is not None}
+                                 for t in init.get("nodeRegistration", {}).get("taints") or []
+                                 if isinstance(t, dict) and t.get("key") and t.get("effect")]
+                      if init.get("nodeRegistration", {}).get("taints") is not None else
+                      [{"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}]}}})
     h.state.setdefault("services", {})["kubelet"] = "active"
     h.save()
     kubelet_started()
