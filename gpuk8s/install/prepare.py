@@ -154,7 +154,8 @@ def prepare(inv: Inventory, *, concurrency: int, ignore: set[str], sudo_password
             on_event: Callable[[Event], None] | None = None,
             sessions: dict[str, Session] | None = None,
             wanted: Callable[[RenderedStep], bool] | None = None,
-            extra: Callable[[Host], str] | None = None) -> PrepareReport:
+            extra: Callable[[Host], str] | None = None,
+            lenient: Callable[[Host], bool] | None = None) -> PrepareReport:
     """Preflight, then the playbooks on every host that passed. With `sessions`, connections stay open
     for the caller (install part 2 goes on over them) and the caller closes them. `wanted`: the steps to run
     (upgrade leaves the Kubernetes packages to its node-by-node phases); default all. `extra`: sections preflight
@@ -167,7 +168,7 @@ def prepare(inv: Inventory, *, concurrency: int, ignore: set[str], sudo_password
     playbooks = [load_playbook(n) for n in playbooks_for(inv)]
 
     def blocking(rep: HostReport) -> list[CheckResult]:
-        return blocking_checks(rep.checks, health=bool(extra and extra(rep.host)))
+        return blocking_checks(rep.checks, health=bool(lenient and lenient(rep.host)))
 
     def after_preflight(rep: HostReport) -> None:
         emit(Event(rep.host.name, "preflight", status="ok" if not blocking(rep) else "blocked"))

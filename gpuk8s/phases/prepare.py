@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 from gpuk8s import gpuplan
 from gpuk8s.errors import GpuK8sError
@@ -28,22 +29,24 @@ from gpuk8s.remote import Session, for_each_host
 log = logging.getLogger("gpuk8s.phases")
 
 
-def health_sections(ctx: Context) -> Callable[[Host], str] | None:
+def health_sections(ctx: Context) -> tuple[Callable[[Host], str] | None, set[str]]:
     """The health sections preflight runs with the probe on each GPU host the health phase will judge (not yet a
-    node of the cluster; inventory health.before_join): they ride in preflight's round trip. The cluster's nodes
-    are read over the first control plane's connection (the lock's; opened here for a dry run, which takes no
-    lock); a cluster that cannot be read counts as none yet (every GPU host is judged)."""
+    node of the cluster; inventory health.before_join): they ride in preflight's round trip. And the nodes in
+    quarantine already (their GPUs' faults are known: a GPU missing there does not block their preparation).
+    The cluster's nodes are read over the first control plane's connection (the lock's; opened here for a dry run,
+    which takes no lock); a cluster that cannot be read counts as none yet (every GPU host is judged)."""
     if ctx.inv.health.before_join == "off":
-        return None
-    present: set[str] = set()
+        return None, set()
+    nodes: dict[str, Any] = {}
     try:
         if ctx.cp.name not in ctx.sessions:
             ctx.sessions[ctx.cp.name] = Session(ctx.cp, ctx.sudo_passwords.get(ctx.cp.name))
         if ctx.initialized():
-            present = set(state.by_name(ctx.kube.get("nodes")))
+            nodes = state.by_name(ctx.kube.get("nodes"))
     except GpuK8sError as e:  # preflight names an unreachable control plane; the API's trouble is init's to name
         log.info("the cluster's nodes could not be read before preflight: %s", e.message)
-    return lambda h: EXTRA if is_gpu_node(h) and h.name not in present else ""
+    held = {n for n, obj in nodes.items() if state.quarantined(obj)}
+    return (lambda h: EXTRA if is_gpu_node(h) and h.name not in nodes else ""), held
 
 
 def reread(sessions: dict[str, Session], concurrency: int, extra: Callable[[Host], str] | None = None
@@ -90,10 +93,11 @@ class Prepare(Phase):
         return replace(ctx.inv, hosts=tuple(h for h in ctx.inv.hosts if h.name in names))
 
     def _prepare(self, ctx: Context, dry_run: bool) -> PrepareReport:
-        extra = health_sections(ctx) if self.health else None
+        extra, quarantined = health_sections(ctx) if self.health else (None, set())
         rep = prepare(self._target(ctx), concurrency=ctx.concurrency, ignore=ctx.ignore,
                       sudo_passwords=ctx.sudo_passwords, dry_run=dry_run, measure_network=self.measure_network,
-                      on_event=self.on_event, sessions=ctx.sessions, extra=extra)
+                      on_event=self.on_event, sessions=ctx.sessions, extra=extra,
+                      lenient=lambda h: bool(extra and extra(h)) or h.name in quarantined)
         ctx.prepare_report = rep
         done = {h.host.name for h in rep.hosts if h.status == "done"}
         for name in [n for n in ctx.sessions if n not in done and n != ctx.cp.name]:

@@ -93,8 +93,8 @@ def test_full_install_then_no_op_then_join(lab_up, run_cli, tmp_path):
     rep2 = json.loads(r2.stdout)
     assert r2.returncode == 0 and rep2["ok"] and not rep2["changed"], r2.stdout
     assert {p["name"]: p["status"] for p in rep2["phases"]} == {
-        "lock": "changed", "prepare": "unchanged", "driver": "unchanged", "mig": "unchanged", "init": "unchanged",
-        "kubeconfig": "unchanged",
+        "lock": "changed", "prepare": "unchanged", "driver": "unchanged", "health": "unchanged", "mig": "unchanged",
+        "init": "unchanged", "kubeconfig": "unchanged",
         "cni": "unchanged", "join": "unchanged",
         "gpu": "unchanged", "verify": "passed"}
     r3 = run_cli("install", "-i", inv, env=ENV)

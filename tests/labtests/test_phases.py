@@ -35,6 +35,8 @@ def test_dry_run_plans_every_cluster_phase_and_changes_nothing(lab_up, run_cli, 
     assert list(plans) == ["prepare", "driver", "health", "mig", "init", "kubeconfig", "cni", "join", "gpu", "verify"]
     assert plans["mig"]["status"] == "unchanged"  # no host asks for MIG or has it on
     assert plans["driver"]["status"] == "unchanged"  # no host has driver: {manage: true}
+    assert plans["health"]["status"] == "unchanged"
+    assert plans["health"]["reason"].endswith(": 2 of 2 GPU host(s) healthy")
     assert all(plans[n]["status"] == "would-change" for n in ("prepare", "init", "kubeconfig", "cni", "join", "gpu"))
     init = plans["init"]["changes"][1]
     assert init["host"] == "cp-1"
@@ -64,8 +66,8 @@ def test_dry_run_plans_every_cluster_phase_and_changes_nothing(lab_up, run_cli, 
                 str(tmp_path / "kc"))
     assert r.returncode == 0, r.stdout + r.stderr
     statuses = {p["name"]: p["status"] for p in json.loads(r.stdout)["plans"]}
-    assert statuses == {"prepare": "unchanged", "driver": "unchanged", "mig": "unchanged", "init": "unchanged",
-                        "kubeconfig": "unchanged",
+    assert statuses == {"prepare": "unchanged", "driver": "unchanged", "health": "unchanged", "mig": "unchanged",
+                        "init": "unchanged", "kubeconfig": "unchanged",
                         "cni": "unchanged", "join": "unchanged", "gpu": "unchanged",
                         "verify": "would-change"}  # its test pods
     assert len(cluster_writes(lab)) == writes and snapshot(lab) == before

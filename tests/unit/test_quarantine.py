@@ -307,13 +307,16 @@ def test_a_missing_gpu_is_the_health_phases_to_judge_where_it_runs() -> None:
 def test_preflight_reads_the_health_sections_only_of_gpu_hosts_not_yet_nodes() -> None:
     from gpuk8s.health.run import EXTRA
     from gpuk8s.phases.prepare import health_sections
-    ctx = context(joined=("cp", "bad"))
-    extra = health_sections(ctx)
-    assert extra is not None
+    ctx = context(joined=("cp", "bad", "remap"))
+    ctx.kube_client.nodes["remap"]["spec"]["taints"] = [  # type: ignore[union-attr]
+        {"key": QUARANTINE, "value": "health.xid", "effect": "NoSchedule"}]
+    extra, quarantined = health_sections(ctx)
+    assert extra is not None and quarantined == {"remap"}
     assert {h.name: extra(h) == EXTRA for h in ctx.inv.hosts} == {"cp": False, "good": True, "bad": False,
-                                                                  "remap": True}
-    assert health_sections(context(before="off")) is None
-    # a missing GPU blocks preparation exactly where the health phase will not judge it
+                                                                  "remap": False}
+    assert health_sections(context(before="off")) == (None, set())
+    # a missing GPU blocks preparation where the health phase will not judge it (a node), not where it will or
+    # where the node is in quarantine already
     checks = [failed("gpu.count", "7 of 8", "check the bus")]
     assert blocking_checks(checks, health=bool(extra(BAD))) != [] and blocking_checks(checks, bool(extra(GOOD))) == []
 
