@@ -36,6 +36,9 @@ MAX_OUTPUT = 1 << 20  # bytes kept per stream by default; the rest is counted an
 T = TypeVar("T")
 
 
+KEEPALIVE_S = 30  # seconds of silence after which the SSH transport sends a keepalive
+
+
 class RemoteError(GpuK8sError):
     """A host could not be reached or a command could not be run. `kind` is stable for scripts."""
 
@@ -235,6 +238,10 @@ class Session:
             conn.close()
             raise RemoteError("ssh", f"SSH to {where} failed: {type(e).__name__}: {e}",
                               "check that sshd answers on that port (ssh -v)") from None
+        # a command that prints nothing for a long while (dcgmi diag -r 3, a drain waiting for pods): keepalive
+        # packets so that a firewall or bastion that drops idle connections does not drop this one
+        if conn.transport is not None:
+            conn.transport.set_keepalive(KEEPALIVE_S)
         self._conn = conn
 
     def close(self) -> None:
