@@ -119,7 +119,11 @@ class Health(Phase):
         r = self.result("passed")
         ctx.findings.extend(f for fs in judged.values() for f in fs)
         policy = ctx.inv.health.on_failure
-        would = "would be " if planning else ""
+        # what happens to a host, as the run says it and as a dry run's plan says it would
+        says = {"unread": ("not checked", "would not be checked"),
+                "quarantine": ("quarantined", "would be quarantined"),
+                "skip": ("not joined", "would not be joined"), "fail": ("failed", "would stop the run")}
+        word = {k: v[1] if planning else v[0] for k, v in says.items()}
         bad: dict[str, list[Finding]] = {}
         for h in hosts:
             fs = judged.get(h.name, [])
@@ -133,18 +137,18 @@ class Health(Phase):
             what = f"{failing[0].id}: {failing[0].message}" + (
                 f" (and {len(failing) - 1} more)" if len(failing) > 1 else "")
             if failing[0].id in UNREAD:
-                r.hosts[h.name] = f"{would}not checked: {what}"
+                r.hosts[h.name] = f"{word['unread']}: {what}"
                 self._hold(ctx, h.name, f"its GPU health could not be read: {what}", planning)
             elif policy == "quarantine" or (policy == "skip" and h.name == ctx.cp.name):
                 ctx.quarantine[h.name] = failing[0].id
-                r.hosts[h.name] = f"{would}quarantined ({quarantine_taint(failing[0].id)}): {what}"
+                r.hosts[h.name] = f"{word['quarantine']} ({quarantine_taint(failing[0].id)}): {what}"
                 if not planning:
                     ctx.emit(f"{h.name}: quarantined: {what}")
             elif policy == "skip":
-                r.hosts[h.name] = f"{would}not joined: {what}"
+                r.hosts[h.name] = f"{word['skip']}: {what}"
                 self._hold(ctx, h.name, f"GPU health failed: {what}", planning)
             else:
-                r.hosts[h.name] = f"failed: {what}"
+                r.hosts[h.name] = f"{word['fail']}: {what}"
         r.message = f"{len(hosts) - len(bad)} of {len(hosts)} GPU host(s) healthy"
         if ctx.quarantine:
             r.message += "; quarantined: " + ", ".join(f"{n} ({i})" for n, i in sorted(ctx.quarantine.items()))

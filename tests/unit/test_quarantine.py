@@ -150,7 +150,7 @@ def test_the_plan_names_what_the_run_would_do_and_records_it_for_the_later_plans
     p = phase.Health().plan(ctx)
     assert p.status == "would-change" and p.reason.endswith("1 of 3 GPU host(s) healthy; not joined: bad, remap")
     changes = {c.host: c.what for c in p.changes}
-    assert changes["bad"].startswith("bad: would be not joined: health.xid: ") and "good" not in changes
+    assert changes["bad"].startswith("bad: would not be joined: health.xid: ") and "good" not in changes
     # held in the plan as in the run, but a dry run closes no connection: join's plan leaves them out
     assert set(ctx.held) == {"bad", "remap"} and "bad" in ctx.sessions
     from gpuk8s.phases.join import Join
