@@ -130,8 +130,12 @@ def parse_diag(text: str) -> DiagReport:
             name = _text(test.get("name"))
             rows = [r for r in _list(test.get("results")) if isinstance(r, dict)]
             summary = test.get("test_summary")
-            if not rows and isinstance(summary, dict):  # a test judged as a whole
-                rows = [{"status": summary.get("status"), "warnings": summary.get("warnings")}]
+            # a test judged as a whole, or whose summary fails it where no GPU's result does: the summary counts
+            # too (a failure said only there is still a failure)
+            if isinstance(summary, dict) and (not rows or (
+                    _status(summary.get("status")) in ("fail", "unknown") and "status" in summary
+                    and not any(_status(r.get("status")) in ("fail", "unknown") for r in rows))):
+                rows.append({"status": summary.get("status"), "warnings": summary.get("warnings")})
             for r in rows:
                 if len(results) >= MAX_RESULTS:
                     more += 1

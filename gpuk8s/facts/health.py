@@ -60,10 +60,16 @@ quick health-nvlink nvl
 """
 KERNEL_SECTION = f"""
 klog() {{
-  # $T: the probe's timeout (20 s) where the host has one: a large journal must not hold the whole probe
+  # $T: the probe's timeout (20 s) where the host has one: a large journal must not hold the whole probe. journalctl
+  # reads from the boot on, so one cut short lost the newest lines: its exit status is kept (the last line) and a
+  # journalctl that failed or ran out of time gives way to the kernel's ring buffer, which has the newest
   if command -v journalctl >/dev/null 2>&1 && [ -n "$($T journalctl -k -b 0 -q -n 1 --no-pager 2>/dev/null)" ]; then
-    $T journalctl -k -b 0 -q --no-pager 2>/dev/null | grep -E '{KERNEL_PATTERN}' | klog_cut
-    return 0
+    o=$({{ $T journalctl -k -b 0 -q --no-pager 2>/dev/null; echo "@@journalctl-rc $?"; }} |
+        grep -E '{KERNEL_PATTERN}|^@@journalctl-rc ')
+    if [ "${{o##*@@journalctl-rc }}" = 0 ]; then
+      printf '%s\n' "$o" | grep -v '^@@journalctl-rc ' | klog_cut
+      return 0
+    fi
   fi
   command -v dmesg >/dev/null 2>&1 || {{ echo "neither journalctl nor dmesg is installed"; return 127; }}
   # dmesg's own failure (kernel.dmesg_restrict without root) is the section's error, not an empty log

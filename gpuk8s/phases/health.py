@@ -17,6 +17,7 @@ What a failing host gets (health.on_failure):
 from __future__ import annotations
 
 from gpuk8s import findings
+from gpuk8s.errors import GpuK8sError
 from gpuk8s.findings import Finding
 from gpuk8s.gpuplan import is_gpu_node, quarantine_taint
 from gpuk8s.health.checks import judge
@@ -71,7 +72,8 @@ class Health(Phase):
                                              "see the log file and report it", subject=findings.host(name))]
                 continue
             found, gpu_ok = v
-            out[name] = [f for f in found if f.status == "fail"]
+            # the failures, and a kernel log that could not be read (said: its Xids are unknown)
+            out[name] = [f for f in found if f.status == "fail" or (f.id == "health.xid" and f.status == "skip")]
             if not out[name] and gpu_ok:
                 can_dcgm.append(ctx.inv.host(name))
         level = ctx.inv.health.before_join
@@ -94,21 +96,35 @@ class Health(Phase):
         if ctx.inv.health.before_join == "off":
             return self.planned("unchanged", "skipped (inventory health.before_join: off)")
         hosts = self._hosts(ctx)
+        # a host whose driver gpuk8s installs has none yet in a dry run (the driver phase's plan changes nothing):
+        # it is judged after the driver phase, not now
+        later = [h for h in hosts if h.gpu.driver.manage and ctx.facts[h.name].gpu.state != "ok"]
+        hosts = [h for h in hosts if h not in later]
+        after = (f"; {len(later)} host(s) judged once the driver phase has installed their driver: "
+                 + ", ".join(h.name for h in later)) if later else ""
         if not hosts:
-            return self.planned("unchanged", "no GPU host to join")
+            return self.planned("unchanged", ("no GPU host to join" if not later else "no host judged now") + after)
         # read-only: a host whose facts were read again is probed again, as the run would; the decisions are
         # recorded in the context as the run records them, so that join's and the gpu phase's plans show the taint
         r = self._decide(ctx, hosts, self._judge(ctx, hosts, planning=True), planning=True)
         reason = (f"{len(hosts)} GPU host(s) judged before joining (the quick level"
                   + (f"; the run adds dcgmi diag -r {DCGM_RUNS[ctx.inv.health.before_join]} on each)"
-                     if ctx.inv.health.before_join in DCGM_RUNS else ")") + ": " + r.message)
+                     if ctx.inv.health.before_join in DCGM_RUNS else ")") + ": " + r.message + after)
         changes = [Change(f"{n}: {what}", n) for n, what in r.hosts.items() if what != "healthy"]
         return self.planned("would-change" if changes else "unchanged", reason, changes)
 
     def run(self, ctx: Context) -> PhaseResult:
         if ctx.inv.health.before_join == "off":
             return self.result("skipped", "skipped (inventory health.before_join: off)")
-        hosts = self._hosts(ctx)
+        try:
+            hosts = self._hosts(ctx)
+        except GpuK8sError as e:
+            # which hosts are new cannot be told: none may join unjudged (preflight left their GPU count to this
+            # phase), so the run stops here
+            r = self.result("failed", f"the cluster's nodes could not be read, so no host was judged: {e.message}",
+                            "check the first control plane's API server (kubectl get nodes there), then re-run")
+            r.stop = True
+            return r
         if not hosts:
             return self.result("unchanged", "no GPU host to join")
         return self._decide(ctx, hosts, self._judge(ctx, hosts))
@@ -129,9 +145,9 @@ class Health(Phase):
             fs = judged.get(h.name, [])
             failing = [f for f in fs if f.status == "fail"]
             if not failing:
-                skipped_ = next((f for f in fs if f.id == "health.dcgm-diag"), None)
-                r.hosts[h.name] = ("healthy" if skipped_ is None else
-                                   "healthy (the quick level only: DCGM is not installed)")
+                unsaid = [("the quick level only: DCGM is not installed" if f.id == "health.dcgm-diag" else
+                           f"its kernel log was not read: {f.message}") for f in fs]
+                r.hosts[h.name] = "healthy" + (f" ({'; '.join(unsaid)})" if unsaid else "")
                 continue
             bad[h.name] = failing
             what = f"{failing[0].id}: {failing[0].message}" + (

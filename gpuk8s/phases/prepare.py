@@ -22,6 +22,7 @@ from gpuk8s.health.run import EXTRA
 from gpuk8s.install.prepare import Event, PrepareReport, prepare
 from gpuk8s.inventory.model import Host, Inventory
 from gpuk8s.kube import state
+from gpuk8s.kube.client import SSHKubectl
 from gpuk8s.phases.base import Change, Context, Phase, PhasePlan, PhaseResult
 from gpuk8s.preflight.runner import probe
 from gpuk8s.remote import Session, for_each_host
@@ -33,20 +34,35 @@ def health_sections(ctx: Context) -> tuple[Callable[[Host], str] | None, set[str
     """The health sections preflight runs with the probe on each GPU host the health phase will judge (not yet a
     node of the cluster; inventory health.before_join): they ride in preflight's round trip. And the nodes in
     quarantine already (their GPUs' faults are known: a GPU missing there does not block their preparation).
-    The cluster's nodes are read over the first control plane's connection (the lock's; opened here for a dry run,
-    which takes no lock); a cluster that cannot be read counts as none yet (every GPU host is judged)."""
+
+    The nodes are read once over the first control plane's connection (the lock's; a dry run takes no lock, so it
+    is opened here, and kept only if it connects), by kubectl of its own: nothing of the context's cluster state
+    (initialized, its kubectl) is set before the playbooks run. A cluster that cannot be read (none yet, its API
+    down) counts as no node: every GPU host's sections are read; the health phase reads the nodes again itself."""
     if ctx.inv.health.before_join == "off":
         return None, set()
     nodes: dict[str, Any] = {}
+    s = ctx.sessions.get(ctx.cp.name)
     try:
-        if ctx.cp.name not in ctx.sessions:
-            ctx.sessions[ctx.cp.name] = Session(ctx.cp, ctx.sudo_passwords.get(ctx.cp.name))
-        if ctx.initialized():
-            nodes = state.by_name(ctx.kube.get("nodes"))
-    except GpuK8sError as e:  # preflight names an unreachable control plane; the API's trouble is init's to name
-        log.info("the cluster's nodes could not be read before preflight: %s", e.message)
+        if s is None:
+            s = Session(ctx.cp, ctx.sudo_passwords.get(ctx.cp.name))
+            try:
+                s.connect()
+            except GpuK8sError:
+                s.close()  # preflight names the unreachable control plane
+                raise
+            ctx.sessions[ctx.cp.name] = s
+        nodes = state.by_name(SSHKubectl(s).get("nodes"))
+    except Exception as e:  # no cluster yet (no admin.conf, no kubectl), or unreadable: read every GPU host
+        log.info("the cluster's nodes could not be read before preflight: %s", getattr(e, "message", repr(e)))
     held = {n for n, obj in nodes.items() if state.quarantined(obj)}
     return (lambda h: EXTRA if is_gpu_node(h) and h.name not in nodes else ""), held
+
+
+def lenient(extra: Callable[[Host], str] | None, quarantined: set[str]) -> Callable[[Host], bool]:
+    """The hosts whose missing GPU does not block their preparation: those the health phase judges, and nodes it
+    quarantined before."""
+    return lambda h: bool(extra and extra(h)) or h.name in quarantined
 
 
 def reread(sessions: dict[str, Session], concurrency: int, extra: Callable[[Host], str] | None = None
@@ -97,7 +113,7 @@ class Prepare(Phase):
         rep = prepare(self._target(ctx), concurrency=ctx.concurrency, ignore=ctx.ignore,
                       sudo_passwords=ctx.sudo_passwords, dry_run=dry_run, measure_network=self.measure_network,
                       on_event=self.on_event, sessions=ctx.sessions, extra=extra,
-                      lenient=lambda h: bool(extra and extra(h)) or h.name in quarantined)
+                      lenient=lenient(extra, quarantined))
         ctx.prepare_report = rep
         done = {h.host.name for h in rep.hosts if h.status == "done"}
         for name in [n for n in ctx.sessions if n not in done and n != ctx.cp.name]:

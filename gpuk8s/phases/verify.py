@@ -104,9 +104,11 @@ class Verify(Phase):
     fatal = False
 
     def plan(self, ctx: Context) -> PhasePlan:
-        # not a node held back or quarantined by the health phase: verify tests neither
-        gpu_nodes = [p.node for p in ctx.plans.values() if p.expected_gpus and p.node not in ctx.quarantine
-                     and p.node not in ctx.held]
+        # not a node held back or quarantined by the health phase (this run's, or a node's taint from before):
+        # verify tests neither
+        nodes = state.by_name(ctx.kube.get("nodes")) if ctx.options.test_pods and ctx.initialized() else {}
+        skip = set(ctx.quarantine) | set(ctx.held) | {n for n, obj in nodes.items() if state.quarantined(obj)}
+        gpu_nodes = [p.node for p in ctx.plans.values() if p.expected_gpus and p.node not in skip]
         changes = []
         if ctx.options.test_pods:
             changes = [Change(f"test pod on {n} (created, then deleted)", manifest=self._pod(ctx, n))

@@ -46,6 +46,18 @@ def test_skipped_tests_are_said_never_passed() -> None:
                                                 "EUD Test")
 
 
+def test_a_failure_said_only_in_the_test_summary_fails() -> None:
+    doc = json.loads(real(FAIL))
+    memory = doc["DCGM Diagnostic"]["test_categories"][1]["tests"][0]
+    memory["test_summary"]["status"] = "Fail"  # every GPU's result Pass, the test's summary Fail
+    r = parse_diag(json.dumps(doc))
+    assert [(x.test, x.gpu, x.status) for x in r.results if x.test == "memory"] == [("memory", "0", "pass"),
+                                                                                   ("memory", "", "fail")]
+    assert judge_dcgm("standard", r).status == "fail"
+    # the real document's own summaries (software Fail beside its failing GPU, memory Pass) add nothing
+    assert len(parse_diag(real(FAIL)).results) == 3
+
+
 def test_dcgm_3_reads_the_gpu_diagnostic_root_and_its_categories() -> None:
     r = parse_diag(real(V3))
     assert r.read and {x.category for x in r.results} == {"Deployment", "Integration", "Hardware", "Stress"}

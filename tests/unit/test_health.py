@@ -243,7 +243,8 @@ def test_without_a_driver_or_a_kernel_log_checks_are_skipped_with_the_reason() -
 
 # -- the host side: the kernel log section's shell, run here with fake journalctl and dmesg -------------------------
 
-def _klog(tmp_path: Path, journal: str | None, dmesg: str | None, dmesg_rc: int = 0) -> tuple[int, str]:
+def _klog(tmp_path: Path, journal: str | None, dmesg: str | None, dmesg_rc: int = 0,
+          journal_rc: int = 0) -> tuple[int, str]:
     import re
     import shutil
     import subprocess
@@ -259,7 +260,7 @@ def _klog(tmp_path: Path, journal: str | None, dmesg: str | None, dmesg_rc: int 
         if p:
             (bin_ / tool).unlink(missing_ok=True)
             (bin_ / tool).symlink_to(p)
-    for name, text, rc in (("journalctl", journal, 0), ("dmesg", dmesg, dmesg_rc)):
+    for name, text, rc in (("journalctl", journal, journal_rc), ("dmesg", dmesg, dmesg_rc)):
         (bin_ / name).unlink(missing_ok=True)
         if text is not None:
             (tmp_path / f"{name}.txt").write_text(text)
@@ -282,6 +283,15 @@ def test_the_kernel_section_reads_the_journal_else_dmesg_and_names_dmesgs_failur
     assert health_facts(None, None, (rc, out)).kernel_read is False
     rc, out = _klog(tmp_path, None, None)
     assert rc == 127 and "neither journalctl nor dmesg" in out
+
+
+def test_a_journal_cut_by_the_timeout_gives_way_to_the_ring_buffer(tmp_path: Path) -> None:
+    """journalctl reads from the boot on: cut by `timeout` (124) it lost the newest lines, where a recent Xid is."""
+    old = "Apr 29 19:24:11 h kernel: NVRM: Xid (PCI:0000:19:00): 13, Graphics Exception\n"
+    rc, out = _klog(tmp_path, old, real("kernel-xid-48-63-94-dmesg-iso-gpud.txt"), journal_rc=124)
+    assert rc == 0 and [e.xid for e in parse_kernel_log(out).xids][:2] == [48, 63] and "@@journalctl" not in out
+    rc, out = _klog(tmp_path, old, "", journal_rc=0)
+    assert rc == 0 and [e.xid for e in parse_kernel_log(out).xids] == [13] and "@@journalctl" not in out
 
 
 # -- what an independent review of the first version found ---------------------------------------------------------

@@ -304,10 +304,14 @@ def test_a_missing_gpu_is_the_health_phases_to_judge_where_it_runs() -> None:
     assert [c.id for c in blocking_checks(other, health=True)] == ["gpu.driver"]
 
 
-def test_preflight_reads_the_health_sections_only_of_gpu_hosts_not_yet_nodes() -> None:
+def test_preflight_reads_the_health_sections_only_of_gpu_hosts_not_yet_nodes(monkeypatch: pytest.MonkeyPatch) -> None:
     from gpuk8s.health.run import EXTRA
+    from gpuk8s.phases import prepare as prep
     from gpuk8s.phases.prepare import health_sections
     ctx = context(joined=("cp", "bad", "remap"))
+    # its own kubectl over the first control plane's connection, not the context's (nothing cached before preflight)
+    monkeypatch.setattr(prep, "SSHKubectl", lambda s: ctx.kube_client if s is ctx.sessions["cp"] else None)
+    ctx.initialized_cache = None
     ctx.kube_client.nodes["remap"]["spec"]["taints"] = [  # type: ignore[union-attr]
         {"key": QUARANTINE, "value": "health.xid", "effect": "NoSchedule"}]
     extra, quarantined = health_sections(ctx)
@@ -315,6 +319,7 @@ def test_preflight_reads_the_health_sections_only_of_gpu_hosts_not_yet_nodes() -
     assert {h.name: extra(h) == EXTRA for h in ctx.inv.hosts} == {"cp": False, "good": True, "bad": False,
                                                                   "remap": False}
     assert health_sections(context(before="off")) == (None, set())
+    assert ctx.initialized_cache is None and ctx.api_problem == ""  # the playbooks may change what init sees
     # a missing GPU blocks preparation where the health phase will not judge it (a node), not where it will or
     # where the node is in quarantine already
     checks = [failed("gpu.count", "7 of 8", "check the bus")]
@@ -338,3 +343,38 @@ def test_only_flows_with_the_health_phase_read_its_sections() -> None:
     from gpuk8s.phases.prepare import Prepare
     assert [p.health for p in flows.join_phases() if isinstance(p, Prepare)] == [True]
     assert Prepare().health is False  # doctor --fix's prepare: no health phase after it, gpu.count blocks
+
+
+def test_a_quarantined_node_and_a_judged_host_are_lenient_a_plain_node_is_not() -> None:
+    from gpuk8s.phases.prepare import lenient
+    ok = lenient(lambda h: "sections" if h.name == "good" else "", {"remap"})
+    assert (ok(GOOD), ok(REMAP), ok(BAD)) == (True, True, False)
+    assert lenient(None, set())(GOOD) is False
+
+
+def test_unreadable_nodes_stop_the_run_before_any_host_joins_unjudged() -> None:
+    from gpuk8s.kube.client import KubeError
+
+    class Down(FakeKube):
+        def get(self, kind: str, *a: Any, **kw: Any) -> list[dict[str, Any]]:
+            raise KubeError("The connection to the server 10.0.0.10:6443 was refused")
+
+    ctx = context(joined=("cp",))
+    ctx.kube_client = Down()
+    r = phase.Health().run(ctx)
+    assert r.status == "failed" and r.stop and "could not be read, so no host was judged" in r.message
+    assert not ctx.quarantine
+
+
+def test_a_dry_run_judges_a_host_whose_driver_gpuk8s_installs_after_the_driver_phase() -> None:
+    from dataclasses import replace as rep
+
+    from gpuk8s.facts.model import GPUInfo
+    from gpuk8s.inventory.model import DriverSettings
+    ctx = context()
+    bare = rep(GOOD, gpu=rep(GOOD.gpu, driver=DriverSettings(manage=True)))
+    ctx.inv = rep(ctx.inv, hosts=tuple(bare if h.name == "good" else h for h in ctx.inv.hosts))
+    ctx.facts["good"] = rep(ctx.facts["good"], gpu=GPUInfo("absent", "", None, "", ()))
+    p = phase.Health().plan(ctx)
+    assert "1 host(s) judged once the driver phase has installed their driver: good" in p.reason
+    assert "good" not in ctx.quarantine and "good" not in {c.host for c in p.changes}
