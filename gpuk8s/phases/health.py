@@ -41,7 +41,10 @@ class Health(Phase):
         """The GPU hosts this run would join (or initialise) that are not nodes of the cluster yet."""
         if ctx.inv.health.before_join == "off":
             return []
-        present = set(state.by_name(ctx.kube.get("nodes"))) if ctx.initialized() else set()
+        # admin.conf without an API server that answers (a half-way kubeadm init): no node can be known, every GPU
+        # host is judged, and init (or join) stops the run with the API's own message
+        live = ctx.initialized() and not ctx.api_problem
+        present = set(state.by_name(ctx.kube.get("nodes"))) if live else set()
         wanted = ctx.inv.hosts if ctx.options.only is None else ctx.options.only
         return [h for h in wanted if is_gpu_node(h) and h.name in ctx.sessions and h.name in ctx.facts
                 and h.name not in present]
