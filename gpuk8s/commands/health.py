@@ -32,8 +32,8 @@ def register(app: typer.Typer, load_inventory: Callable[..., Any]) -> None:
     ) -> None:
         """Check every GPU host's GPUs (the quick level: one round trip per host): GPU count, Xid errors since
         boot, uncorrectable ECC errors, retired pages and row remapping, PCIe link width, NVLink, clock slowdown,
-        NVSwitch fabric. Exit status 1 when a host is unhealthy or unreachable (or, with --release, kept in
-        quarantine)."""
+        NVSwitch fabric; --level standard or long adds DCGM's diagnostic. Exit status 1 when a host is unhealthy or
+        unreachable (or, with --release, kept in quarantine)."""
         inv = load_inventory(inventory, output)
         if level not in LEVELS:
             usage_error(GpuK8sError(f"no level {level!r}", f"give one of: {', '.join(LEVELS)}"), output)
