@@ -9,12 +9,11 @@ import typer
 from gpuk8s.commands.common import HostProgress, finish, passwords, usage_error
 from gpuk8s.errors import GpuK8sError
 from gpuk8s.gpuplan import is_gpu_node
+from gpuk8s.health.checks import LEVELS
 from gpuk8s.health.release import release
 from gpuk8s.health.run import run_health
 from gpuk8s.options import InventoryOpt, Output, OutputOpt
 from gpuk8s.report import health as render
-
-LEVELS = ("quick", "standard", "long")
 
 
 def register(app: typer.Typer, load_inventory: Callable[..., Any]) -> None:

@@ -212,13 +212,15 @@ def _fabric(facts: HostFacts, h: HealthFacts) -> Finding:
     return passed("health.fabric", f"NVSwitch fabric Completed/Success on {len(known)} GPU(s)")
 
 
-DCGM_LEVEL = {"standard": 2, "long": 3}
+# The standard and long levels: the dcgmi diag level each runs (docs/health.md); the one table of them
+DCGM_RUNS = {"standard": 2, "long": 3}
+LEVELS = ("quick", *DCGM_RUNS)
 
 
 def judge_dcgm(level: str, report: DiagReport | None) -> Finding:
     """health.dcgm-diag: DCGM's diagnostic of the standard (-r 2) or long (-r 3) level; `report` None: DCGM is not
     installed on the host (skipped, said: the quick level's checks ran, this one did not)."""
-    run = f"dcgmi diag -r {DCGM_LEVEL[level]}"
+    run = f"dcgmi diag -r {DCGM_RUNS[level]}"
     if report is None:
         return skipped("health.dcgm-diag", f"DCGM is not installed: the {level} level's diagnostic ({run}) was not "
                        "run; the quick level's checks ran",

@@ -7,7 +7,8 @@ from __future__ import annotations
 from gpuk8s import findings
 from gpuk8s.errors import GpuK8sError
 from gpuk8s.gpuplan import QUARANTINE_KEY
-from gpuk8s.health.run import DCGM_RUNS, HealthReport
+from gpuk8s.health.checks import DCGM_RUNS
+from gpuk8s.health.run import HealthReport
 from gpuk8s.inventory.model import Inventory
 from gpuk8s.kube import state
 from gpuk8s.kube.client import KubeClient, SSHKubectl

@@ -20,16 +20,15 @@ from gpuk8s.facts.health import KERNEL_SECTION, SMI_SECTIONS, HealthFacts, read_
 from gpuk8s.facts.model import HostFacts
 from gpuk8s.findings import Finding, counts, failed
 from gpuk8s.gpuplan import is_gpu_node
-from gpuk8s.health.checks import judge, judge_dcgm
+from gpuk8s.health.checks import DCGM_RUNS, judge, judge_dcgm
 from gpuk8s.inventory.model import Host
 from gpuk8s.preflight.runner import probe
 from gpuk8s.remote import RemoteError, Session, for_each_host
 from gpuk8s.text import clean
 
 EXTRA = SMI_SECTIONS + KERNEL_SECTION
-# The standard and long levels: DCGM's diagnostic after the quick level, one more round trip (docs/health.md).
+# The standard and long levels (checks.DCGM_RUNS): DCGM's diagnostic after the quick level, one more round trip.
 # `dcgmi diag -r 2` runs a few minutes, `-r 3` up to an hour on 8 GPUs: their own timeouts
-DCGM_RUNS = {"standard": 2, "long": 3}
 DCGM_TIMEOUT = {"standard": 1800, "long": 7200}
 NOT_INSTALLED = 127  # the exit status of the command below without dcgmi
 

@@ -20,8 +20,8 @@ from gpuk8s import findings
 from gpuk8s.errors import GpuK8sError
 from gpuk8s.findings import Finding
 from gpuk8s.gpuplan import is_gpu_node, quarantine_taint
-from gpuk8s.health.checks import judge
-from gpuk8s.health.run import DCGM_RUNS, check_session, dcgm
+from gpuk8s.health.checks import DCGM_RUNS, judge
+from gpuk8s.health.run import check_session, dcgm
 from gpuk8s.inventory.model import Host
 from gpuk8s.kube import state
 from gpuk8s.phases.base import Change, Context, Phase, PhasePlan, PhaseResult
