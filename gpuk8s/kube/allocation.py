@@ -502,7 +502,7 @@ def node_allocation(node: dict[str, Any], held: list[tuple[dict[str, Any], dict[
     return NodeAllocation(ns.name, ns.ready, bool(plan.gpu_node) if plan is not None else bool(
         labels.get(gpuplan.GPU_PRESENT) == "true" or any(r.allocatable for r in resources)),
         sharing or "none", replicas or 1, gpus, resources, mig, strategy,
-        hami_gpus=hami, quarantine=state.quarantined(node))
+        hami_gpus=hami, quarantine=ns.quarantine)
 
 
 def allocation(nodes: list[dict[str, Any]], pods: list[dict[str, Any]], plans: dict[str, GPUPlan] | None = None,

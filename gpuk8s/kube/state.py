@@ -128,6 +128,12 @@ class NodeState:
     def allocatable_of(self, resource: str) -> int:
         return _int(self.allocatable.get(resource))
 
+    @property
+    def quarantine(self) -> str:
+        """The value of its quarantine taint (the finding its GPUs failed before it joined; docs/health.md), ''
+        without one."""
+        return next((v or "unknown" for k, v, _ in sorted(self.taints) if k == QUARANTINE_KEY), "")
+
 
 def node_state(node: Any) -> NodeState:
     node = _dict(node, "a node")
@@ -575,10 +581,9 @@ def quarantined(node: Any) -> str:
     if node is None:
         return ""
     try:
-        taints = node_state(node).taints
+        return node_state(node).quarantine
     except StateError:
         return ""
-    return next((v or "unknown" for k, v, _ in sorted(taints) if k == QUARANTINE_KEY), "")
 
 
 def missing_taints(want: list[tuple[str, str, str]], node: NodeState) -> list[tuple[str, str, str]]:

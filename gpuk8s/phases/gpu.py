@@ -15,7 +15,6 @@ from gpuk8s.gpuplan import (
     HAMI_NODE_VALUE,
     MANAGED_LABELS,
     MANAGED_PREFIXES,
-    QUARANTINE_KEY,
     REPLICAS_LABEL,
     STRATEGY_LABEL,
     GPUPlan,
@@ -75,7 +74,7 @@ def node_changes(plan: GPUPlan, node: state.NodeState,
     here: the quarantine's only by `gpuk8s health --release`."""
     want = [*plan.taints, *([quarantine_taint(quarantine)] if quarantine else [])]
     # a quarantined node keeps the finding it was quarantined for first: a second one does not overwrite it
-    if quarantine and any(k == QUARANTINE_KEY for k, _, _ in node.taints):
+    if quarantine and node.quarantine:
         want = list(plan.taints)
     missing = state.missing_taints([(t.key, t.value, t.effect) for t in want], node)
     owned = tuple(k for k in owned_labels(node) if plan.decides(k))
