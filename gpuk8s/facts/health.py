@@ -308,7 +308,8 @@ def parse_kernel_log(text: str) -> KernelLog:
     journalctl -k): whatever precedes `NVRM:` on a line (timestamp, host, 'kernel:') is left out."""
     xids: list[XidEvent] = []
     fallen: list[str] = []
-    firsts: dict[tuple[int, str], list[object]] = {}  # (xid, bus) -> [first event, lines]
+    firsts: dict[tuple[int, str], XidEvent] = {}  # (xid, bus) -> its first event
+    lines: dict[tuple[int, str], int] = {}  # (xid, bus) -> how many lines it had (those of `firsts`)
     more = 0
     announced: str | None = None  # the GPU of a 570+ "The NVIDIA GPU ..." line, until its text ends
     for raw in islice(text.splitlines(), MAX_LINES):
@@ -324,16 +325,16 @@ def parse_kernel_log(text: str) -> KernelLog:
             number = int(m.group(3))
             if number == 79 and key not in fallen:
                 fallen.append(key)
-            seen = firsts.get((number, key))
-            if seen is not None:
-                seen[1] = int(str(seen[1])) + 1
-            if len(xids) >= MAX_EVENTS and (seen is not None or len(firsts) >= MAX_EVENTS):
+            seen = (number, key) in firsts
+            if seen:
+                lines[number, key] += 1
+            if len(xids) >= MAX_EVENTS and (seen or len(firsts) >= MAX_EVENTS):
                 more += 1
                 continue
             rest = _PIDNAME.sub("", m.group(4), count=1) if m.group(4).startswith("pid=") else m.group(4)
             event = XidEvent(key, number, rest.strip()[:MAX_TEXT], m.group(2).strip(), line[:MAX_TEXT + 60])
-            if seen is None and len(firsts) < MAX_EVENTS:
-                firsts[(number, key)] = [event, 1]
+            if not seen and len(firsts) < MAX_EVENTS:
+                firsts[number, key], lines[number, key] = event, 1
             if len(xids) < MAX_EVENTS:
                 xids.append(event)
             else:
@@ -353,8 +354,7 @@ def parse_kernel_log(text: str) -> KernelLog:
             if announced not in fallen:
                 fallen.append(announced)
             announced = None
-    return KernelLog(tuple(xids), tuple(fallen[:64]), more,
-                     tuple((e, int(str(c))) for e, c in firsts.values() if isinstance(e, XidEvent)))
+    return KernelLog(tuple(xids), tuple(fallen[:64]), more, tuple((e, lines[k]) for k, e in firsts.items()))
 
 
 # -- the host's health facts --------------------------------------------------------------------------------------
