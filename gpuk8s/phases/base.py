@@ -20,8 +20,8 @@ from gpuk8s.errors import GpuK8sError
 from gpuk8s.facts.health import HealthFacts
 from gpuk8s.facts.model import HostFacts
 from gpuk8s.findings import Finding
-from gpuk8s.gpuplan import GPUPlan
-from gpuk8s.inventory.model import Host, Inventory
+from gpuk8s.gpuplan import GPUPlan, quarantine_taint
+from gpuk8s.inventory.model import Host, Inventory, Taint
 from gpuk8s.kube.client import ADMIN, KubeClient, SSHKubectl
 from gpuk8s.kube.state import NodeCheck
 from gpuk8s.remote import Session
@@ -165,6 +165,11 @@ class Context:
                 lines = (res.stderr or res.stdout).strip().splitlines()
                 self.api_problem = clean(lines[-1] if lines else f"exit status {res.exit_status}")[:300]
         return self.initialized_cache
+
+    def quarantine_taints(self, name: str) -> list[Taint]:
+        """The taints a host registers with beyond kubeadm's: the quarantine, where this run's health phase put it
+        in quarantine (kubeadm init's and join's nodeRegistration.taints)."""
+        return [quarantine_taint(self.quarantine[name])] if name in self.quarantine else []
 
     def hosts_to_join(self) -> list[Host]:
         return [h for h in (self.options.only if self.options.only is not None else self.inv.hosts)

@@ -7,8 +7,6 @@ which the host removes when kubeadm ends. A copy of the configuration without th
 
 from __future__ import annotations
 
-from gpuk8s.gpuplan import quarantine_taint
-from gpuk8s.inventory.model import Taint
 from gpuk8s.kube import render
 from gpuk8s.kube.client import ADMIN
 from gpuk8s.logs import register_secret
@@ -23,12 +21,6 @@ REFERENCE = "/etc/kubernetes/gpuk8s-kubeadm.yaml"
 def kubeadm_version(s: Session, fallback: str) -> str:
     ver = s.run("kubeadm version -o short", sudo=True)
     return ver.stdout.strip() if ver.ok and ver.stdout.strip().startswith("v") else fallback
-
-
-def quarantine(ctx: Context) -> list[Taint]:
-    """The first control plane registers with the quarantine taint where the health phase put it in quarantine
-    (so that a run stopped before the gpu phase does not leave it untainted: a re-run does not judge it again)."""
-    return [quarantine_taint(ctx.quarantine[ctx.cp.name])] if ctx.cp.name in ctx.quarantine else []
 
 
 class Init(Phase):
@@ -46,7 +38,7 @@ class Init(Phase):
         several = len(inv.control_planes) > 1
         placeholder = render.kubeadm_init_config(inv, cp, version, "<token minted at run time>",
                                                  "<certificate key minted at run time>" if several else None,
-                                                 quarantine(ctx))
+                                                 ctx.quarantine_taints(cp.name))
         return self.planned("would-change", f"{cp.name} runs no control plane yet", [
             Change(f"keep the configuration for reference in {REFERENCE}", cp.name,
                    shell.command("put-file", path=REFERENCE)),
@@ -71,9 +63,12 @@ class Init(Phase):
         key = render.new_certificate_key() if len(ctx.inv.control_planes) > 1 else None
         register_secret(token)
         register_secret(key)
-        put_file(s, REFERENCE, render.kubeadm_init_config(ctx.inv, cp, version, None, None, quarantine(ctx)))
+        # a quarantined first control plane registers with the taint: a run stopped before the gpu phase must not
+        # leave it untainted (a re-run does not judge it again)
+        taints = ctx.quarantine_taints(cp.name)
+        put_file(s, REFERENCE, render.kubeadm_init_config(ctx.inv, cp, version, None, None, taints))
         res = run_with_secret(s, "kubeadm-init", "init",
-                              render.kubeadm_init_config(ctx.inv, cp, version, token, key, quarantine(ctx)),
+                              render.kubeadm_init_config(ctx.inv, cp, version, token, key, taints),
                               timeout=900, upload_certs=key is not None)
         if res.ok and "@@gpuk8s-initialized-meanwhile" in res.stdout:
             ctx.initialized_cache = True

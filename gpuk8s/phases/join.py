@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 
 from gpuk8s.gpuplan import quarantine_taint
-from gpuk8s.inventory.model import Host, Taint
+from gpuk8s.inventory.model import Host
 from gpuk8s.kube import render, state
 from gpuk8s.logs import register_secret
 from gpuk8s.phases import shell
@@ -47,7 +47,7 @@ class Join(Phase):
         for h in todo:
             placeholder = render.join_config(ctx.inv, h, render.endpoint(ctx.inv), "<token>", "sha256:<CA hash>",
                                              "<certificate key>" if h.is_control_plane else None,
-                                             self._taints(ctx, h))
+                                             ctx.quarantine_taints(h.name))
             changes.append(Change(f"kubeadm join {h.name}", h.name,
                                   shell.command("kubeadm-join", config="/etc/kubernetes/gpuk8s-join-RANDOM.yaml",
                                                 size=len(placeholder.encode())), stdin=placeholder))
@@ -71,8 +71,8 @@ class Join(Phase):
 
         def one(h: Host) -> str:
             res = run_with_secret(ctx.sessions[h.name], "kubeadm-join", "join",
-                                  render.join_config(ctx.inv, h, api, token, ca_hash, key, self._taints(ctx, h)),
-                                  timeout=900)
+                                  render.join_config(ctx.inv, h, api, token, ca_hash, key,
+                                                     ctx.quarantine_taints(h.name)), timeout=900)
             if "@@gpuk8s-joined-elsewhere" in res.stdout:
                 if ctx.kube.get("node", h.name):  # an earlier, interrupted run's kubeadm join finished meanwhile
                     return "joined (by an earlier run's kubeadm, which this run waited for)"
@@ -108,11 +108,6 @@ class Join(Phase):
         else:
             r.status, r.message = "changed", f"joined {len(todo)} host(s)"
         return r
-
-    @staticmethod
-    def _taints(ctx: Context, h: Host) -> list[Taint]:
-        """A host the health phase quarantined registers with the quarantine taint."""
-        return [quarantine_taint(ctx.quarantine[h.name])] if h.name in ctx.quarantine else []
 
     def _credentials(self, ctx: Context, control_plane: bool) -> tuple[str, str, str, str | None]:
         """(API endpoint, CA hash, token, certificate key or None), minted on the first control plane."""
