@@ -54,9 +54,13 @@ MIG_PREFIX = "nvidia.com/mig-"
 # HAMi's device plugin runs where gpu=on (charts/hami/values.yaml devicePlugin.nvidianodeSelector)
 HAMI_NODE_LABEL = "gpu"
 HAMI_NODE_VALUE = "on"
+# Who serves a node's GPUs (inventory `allocator:`, docs/dra.md): on a dra node this label is "dra"; the NVIDIA
+# DRA driver's kubelet plugin runs only there, the device plugin everywhere else
+ALLOCATOR_LABEL = "gpuk8s.io/gpu-allocator"
+DRA = "dra"
 # Labels gpuk8s owns on GPU nodes: set from the plan, removed when the plan no longer has them.
 MANAGED_LABELS = (CONFIG_LABEL, PRODUCT_LABEL, MEMORY_LABEL, COUNT_LABEL, REPLICAS_LABEL, STRATEGY_LABEL,
-                  MPS_CAPABLE_LABEL, HAMI_NODE_LABEL, MIG_STRATEGY_LABEL)
+                  MPS_CAPABLE_LABEL, HAMI_NODE_LABEL, MIG_STRATEGY_LABEL, ALLOCATOR_LABEL)
 # ...and every label under nvidia.com/mig-<profile>. (mixed strategy): owned by prefix (gpu phase, owned_labels)
 MANAGED_PREFIXES = (MIG_PREFIX,)
 
@@ -121,6 +125,14 @@ class GPUPlan:
     # labels this plan cannot decide (no facts for the host: a failed, unreachable or not targeted host): a name,
     # or a prefix ending in '-'; the label phase neither sets nor removes them, the ConfigMap keeps their config
     undecided: tuple[str, ...] = ()
+    allocator: str = "device-plugin"  # device-plugin | dra: who serves the GPUs to pods
+    # dra: the devices the DRA driver must publish in the node's ResourceSlice, by type ("gpu", "mig"); the node
+    # itself advertises no extended resource (`resources` is empty)
+    dra_devices: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def dra(self) -> bool:
+        return self.gpu_node and self.allocator == DRA
 
     def decides(self, label: str) -> bool:
         """Whether the plan decides this label (else it is left as the node has it)."""
@@ -263,10 +275,31 @@ def plan_for(host: Host, facts: HostFacts | None = None) -> GPUPlan:
                 labels[PRODUCT_LABEL] = product
             if memory:
                 labels[MEMORY_LABEL] = str(memory)
+    allocator = host.gpu.allocator.kind if gpu_node else "device-plugin"
+    dra_devices: dict[str, int] = {}
+    if allocator == DRA:
+        # the DRA driver publishes each GPU (a MIG-enabled GPU: each of its MIG devices) as a device of the node's
+        # ResourceSlice; the device plugin's settings and labels do not apply (the loader refuses sharing here)
+        dra_devices = dra_plan(resources, mig.strategy if mig else "none")
+        resources, plugin = {}, None
+        labels.pop(CONFIG_LABEL, None)
+        labels[ALLOCATOR_LABEL] = DRA
+        undecided = [u for u in undecided if u != CONFIG_LABEL]
     return GPUPlan(host.name, gpu_node, gpus, resources, labels, tuple(host.taints),
                    RUNTIME_HANDLER if gpu_node else "", strategy, replicas, plugin, memory,
                    sharing.pod_memory_mib if sharing else None, mig.strategy if mig else "none", mig_error,
-                   tuple(undecided))
+                   tuple(undecided), allocator, dra_devices)
+
+
+def dra_plan(resources: dict[str, int], mig_strategy: str = "none") -> dict[str, int]:
+    """The DRA devices of a node from what the device plugin would advertise there: whole GPUs as "gpu", MIG
+    devices (nvidia.com/mig-<profile> under the mixed strategy, or nvidia.com/gpu under single with a MIG
+    layout) as "mig"; the DRA driver publishes a MIG device whatever the strategy."""
+    out: dict[str, int] = {}
+    for name, count in resources.items():
+        kind = "mig" if name.startswith(MIG_PREFIX) or mig_strategy == "single" else "gpu"
+        out[kind] = out.get(kind, 0) + count
+    return {k: v for k, v in out.items() if v}
 
 
 def plans(inv: Inventory, facts: dict[str, HostFacts] | None = None) -> dict[str, GPUPlan]:

@@ -549,6 +549,33 @@ def hami() -> HamiPin:
     return HamiPin(str(h.get("chart_version", "")), h["image"])
 
 
+@dataclass(frozen=True)
+class DraDriverPin:
+    """NVIDIA's DRA driver as gpuk8s deploys it where a node says allocator: dra (docs/dra.md)."""
+
+    chart_version: str  # the Helm chart whose GPU objects gpuk8s/data/dra-driver.yaml.j2 renders
+    image: str  # its image, with tag
+    driver_floor: Release  # the NVIDIA driver it needs (565)
+    kubernetes_floor: Release  # the Kubernetes release it needs (1.34.2)
+    extended_resource_since: int  # the minor from which DeviceClass gpu.nvidia.com names nvidia.com/gpu (37)
+
+
+@functools.lru_cache(maxsize=1)
+def dra_driver() -> DraDriverPin:
+    """versions.yaml's dra_driver section."""
+    data = _document()
+    d = data.get("dra_driver") if isinstance(data, dict) else None
+    try:
+        assert isinstance(d, dict) and isinstance(d["image"], str) and ":" in d["image"]
+        floors = release(str(d["driver_floor"])), release(str(d["kubernetes_floor"]))
+        since = str(d["extended_resource_since"]).split(".")
+        assert floors[0] is not None and floors[1] is not None and len(since) == 2
+        return DraDriverPin(str(d["chart_version"]), d["image"], floors[0], floors[1], int(since[1]))
+    except (AssertionError, KeyError, ValueError) as e:
+        raise MatrixError("dra_driver: chart_version, image (with its tag), driver_floor, kubernetes_floor and "
+                          "extended_resource_since (1.N) expected") from e
+
+
 @functools.lru_cache(maxsize=1)
 def _cni_images() -> dict[str, tuple[str, ...]]:
     data = _document()

@@ -24,11 +24,13 @@ from gpuk8s import versions
 from gpuk8s.errors import GpuK8sError
 from gpuk8s.inventory import sshconfig
 from gpuk8s.inventory.model import (
+    ALLOCATORS,
     DRIVER_FLAVORS,
     DRIVER_SOURCES,
     MAX_REPLICAS,
     MIG_STRATEGIES,
     SHARING_STRATEGIES,
+    AllocatorSetting,
     Bastion,
     Cluster,
     DriverSettings,
@@ -82,8 +84,9 @@ _BASTION_KEYS = ("address", "user", "port", "identity_file")
 # Per-node GPU settings: each key may be written on a host, in a gpu_groups entry or in gpu_defaults, and is
 # taken whole from the first of those that sets it. A new per-node GPU setting (issue 18's `mig`) adds its key
 # here, its field to model.NodeGPUSettings, and its reader to _Reader.node_gpu_readers.
-_NODE_GPU_KEYS = ("gpu_sharing", "mig", "driver")
-_NODE_GPU_FIELDS = {"gpu_sharing": "sharing", "mig": "mig", "driver": "driver"}  # key -> NodeGPUSettings field
+_NODE_GPU_KEYS = ("gpu_sharing", "mig", "driver", "allocator")
+_NODE_GPU_FIELDS = {"gpu_sharing": "sharing", "mig": "mig", "driver": "driver",
+                    "allocator": "allocator"}  # key -> NodeGPUSettings field
 _DRIVER_KEYS = ("manage", "branch", "flavor", "source")
 _MIG_KEYS = ("strategy", "config")
 _MIG_ENTRY_KEYS = ("devices", "mig-enabled", "mig-devices")  # nvidia-mig-parted's names
@@ -370,6 +373,7 @@ class _Reader:
         hosts = self.hosts(top["hosts"][1], ssh, defaults, groups)
         self.ssh_configs(hosts)
         self.sharing_across(hosts, install)
+        self.allocator_across(hosts, cluster)
         monitoring = self.monitoring(top["monitoring"][1]) if "monitoring" in top else MonitoringSettings()
         registry = self.registry(top["registry"][1], cluster, install) if "registry" in top else RegistrySettings()
         health = self.health(top["health"][1]) if "health" in top else HealthSettings()
@@ -905,7 +909,8 @@ class _Reader:
     # -- per-node GPU settings (gpu_defaults < gpu_groups.NAME < the host's own keys) ---------------
     def node_gpu_readers(self) -> dict[str, Callable[[Node, str], Any]]:
         """One reader per key of _NODE_GPU_KEYS."""
-        return {"gpu_sharing": self.gpu_sharing, "mig": self.mig, "driver": self.driver}
+        return {"gpu_sharing": self.gpu_sharing, "mig": self.mig, "driver": self.driver,
+                "allocator": self.allocator}
 
     def node_gpu(self, node: Node, key: str, m: dict[str, tuple[Node, Node]] | None = None) -> _Layer:
         """One layer of per-node GPU settings: inventory key -> (value, the node it was read from)."""
@@ -985,6 +990,12 @@ class _Reader:
             return None
         got["replicas"] = replicas
         return GPUSharing(line=node.start_mark.line + 1, **got)
+
+    def allocator(self, node: Node, key: str) -> AllocatorSetting | None:
+        """`allocator: device-plugin | dra`; what a dra node cannot have is checked on the settings it gets
+        (host_gpu) and against the cluster (allocator_across)."""
+        kind = self.choice(node, key, ALLOCATORS)
+        return None if kind is None else AllocatorSetting(kind, node.start_mark.line + 1)  # type: ignore[arg-type]
 
     def driver(self, node: Node, key: str) -> DriverSettings | None:
         """`driver: {manage: bool, branch: "580", flavor: auto|open|proprietary, source: distro|nvidia}`; whether a
@@ -1175,7 +1186,38 @@ class _Reader:
             self.report(chosen["mig"][1], f"{key}.mig", "HAMi sharing cannot be combined with MIG on one node",
                         "use gpu_sharing.strategy: time-slicing on MIG nodes (with mig.strategy: mixed), or "
                         "remove mig")
+        if settings.allocator.kind == "dra" and settings.sharing.strategy != "none":
+            # NVIDIA's DRA driver shares GPUs only through claims' opaque configs behind its own feature gates;
+            # gpuk8s's sharing settings configure the device plugin (or HAMi), which does not run on a dra node
+            self.report(chosen["allocator"][1], f"{key}.allocator",
+                        f"gpu_sharing.strategy {settings.sharing.strategy} needs the device plugin: a dra node "
+                        "serves whole GPUs (and MIG devices) through claims",
+                        "write allocator: device-plugin on this node, or remove its gpu_sharing")
         return settings
+
+    def allocator_across(self, hosts: list[Host], cluster: Cluster) -> None:
+        """A dra node needs the DRA driver's Kubernetes floor (versions.yaml dra_driver) and containerd (CDI)."""
+        v = _K8S_VERSION.match(cluster.kubernetes_version or "")
+        have = (1, int(v.group(2)), int(v.group(3) or 99)) if v else None  # "1.N": install takes its newest patch
+        floor = versions.dra_driver().kubernetes_floor
+        for i, h in enumerate(hosts):
+            a = h.gpu.allocator
+            if a.kind != "dra":
+                continue
+            where = f"hosts[{i}].allocator"
+            if have is not None and not versions.at_least(have, floor):
+                self.problems.append(Problem(
+                    self.filename, a.line or h.line or 1, 1, where,
+                    f"allocator dra needs Kubernetes {versions.fmt(floor)} or newer (Dynamic Resource "
+                    f"Allocation, resource.k8s.io/v1); the cluster is {cluster.kubernetes_version}",
+                    f"write cluster.kubernetes_version: \"{versions.default_minor()}\" (or {versions.fmt(floor)} and "
+                    "newer), or allocator: device-plugin"))
+            if cluster.container_runtime == "docker":
+                self.problems.append(Problem(
+                    self.filename, a.line or h.line or 1, 1, where,
+                    "allocator dra needs containerd: the DRA driver hands GPUs to containers through CDI, which "
+                    "gpuk8s sets up in containerd",
+                    "write cluster.container_runtime: containerd, or allocator: device-plugin"))
 
     def sharing_across(self, hosts: list[Host], install: InstallSettings) -> None:
         """Sharing settings that must agree across nodes, or with the cluster's device plugin version."""

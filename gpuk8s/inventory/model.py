@@ -111,6 +111,18 @@ class DriverSettings:
     line: int = 0
 
 
+Allocator = Literal["device-plugin", "dra"]
+ALLOCATORS: tuple[str, ...] = ("device-plugin", "dra")
+
+
+@dataclass(frozen=True)
+class AllocatorSetting:
+    """Who serves one node's GPUs to pods (inventory `allocator:`); docs/dra.md."""
+
+    kind: Allocator = "device-plugin"
+    line: int = 0  # where it was written (0: the default)
+
+
 @dataclass(frozen=True)
 class NodeGPUSettings:
     """Per-node GPU settings, each from the host's own key, else its `gpu_group`, else `gpu_defaults`.
@@ -122,6 +134,7 @@ class NodeGPUSettings:
     sharing: GPUSharing = field(default_factory=GPUSharing)
     mig: MIGSettings = field(default_factory=MIGSettings)
     driver: DriverSettings = field(default_factory=DriverSettings)
+    allocator: AllocatorSetting = field(default_factory=AllocatorSetting)
 
 
 @dataclass(frozen=True)

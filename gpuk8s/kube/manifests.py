@@ -23,7 +23,7 @@ import jinja2
 import yaml
 
 from gpuk8s import mirrors, versions
-from gpuk8s.gpuplan import CONFIG_LABEL, RUNTIME_HANDLER, GPUPlan, PluginSettings, is_gpu_node
+from gpuk8s.gpuplan import ALLOCATOR_LABEL, CONFIG_LABEL, DRA, RUNTIME_HANDLER, GPUPlan, PluginSettings, is_gpu_node
 from gpuk8s.inventory.model import Inventory
 from gpuk8s.kube.client import KubeClient
 
@@ -105,8 +105,30 @@ def device_plugin(inv: Inventory) -> Manifest:
     # where a node uses MIG, the plugin needs SYS_ADMIN and NVIDIA_MIG_MONITOR_DEVICES, as the v0.20.0 chart gives it
     # (templates/_helpers.tpl requiresCapSysAdmin, addMigMonitorDevices: a MIG strategy other than none)
     mig = any(is_gpu_node(h) and h.gpu.mig.enabled for h in inv.hosts)
+    # where a node's GPUs are DRA's (allocator: dra), the plugin keeps off it; written only then, so that a
+    # cluster without DRA keeps the plugin's template (and its pods) as they were
+    dra = any(is_gpu_node(h) and h.gpu.allocator.kind == DRA for h in inv.hosts)
     return Manifest(PLUGIN_MANIFEST, mirrors.rewrite_images(inv, _render(
-        device_plugin_template(), version=inv.install.device_plugin_version, mig=mig)))
+        device_plugin_template(), version=inv.install.device_plugin_version, mig=mig, dra=dra,
+        allocator_label=ALLOCATOR_LABEL)))
+
+
+DRA_NAMESPACE = "nvidia-dra-driver-gpu"  # the namespace NVIDIA's install guide gives the chart's release
+DRA_NAME = "dra-driver-nvidia-gpu"  # the chart's name: its objects' names and the kubelet plugin's labels
+DRA_PLUGIN = f"{DRA_NAME}-kubelet-plugin"  # the kubelet plugin's DaemonSet
+
+
+def dra_driver(inv: Inventory) -> Manifest:
+    """NVIDIA's DRA driver (GPUs only): its kubelet plugin on nodes labelled gpuk8s.io/gpu-allocator=dra, and
+    the DeviceClasses gpu.nvidia.com and mig.nvidia.com; from the minor that has KEP-5004 GA, gpu.nvidia.com names
+    the extended resource nvidia.com/gpu (docs/dra.md)."""
+    pin = versions.dra_driver()
+    minor = versions.release(inv.cluster.kubernetes_version) or (1, 0)
+    return Manifest("nvidia-dra-driver.yaml", mirrors.rewrite_images(inv, _render(
+        _template("dra-driver.yaml.j2"), chart_version=pin.chart_version, image=pin.image, namespace=DRA_NAMESPACE,
+        name=DRA_NAME, allocator_label=ALLOCATOR_LABEL,
+        extended_resource=minor[1] >= pin.extended_resource_since,
+        extended_resource_since=f"1.{pin.extended_resource_since}")))
 
 
 def mps_control_daemon(inv: Inventory) -> Manifest:
@@ -198,12 +220,17 @@ def wanted(inv: Inventory, plans: dict[str, GPUPlan], keep: dict[str, str] | Non
     out = [runtime_class(), plugin_configs(plans, keep), device_plugin(inv), mps_control_daemon(inv)]
     if any(p.sharing == "hami" for p in plans.values()):
         out.append(hami(inv, plans))
+    if any(p.dra for p in plans.values()):
+        out.append(dra_driver(inv))
     return out
 
 
 def unwanted(inv: Inventory, plans: dict[str, GPUPlan]) -> list[Manifest]:
     """Manifests gpuk8s deploys only on demand, not wanted now: their objects are deleted where present."""
-    return [] if any(p.sharing == "hami" for p in plans.values()) else [hami(inv, plans)]
+    out = [] if any(p.sharing == "hami" for p in plans.values()) else [hami(inv, plans)]
+    if not any(p.dra for p in plans.values()):
+        out.append(dra_driver(inv))
+    return out
 
 
 
@@ -238,10 +265,12 @@ def refs(m: Manifest) -> list[Ref]:
     return out
 
 
-def removable(kube: KubeClient, m: Manifest) -> list[Ref]:
-    """The objects of `m` in the cluster that gpuk8s applied: an object of the same name that another tool
-    made (HAMi's Helm chart) is not among them, whatever the manifest's other objects are."""
-    return owned(kube, refs(m))
+def removable(kube: KubeClient, ms: list[Manifest]) -> list[tuple[Manifest, list[Ref]]]:
+    """Per manifest, the objects of it in the cluster that gpuk8s applied: an object of the same name that another
+    tool made (HAMi's Helm chart) is not among them, whatever the manifest's other objects are. Every manifest's
+    objects read in one call."""
+    mine = set(owned(kube, [r for m in ms for r in refs(m)]))
+    return [(m, [r for r in refs(m) if r in mine]) for m in ms]
 
 
 def delete_command(ref: Ref) -> str:
@@ -250,12 +279,13 @@ def delete_command(ref: Ref) -> str:
     return "kubectl " + shlex.join(["-n", namespace, "delete", kind.lower(), name])
 
 
-def remove(kube: KubeClient, m: Manifest) -> list[Ref]:
-    """Delete the objects of `m` that gpuk8s applied (`removable`); those deleted."""
-    gone = removable(kube, m)
-    for kind, name, namespace in gone:
-        kube.delete(kind.lower(), [name], namespace)
-    return gone
+def remove(kube: KubeClient, ms: list[Manifest]) -> list[tuple[Manifest, list[Ref]]]:
+    """Delete the objects of each manifest that gpuk8s applied (`removable`); those deleted, per manifest."""
+    found = removable(kube, ms)
+    for _m, gone in found:
+        for kind, name, namespace in gone:
+            kube.delete(kind.lower(), [name], namespace)
+    return found
 
 
 def out_of_date(kube: KubeClient, manifests: list[Manifest]) -> list[Manifest]:

@@ -142,8 +142,8 @@ class GPUNodes(Phase):
             # one change per object gpuk8s applied: a namesake another tool made is neither named nor deleted
             changes += [Change(f"delete {kind.lower()}/{name} of {m.name} (no node asks for it)",
                                commands=manifests.delete_command((kind, name, ns)))
-                        for m in manifests.unwanted(ctx.inv, ctx.plans)
-                        for kind, name, ns in manifests.removable(ctx.kube, m)]
+                        for m, gone in manifests.removable(ctx.kube, manifests.unwanted(ctx.inv, ctx.plans))
+                        for kind, name, ns in gone]
         if not any(m.name == manifests.PLUGIN_MANIFEST for m in todo):  # else the DaemonSet replaces its pods itself
             changes += [Change(f"restart the device plugin on {node} (its container runtime is reconfigured)",
                                commands=state.restart_command(pod))
@@ -164,8 +164,7 @@ class GPUNodes(Phase):
         done = [f"applied {name}" for name in applied]
         if manifests.PLUGIN_MANIFEST in applied:
             stale = {}  # a new template: the DaemonSet replaces its pods itself
-        for m in manifests.unwanted(ctx.inv, ctx.plans):
-            gone = manifests.remove(ctx.kube, m)
+        for m, gone in manifests.remove(ctx.kube, manifests.unwanted(ctx.inv, ctx.plans)):
             if gone:
                 done.append(f"removed {m.name} ({len(gone)} object(s) gpuk8s applied)")
         for name, (labels, taints) in self._node_diffs(ctx).items():

@@ -106,8 +106,9 @@ class FakeKube:
 
     def delete(self, kind: str, names: list[str], namespace: str) -> None:
         self.calls.append(("delete", kind, *names))
-        for n in names:
-            self.objects.pop((kind.lower(), namespace, n), None)
+        for n in names:  # kubectl ignores -n for a cluster-scoped object
+            if self.objects.pop((kind.lower(), namespace, n), None) is None:
+                self.objects.pop((kind.lower(), "", n), None)
             self.objects.pop((kind.lower(), "", n), None)  # a cluster-scoped object (a Namespace)
 
     def logs(self, pod: str, namespace: str, tail: int = 50) -> str:

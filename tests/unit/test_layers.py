@@ -46,6 +46,7 @@ LAZY = {("gpuk8s.cli", "gpuk8s.commands"), ("gpuk8s.cli", "gpuk8s.commands.inven
 # The pure decision modules: judging, planning and parsing, with no SSH and no kubectl anywhere below them
 PURE = ["gpuk8s.doctor.classify", "gpuk8s.doctor.evidence", "gpuk8s.gpuplan", "gpuk8s.facts.parse",
         "gpuk8s.facts.mig", "gpuk8s.mig.layout", "gpuk8s.versions", "gpuk8s.kube.state", "gpuk8s.kube.allocation",
+        "gpuk8s.kube.dra",
         "gpuk8s.preflight.host_checks", "gpuk8s.preflight.cluster_checks", "gpuk8s.mirrors",
         "gpuk8s.playbook.render", "gpuk8s.inventory.loader", "gpuk8s.driver.rules", "gpuk8s.facts.health",
         "gpuk8s.health.checks", "gpuk8s.driver.xid", "gpuk8s.facts.dcgm"]

@@ -182,7 +182,8 @@ def test_changing_replicas_changes_only_the_configmap() -> None:
 def test_hami_is_wanted_only_with_a_hami_node_and_otherwise_removed() -> None:
     i = inv()
     names = [m.name for m in manifests.wanted(i, gpuplan.plans(i))]
-    assert names[-1] == "hami.yaml" and manifests.unwanted(i, gpuplan.plans(i)) == []
+    assert names[-1] == "hami.yaml"
+    assert [m.name for m in manifests.unwanted(i, gpuplan.plans(i))] == ["nvidia-dra-driver.yaml"]
     h = manifests.hami(i, gpuplan.plans(i))
     kinds = [(o["kind"], o["metadata"]["name"]) for o in h.objects()]
     assert kinds[0] == ("DaemonSet", "hami-device-plugin") and ("Deployment", "hami-scheduler") in kinds
@@ -193,7 +194,8 @@ def test_hami_is_wanted_only_with_a_hami_node_and_otherwise_removed() -> None:
         "device-config.yaml"])
     assert dev["nvidia"]["deviceSplitCount"] == 10 and dev["nvidia"]["resourceMemoryName"] == "nvidia.com/gpumem"
     plain = loads(HOST)
-    assert [m.name for m in manifests.unwanted(plain, gpuplan.plans(plain))] == ["hami.yaml"]
+    assert [m.name for m in manifests.unwanted(plain, gpuplan.plans(plain))] == ["hami.yaml",
+                                                                                "nvidia-dra-driver.yaml"]
     # the gpu phase deletes HAMi's objects when no node asks for it any more
     kube = FakeKube()
     kube.add_node("w-1")

@@ -1,0 +1,141 @@
+"""Dynamic Resource Allocation as the API server returns it (pure): the GPUs and MIG devices NVIDIA's DRA driver
+publishes per node (ResourceSlices) and which pods hold them (ResourceClaims). docs/dra.md.
+
+Read from the objects' JSON only, typed and bounded: a field of the wrong type is left out, never trusted, and a
+slice or claim of another driver is ignored. The shapes are resource.k8s.io/v1's, as the real driver publishes
+them (tests/fixtures/real/dra/: chart 25.3.2 and 25.12.0 on Kubernetes 1.34 and 1.36): a slice per node and
+driver (`spec.nodeName`, `spec.pool.name` the node's name, `spec.devices[]` with `name`, typed `attributes` such
+as `type: {string: gpu}` and `productName`, `capacity.memory.value`), a claim's `status.allocation.devices
+.results[]` (driver, pool, device, request) and `status.reservedFor[]` (the pods using it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+DRA_DRIVER = "gpu.nvidia.com"  # the NVIDIA DRA driver's name in ResourceSlices, claims' results and DeviceClasses
+DRA_CLASSES = {"gpu": "gpu.nvidia.com", "mig": "mig.nvidia.com"}  # device type -> the DeviceClass selecting it
+MAX_DEVICES = 1024  # per slice (the API allows 128 per slice in v1; a hostile object is cut here)
+MAX_ITEMS = 100_000  # slices or claims read at all
+
+
+@dataclass(frozen=True)
+class Device:
+    """One device of a ResourceSlice: gpu-0 (type gpu) or a MIG device (type mig, its profile)."""
+
+    name: str
+    type: str  # "gpu" | "mig" | another the driver publishes (vfio, ...)
+    product: str = ""
+    memory: str = ""  # capacity.memory.value as published ("81559Mi")
+    profile: str = ""  # a MIG device's profile ("1g.10gb")
+    uuid: str = ""
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """One device a claim holds: where and for which pods."""
+
+    claim: str  # namespace/name
+    node: str  # the pool (the node's name, as the NVIDIA driver names its pools)
+    device: str
+    pods: tuple[str, ...] = ()  # namespace/name of the pods the claim is reserved for
+
+
+@dataclass
+class NodeDevices:
+    """What DRA publishes on one node and what of it is allocated."""
+
+    devices: list[Device] = field(default_factory=list)
+    allocated: list[Allocation] = field(default_factory=list)
+
+    def count(self, kind: str) -> int:
+        return sum(1 for d in self.devices if d.type == kind)
+
+    @property
+    def in_use(self) -> int:
+        return len({a.device for a in self.allocated})
+
+
+def _str(v: Any, limit: int = 253) -> str:
+    return v[:limit] if isinstance(v, str) else ""
+
+
+def _dict(o: dict[str, Any], key: str) -> dict[str, Any]:
+    v = o.get(key)
+    return v if isinstance(v, dict) else {}
+
+
+def _list(o: dict[str, Any], key: str) -> list[Any]:
+    v = o.get(key)
+    return v if isinstance(v, list) else []
+
+
+def _items(doc: Any) -> list[dict[str, Any]]:
+    items = doc.get("items") if isinstance(doc, dict) else None
+    return [i for i in items[:MAX_ITEMS] if isinstance(i, dict)] if isinstance(items, list) else []
+
+
+def _attr(attrs: dict[str, Any], key: str) -> str:
+    """A typed attribute's value as text ({string: ...}, {version: ...}, {int: ...}); '' when absent."""
+    v = attrs.get(key)
+    if not isinstance(v, dict):
+        return ""
+    for kind in ("string", "version"):
+        if isinstance(v.get(kind), str):
+            return _str(v[kind])
+    if isinstance(v.get("int"), int) and not isinstance(v.get("int"), bool):
+        return str(v["int"])
+    return ""
+
+
+def _device(d: Any) -> Device | None:
+    if not isinstance(d, dict) or not _str(d.get("name")):
+        return None
+    attrs = _dict(d, "attributes")
+    cap = _dict(d, "capacity")
+    mem = _dict(cap, "memory")
+    return Device(_str(d["name"]), _attr(attrs, "type"), _attr(attrs, "productName"), _str(mem.get("value"), 32),
+                  _attr(attrs, "profile"), _attr(attrs, "uuid"))
+
+
+def published(slices: Any, driver: str = DRA_DRIVER) -> dict[str, NodeDevices]:
+    """The driver's devices per node, from a List of ResourceSlices (`kubectl get resourceslices -o json`)."""
+    out: dict[str, NodeDevices] = {}
+    for s in _items(slices):
+        spec = _dict(s, "spec")
+        node = _str(spec.get("nodeName"))
+        if spec.get("driver") != driver or not node:
+            continue
+        devices = _list(spec, "devices")
+        nd = out.setdefault(node, NodeDevices())
+        nd.devices += [d for d in map(_device, devices[:MAX_DEVICES]) if d is not None]
+    return out
+
+
+def allocations(claims: Any, driver: str = DRA_DRIVER) -> list[Allocation]:
+    """Every device of `driver` that a claim holds, from a List of ResourceClaims."""
+    out: list[Allocation] = []
+    for c in _items(claims):
+        md = _dict(c, "metadata")
+        status = _dict(c, "status")
+        alloc = _dict(status, "allocation")
+        devices = _dict(alloc, "devices")
+        results = _list(devices, "results")
+        reserved = _list(status, "reservedFor")
+        ns = _str(md.get("namespace")) or "default"
+        pods = tuple(f"{ns}/{_str(r.get('name'))}" for r in reserved[:MAX_DEVICES]
+                     if isinstance(r, dict) and r.get("resource") == "pods" and _str(r.get("name")))
+        name = f"{ns}/{_str(md.get('name'))}"
+        for r in results[:MAX_DEVICES]:
+            if isinstance(r, dict) and r.get("driver") == driver and _str(r.get("pool")) and _str(r.get("device")):
+                out.append(Allocation(name, _str(r["pool"]), _str(r["device"]), pods))
+    return out
+
+
+def by_node(slices: Any, claims: Any) -> dict[str, NodeDevices]:
+    """Per node: what the driver publishes and what of it claims hold."""
+    out = published(slices)
+    for a in allocations(claims):
+        out.setdefault(a.node, NodeDevices()).allocated.append(a)
+    return out

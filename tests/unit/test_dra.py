@@ -1,0 +1,242 @@
+"""Dynamic Resource Allocation without a cluster (issue 33, docs/dra.md): the inventory's `allocator`, the GPU plan
+per node, the DRA driver's manifests per Kubernetes minor, the device plugin kept off dra nodes, the removal of
+the driver's objects when no node uses it, and DRA's devices and claims read from real ResourceSlice and
+ResourceClaim objects (tests/fixtures/real/dra/, each with its source)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from gpuk8s import gpuplan, versions
+from gpuk8s.inventory.loader import InventoryError, loads
+from gpuk8s.kube import dra, manifests
+from gpuk8s.phases.base import Context
+from gpuk8s.phases.gpu import GPUNodes
+from tests.unit.fakekube import FakeKube
+from tests.unit.test_render import schema_for
+
+REAL = Path(__file__).parent.parent / "fixtures" / "real" / "dra"
+
+MIXED = """cluster: {kubernetes_version: "MINOR"}
+hosts:
+  - {name: cp-1, address: 10.0.0.1, role: control-plane}
+  - {name: w-dra, address: 10.0.0.2, gpus: 4, allocator: dra}
+  - {name: w-plugin, address: 10.0.0.3, gpus: 2}
+"""
+
+
+def mixed(minor: str = "1.36") -> Any:
+    return loads(MIXED.replace("MINOR", minor))
+
+
+def errors(text: str) -> list[str]:
+    with pytest.raises(InventoryError) as e:
+        loads(text)
+    return [str(p) for p in e.value.problems if p.severity == "error"]
+
+
+def real(name: str) -> Any:
+    """The verbatim object below a fixture's header."""
+    text = (REAL / name).read_text()
+    head, sep, body = text.partition("\n---\n")
+    assert sep and "# verbatim: yes" in head and "# source: https://github.com/" in head, name
+    return yaml.safe_load(body)
+
+
+# -- the inventory ----------------------------------------------------------------------------------------------
+
+def test_allocator_per_host_group_and_default_with_the_host_winning() -> None:
+    i = loads("""cluster: {kubernetes_version: "1.36"}
+gpu_defaults: {allocator: dra}
+gpu_groups:
+  old: {allocator: device-plugin}
+hosts:
+  - {name: cp-1, address: 10.0.0.1, role: control-plane}
+  - {name: w-1, address: 10.0.0.2}
+  - {name: w-2, address: 10.0.0.3, gpu_group: old}
+  - {name: w-3, address: 10.0.0.4, gpu_group: old, allocator: dra}
+""")
+    kinds = {h.name: h.gpu.allocator.kind for h in i.hosts}
+    assert kinds == {"cp-1": "device-plugin", "w-1": "dra", "w-2": "device-plugin", "w-3": "dra"}
+
+
+def test_allocator_refusals_name_the_line_the_reason_and_the_fix() -> None:
+    old = errors(MIXED.replace("MINOR", "1.33"))
+    assert len(old) == 1 and ":4:" in old[0] and "needs Kubernetes 1.34.2 or newer" in old[0]
+    assert "the cluster is 1.33" in old[0] and "allocator: device-plugin" in old[0]
+    # a patch below the floor is refused; the minor alone means its newest patch
+    assert errors(MIXED.replace("MINOR", "1.34.1")) and not errors_or_none(MIXED.replace("MINOR", "1.34"))
+    shared = errors(MIXED.replace("MINOR", "1.36").replace(
+        "allocator: dra}", "allocator: dra, gpu_sharing: {strategy: time-slicing, replicas: 4}}"))
+    assert len(shared) == 1 and "time-slicing needs the device plugin" in shared[0]
+    for strategy in ("mps, replicas: 2", "hami"):
+        assert errors(MIXED.replace("MINOR", "1.36").replace(
+            "allocator: dra}", f"allocator: dra, gpu_sharing: {{strategy: {strategy}}}}}"))
+    docker = errors(MIXED.replace("MINOR", "1.36").replace("}\nhosts", ", container_runtime: docker}\nhosts"))
+    assert any("needs containerd" in e and "CDI" in e for e in docker)
+    typo = errors(MIXED.replace("MINOR", "1.36").replace("allocator: dra", "allocator: dar"))
+    assert typo and "did you mean 'dra'" in typo[0]
+
+
+def errors_or_none(text: str) -> list[str]:
+    try:
+        loads(text)
+    except InventoryError as e:
+        return [str(p) for p in e.value.problems if p.severity == "error"]
+    return []
+
+
+def test_allocator_on_a_cpu_host_is_a_warning_and_ignored() -> None:
+    i = loads(MIXED.replace("MINOR", "1.36").replace("role: control-plane}", "role: control-plane, allocator: dra}"))
+    cp = next(h for h in i.hosts if h.name == "cp-1")
+    assert cp.gpu.allocator.kind == "device-plugin" and not gpuplan.plan_for(cp).dra
+
+
+# -- the GPU plan -----------------------------------------------------------------------------------------------
+
+def test_the_plan_of_a_dra_node_has_no_plugin_and_no_extended_resource() -> None:
+    plans = gpuplan.plans(mixed())
+    d, p = plans["w-dra"], plans["w-plugin"]
+    assert d.dra and d.plugin is None and d.resources == {} and d.dra_devices == {"gpu": 4}
+    assert d.labels[gpuplan.ALLOCATOR_LABEL] == "dra" and gpuplan.CONFIG_LABEL not in d.labels
+    assert d.labels[gpuplan.GPU_PRESENT] == "true" and d.labels[gpuplan.COUNT_LABEL] == "4"
+    assert not p.dra and p.plugin is not None and p.resources == {"nvidia.com/gpu": 2}
+    assert gpuplan.ALLOCATOR_LABEL not in p.labels and gpuplan.ALLOCATOR_LABEL in gpuplan.MANAGED_LABELS
+    assert not plans["cp-1"].dra and plans["cp-1"].dra_devices == {}
+
+
+def test_dra_devices_of_mig_layouts() -> None:
+    assert gpuplan.dra_plan({"nvidia.com/mig-1g.10gb": 7, "nvidia.com/mig-3g.40gb": 2, "nvidia.com/gpu": 1},
+                            "mixed") == {"mig": 9, "gpu": 1}
+    assert gpuplan.dra_plan({"nvidia.com/gpu": 14}, "single") == {"mig": 14}
+    assert gpuplan.dra_plan({"nvidia.com/gpu": 8}) == {"gpu": 8}
+    assert gpuplan.dra_plan({}) == {}
+
+
+# -- the manifests ----------------------------------------------------------------------------------------------
+
+def _objects(m: manifests.Manifest) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(m.text) if d]
+
+
+@pytest.mark.parametrize("minor", ["1.34", "1.35", "1.36", "1.37"])
+def test_the_dra_driver_manifest_per_minor_validates_and_names_nvidia_com_gpu_from_1_37(minor: str) -> None:
+    i = mixed(minor)
+    names = [m.name for m in manifests.wanted(i, gpuplan.plans(i))]
+    assert names[-1] == "nvidia-dra-driver.yaml" and "nvidia-dra-driver.yaml" not in [
+        m.name for m in manifests.unwanted(i, gpuplan.plans(i))]
+    m = manifests.dra_driver(i)
+    objs = _objects(m)
+    assert [o["kind"] for o in objs] == ["Namespace", "ClusterRole", "ServiceAccount", "ClusterRoleBinding",
+                                          "DaemonSet", "DeviceClass", "DeviceClass"]
+    for o in objs:
+        kubernetes_validate.validate(o, schema_for(minor), strict=True)
+    ds = objs[4]["spec"]["template"]["spec"]
+    assert ds["nodeSelector"] == {gpuplan.ALLOCATOR_LABEL: "dra"}
+    assert {t["key"] for t in ds["tolerations"]} == {"nvidia.com/gpu", gpuplan.QUARANTINE_KEY}
+    assert {c["image"] for c in ds["containers"] + ds["initContainers"]} == {versions.dra_driver().image}
+    gpu, mig = objs[5], objs[6]
+    assert (gpu["metadata"]["name"], mig["metadata"]["name"]) == ("gpu.nvidia.com", "mig.nvidia.com")
+    assert ("extendedResourceName" in gpu["spec"]) == (minor == "1.37")
+    assert "extendedResourceName" not in mig["spec"]
+    assert gpu["spec"].get("extendedResourceName", "nvidia.com/gpu") == "nvidia.com/gpu"
+
+
+def test_the_device_plugin_keeps_off_dra_nodes_only_where_there_is_one() -> None:
+    def terms(i: Any) -> list[dict[str, Any]]:
+        ds = _objects(manifests.device_plugin(i))[0]
+        aff = ds["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]
+        return list(aff["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]["matchExpressions"])
+
+    with_dra = terms(mixed())
+    assert {"key": gpuplan.ALLOCATOR_LABEL, "operator": "NotIn", "values": ["dra"]} in with_dra
+    plain = loads(MIXED.replace("MINOR", "1.36").replace(", allocator: dra", ""))
+    assert [e["key"] for e in terms(plain)] == ["gpu"]
+    # a cluster without DRA keeps the plugin's template as it was: no rolling restart of its pods
+    assert manifests.device_plugin(plain).sha256 != manifests.device_plugin(mixed()).sha256
+    assert "nvidia-dra-driver.yaml" in [m.name for m in manifests.unwanted(plain, gpuplan.plans(plain))]
+
+
+def test_the_driver_is_removed_when_no_node_uses_it_and_only_what_gpuk8s_applied() -> None:
+    i = mixed()
+    m = manifests.dra_driver(i)
+    kube = FakeKube()
+    kube.add_node("w-dra")
+    manifests.apply(kube, [m])
+    # a DeviceClass of the same name made by another tool (the driver's own Helm chart) is not gpuk8s's
+    kube.objects[("deviceclass", "", "mig.nvidia.com")]["metadata"].pop("annotations")
+    plain = loads(MIXED.replace("MINOR", "1.36").replace(", allocator: dra", ""))
+    ctx = Context(plain, plans=gpuplan.plans(plain), kube_client=kube, initialized_cache=True)
+    kube.calls.clear()
+    plan = GPUNodes().plan(ctx)
+    deletes = [c.what for c in plan.changes if c.what.startswith("delete ")]
+    assert len(deletes) == len(_objects(m)) - 1 and not any("mig.nvidia.com" in d for d in deletes)
+    assert "delete deviceclass/gpu.nvidia.com of nvidia-dra-driver.yaml (no node asks for it)" in deletes
+    # HAMi's and the DRA driver's objects are read in one call, not one per manifest
+    reads = [c for c in kube.calls if c[0] == "get_refs" and "deviceclass/gpu.nvidia.com" in c]
+    assert len(reads) == 1 and any("hami" in x for x in reads[0])
+    res = GPUNodes().run(ctx)
+    assert f"removed nvidia-dra-driver.yaml ({len(_objects(m)) - 1} object(s) gpuk8s applied)" in res.message
+    assert ("deviceclass", "", "mig.nvidia.com") in kube.objects
+    assert ("deviceclass", "", "gpu.nvidia.com") not in kube.objects
+    assert ("daemonset", manifests.DRA_NAMESPACE, manifests.DRA_PLUGIN) not in kube.objects
+
+
+# -- DRA's devices and claims, read from real objects ----------------------------------------------------------
+
+def test_published_devices_of_eight_h100_on_25_12() -> None:
+    nodes = dra.published(real("resourceslices-8xh100-25.12.0-eks-1.34.yaml"))
+    assert list(nodes) == ["ip-100-64-171-120.ec2.internal"]  # the compute-domain slice is another driver's
+    nd = nodes["ip-100-64-171-120.ec2.internal"]
+    assert sorted(d.name for d in nd.devices) == [f"gpu-{i}" for i in range(8)]
+    assert nd.count("gpu") == 8 and nd.count("mig") == 0
+    assert {d.product for d in nd.devices} == {"NVIDIA H100 80GB HBM3"}
+    assert {d.memory for d in nd.devices} == {"81559Mi"}
+    g6 = next(d for d in nd.devices if d.name == "gpu-6")
+    assert g6.uuid == "GPU-ca1b8386-093b-60cc-349d-c4a38b9124c0"
+
+
+def test_published_devices_of_three_vgpu_nodes_on_25_3_2() -> None:
+    nodes = dra.published(real("resourceslices-3x-vgpu-a100-25.3.2-vks-1.34.yaml"))
+    assert len(nodes) == 3 and all(nd.count("gpu") == 1 for nd in nodes.values())
+    assert {d.product for nd in nodes.values() for d in nd.devices} == {"GRID A100-8C"}
+    trimmed = dra.published(real("resourceslices-2x-vgpu-a100-25.12.0-vks-1.36-trimmed.yaml"))
+    assert sorted(trimmed) == ["conformance-test-np1-qcqc8-bpdtl-rcj8j", "conformance-test-np1-qcqc8-bpdtl-wv2gs"]
+    assert {d.product for nd in trimmed.values() for d in nd.devices} == {"GRID A100-10C"}
+
+
+def test_an_allocated_claim_names_its_node_device_and_pod() -> None:
+    claims = real("resourceclaims-allocated-25.12.0-vks-1.36.yaml")
+    assert dra.allocations(claims) == [dra.Allocation(
+        "gpu-test1/dra-gpu-example-798fccd4d-sfl2p-single-gpu-d2jzk", "conformance-test-np1-qcqc8-bpdtl-wv2gs",
+        "gpu-0", ("gpu-test1/dra-gpu-example-798fccd4d-sfl2p",))]
+    nodes = dra.by_node(real("resourceslices-2x-vgpu-a100-25.12.0-vks-1.36-trimmed.yaml"), claims)
+    assert nodes["conformance-test-np1-qcqc8-bpdtl-wv2gs"].in_use == 1
+    assert nodes["conformance-test-np1-qcqc8-bpdtl-rcj8j"].in_use == 0
+
+
+def test_hostile_or_mistyped_objects_are_left_out_not_trusted() -> None:
+    bad: list[Any] = [None, 1, "x", {"spec": []}, {"spec": {"driver": "gpu.nvidia.com", "nodeName": 7}},
+                      {"spec": {"driver": "gpu.nvidia.com", "nodeName": "n", "devices": {"a": 1}}},
+                      {"spec": {"driver": "gpu.nvidia.com", "nodeName": "n",
+                                "devices": [None, {"name": 3}, {"name": "gpu-0", "attributes": {"type": "gpu"},
+                                                                "capacity": {"memory": 5}}]}}]
+    nodes = dra.published({"items": bad})
+    assert list(nodes) == ["n"] and nodes["n"].devices == [dra.Device("gpu-0", "")]
+    assert dra.published({"items": "no"}) == {} and dra.published([1, 2]) == {}
+    assert dra.allocations({"items": [{"status": {"allocation": {"devices": {"results": [
+        {"driver": "gpu.nvidia.com", "pool": "n"}, {"driver": "other", "pool": "n", "device": "d"}, 5]}},
+        "reservedFor": "x"}}]}) == []
+    # bounded: a huge list is cut, in linear time
+    huge = {"items": [{"spec": {"driver": "gpu.nvidia.com", "nodeName": "n",
+                                "devices": [{"name": f"gpu-{i}"} for i in range(5000)]}}] * 50}
+    start = time.process_time()
+    nd = dra.published(json.loads(json.dumps(huge)))["n"]
+    assert len(nd.devices) == 50 * dra.MAX_DEVICES and time.process_time() - start < 5
