@@ -120,6 +120,11 @@ FINDINGS: dict[str, Spec] = {
     "gpu.test-pod-failed": _v("the GPU test pod ran and failed (nvidia-smi failed in the container)"),
     "gpu.test-pod-unschedulable": _v("the scheduler cannot place the GPU test pod on the node"),
     "gpu.test-pod-timeout": _v("the GPU test pod did not finish in time (300 s by default)"),
+    # Dynamic Resource Allocation (docs/dra.md): a dra node's devices as the DRA driver publishes them
+    "dra.no-devices": _v("no ResourceSlice of gpu.nvidia.com lists the dra node's devices: NVIDIA's DRA kubelet "
+                         "plugin is not running or not registered there"),
+    "dra.devices-missing": _v("the DRA driver publishes fewer GPUs (or MIG devices) on the dra node than its plan "
+                              "expects"),
     # shared GPUs (docs/sharing.md): verify's causes and proofs, preflight's warnings
     "gpu.sharing-config": _v("the device plugin cannot select the node's sharing config (its config-manager finds "
                              "no such name in the ConfigMap, or the ConfigMap is missing)"),

@@ -35,12 +35,15 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpuk8s import gpuplan
 from gpuk8s.errors import MetricsError
 from gpuk8s.gpuplan import GPUPlan
-from gpuk8s.kube import state
+from gpuk8s.kube import dra, state
 from gpuk8s.kube.state import StateError
 from gpuk8s.text import ascii_int, clean, one_line
 
 MIG_PREFIX = "nvidia.com/mig-"
 HAMI_PER_POD = (gpuplan.HAMI_MEMORY, gpuplan.HAMI_CORES)
+# a dra node's devices, by type, as status names them: gpu.nvidia.com/gpu (counted with the GPUs), .../mig
+DRA_PREFIX = dra.DRA_DRIVER + "/"
+DRA_GPU = DRA_PREFIX + "gpu"
 DONE_PHASES = ("Succeeded", "Failed")
 
 
@@ -130,6 +133,8 @@ class ResourceUse:
 
     @property
     def kind(self) -> str:
+        if self.resource.startswith(DRA_PREFIX):
+            return "dra"
         if self.resource.startswith(MIG_PREFIX):
             return "mig"
         if self.resource in HAMI_PER_POD:
@@ -371,9 +376,11 @@ class NodeAllocation:
     metrics_note: str = ""  # why there are no metrics ("" when read, or monitoring is off)
     hami_gpus: list[HamiGPU] = field(default_factory=list)  # HAMi's per-GPU view; empty: no HAMi here
     quarantine: str = ""  # the gpuk8s.io/quarantine taint's value (the health finding it failed); '' without one
+    allocator: str = "device-plugin"  # device-plugin | dra (plan, else the node's gpuk8s.io/gpu-allocator label)
 
     def to_json(self) -> dict[str, Any]:
-        return {"node": self.node, "ready": self.ready, "gpu_node": self.gpu_node, "sharing": self.sharing,
+        return {"node": self.node, "ready": self.ready, "gpu_node": self.gpu_node, "allocator": self.allocator,
+                "sharing": self.sharing,
                 "replicas": self.replicas, "gpus": self.gpus, "mig": dict(self.mig),
                 "mig_strategy": self.mig_strategy,
                 "resources": [r.to_json() for r in self.resources],
@@ -392,8 +399,9 @@ class ClusterAllocation:
             for r in n.resources:
                 if r.kind == "hami":
                     continue
-                req, alloc = out.get(r.resource, (0, 0))
-                out[r.resource] = (req + r.requested, alloc + r.allocatable)
+                key = gpuplan.GPU_RESOURCE if r.resource == DRA_GPU else r.resource  # a GPU is a GPU, by either
+                req, alloc = out.get(key, (0, 0))
+                out[key] = (req + r.requested, alloc + r.allocatable)
         return dict(sorted(out.items(), key=lambda kv: (kv[0] != gpuplan.GPU_RESOURCE, kv[0])))
 
     def footer(self) -> list[str]:
@@ -456,9 +464,33 @@ def _hami_total(res: str, hami: list[HamiGPU], gpus: int | None, plan: GPUPlan |
     return (gpus or 0) * per
 
 
+def dra_resources(nd: dra.NodeDevices | None, plan: GPUPlan | None) -> list[ResourceUse]:
+    """A dra node's devices as resources (gpu.nvidia.com/gpu, gpu.nvidia.com/mig): published, planned, and held
+    by the pods the claims are reserved for (one count per device)."""
+    out = []
+    for kind in ("gpu", "mig"):
+        have = nd.count(kind) if nd is not None else 0
+        planned = plan.dra_devices.get(kind) if plan is not None and plan.dra else None
+        if not have and not planned:
+            continue
+        use = ResourceUse(f"{DRA_PREFIX}{kind}", have, have, planned)
+        types = {d.name: d.type for d in nd.devices} if nd is not None else {}
+        held: dict[tuple[str, str], int] = {}
+        for a in nd.allocated if nd is not None else []:
+            if types.get(a.device) == kind:
+                for pod in a.pods or (a.claim + " (claim, no pod)",):
+                    pns, _, pname = pod.partition("/")
+                    held[(pns, pname)] = held.get((pns, pname), 0) + 1
+        use.pods = [PodUse(pns, pname, n, "") for (pns, pname), n in sorted(held.items())]
+        out.append(use)
+    return out
+
+
 def node_allocation(node: dict[str, Any], held: list[tuple[dict[str, Any], dict[str, int]]],
-                    plan: GPUPlan | None = None, plugin_down: bool = False) -> NodeAllocation:
-    """One node's GPU resources: those it has (capacity), those its plan wants, and those its pods hold."""
+                    plan: GPUPlan | None = None, plugin_down: bool = False,
+                    devices: dra.NodeDevices | None = None) -> NodeAllocation:
+    """One node's GPU resources: those it has (capacity), those its plan wants, and those its pods hold; on a
+    dra node the devices the DRA driver publishes there (`devices`) and the claims holding them."""
     ns = state.node_state(node)
     status = node.get("status") if isinstance(node.get("status"), dict) else {}
     assert isinstance(status, dict)
@@ -475,8 +507,12 @@ def node_allocation(node: dict[str, Any], held: list[tuple[dict[str, Any], dict[
     gpus = plan.gpus if plan is not None and plan.gpus is not None else (
         _qty(labels[gpuplan.COUNT_LABEL]) if gpuplan.COUNT_LABEL in labels else None)
     hami = hami_gpus(node, held, plan.gpu_memory_mib if plan is not None else None)
+    allocator = (plan.allocator if plan is not None and plan.gpu_node
+                 else "dra" if labels.get(gpuplan.ALLOCATOR_LABEL) == gpuplan.DRA else "device-plugin")
     resources = []
     for res in sorted(names, key=lambda r: (r in HAMI_PER_POD, r != gpuplan.GPU_RESOURCE, r)):
+        if allocator == gpuplan.DRA and not _qty(capacity.get(res, 0)) and not planned.get(res):
+            continue  # a pod's nvidia.com/gpu that DRA serves here (its DeviceClass names it): counted below
         if res in HAMI_PER_POD:
             total = _hami_total(res, hami, gpus, plan)
             use = ResourceUse(res, total, total)
@@ -499,15 +535,19 @@ def node_allocation(node: dict[str, Any], held: list[tuple[dict[str, Any], dict[
     strategy = str(getattr(plan, "mig_strategy", "none") or "none") if plan is not None else "none"
     if strategy == "none":
         strategy = labels.get("nvidia.com/mig.strategy", "mixed" if mig else "none")
+    if allocator == gpuplan.DRA or devices is not None:
+        resources += dra_resources(devices, plan)
     return NodeAllocation(ns.name, ns.ready, bool(plan.gpu_node) if plan is not None else bool(
         labels.get(gpuplan.GPU_PRESENT) == "true" or any(r.allocatable for r in resources)),
         sharing or "none", replicas or 1, gpus, resources, mig, strategy,
-        hami_gpus=hami, quarantine=ns.quarantine)
+        hami_gpus=hami, quarantine=ns.quarantine, allocator=allocator)
 
 
 def allocation(nodes: list[dict[str, Any]], pods: list[dict[str, Any]], plans: dict[str, GPUPlan] | None = None,
-               only: list[str] | None = None) -> ClusterAllocation:
-    """The cluster's GPU allocation; `only`: these nodes (the footer then counts them alone)."""
+               only: list[str] | None = None,
+               devices: dict[str, dra.NodeDevices] | None = None) -> ClusterAllocation:
+    """The cluster's GPU allocation; `only`: these nodes (the footer then counts them alone); `devices`: what the
+    DRA driver publishes per node, with its claims (kube/dra.by_node)."""
     held = holding_pods(pods)
     plugins = []  # gpuk8s's device plugin pods (is_device_plugin_pod: by owner, not by a look-alike name)
     for p in pods:
@@ -523,7 +563,8 @@ def allocation(nodes: list[dict[str, Any]], pods: list[dict[str, Any]], plans: d
                 continue
             plugin = state.device_plugin_pod(plugins, name)
             down = plugin is not None and (plugin.phase != "Running" or bool(plugin.waiting))
-            a = node_allocation(n, held.get(name, []), (plans or {}).get(name), plugin_down=down)
+            a = node_allocation(n, held.get(name, []), (plans or {}).get(name), plugin_down=down,
+                                devices=(devices or {}).get(name))
         except StateError:
             continue
         if a.gpu_node or a.resources:

@@ -3,7 +3,7 @@ publishes per node (ResourceSlices) and which pods hold them (ResourceClaims). d
 
 Read from the objects' JSON only, typed and bounded: a field of the wrong type is left out, never trusted, and a
 slice or claim of another driver is ignored. The shapes are resource.k8s.io/v1's, as the real driver publishes
-them (tests/fixtures/real/dra/: chart 25.3.2 and 25.12.0 on Kubernetes 1.34 and 1.36): a slice per node and
+them (tests/fixtures/real/dra/: charts 25.3.2 and 25.12.0, two Kubernetes minors): a slice per node and
 driver (`spec.nodeName`, `spec.pool.name` the node's name, `spec.devices[]` with `name`, typed `attributes` such
 as `type: {string: gpu}` and `productName`, `capacity.memory.value`), a claim's `status.allocation.devices
 .results[]` (driver, pool, device, request) and `status.reservedFor[]` (the pods using it).
@@ -72,7 +72,8 @@ def _list(o: dict[str, Any], key: str) -> list[Any]:
 
 
 def _items(doc: Any) -> list[dict[str, Any]]:
-    items = doc.get("items") if isinstance(doc, dict) else None
+    """The objects of a List document (`kubectl get -o json`) or of a list of objects (KubeClient.get)."""
+    items = doc.get("items") if isinstance(doc, dict) else doc
     return [i for i in items[:MAX_ITEMS] if isinstance(i, dict)] if isinstance(items, list) else []
 
 
@@ -100,7 +101,7 @@ def _device(d: Any) -> Device | None:
 
 
 def published(slices: Any, driver: str = DRA_DRIVER) -> dict[str, NodeDevices]:
-    """The driver's devices per node, from a List of ResourceSlices (`kubectl get resourceslices -o json`)."""
+    """The driver's devices per node, from ResourceSlices (a List, or the list KubeClient.get returns)."""
     out: dict[str, NodeDevices] = {}
     for s in _items(slices):
         spec = _dict(s, "spec")
@@ -139,3 +140,21 @@ def by_node(slices: Any, claims: Any) -> dict[str, NodeDevices]:
     for a in allocations(claims):
         out.setdefault(a.node, NodeDevices()).allocated.append(a)
     return out
+
+
+def verdict(node: str, want: dict[str, int], nd: NodeDevices | None) -> tuple[int, str, str, list[str]]:
+    """Whether the driver publishes every device a dra node's plan expects (`want`: type -> count): (the wanted
+    devices published, cause id, cause, evidence); the cause is '' when all are."""
+    total = sum(want.values())
+    if nd is None or not nd.devices:
+        return 0, "dra.no-devices", (f"no ResourceSlice of {DRA_DRIVER} lists this node's devices: the DRA kubelet "
+                                     f"plugin is not running or not registered there ({total} expected)"), [
+            f"kubectl get resourceslices: no slice of driver {DRA_DRIVER} with nodeName {node}"]
+    have = {k: nd.count(k) for k in want}
+    short = [f"{have[k]} of {v} {k}" for k, v in sorted(want.items()) if have[k] < v]
+    published = sum(min(have[k], v) for k, v in want.items())
+    if short:
+        names = ", ".join(f"{d.name} ({d.type or 'no type'})" for d in nd.devices[:16])
+        return published, "dra.devices-missing", (f"the DRA driver publishes {', '.join(short)} device(s) on this "
+                                                  "node"), [f"ResourceSlice devices: {names}"]
+    return published, "", "", []

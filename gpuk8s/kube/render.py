@@ -140,6 +140,25 @@ def test_pod(name: str, node: str, image: str) -> str:
     }, sort_keys=False)
 
 
+def claim_template(name: str, namespace: str, device_class: str) -> str:
+    """A ResourceClaimTemplate asking one device of `device_class` (the DRA driver's quickstart's shape,
+    tests/fixtures/real/dra/demo-gpu-test1-v0.4.0.yaml)."""
+    return yaml.safe_dump({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": namespace, "labels": {"app.kubernetes.io/managed-by": "gpuk8s"}},
+        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": device_class}}]}}},
+    }, sort_keys=False)
+
+
+def claim_test_pod(name: str, node: str, image: str, template: str) -> str:
+    """test_pod, its GPU through a claim made from `template` instead of an extended resource (a dra node)."""
+    doc = yaml.safe_load(test_pod(name, node, image))
+    ctr = doc["spec"]["containers"][0]
+    ctr["resources"] = {"claims": [{"name": "gpu"}]}
+    doc["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": template}]
+    return yaml.safe_dump(doc, sort_keys=False)
+
+
 def node_commands(inv: Inventory) -> str:
     """The kubectl commands that give every node the labels and taints of its GPU plan, as install sets them."""
     lines = ["#!/bin/sh", "# labels and taints of the inventory's nodes, as gpuk8s install sets them", "set -e"]

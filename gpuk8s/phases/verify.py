@@ -17,8 +17,9 @@ from typing import Any
 
 import yaml
 
-from gpuk8s.gpuplan import GPU_RESOURCE, HAMI_CORES, HAMI_MEMORY, GPUPlan
-from gpuk8s.kube import allocation, manifests, render, state
+from gpuk8s import versions
+from gpuk8s.gpuplan import ALLOCATOR_LABEL, GPU_RESOURCE, HAMI_CORES, HAMI_MEMORY, GPUPlan
+from gpuk8s.kube import allocation, dra, manifests, render, state
 from gpuk8s.kube.client import KubeError, on_node
 from gpuk8s.kube.state import DaemonSetState, NodeCheck, StateError
 from gpuk8s.mig import layout as miglayout
@@ -51,6 +52,26 @@ def _pod_name(prefix: str, node: str, suffix: str = "") -> str:
 
 def test_pod_name(node: str) -> str:
     return _pod_name("gpuk8s-verify", node)
+
+
+def extended_pod_name(node: str) -> str:
+    """A dra node's second test pod where the DeviceClass names nvidia.com/gpu (KEP-5004, extended_mapping)."""
+    return _pod_name("gpuk8s-verify-ext", node)
+
+
+def claim_template_name(kind: str) -> str:
+    return f"gpuk8s-verify-{kind}"
+
+
+def dra_class(plan: GPUPlan) -> str:
+    """The device type a dra node's test pod claims: a whole GPU where it has one, else a MIG device."""
+    return "gpu" if plan.dra_devices.get("gpu") else "mig"
+
+
+def extended_mapping(ctx: Context) -> bool:
+    """Whether pods asking nvidia.com/gpu are served on dra nodes (gpuk8s writes extendedResourceName from then)."""
+    minor = versions.release(ctx.inv.cluster.kubernetes_version) or (1, 0)
+    return minor[1] >= versions.dra_driver().extended_resource_since
 
 
 def proof_pod_name(node: str, suffix: str) -> str:
@@ -108,11 +129,17 @@ class Verify(Phase):
         # verify tests neither
         nodes = state.by_name(ctx.kube.get("nodes")) if ctx.options.test_pods and ctx.initialized() else {}
         skip = set(ctx.quarantine) | set(ctx.held) | {n for n, obj in nodes.items() if state.quarantined(obj)}
-        gpu_nodes = [p.node for p in ctx.plans.values() if p.expected_gpus and p.node not in skip]
+        gpu_nodes = [p.node for p in ctx.plans.values() if (p.expected_gpus or p.dra_devices) and p.node not in skip]
         changes = []
         if ctx.options.test_pods:
-            changes = [Change(f"test pod on {n} (created, then deleted)", manifest=self._pod(ctx, n))
-                       for n in gpu_nodes]
+            kinds = sorted({dra_class(ctx.plans[n]) for n in gpu_nodes if ctx.plans[n].dra})
+            changes = [Change(f"ResourceClaimTemplate {claim_template_name(k)} for the dra nodes' test pods "
+                              "(created, then deleted)", manifest=self._claim_template(k)) for k in kinds]
+            changes += [Change(f"test pod on {n} (created, then deleted)", manifest=self._pod(ctx, n))
+                        for n in gpu_nodes]
+            if extended_mapping(ctx):
+                changes += [Change(f"test pod asking nvidia.com/gpu on the dra node {n} (created, then deleted)",
+                                   manifest=self._extended_pod(ctx, n)) for n in gpu_nodes if ctx.plans[n].dra]
             for p in ctx.plans.values():
                 if p.expected_gpus and p.sharing != "none" and p.node in gpu_nodes:
                     what = (f"{p.expected_gpus} + 1 one-slice pods" if p.sharing != "hami"
@@ -126,11 +153,24 @@ class Verify(Phase):
                             "every node Ready, every GPU of each node's plan allocatable" +
                             (", one nvidia-smi test pod per GPU node" if changes else ""), changes)
 
-    def _pod(self, ctx: Context, node: str) -> str:
+    @staticmethod
+    def _claim_template(kind: str) -> str:
+        return render.claim_template(claim_template_name(kind), TEST_NAMESPACE, dra.DRA_CLASSES[kind])
+
+    @staticmethod
+    def _image(ctx: Context, node: str) -> str:
         f = ctx.facts.get(node)
-        image = render.verify_image(ctx.inv, f.gpu.driver_release if f else None)
-        text = render.test_pod(test_pod_name(node), node, image)
+        return render.verify_image(ctx.inv, f.gpu.driver_release if f else None)
+
+    def _extended_pod(self, ctx: Context, node: str) -> str:
+        return render.test_pod(extended_pod_name(node), node, self._image(ctx, node))
+
+    def _pod(self, ctx: Context, node: str) -> str:
+        image = self._image(ctx, node)
         plan = ctx.plans.get(node)
+        if plan is not None and plan.dra:  # one GPU (or MIG device) through a claim
+            return render.claim_test_pod(test_pod_name(node), node, image, claim_template_name(dra_class(plan)))
+        text = render.test_pod(test_pod_name(node), node, image)
         if plan is None or (plan.resource_name == GPU_RESOURCE and plan.sharing != "hami"):
             return text
         doc = yaml.safe_load(text)  # one GPU, or one slice of one, under the plan's name
@@ -169,6 +209,7 @@ class Verify(Phase):
             if ctx.plans[c.node].mig_strategy != "none":
                 mig_check(ctx, ctx.plans[c.node], c, nodes.get(c.node))
             c.quarantine = state.quarantined(nodes.get(c.node)) if c.ready else ""  # not Ready: that is its verdict
+        self._dra_checks(ctx, checks)
         if ctx.options.test_pods:
             # a quarantined node is not tested: its GPUs failed the health check, and it takes no new pods
             tested = [c for c in checks if c.ok and c.expected_gpus and not c.quarantine]
@@ -182,6 +223,26 @@ class Verify(Phase):
         return r
 
     _configs: tuple[str, ...] | None | bool = False  # the plugin ConfigMap's config names, read once per run
+
+    @staticmethod
+    def _dra_checks(ctx: Context, checks: list[NodeCheck]) -> None:
+        """On each dra node that is Ready: every device its plan expects published in its ResourceSlice (one read
+        of the slices for all)."""
+        mine = [c for c in checks if ctx.plans[c.node].dra and c.ready]
+        if not mine:
+            return
+        published = dra.published(ctx.kube.get("resourceslices"))
+        for c in mine:
+            want = ctx.plans[c.node].dra_devices
+            c.resource = f"{dra.DRA_DRIVER} (DRA)"
+            c.expected_gpus = sum(want.values())
+            c.allocatable_gpus, cause_id, cause, evidence = dra.verdict(c.node, want, published.get(c.node))
+            if cause and c.ok:
+                c.ok, c.cause_id, c.cause = False, cause_id, cause
+                c.evidence += evidence
+                c.remedy = (f"kubectl -n {manifests.DRA_NAMESPACE} get pods -o wide (the kubelet plugin's pod on "
+                            f"{c.node}) and its logs; the plugin runs on nodes labelled "
+                            f"{ALLOCATOR_LABEL}=dra (gpuk8s install sets it)")
 
     def _sharing(self, ctx: Context, plan: GPUPlan) -> state.Sharing | None:
         if plan.sharing == "none" or not plan.gpus:
@@ -340,12 +401,19 @@ class Verify(Phase):
             return
         for c in checks:
             c.pod = test_pod_name(c.node)
-        names = [c.pod for c in checks]
+        waiting = {c.pod: c for c in checks}
+        docs = [self._pod(ctx, c.node) for c in checks]
+        dra_checks = [c for c in checks if ctx.plans[c.node].dra]
+        templates = sorted({dra_class(ctx.plans[c.node]) for c in dra_checks})
+        if extended_mapping(ctx):
+            for c in dra_checks:
+                waiting[extended_pod_name(c.node)] = c
+                docs.append(self._extended_pod(ctx, c.node))
+        names = list(waiting)
         ctx.kube.delete("pod", names, TEST_NAMESPACE)
-        ctx.kube.apply("---\n".join(self._pod(ctx, c.node) for c in checks))
+        ctx.kube.apply("---\n".join([self._claim_template(k) for k in templates] + docs))
         timeout = ctx.options.test_pod_timeout
         deadline = time.monotonic() + timeout
-        waiting = {c.pod: c for c in checks}
         last: dict[str, str] = {}
         try:
             while waiting:
@@ -355,16 +423,21 @@ class Verify(Phase):
                     verdict = state.test_pod_verdict(pods.get(name))
                     if verdict is None:
                         continue
-                    c.ok, c.cause = verdict
-                    c.cause_id = verdict.cause_id
+                    if c.ok:  # a dra node's second pod: the first failure is the verdict
+                        c.ok, c.cause = verdict
+                        c.cause_id = verdict.cause_id
                     del waiting[name]
                 if not waiting:
                     break
                 if time.monotonic() > deadline:
                     for name, c in waiting.items():
-                        c.ok, c.cause = False, f"the test pod {name} did not finish within {timeout:g} s ({last[name]})"
-                        c.cause_id = "gpu.test-pod-timeout"
+                        if c.ok:
+                            c.ok, c.cause = False, (f"the test pod {name} did not finish within {timeout:g} s "
+                                                    f"({last[name]})")
+                            c.cause_id = "gpu.test-pod-timeout"
                     break
                 time.sleep(2)
         finally:
             ctx.kube.delete("pod", names, TEST_NAMESPACE)
+            if templates:
+                ctx.kube.delete("resourceclaimtemplate", [claim_template_name(k) for k in templates], TEST_NAMESPACE)

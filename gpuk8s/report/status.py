@@ -40,6 +40,8 @@ def render(alloc: al.ClusterAllocation) -> None:
             how += f" mig {n.mig_strategy}" + (" " + ",".join(f"{k}:{v}" for k, v in sorted(n.mig.items()))
                                                if n.mig else "")
         how = how.strip()
+        if n.allocator == "dra":  # the DRA driver serves its GPUs, through claims (docs/dra.md)
+            how = ("dra " + how).strip()
         node = f"{n.node}{'' if n.ready else ' (NotReady)'}"
         if n.quarantine:  # gpuk8s health NODE says why; gpuk8s health --release NODE once it is fixed
             node += f" (quarantined: {n.quarantine})"

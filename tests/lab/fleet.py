@@ -73,6 +73,7 @@ DEFAULTS: dict[str, Any] = {
     "gpu_sharing": None,  # copied to the host's inventory entry (docs/sharing.md), e.g. {strategy: mps, replicas: 4}
     "mig_layout": None,  # copied as the host's inventory `mig:` (docs/mig.md): {strategy: single, config: all-1g.10gb}
     "compute_cap": None,  # what nvidia-smi reports as compute_cap; None: the GPU model's
+    "allocator": None,  # copied as the host's inventory `allocator:` (docs/dra.md): dra or device-plugin
     # GPU health faults (gpuk8s health, docs/health.md): xid [{gpu, xid}] (kernel log lines as the real driver writes
     # them), lost [gpu] (fell off the bus: nvidia-smi leaves it out, lspci still lists it), remap_pending [gpu],
     # remap_failed [gpu], ecc_uncorrected {gpu: n}, pcie_width {gpu: width}, nvlink_down {gpu: [link]}, slowdown [gpu],

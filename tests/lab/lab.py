@@ -38,6 +38,10 @@ BRIDGE_MAC = "02:67:6b:38:73:01"  # locally administered
 NS_PREFIX = "gk8s-"
 FAKES_SRC = Path(__file__).parent / "fakes"
 REAL_OBJECTS = Path(__file__).resolve().parents[1] / "fixtures" / "real" / "objects"  # its SOURCE.md
+# a real ResourceSlice of NVIDIA's DRA driver (8x H100, chart 25.12.0): the lab's kubelet plugin publishes devices in
+# its shape
+REAL_SLICES = Path(__file__).resolve().parents[1] / "fixtures" / "real" / "dra" / \
+    "resourceslices-8xh100-25.12.0-eks-1.34.yaml"
 REAL_SMI_Q = Path(__file__).resolve().parents[1] / "fixtures" / "real" / "health" / \
     "smi-q-h100x8-535-hw-slowdown-gpud.txt"
 LAB_USER, LAB_UID = "gpuk8s", 2742
@@ -538,6 +542,7 @@ class Lab:
             shutil.copytree(REAL_OBJECTS, self.root / "fakes" / "real")
             # a real 8x H100 `nvidia-smi -q`: the fake's -q prints its GPU block, with each host's health in it
             shutil.copy2(REAL_SMI_Q, self.root / "fakes" / "real" / "smi-q.txt")
+            shutil.copy2(REAL_SLICES, self.root / "fakes" / "real" / "resourceslices.yaml")
         self._start_fake_server()
         (self.root / "cluster").mkdir()
         (self.root / "real").mkdir()
@@ -785,6 +790,8 @@ class Lab:
                 entry["gpu_sharing"] = spec["gpu_sharing"]
             if spec.get("mig_layout"):
                 entry["mig"] = spec["mig_layout"]
+            if spec.get("allocator"):
+                entry["allocator"] = spec["allocator"]
             if spec.get("driver_inventory"):
                 entry["driver"] = spec["driver_inventory"]
             user = spec["login"]

@@ -230,7 +230,10 @@ def test_hostile_or_mistyped_objects_are_left_out_not_trusted() -> None:
                                                                 "capacity": {"memory": 5}}]}}]
     nodes = dra.published({"items": bad})
     assert list(nodes) == ["n"] and nodes["n"].devices == [dra.Device("gpu-0", "")]
-    assert dra.published({"items": "no"}) == {} and dra.published([1, 2]) == {}
+    assert dra.published({"items": "no"}) == {} and dra.published([1, 2]) == {} and dra.published("x") == {}
+    # KubeClient.get's list of objects reads as the List does
+    doc = real("resourceslices-8xh100-25.12.0-eks-1.34.yaml")
+    assert dra.published(doc["items"]) == dra.published(doc)
     assert dra.allocations({"items": [{"status": {"allocation": {"devices": {"results": [
         {"driver": "gpu.nvidia.com", "pool": "n"}, {"driver": "other", "pool": "n", "device": "d"}, 5]}},
         "reservedFor": "x"}}]}) == []

@@ -1358,7 +1358,7 @@ def _accounted(pod: dict[str, Any]) -> bool:
     resources (GPUs, HAMi's: the scheduler and the kubelet count what the pods before it hold), or hami-scheduler
     places it on a GPU by what the pods before it hold. Another pod's status depends on no other pod (its verdict
     needs no tally) and no pod's on it, so it is computed alone, when asked for."""
-    return (bool(_requests(pod)) or bool(_ext_requests(pod))
+    return (bool(_requests(pod)) or bool(_ext_requests(pod)) or bool(pod.get("spec", {}).get("resourceClaims"))
             or pod.get("spec", {}).get("schedulerName") == "hami-scheduler")
 
 
@@ -1376,6 +1376,7 @@ class _Placement:
         self.alone: dict[int, dict[str, Any]] = {}  # the statuses of the other pods, by id
         self.used: dict[str, dict[str, int]] = {}  # node -> resource -> held by the pods placed so far
         self.held: dict[str, dict[str, int]] = {}  # node -> GPU UUID -> MiB hami-scheduler gave them
+        self.dra: dict[str, set[str]] = {}  # node -> the DRA devices the pods placed so far hold
 
     def status(self, pod: dict[str, Any]) -> dict[str, Any]:
         i = self.at.get(id(pod))
@@ -1402,6 +1403,7 @@ class _Placement:
                 held = self.held.setdefault(node, {})
                 for uuid, mem, _cores in st.get("hami", []):
                     held[uuid] = held.get(uuid, 0) + mem
+                self.dra.setdefault(node, set()).update(d for _c, _r, d in st.get("dra", []))
 
 
 def _placement(s: dict[str, Any]) -> _Placement:
@@ -1446,12 +1448,7 @@ def _pod_status_now(s: dict[str, Any], pod: dict[str, Any]) -> dict[str, Any]:
     if placed is not None:
         return placed
     spec = pod.get("spec", {})
-    terms = (spec.get("affinity", {}).get("nodeAffinity", {}).get("requiredDuringSchedulingIgnoredDuringExecution", {})
-             .get("nodeSelectorTerms", []))
-    by_field = [v for t in terms for f in t.get("matchFields", []) if f.get("key") == "metadata.name"
-                for v in f.get("values", [])]
-    node = (spec.get("nodeName") or spec.get("nodeSelector", {}).get("kubernetes.io/hostname")
-            or next(iter(by_field), None))
+    node = _pinned_node(pod)
     want = sum(int(c.get("resources", {}).get("limits", {}).get("nvidia.com/gpu", 0))
                for c in spec.get("containers", []))
     if node not in s.get("nodes", {}):
@@ -1520,7 +1517,8 @@ def _shared_pod_status(s: dict[str, Any], pod: dict[str, Any], node: str, n: dic
 
 def _key(o: dict[str, Any]) -> str:
     md = o.get("metadata", {})
-    namespaced = o.get("kind") not in ("RuntimeClass", "Namespace", "ClusterRole", "ClusterRoleBinding", "Node")
+    namespaced = o.get("kind") not in ("RuntimeClass", "Namespace", "ClusterRole", "ClusterRoleBinding", "Node",
+                                       "DeviceClass", "ResourceSlice")
     return f"{o.get('kind')}/{md.get('namespace', 'default') if namespaced else ''}/{md.get('name')}"
 
 
@@ -1724,7 +1722,8 @@ _FIELDS = {
                "type"),
 }
 _KINDS = {"nodes": ("nodes", "node", "no"), "pods": ("pods", "pod", "po"),
-          "daemonsets": ("daemonsets", "daemonset", "ds"), "events": ("events", "event", "ev")}
+          "daemonsets": ("daemonsets", "daemonset", "ds"), "events": ("events", "event", "ev"),
+          "resourceslices": ("resourceslices", "resourceslice"), "resourceclaims": ("resourceclaims", "resourceclaim")}
 
 
 def _field(obj: dict[str, Any], path: str) -> str:
@@ -1813,6 +1812,10 @@ def _get(words: list[str], args: list[str]) -> int:
             items.append({**ds, "status": {"desiredNumberScheduled": n, "numberReady": n, "numberAvailable": n}})
     elif resource == "events":
         items = _events(s)
+    elif resource == "resourceslices":
+        items = _dra_slices(s)
+    elif resource == "resourceclaims":
+        items = _dra_claims(s, ns)
     else:
         items = [o for o in s.get("objects", {}).values() if o.get("kind", "").lower() + "s" == kind
                  or o.get("kind", "").lower() == kind]
@@ -2266,7 +2269,7 @@ def _served_pod(s: dict[str, Any], p: dict[str, Any]) -> dict[str, Any]:
         md["ownerReferences"] = [{"apiVersion": "apps/v1", "blockOwnerDeletion": True, "controller": True,
                                   "uid": _uid("owner", ns, str(o.get("name"))), **o} for o in md["ownerReferences"]]
     spec = dict(p.get("spec") or {})
-    st = {k: v for k, v in (p.get("status") or {}).items() if k not in ("bound", "hami")}
+    st = {k: v for k, v in (p.get("status") or {}).items() if k not in ("bound", "hami", "dra")}
     node = spec.get("nodeName") or st.get("hostIP")
     if node in s.get("nodes", {}):
         spec["nodeName"] = node  # the scheduler bound it (the fakes keep the node's name in hostIP)
@@ -3017,6 +3020,17 @@ def _pinned(pod: dict[str, Any]) -> bool:
     return bool(spec.get("nodeName") or spec.get("nodeSelector", {}).get("kubernetes.io/hostname") or by_field)
 
 
+def _pinned_node(pod: dict[str, Any]) -> str | None:
+    """The node a pinned pod names (nodeName, the hostname selector, or a metadata.name matchFields)."""
+    spec = pod.get("spec", {})
+    terms = (spec.get("affinity", {}).get("nodeAffinity", {}).get("requiredDuringSchedulingIgnoredDuringExecution", {})
+             .get("nodeSelectorTerms", []))
+    by_field = [v for t in terms for f in t.get("matchFields", []) if f.get("key") == "metadata.name"
+                for v in f.get("values", [])]
+    return (spec.get("nodeName") or spec.get("nodeSelector", {}).get("kubernetes.io/hostname")
+            or next(iter(by_field), None))
+
+
 def _ext_requests(pod: dict[str, Any]) -> dict[str, int]:
     """Every extended resource (a name with a '/') the pod's containers ask for."""
     out: dict[str, int] = {}
@@ -3040,9 +3054,15 @@ def _filter(s: dict[str, Any], pod: dict[str, Any], name: str, n: dict[str, Any]
     if not _runs_on({"spec": {"template": {"spec": spec}}}, n["metadata"]["labels"]):
         return ["node(s) didn't match Pod's node affinity/selector"]
     alloc = n["status"]["allocatable"]
+    by_dra: set[str] = set()
+    if _dra_needed(s, pod):
+        if _dra_fit(s, pod, name) is None:
+            return ["cannot allocate all claims"]
+        by_dra = {k for k in _ext_requests(pod) if int(alloc.get(k, 0)) == 0 and _minor(s) >= 37
+                  and _extended_class(s, k)}
     used = _used_before(s, pod, name)
     return [f"Insufficient {k}" for k, v in sorted(_ext_requests(pod).items())
-            if int(alloc.get(k, 0)) - used.get(k, 0) < v]
+            if k not in by_dra and int(alloc.get(k, 0)) - used.get(k, 0) < v]
 
 
 def _minor(s: dict[str, Any]) -> int:
@@ -3060,7 +3080,7 @@ def _taint_reason(s: dict[str, Any], key: str, value: str) -> str:
     return f"node(s) had untolerated taint {{{key}: {value}}}"
 
 
-def _fit_error(s: dict[str, Any], reasons: dict[str, list[str]]) -> str:
+def _fit_error(s: dict[str, Any], reasons: dict[str, list[str]], claims: bool = False) -> str:
     total = len(reasons)
     hist: dict[str, int] = {}
     pre: dict[str, int] = {}
@@ -3074,7 +3094,8 @@ def _fit_error(s: dict[str, Any], reasons: dict[str, list[str]]) -> str:
     # From 1.34 (DRA GA, its DynamicResources plugin on by default) that plugin's PostFilter message comes before
     # preemption's: "... taint(s). no new claims to deallocate, preemption: 0/2 nodes are available: ..." (the same
     # real event)
-    dra = "no new claims to deallocate, " if _minor(s) >= 34 else ""
+    # (a pod with claims: "still not schedulable", kubernetes/kubernetes issue 133531's 1.34 condition)
+    dra = ("still not schedulable, " if claims else "no new claims to deallocate, ") if _minor(s) >= 34 else ""
     return (f"0/{total} nodes are available: {body}. {dra}preemption: 0/{total} nodes are available: "
             + ", ".join(sorted(f"{c} {r}" for r, c in pre.items())) + ".")
 
@@ -3094,8 +3115,10 @@ def _driver_cuda(host: str) -> tuple[int, ...]:
 def _start(s: dict[str, Any], pod: dict[str, Any], node: str) -> dict[str, Any]:
     """A bound pod's containers: started, or refused as the runtime refuses them."""
     host = s["nodes"][node]["host"]
-    wants_gpu = any(k.startswith("nvidia.com/") for k in _ext_requests(pod))
-    ok = {"phase": "Running" if _runs_forever(pod) else "Succeeded", "hostIP": node, "bound": True}
+    dra = (_dra_fit(s, pod, node) or []) if _dra_needed(s, pod) else []
+    wants_gpu = any(k.startswith("nvidia.com/") for k in _ext_requests(pod)) or bool(dra)
+    ok = {"phase": "Running" if _runs_forever(pod) else "Succeeded", "hostIP": node, "bound": True,
+          **({"dra": dra} if dra else {})}
     if sandbox_refused(host, pod.get("spec", {})):
         return {**creating(pod.get("spec", {})), "hostIP": node, "bound": True}
     if not wants_gpu:
@@ -3103,6 +3126,8 @@ def _start(s: dict[str, Any], pod: dict[str, Any], node: str) -> dict[str, Any]:
     default, handlers = _runtime_handlers(host)
     rc = pod.get("spec", {}).get("runtimeClassName")
     nvidia = default == "nvidia" or (rc == "nvidia" and "nvidia" in handlers)
+    if dra:  # the DRA driver's devices come through CDI, whatever the runtime
+        nvidia = _cdi_enabled(host)
     for c in pod.get("spec", {}).get("containers", []):
         cmd = (c.get("command") or [""])[0]
         if not nvidia and cmd == "nvidia-smi":
@@ -3133,10 +3158,14 @@ def _schedule(s: dict[str, Any], pod: dict[str, Any]) -> dict[str, Any] | None:
         if not _pinned(pod) and not _named(s, "Deployment", sched):
             return {"phase": "Pending"}
         return None
+    claims = _dra_needed(s, pod)
+    names = sorted(s.get("nodes", {}))
     if _pinned(pod):
-        return None
+        if not claims:
+            return None
+        names = [n for n in [_pinned_node(pod)] if n in s.get("nodes", {})]
     reasons: dict[str, list[str]] = {}
-    for name in sorted(s.get("nodes", {})):
+    for name in names:
         n = node_json(s, name)
         why = _filter(s, pod, name, n) if n["status"]["conditions"][0]["status"] == "True" else \
             [_taint_reason(s, "node.kubernetes.io/not-ready", "")]
@@ -3146,7 +3175,267 @@ def _schedule(s: dict[str, Any], pod: dict[str, Any]) -> dict[str, Any] | None:
     if not reasons:
         return {"phase": "Pending"}
     return {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-                                                "message": _fit_error(s, reasons)}]}
+                                                "message": _fit_error(s, reasons, claims)}]}
+
+
+# -- Dynamic Resource Allocation (issue 33, docs/dra.md) -----------------------------------------------------------
+# What decides (so that the lab proves gpuk8s's manifests and checks, not itself):
+# - NVIDIA's DRA kubelet plugin (a DaemonSet whose container runs gpu-kubelet-plugin) publishes, on each node where
+#   its pod lands (nodeSelector and affinity, the image pulled) and the host's driver loads, one ResourceSlice of
+#   driver gpu.nvidia.com: one device gpu-<i> per GPU (type gpu), or per MIG device of a MIG-enabled GPU (type mig,
+#   with its profile and parentUUID), in the shape of the real 25.12.0 slice (tests/fixtures/real/dra, 8x H100);
+# - a pod's ResourceClaims (from a ResourceClaimTemplate or a claim by name) are allocated by the scheduler, in the
+#   pods' creation order, from the devices of a node not held by an earlier pod: each request `exactly` (count, by
+#   default 1) from the devices its DeviceClass selects and its own selectors select. The CEL the lab evaluates is
+#   a conjunction of `device.driver == '...'`, `device.attributes['D'].NAME == '...'` and
+#   `device.capacity['D'].memory.compareTo(quantity('...')) OP 0`; any other expression selects nothing (the real
+#   scheduler evaluates full CEL). A pod no node can serve stays Pending with kube-scheduler's "cannot allocate all
+#   claims" and the DynamicResources PostFilter's "still not schedulable" (kubernetes/kubernetes issue 133531,
+#   tests/fixtures/real/kubernetes/scheduler/dra-cannot-allocate-all-claims-1.34.txt);
+# - from 1.37 (KEP-5004 GA) a container's `nvidia.com/gpu` limit on a node whose allocatable lacks it is served from
+#   the DeviceClass whose extendedResourceName names it, as a claim the scheduler makes;
+# - the devices reach the container through CDI: on containerd 2.x unless enable_cdi is false, on 1.x only with
+#   enable_cdi = true; else the container has no GPU (nvidia-smi not found, as with runc without the toolkit).
+# `kubectl get resourceslices` and `get resourceclaims` serve these, the claims with their allocation and the pods
+# they are reserved for, as the real objects are (resource.k8s.io/v1).
+DRA_DRIVER = "gpu.nvidia.com"
+_DRA_TERM = re.compile(
+    r"""^\s*(?:device\.driver\s*==\s*['"](?P<driver>[^'"]*)['"]"""
+    r"""|device\.attributes\[['"](?P<domain>[^'"]+)['"]\]\.(?P<attr>\w+)\s*==\s*['"](?P<value>[^'"]*)['"]"""
+    r"""|device\.capacity\[['"][^'"]+['"]\]\.memory\.compareTo\(quantity\(['"](?P<qty>[^'"]+)['"]\)\)\s*"""
+    r"""(?P<op>>=|<=|==|>|<)\s*0)\s*$""")
+
+
+def _dra_plugin(s: dict[str, Any]) -> dict[str, Any] | None:
+    def find() -> dict[str, Any] | None:
+        for ds in _daemonsets(s):
+            for c in _pod_spec(ds).get("containers", []):
+                if "gpu-kubelet-plugin" in " ".join(map(str, (c.get("command") or []) + (c.get("args") or []))):
+                    return ds
+        return None
+    return _memo(("dra-plugin", id(s)), find)  # type: ignore[no-any-return]
+
+
+def _dra_template_device() -> dict[str, Any]:
+    """The real slice's first GPU device (8x H100, chart 25.12.0): the shape every lab device has."""
+    def load() -> dict[str, Any]:
+        try:
+            text = _read(REAL / "resourceslices.yaml")
+        except OSError:
+            return {"attributes": {}, "capacity": {}}
+        doc = _parse_cached(text.partition("\n---\n")[2], "yaml")
+        sl = next(i for i in doc["items"] if i["spec"]["driver"] == DRA_DRIVER)
+        return dict(sl["spec"]["devices"][0])
+    return _memo(("dra-template",), load)  # type: ignore[no-any-return]
+
+
+def _quantity_mib(q: str) -> float:
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|k|M|G|T)?", q.strip())
+    if not m:
+        return -1.0
+    scale = {"Ki": 1 / 1024, "Mi": 1, "Gi": 1024, "Ti": 1024 ** 2, "k": 1000 / 2 ** 20, "M": 1e6 / 2 ** 20,
+             "G": 1e9 / 2 ** 20, "T": 1e12 / 2 ** 20, None: 1 / 2 ** 20}[m.group(2)]
+    return float(m.group(1)) * scale
+
+
+def _dra_devices(s: dict[str, Any], name: str) -> list[dict[str, Any]]:
+    """The devices the DRA kubelet plugin publishes on node `name` ([] where it does not run or sees no GPU)."""
+    def make() -> list[dict[str, Any]]:
+        n = s["nodes"][name]
+        ds = _dra_plugin(s)
+        if ds is None or not _ds_places(s, ds, name, n) or _ds_pull(s, ds, n):
+            return []
+        host = n["host"]
+        if not _gpus_on(host):
+            return []  # no driver, or NVML cannot load: the plugin publishes nothing
+        spec = _read_json(_hp(host, "var_lib/gpuk8s-lab/host.json"))
+        lost = set((_read_json(_hp(host, "var_lib/gpuk8s-lab/state.json")).get("health") or {}).get("lost") or [])
+        tmpl = _dra_template_device()
+        model, mem = str(spec.get("gpu_model", "NVIDIA A100-SXM4-80GB")), int(spec.get("gpu_memory_mib", 81920))
+        driver = _loaded_driver(host) or str(spec.get("driver") or "")
+        out = []
+        for i, profiles in _mig_devices(host).items():
+            if i in lost:
+                continue
+            uuid_ = f"GPU-{host}-{i:04d}-lab"
+            attrs = {**tmpl.get("attributes", {}), "productName": {"string": model}, "uuid": {"string": uuid_},
+                     "driverVersion": {"version": ".".join(str(int(x)) for x in driver.split(".") if x.isdigit())},
+                     "resource.kubernetes.io/pciBusID": {"string": f"0000:{0x18 + i:02x}:00.0"}}
+            if profiles is None:
+                out.append({**tmpl, "name": f"gpu-{i}", "attributes": {**attrs, "type": {"string": "gpu"}},
+                            "capacity": {"memory": {"value": f"{mem}Mi"}}})
+                continue
+            for j, prof in enumerate(profiles):
+                gib = re.search(r"(\d+)gb", prof)
+                out.append({"name": f"gpu-{i}-mig-{j}", "attributes": {
+                    **{k: v for k, v in attrs.items() if k != "uuid"}, "type": {"string": "mig"},
+                    "profile": {"string": prof}, "parentUUID": {"string": uuid_},
+                    "uuid": {"string": f"MIG-{host}-{i:04d}-{j:02d}-lab"}},
+                    "capacity": {"memory": {"value": f"{int(gib.group(1)) * 1024 if gib else 0}Mi"}}})
+        return out
+    return _memo(("dra-devices", id(s), name), make)  # type: ignore[no-any-return]
+
+
+def _dra_slices(s: dict[str, Any]) -> list[dict[str, Any]]:
+    """`kubectl get resourceslices`: one slice per node the plugin publishes on, as the real driver names it."""
+    out = []
+    for name in s.get("nodes", {}):
+        devices = _dra_devices(s, name)
+        if not devices:
+            continue
+        prefix = f"{name}-{DRA_DRIVER}-"
+        out.append({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {
+            "creationTimestamp": "2026-01-01T00:00:00Z", "generateName": prefix, "generation": 1,
+            "name": prefix + _uid("slice", name)[:5],
+            "ownerReferences": [{"apiVersion": "v1", "controller": True, "kind": "Node", "name": name,
+                                 "uid": _uid("node", name)}],
+            "resourceVersion": "1", "uid": _uid("slice", name)},
+            "spec": {"devices": devices, "driver": DRA_DRIVER, "nodeName": name,
+                     "pool": {"generation": 1, "name": name, "resourceSliceCount": 1}}})
+    return out
+
+
+def _cel_selects(expression: str, device: dict[str, Any]) -> bool:
+    for term in expression.split("&&"):
+        m = _DRA_TERM.match(term)
+        if not m:
+            return False  # beyond the lab's CEL: selects nothing
+        if m.group("driver") is not None:
+            if m.group("driver") != DRA_DRIVER:
+                return False
+        elif m.group("attr") is not None:
+            a = device.get("attributes", {}).get(m.group("attr")) or {}
+            if m.group("domain") != DRA_DRIVER or str(next(iter(a.values()), "")) != m.group("value"):
+                return False
+        else:
+            have = _quantity_mib(str(device.get("capacity", {}).get("memory", {}).get("value", "")))
+            want = _quantity_mib(m.group("qty"))
+            cmp = (have > want) - (have < want)
+            if not {">=": cmp >= 0, "<=": cmp <= 0, "==": cmp == 0, ">": cmp > 0, "<": cmp < 0}[m.group("op")]:
+                return False
+    return True
+
+
+def _selectors(spec: dict[str, Any]) -> list[str]:
+    return [str((sel.get("cel") or {}).get("expression", "")) for sel in spec.get("selectors") or []]
+
+
+def _dra_requests(s: dict[str, Any], pod: dict[str, Any]) -> list[tuple[str, str, str, int, list[str]]] | None:
+    """(claim, request, class, count, selectors) of every device the pod's claims ask for ([]: none); None where a
+    claim's template or claim is missing (the pod waits for it)."""
+    md, spec = pod.get("metadata", {}), pod.get("spec", {})
+    ns = md.get("namespace", "default")
+    out = []
+    for pc in spec.get("resourceClaims") or []:
+        if pc.get("resourceClaimTemplateName"):
+            src = s.get("objects", {}).get(f"ResourceClaimTemplate/{ns}/{pc['resourceClaimTemplateName']}")
+            body = ((src or {}).get("spec") or {}).get("spec") if src else None
+        else:
+            src = s.get("objects", {}).get(f"ResourceClaim/{ns}/{pc.get('resourceClaimName')}")
+            body = (src or {}).get("spec") if src else None
+        if body is None:
+            return None
+        for r in (body.get("devices") or {}).get("requests") or []:
+            ex = r.get("exactly") or {}
+            out.append((str(pc.get("name", "")), str(r.get("name", "")), str(ex.get("deviceClassName", "")),
+                        int(ex.get("count", 1)), _selectors(ex)))
+    if _minor(s) >= 37:  # KEP-5004: an extended resource a DeviceClass names, where the node's allocatable lacks it
+        for res, count in _ext_requests(pod).items():
+            cls = _extended_class(s, res)
+            if cls:
+                out.append(("extended-resources", f"container-0-request-{len(out)}", cls, count, ["extended:" + res]))
+    return out
+
+
+def _extended_class(s: dict[str, Any], resource: str) -> str:
+    return next((o["metadata"]["name"] for o in _of_kind(s, "DeviceClass")
+                 if (o.get("spec") or {}).get("extendedResourceName") == resource), "")
+
+
+def _dra_needed(s: dict[str, Any], pod: dict[str, Any]) -> bool:
+    spec = pod.get("spec", {})
+    return bool(spec.get("resourceClaims")) or (_minor(s) >= 37 and any(
+        _extended_class(s, r) for r in _ext_requests(pod)))
+
+
+def _dra_fit(s: dict[str, Any], pod: dict[str, Any], node: str) -> list[list[str]] | None:
+    """The [claim, request, device] the pod gets on the node ([]: it needs none there), None where its claims
+    cannot be allocated there. A node whose allocatable has the extended resource serves it as before."""
+    reqs = _dra_requests(s, pod)
+    if reqs is None:
+        return None
+    n = node_json(s, node)
+    reqs = [r for r in reqs if not (r[4][:1] and r[4][0].startswith("extended:")
+                                    and int(n["status"]["allocatable"].get(r[4][0][9:], 0)) > 0)]
+    if not reqs:
+        return []
+    taken = set(_placement(s).dra.get(node, ()))
+    got: list[list[str]] = []
+    for claim, request, cls, count, sels in reqs:
+        dc = s.get("objects", {}).get(f"DeviceClass//{cls}")
+        if dc is None:
+            return None  # the class does not exist: kube-scheduler's "device class ... does not exist"
+        wanted = _selectors(dc.get("spec") or {}) + [x for x in sels if not x.startswith("extended:")]
+        free = [d["name"] for d in _dra_devices(s, node)
+                if d["name"] not in taken and all(_cel_selects(e, d) for e in wanted)]
+        if len(free) < count:
+            return None
+        for d in free[:count]:
+            taken.add(d)
+            got.append([claim, request, d])
+    return got
+
+
+def _cdi_enabled(host: str) -> bool:
+    """Whether the host's containerd hands CDI devices to containers: 2.x unless enable_cdi is false (config v3:
+    plugins."io.containerd.cri.v1.runtime"), 1.x only with enable_cdi = true (plugins."io.containerd.grpc.v1.cri")."""
+    cfg = _containerd_cfg(host).get("plugins") or {}
+    runtime = _host_facts(host)["runtime"]
+    major = int(m.group(1)) if (m := re.match(r"containerd://v?(\d+)", runtime)) else 1
+    if major >= 2:
+        return (cfg.get("io.containerd.cri.v1.runtime") or {}).get("enable_cdi", True) is not False
+    return (cfg.get("io.containerd.grpc.v1.cri") or {}).get("enable_cdi") is True
+
+
+def _dra_claims(s: dict[str, Any], ns: str | None) -> list[dict[str, Any]]:
+    """`kubectl get resourceclaims`: those stored, and those the resource claim controller made for pods from
+    templates (and, from 1.37, for extended resources), with their allocation while their pod holds it."""
+    out = [o for o in _of_kind(s, "ResourceClaim") if ns is None or o["metadata"].get("namespace") == ns]
+    for o in _of_kind(s, "Pod"):
+        md = o.get("metadata", {})
+        pns = md.get("namespace", "default")
+        if (ns is not None and pns != ns) or not _dra_needed(s, o):
+            continue
+        st = _pod_status(s, o)
+        held = st.get("dra") if st.get("phase") in ("Running", "Pending") and st.get("bound") else None
+        names = [pc.get("name", "") for pc in o.get("spec", {}).get("resourceClaims") or []
+                 if pc.get("resourceClaimTemplateName")] + (
+            ["extended-resources"] if any(r[0] == "extended-resources" for r in _dra_requests(s, o) or []) else [])
+        for cname in names:
+            prefix = f"{md.get('name')}-{cname}-"
+            claim: dict[str, Any] = {
+                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {
+                    "annotations": ({"resource.kubernetes.io/extended-resource-claim": "true"}
+                                    if cname == "extended-resources"
+                                    else {"resource.kubernetes.io/pod-claim-name": cname}),
+                    "creationTimestamp": md.get("creationTimestamp", _now()), "generateName": prefix,
+                    "name": prefix + _uid("claim", pns, str(md.get("name")), cname)[:5], "namespace": pns,
+                    "ownerReferences": [{"apiVersion": "v1", "controller": True, "kind": "Pod",
+                                         "name": md.get("name"), "uid": md.get("uid", "")}]},
+                "spec": {"devices": {"requests": [
+                    {"exactly": {"allocationMode": "ExactCount", "count": count, "deviceClassName": cls}, "name": req}
+                    for c, req, cls, count, _sel in _dra_requests(s, o) or [] if c == cname]}}}
+            mine = [x for x in held or [] if x[0] == cname]
+            if mine:
+                node = st["hostIP"]
+                claim["status"] = {
+                    "allocation": {"allocationTimestamp": md.get("creationTimestamp", _now()), "devices": {"results": [
+                        {"device": d, "driver": DRA_DRIVER, "pool": node, "request": r} for _c, r, d in mine]},
+                        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                            {"key": "metadata.name", "operator": "In", "values": [node]}]}]}},
+                    "reservedFor": [{"name": md.get("name"), "resource": "pods", "uid": md.get("uid", "")}]}
+            out.append(claim)
+    return out
 
 
 def _pull_events(s: dict[str, Any], p: dict[str, Any]) -> list[dict[str, Any]]:
