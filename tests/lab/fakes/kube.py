@@ -1817,8 +1817,8 @@ def _get(words: list[str], args: list[str]) -> int:
     elif resource == "resourceclaims":
         items = _dra_claims(s, ns)
     else:
-        items = [o for o in s.get("objects", {}).values() if o.get("kind", "").lower() + "s" == kind
-                 or o.get("kind", "").lower() == kind]
+        items = [o for o in s.get("objects", {}).values()  # the kind, or its plural (deviceclasses)
+                 if o.get("kind", "").lower() in (kind, kind.removesuffix("s"), kind.removesuffix("es"))]
     if ns:
         items = [o for o in items if o["metadata"].get("namespace", ns) == ns]
     if fsel:

@@ -1,0 +1,182 @@
+"""Dynamic Resource Allocation on the lab (issue 33, docs/dra.md): a mixed cluster, one node whose GPUs NVIDIA's DRA
+driver serves and one the device plugin serves. install deploys the driver's kubelet plugin on the dra node only
+(and the device plugin off it), verify finds every GPU in the node's ResourceSlice and runs its test pod through a
+claim; the driver's own quickstart claims run there, a claim no device satisfies waits with the scheduler's
+message; status counts the claimed GPUs with the others; a node moved back to the device plugin loses the driver's
+objects and gets the plugin, and back again. On 1.37 a pod asking nvidia.com/gpu is served on the dra node through
+the DeviceClass (KEP-5004)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+
+from tests.labtests.gpucluster import KUBECTL, STATUS_SCHEMA
+
+REAL = Path(__file__).resolve().parents[1] / "fixtures" / "real" / "dra"
+
+FLEET = """
+cluster:
+  kubernetes_version: MINOR
+hosts:
+  - name: cp-1
+    role: control-plane
+  - name: w-dra
+    gpus: 4
+    allocator: dra
+  - name: w-plugin
+    gpus: 2
+"""
+
+
+def kubectl(lab, args: str, stdin: str | None = None) -> str:
+    cmd = KUBECTL + args
+    if stdin is not None:
+        cmd = f"cat <<'EOF' | {cmd}\n{stdin}\nEOF"
+    return str(lab.hosts["cp-1"].exec(cmd).stdout)
+
+
+def real_spec(name: str) -> str:
+    return (REAL / name).read_text().partition("\n---\n")[2]
+
+
+def pods(lab, ns: str) -> dict[str, dict]:
+    return {p["metadata"]["name"]: p for p in json.loads(kubectl(lab, f"get pods -n {ns} -o json"))["items"]
+            if p["metadata"].get("namespace", "default") == ns}
+
+
+def phases(run_cli, *args: str) -> tuple[int, dict, dict]:
+    r = run_cli(*args, "-o", "json")
+    assert "Traceback" not in r.stderr, r.stderr
+    rep = json.loads(r.stdout)
+    return r.returncode, {p["name"]: p for p in rep["phases"]}, {n["node"]: n for n in rep.get("nodes", [])}
+
+
+def test_a_mixed_cluster_serves_gpus_through_each_allocator_and_moves_a_node_between_them(lab_up, run_cli,
+                                                                                           tmp_path):
+    lab = lab_up(FLEET.replace("MINOR", "default"))  # the matrix's default minor (1.36)
+    inv, kc = str(lab.inventory), str(tmp_path / "kc")
+    rc, ph, nodes = phases(run_cli, "install", "-i", inv, "--kubeconfig-out", kc)
+    assert rc == 0, ph
+    assert "applied nvidia-dra-driver.yaml" in ph["gpu"]["message"]
+    assert ph["verify"]["message"] == "3/3 nodes ok, 6 GPU(s) schedulable"
+    d = nodes["w-dra"]
+    assert d["ok"] and d["resource"] == "gpu.nvidia.com (DRA)" and (d["expected_gpus"], d["allocatable_gpus"]) == (4, 4)
+    assert d["pod"] == "gpuk8s-verify-w-dra" and nodes["w-plugin"]["resource"] == "nvidia.com/gpu"
+
+    # the kubelet plugin on the dra node only, the device plugin off it; the dra node advertises no nvidia.com/gpu
+    ds_pods = set(pods(lab, "kube-system")) | set(pods(lab, "nvidia-dra-driver-gpu"))
+    assert "dra-driver-nvidia-gpu-kubelet-plugin-w-dra" in ds_pods
+    assert "dra-driver-nvidia-gpu-kubelet-plugin-w-plugin" not in ds_pods
+    assert "nvidia-device-plugin-daemonset-w-plugin" in ds_pods
+    assert "nvidia-device-plugin-daemonset-w-dra" not in ds_pods
+    node = json.loads(kubectl(lab, "get node w-dra -o json"))
+    assert node["metadata"]["labels"]["gpuk8s.io/gpu-allocator"] == "dra"
+    assert "nvidia.com/gpu" not in node["status"]["allocatable"]
+    slices = json.loads(kubectl(lab, "get resourceslices -o json"))["items"]
+    assert [s["spec"]["nodeName"] for s in slices] == ["w-dra"]
+    assert [dv["name"] for dv in slices[0]["spec"]["devices"]] == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
+    # the verify test pods and their template are gone
+    assert not [p for p in pods(lab, "default") if p.startswith("gpuk8s-verify")]
+    assert "gpuk8s-verify-gpu" not in kubectl(lab, "get resourceclaimtemplates -n default -o name")
+
+    # the driver's own quickstart: two pods, one GPU each, through a ResourceClaimTemplate; they land on the dra node
+    kubectl(lab, "apply -f -", real_spec("demo-gpu-test1-v0.4.0.yaml"))
+    demo = pods(lab, "gpu-test1")
+    assert {p["spec"]["nodeName"] for p in demo.values()} == {"w-dra"}
+    assert {p["status"]["phase"] for p in demo.values()} == {"Succeeded"}
+    # a claim whose CEL selector no device satisfies waits, with kube-scheduler's words (the driver's own test spec)
+    kubectl(lab, "apply -f -", real_spec("test-gpu-cel-nomatch-v0.4.0.yaml"))
+    waiting = pods(lab, "default")["pod-cel-nomatch"]
+    assert waiting["status"]["phase"] == "Pending"
+    msg = next(c["message"] for c in waiting["status"]["conditions"] if c["type"] == "PodScheduled")
+    assert msg == ("0/3 nodes are available: 1 node(s) had untolerated taint(s), 2 cannot allocate all claims. still "
+                   "not schedulable, preemption: 0/3 nodes are available: 3 Preemption is not helpful for "
+                   "scheduling.")
+
+    # status: a pod holding two GPUs through a claim, counted on the dra node and in the cluster's GPUs
+    kubectl(lab, "apply -f -", """apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: two-gpus, namespace: default}
+spec:
+  spec:
+    devices:
+      requests:
+      - name: gpus
+        exactly: {deviceClassName: gpu.nvidia.com, count: 2}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: holder, namespace: default}
+spec:
+  containers:
+  - name: c
+    image: ubuntu:22.04
+    command: [sleep, "9999"]
+    resources: {claims: [{name: gpus}]}
+  resourceClaims: [{name: gpus, resourceClaimTemplateName: two-gpus}]""")
+    claims = json.loads(kubectl(lab, "get resourceclaims -n default -o json"))["items"]
+    held = next(c for c in claims if c["metadata"]["name"].startswith("holder-gpus-"))
+    assert [r["pool"] for r in held["status"]["allocation"]["devices"]["results"]] == ["w-dra", "w-dra"]
+    assert held["status"]["reservedFor"][0]["name"] == "holder"
+    st = json.loads(run_cli("status", "-i", inv, "-o", "json").stdout)
+    jsonschema.validate(st, STATUS_SCHEMA)
+    by = {n["node"]: n for n in st["nodes"]}
+    assert by["w-dra"]["allocator"] == "dra" and by["w-plugin"]["allocator"] == "device-plugin"
+    res = by["w-dra"]["resources"]
+    assert [(r["resource"], r["kind"], r["allocatable"], r["requested"]) for r in res] == [
+        ("gpu.nvidia.com/gpu", "dra", 4, 2)]
+    assert res[0]["pods"] == [{"namespace": "default", "name": "holder", "count": 2, "phase": ""}]
+    assert st["footer"] == ["Allocated/Total GPUs in cluster: 2/6 (33%)"]
+    table = run_cli("status", "-i", inv).stdout
+    assert "dra whole" in table and "default/holder x2" in table
+    kubectl(lab, "delete pod holder pod-cel-nomatch -n default")
+
+    # the dra node moved to the device plugin: the driver's objects go (those gpuk8s applied), the plugin comes
+    plain = tmp_path / "plain.yaml"
+    plain.write_text(Path(inv).read_text().replace("  allocator: dra\n", ""))
+    rc, ph, nodes = phases(run_cli, "install", "-i", str(plain), "--kubeconfig-out", kc)
+    assert rc == 0 and "removed nvidia-dra-driver.yaml (7 object(s) gpuk8s applied)" in ph["gpu"]["message"], ph
+    assert nodes["w-dra"]["resource"] == "nvidia.com/gpu" and nodes["w-dra"]["allocatable_gpus"] == 4
+    assert kubectl(lab, "get resourceslices -o name").strip() == ""
+    assert "gpuk8s.io/gpu-allocator" not in json.loads(kubectl(lab, "get node w-dra -o json"))["metadata"]["labels"]
+    # and back: a re-run of the first inventory converges to it again, then changes nothing
+    rc, ph, nodes = phases(run_cli, "install", "-i", inv, "--kubeconfig-out", kc)
+    assert rc == 0 and nodes["w-dra"]["resource"] == "gpu.nvidia.com (DRA)", ph
+    rc, ph, _ = phases(run_cli, "install", "-i", inv, "--kubeconfig-out", kc)
+    assert rc == 0 and ph["gpu"]["status"] == "unchanged", ph["gpu"]
+
+
+def test_on_1_37_a_plain_gpu_pod_is_served_on_the_dra_node(lab_up, run_cli, tmp_path):
+    lab = lab_up(FLEET.replace("MINOR", '"1.37"'))
+    inv = str(lab.inventory)
+    rc, ph, nodes = phases(run_cli, "install", "-i", inv, "--kubeconfig-out", str(tmp_path / "kc"))
+    assert rc == 0 and nodes["w-dra"]["ok"], ph
+    # verify's second pod on the dra node asks nvidia.com/gpu: 1, no claim
+    plan = run_cli("install", "-i", inv, "--dry-run").stdout
+    assert "test pod asking nvidia.com/gpu on the dra node w-dra" in plan and "ResourceClaimTemplate" in plan
+    classes = {c["metadata"]["name"]: c for c in json.loads(kubectl(lab, "get deviceclasses -o json"))["items"]}
+    assert classes["gpu.nvidia.com"]["spec"]["extendedResourceName"] == "nvidia.com/gpu"
+    assert "extendedResourceName" not in classes["mig.nvidia.com"]["spec"]
+    # three GPUs: more than the plugin node has; the scheduler serves them from the dra node's devices
+    kubectl(lab, "apply -f -", """apiVersion: v1
+kind: Pod
+metadata: {name: plain, namespace: default}
+spec:
+  containers:
+  - name: c
+    image: nvcr.io/nvidia/cuda:12.2.0-base-ubuntu22.04
+    command: [sleep, "9999"]
+    resources: {limits: {nvidia.com/gpu: 3}}""")
+    p = pods(lab, "default")["plain"]
+    assert p["spec"]["nodeName"] == "w-dra" and p["status"]["phase"] == "Running"
+    claim = next(c for c in json.loads(kubectl(lab, "get resourceclaims -n default -o json"))["items"]
+                 if c["metadata"]["name"].startswith("plain-"))
+    assert claim["metadata"]["annotations"] == {"resource.kubernetes.io/extended-resource-claim": "true"}
+    st = json.loads(run_cli("status", "-i", inv, "-o", "json").stdout)
+    jsonschema.validate(st, STATUS_SCHEMA)
+    by = {n["node"]: n for n in st["nodes"]}
+    assert [(r["resource"], r["requested"]) for r in by["w-dra"]["resources"]] == [("gpu.nvidia.com/gpu", 3)]
+    assert st["footer"] == ["Allocated/Total GPUs in cluster: 3/6 (50%)"]
