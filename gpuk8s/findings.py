@@ -160,6 +160,10 @@ FINDINGS: dict[str, Spec] = {
                                      "reset or a reboot)"),
     "gpu.mig-processes": _p("warning", "no process holds a GPU whose MIG layout must change (a reset or instance "
                                        "change is refused while one does)"),
+    # Dynamic Resource Allocation (gpuk8s/preflight/dra_checks.py, docs/dra.md): a host with allocator: dra
+    "dra.driver": _p("error", "the NVIDIA driver is at or above the DRA driver's floor (branch 565)"),
+    "dra.cdi": _p("error", "the container runtime hands CDI devices to containers: containerd 2.x (unless its "
+                           "config sets enable_cdi = false), or 1.x with enable_cdi = true"),
     # the NVIDIA driver (gpuk8s/preflight/driver_checks.py, docs/driver.md)
     "driver.plan": _p("error", "with driver: {manage: true}, the branch and kernel modules install gives the node, "
                                "or why its settings cannot work on its GPUs (open modules before Turing, proprietary "

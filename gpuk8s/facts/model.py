@@ -132,6 +132,7 @@ class ContainerdConfig:
     systemd_cgroup: bool | None = None
     nvidia_runtime: bool = False
     imports: tuple[str, ...] = ()
+    enable_cdi: bool | None = None  # the CRI plugin's enable_cdi where written (None: containerd's default)
     error: str = ""  # the configuration cannot be read (not TOML, too large): the fields above are unknown
     error_file: str = ""  # the file at fault
 

@@ -495,6 +495,7 @@ def parse_containerd_config(section: Section | None, dropins: Section | None = N
     default_rt: str | None = None
     systemd: bool | None = None
     nvidia = False
+    cdi: bool | None = None
     for path, text in docs:
         try:
             data = parse_toml(text)
@@ -504,6 +505,11 @@ def parse_containerd_config(section: Section | None, dropins: Section | None = N
         disabled.update(dict.fromkeys(_strings(data.get("disabled_plugins"))))
         imports.update(dict.fromkeys(_strings(data.get("imports"))))
         for plugin in _CRI_PLUGINS:
+            # CDI (containerd docs/cri/config.md): plugins."io.containerd.grpc.v1.cri".enable_cdi in a version 2
+            # config, plugins."io.containerd.cri.v1.runtime".enable_cdi in version 3
+            enable = _dig(data, "plugins", plugin, "enable_cdi")
+            if isinstance(enable, bool):
+                cdi = enable
             cri = _dig(data, "plugins", plugin, "containerd")
             rt_name = _dig(cri, "default_runtime_name")
             if isinstance(rt_name, str):
@@ -514,7 +520,7 @@ def parse_containerd_config(section: Section | None, dropins: Section | None = N
                 systemd = cgroup
             if isinstance(runtimes, dict) and any(k.startswith("nvidia") for k in runtimes):
                 nvidia = True
-    return ContainerdConfig(True, tuple(disabled), default_rt, systemd, nvidia, tuple(imports))
+    return ContainerdConfig(True, tuple(disabled), default_rt, systemd, nvidia, tuple(imports), cdi)
 
 
 def parse_cgroup_version(section: Section | None) -> int | None:

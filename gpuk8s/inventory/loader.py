@@ -1186,6 +1186,14 @@ class _Reader:
             self.report(chosen["mig"][1], f"{key}.mig", "HAMi sharing cannot be combined with MIG on one node",
                         "use gpu_sharing.strategy: time-slicing on MIG nodes (with mig.strategy: mixed), or "
                         "remove mig")
+        if settings.allocator.kind == "dra" and settings.driver.manage:
+            branch = settings.driver.branch or versions.drivers().default_branch
+            floor = versions.dra_driver().driver_floor[0]
+            if int(branch) < floor:
+                self.report(chosen["allocator"][1], f"{key}.allocator",
+                            f"the DRA driver needs driver branch {floor} or newer; driver.branch is {branch}",
+                            f"write driver.branch: \"{versions.drivers().default_branch}\", or allocator: "
+                            "device-plugin")
         if settings.allocator.kind == "dra" and settings.sharing.strategy != "none":
             # NVIDIA's DRA driver shares GPUs only through claims' opaque configs behind its own feature gates;
             # gpuk8s's sharing settings configure the device plugin (or HAMi), which does not run on a dra node

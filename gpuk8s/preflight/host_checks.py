@@ -11,6 +11,7 @@ from gpuk8s.facts.model import CRI_SOCKETS, SUPPORTED_OS, HostFacts
 from gpuk8s.facts.parse import CONTAINERD_CONFIG, TOO_LARGE
 from gpuk8s.gpuplan import is_gpu_node
 from gpuk8s.inventory.model import Cluster, Host
+from gpuk8s.preflight.dra_checks import dra_checks
 from gpuk8s.preflight.driver_checks import driver_checks
 from gpuk8s.preflight.mig_checks import mig_checks
 from gpuk8s.preflight.result import CheckResult, failed, passed, skipped
@@ -44,6 +45,7 @@ def check_host(host: Host, facts: HostFacts, cluster: Cluster, today: date | Non
     results += gpu_sharing(host, facts,
                            device_plugin_version or versions.pins(cluster.kubernetes_version).device_plugin)
     results += mig_checks(host, facts)
+    results += dra_checks(host, facts, cluster)
     results += _runtime(facts, cluster, is_gpu_node(host))
     results.append(_kubernetes_version(cluster, today or versions.today()))
     results.append(_cgroup(cluster, facts))

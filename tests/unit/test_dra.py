@@ -5,6 +5,7 @@ ResourceClaim objects (tests/fixtures/real/dra/, each with its source)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -15,10 +16,14 @@ import pytest
 import yaml
 
 from gpuk8s import gpuplan, versions
+from gpuk8s.facts.model import Runtime
+from gpuk8s.facts.parse import Section, parse_containerd_config, parse_probe
 from gpuk8s.inventory.loader import InventoryError, loads
-from gpuk8s.kube import dra, manifests
+from gpuk8s.kube import allocation, dra, manifests
 from gpuk8s.phases.base import Context
 from gpuk8s.phases.gpu import GPUNodes
+from gpuk8s.phases.verify import Verify
+from gpuk8s.preflight.dra_checks import dra_checks
 from tests.unit.fakekube import FakeKube
 from tests.unit.test_render import schema_for
 
@@ -243,3 +248,123 @@ def test_hostile_or_mistyped_objects_are_left_out_not_trusted() -> None:
     start = time.process_time()
     nd = dra.published(json.loads(json.dumps(huge)))["n"]
     assert len(nd.devices) == 50 * dra.MAX_DEVICES and time.process_time() - start < 5
+
+
+# -- preflight: the driver's floor and CDI ---------------------------------------------------------------------
+
+H200 = parse_probe((Path(__file__).parent.parent / "fixtures" / "h200" / "probe.txt").read_text())
+
+
+def _with(facts: Any, containerd: str | None, config: str = "") -> Any:
+    rt = None if containerd is None else Runtime("containerd", containerd, versions.release(containerd), True)
+    return dataclasses.replace(facts, containerd=rt, containerd_config=parse_containerd_config(Section(config, 0)))
+
+
+def _checks(i: Any, host: str, facts: Any) -> dict[str, Any]:
+    h = next(x for x in i.hosts if x.name == host)
+    return {r.id: r for r in dra_checks(h, facts, i.cluster)}
+
+
+def test_preflight_checks_the_driver_floor_on_dra_hosts_only() -> None:
+    i = mixed("1.34")
+    ok = _checks(i, "w-dra", _with(H200, "2.2.6"))  # the project's H200 capture: driver 580.159.04
+    assert ok["dra.driver"].status == "pass" and "580.159.4" in ok["dra.driver"].message
+    old = dataclasses.replace(H200, gpu=dataclasses.replace(H200.gpu, driver_release=(560, 35, 3)))
+    bad = _checks(i, "w-dra", _with(old, "2.2.6"))["dra.driver"]
+    assert bad.status == "fail" and "older than the DRA driver's floor (565)" in bad.message
+    assert "allocator: device-plugin" in bad.remedy
+    assert _checks(i, "w-plugin", _with(old, "1.7.28")) == {}
+
+
+@pytest.mark.parametrize(("minor", "containerd", "config", "status", "says"), [
+    ("1.34", "2.2.6", "", "pass", "containerd 2.x enables CDI by default"),
+    ("1.34", "1.7.28", "", "fail", "does not enable CDI unless its config says so"),
+    ("1.34", "1.7.28", 'version = 2\n[plugins."io.containerd.grpc.v1.cri"]\n  enable_cdi = true\n', "pass",
+     "enable_cdi = true"),
+    ("1.34", "2.2.6", "version = 3\n[plugins.'io.containerd.cri.v1.runtime']\n  enable_cdi = false\n", "fail",
+     "sets enable_cdi = false"),
+    ("1.36", "1.7.28", "", "pass", "install brings it"),  # 1.36's containerd floor is 2.0: install upgrades it
+])
+def test_preflight_checks_cdi_in_containerd(minor: str, containerd: str, config: str, status: str, says: str) -> None:
+    r = _checks(mixed(minor), "w-dra", _with(H200, containerd, config))["dra.cdi"]
+    assert r.status == status and says in r.message, r
+
+
+def test_the_loader_refuses_a_managed_driver_branch_below_the_floor() -> None:
+    bad = errors(MIXED.replace("MINOR", "1.36").replace(
+        "allocator: dra}", 'allocator: dra, driver: {manage: true, branch: "535"}}'))
+    assert len(bad) == 1 and "needs driver branch 565 or newer; driver.branch is 535" in bad[0]
+    assert not errors_or_none(MIXED.replace("MINOR", "1.36").replace(
+        "allocator: dra}", "allocator: dra, driver: {manage: true}}"))  # the default branch (580)
+
+
+# -- verify and status from the cluster's objects ----------------------------------------------------------------
+
+def _node(name: str, labels: dict[str, str]) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels},
+            "spec": {}, "status": {"capacity": {}, "allocatable": {},
+                                   "conditions": [{"type": "Ready", "status": "True"}]}}
+
+
+def test_status_counts_real_published_devices_and_real_claims() -> None:
+    slices = real("resourceslices-2x-vgpu-a100-25.12.0-vks-1.36-trimmed.yaml")
+    claims = real("resourceclaims-allocated-25.12.0-vks-1.36.yaml")
+    names = sorted(dra.published(slices))
+    nodes = [_node(n, {gpuplan.ALLOCATOR_LABEL: "dra", gpuplan.GPU_PRESENT: "true"}) for n in names]
+    a = allocation.allocation(nodes, [], None, None, dra.by_node(slices, claims))
+    by = {n.node: n for n in a.nodes}
+    held = by["conformance-test-np1-qcqc8-bpdtl-wv2gs"]
+    assert held.allocator == "dra"
+    assert [(r.resource, r.kind, r.allocatable, r.requested) for r in held.resources] == [
+        ("gpu.nvidia.com/gpu", "dra", 1, 1)]
+    assert [(p.namespace, p.name, p.count) for p in held.resources[0].pods] == [
+        ("gpu-test1", "dra-gpu-example-798fccd4d-sfl2p", 1)]
+    assert by["conformance-test-np1-qcqc8-bpdtl-rcj8j"].resources[0].requested == 0
+    assert a.footer() == ["Allocated/Total GPUs in cluster: 1/2 (50%)"]  # DRA's GPUs counted as GPUs
+
+
+def test_status_on_a_dra_node_does_not_count_a_pods_nvidia_com_gpu_twice() -> None:
+    i = mixed("1.37")
+    plans = gpuplan.plans(i)
+    node = _node("w-dra", plans["w-dra"].labels)
+    pod = {"metadata": {"name": "p", "namespace": "ml"}, "spec": {"nodeName": "w-dra", "containers": [
+        {"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}, "status": {"phase": "Running"}}
+    devices = {"w-dra": dra.NodeDevices([dra.Device(f"gpu-{k}", "gpu") for k in range(4)],
+                                        [dra.Allocation("ml/p-extended-resources-x", "w-dra", "gpu-0", ("ml/p",))])}
+    a = allocation.allocation([node], [pod], plans, None, devices)
+    (n,) = a.nodes
+    assert [(r.resource, r.allocatable, r.requested, r.planned) for r in n.resources] == [
+        ("gpu.nvidia.com/gpu", 4, 1, 4)]
+    assert a.footer() == ["Allocated/Total GPUs in cluster: 1/4 (25%)"]
+
+
+def test_verify_names_a_dra_node_whose_devices_are_not_published() -> None:
+    nd = dra.NodeDevices([dra.Device("gpu-0", "gpu"), dra.Device("gpu-1", "gpu")])
+    assert dra.verdict("w", {"gpu": 2}, nd)[:2] == (2, "")
+    n, cause_id, cause, evidence = dra.verdict("w", {"gpu": 4}, nd)
+    assert (n, cause_id) == (2, "dra.devices-missing") and "publishes 2 of 4 gpu device(s)" in cause
+    assert evidence == ["ResourceSlice devices: gpu-0 (gpu), gpu-1 (gpu)"]
+    n, cause_id, cause, evidence = dra.verdict("w", {"gpu": 4}, None)
+    assert (n, cause_id) == (0, "dra.no-devices") and "(4 expected)" in cause
+
+
+def test_verify_plans_claim_test_pods_and_reads_the_slices_once() -> None:
+    i = mixed("1.37")
+    kube = FakeKube()
+    for name, plan in gpuplan.plans(i).items():
+        kube.add_node(name, gpus=plan.expected_gpus, labels=plan.labels)
+    ctx = Context(i, plans=gpuplan.plans(i), kube_client=kube, initialized_cache=True)
+    plan = Verify().plan(ctx)
+    whats = [c.what for c in plan.changes]
+    assert "ResourceClaimTemplate gpuk8s-verify-gpu for the dra nodes' test pods (created, then deleted)" in whats
+    assert "test pod asking nvidia.com/gpu on the dra node w-dra (created, then deleted)" in whats
+    pod = yaml.safe_load(next(c.manifest for c in plan.changes if c.what == "test pod on w-dra (created, then deleted)"))
+    assert pod["spec"]["resourceClaims"] == [{"name": "gpu", "resourceClaimTemplateName": "gpuk8s-verify-gpu"}]
+    assert pod["spec"]["containers"][0]["resources"] == {"claims": [{"name": "gpu"}]}
+    tmpl = yaml.safe_load(next(c.manifest for c in plan.changes if c.what.startswith("ResourceClaimTemplate")))
+    kubernetes_validate.validate(tmpl, schema_for("1.37"), strict=True)
+    kubernetes_validate.validate(pod, schema_for("1.37"), strict=True)
+    # 1.36: no extended-resource pod (gpuk8s writes no extendedResourceName there)
+    i36 = mixed("1.36")
+    ctx36 = Context(i36, plans=gpuplan.plans(i36), kube_client=kube, initialized_cache=True)
+    assert not [c for c in Verify().plan(ctx36).changes if "asking nvidia.com/gpu" in c.what]

@@ -1,0 +1,66 @@
+"""Preflight checks of the hosts whose inventory says `allocator: dra` (docs/dra.md): the NVIDIA driver at the DRA
+driver's floor, and CDI in the container runtime (the DRA driver hands its devices to containers as CDI devices).
+The Kubernetes minor is the loader's to refuse (before any host is contacted). Pure: host and facts in, findings out.
+"""
+
+from __future__ import annotations
+
+from gpuk8s import versions
+from gpuk8s.facts.model import HostFacts
+from gpuk8s.gpuplan import is_gpu_node
+from gpuk8s.inventory.model import Cluster, Host
+from gpuk8s.preflight.result import CheckResult, failed, passed, skipped
+from gpuk8s.versions import at_least, fmt
+
+IDS = ("dra.driver", "dra.cdi")
+CONFIG = "/etc/containerd/config.toml"
+
+
+def dra_checks(host: Host, f: HostFacts, cluster: Cluster) -> list[CheckResult]:
+    """Nothing for a host whose GPUs the device plugin serves."""
+    if not is_gpu_node(host) or host.gpu.allocator.kind != "dra":
+        return []
+    return [_driver(host, f), _cdi(f, cluster)]
+
+
+def _driver(host: Host, f: HostFacts) -> CheckResult:
+    floor = versions.dra_driver().driver_floor
+    have = f.gpu.driver_release
+    if have is None:
+        if host.gpu.driver.manage:  # install brings the branch the inventory names (the loader checked its floor)
+            return skipped("dra.driver", "no driver yet: install brings the branch of the host's driver: setting")
+        return skipped("dra.driver", "no working driver (see gpu.driver)")
+    if at_least(have, floor):
+        return passed("dra.driver", f"driver {fmt(have)} (the DRA driver needs {floor[0]} or newer)")
+    return failed("dra.driver", f"driver {fmt(have)} is older than the DRA driver's floor ({floor[0]})",
+                  f"upgrade the driver to branch {floor[0]} or newer (gpuk8s driver upgrade, with driver: "
+                  f"{{manage: true, branch: \"{versions.drivers().default_branch}\"}}), or write allocator: "
+                  "device-plugin for this host")
+
+
+def _cdi(f: HostFacts, cluster: Cluster) -> CheckResult:
+    """containerd 2.x enables CDI unless its config says enable_cdi = false; 1.x only with enable_cdi = true
+    (containerd docs/cri/config.md: the default is false in 1.7 and true from the first 2.x release)."""
+    if cluster.container_runtime != "containerd":
+        return failed("dra.cdi", "the DRA driver needs CDI, which gpuk8s sets up with containerd only",
+                      "write cluster.container_runtime: containerd")
+    cfg = f.containerd_config
+    if cfg.error:
+        return skipped("dra.cdi", f"the containerd config cannot be read: {cfg.error}")
+    k = versions.kubernetes(cluster.kubernetes_version)
+    have = f.containerd.release if f.containerd is not None else None
+    # install brings a containerd below the minor's floor to the matrix's containerd.io (2.x, from the default minor)
+    upgraded = have is None or (k is not None and not at_least(have, versions.release(k.containerd_floor) or (0,)))
+    major = versions.containerd_install_release()[0] if upgraded else have[0] if have else 0
+    where = "version 3: plugins.'io.containerd.cri.v1.runtime'" if major >= 2 else \
+        "plugins.\"io.containerd.grpc.v1.cri\""
+    if cfg.enable_cdi is False:
+        return failed("dra.cdi", f"{CONFIG} sets enable_cdi = false: containers would get no GPU from a claim",
+                      f"remove enable_cdi = false (or set it true) under [{where}] and restart containerd")
+    if cfg.enable_cdi or major >= 2:
+        why = "enable_cdi = true" if cfg.enable_cdi else (
+            f"containerd {major}.x enables CDI by default" + (" (install brings it)" if upgraded else ""))
+        return passed("dra.cdi", why)
+    return failed("dra.cdi", f"containerd {fmt(have or (0,))} does not enable CDI unless its config says so",
+                  f"set enable_cdi = true under [{where}] in {CONFIG} and restart containerd, or use "
+                  f"Kubernetes {versions.default_minor()} (install brings containerd 2.x)")
