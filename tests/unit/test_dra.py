@@ -358,7 +358,8 @@ def test_verify_plans_claim_test_pods_and_reads_the_slices_once() -> None:
     whats = [c.what for c in plan.changes]
     assert "ResourceClaimTemplate gpuk8s-verify-gpu for the dra nodes' test pods (created, then deleted)" in whats
     assert "test pod asking nvidia.com/gpu on the dra node w-dra (created, then deleted)" in whats
-    pod = yaml.safe_load(next(c.manifest for c in plan.changes if c.what == "test pod on w-dra (created, then deleted)"))
+    pod = yaml.safe_load(next(c.manifest for c in plan.changes
+                              if c.what == "test pod on w-dra (created, then deleted)"))
     assert pod["spec"]["resourceClaims"] == [{"name": "gpu", "resourceClaimTemplateName": "gpuk8s-verify-gpu"}]
     assert pod["spec"]["containers"][0]["resources"] == {"claims": [{"name": "gpu"}]}
     tmpl = yaml.safe_load(next(c.manifest for c in plan.changes if c.what.startswith("ResourceClaimTemplate")))
