@@ -432,8 +432,14 @@ def in_one_piece(script: str) -> str:
     hands over in Python (about 0.1 ms of client CPU apiece): 10 of the ~18 ms a host's probe cost the client
     (docs/performance.md). The output is held in the remote shell (a command substitution), so only scripts
     whose output is bounded (the probe's sections are cut at 256 KiB each) and that need no live progress use
-    this. The exit status is the script's; the trailing newlines the substitution drops come back as one."""
-    return f"gk_out=$(\n{script}\n)\ngk_rc=$?\nprintf '%s\\n' \"$gk_out\"\nexit $gk_rc\n"
+    this. The exit status is the script's; the trailing newlines the substitution drops come back as one.
+
+    The held output goes through dd, which gathers it (iflag=fullblock, up to 4 MiB) into one write: bash makes its
+    stdout line-buffered, so its printf alone writes each line apart (dash writes once), and a reader woken between
+    two writes gets the output in pieces; without dd (not on the supported systems) printf writes it."""
+    return (f"gk_out=$(\n{script}\n)\ngk_rc=$?\n"
+            "if command -v dd >/dev/null 2>&1; then printf '%s\\n' \"$gk_out\" | dd bs=4M iflag=fullblock "
+            "status=none\nelse printf '%s\\n' \"$gk_out\"\nfi\nexit $gk_rc\n")
 
 
 def _drain(chan: paramiko.Channel, deadline: float, on_line: Callable[[str], None] | None = None,
