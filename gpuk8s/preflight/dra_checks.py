@@ -30,9 +30,10 @@ def _driver(host: Host, f: HostFacts) -> CheckResult:
         if host.gpu.driver.manage:  # install brings the branch the inventory names (the loader checked its floor)
             return skipped("dra.driver", "no driver yet: install brings the branch of the host's driver: setting")
         return skipped("dra.driver", "no working driver (see gpu.driver)")
+    shown = f.gpu.driver or fmt(have)  # as nvidia-smi prints it (535.104.05)
     if at_least(have, floor):
-        return passed("dra.driver", f"driver {fmt(have)} (the DRA driver needs {floor[0]} or newer)")
-    return failed("dra.driver", f"driver {fmt(have)} is older than the DRA driver's floor ({floor[0]})",
+        return passed("dra.driver", f"driver {shown} (the DRA driver needs {floor[0]} or newer)")
+    return failed("dra.driver", f"driver {shown} is older than the DRA driver's floor ({floor[0]})",
                   f"upgrade the driver to branch {floor[0]} or newer (gpuk8s driver upgrade, with driver: "
                   f"{{manage: true, branch: \"{versions.drivers().default_branch}\"}}), or write allocator: "
                   "device-plugin for this host")

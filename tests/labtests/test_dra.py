@@ -26,6 +26,7 @@ hosts:
   - name: w-dra
     gpus: 4
     allocator: dra
+    driver: "580.95.05"   # the DRA driver needs branch 565 or newer (preflight dra.driver)
   - name: w-plugin
     gpus: 2
 """
@@ -58,6 +59,17 @@ def test_a_mixed_cluster_serves_gpus_through_each_allocator_and_moves_a_node_bet
                                                                                            tmp_path):
     lab = lab_up(FLEET.replace("MINOR", "default"))  # the matrix's default minor (1.36)
     inv, kc = str(lab.inventory), str(tmp_path / "kc")
+    # preflight: the DRA host's driver floor and CDI (containerd 2.x, which install brings); a host whose driver is
+    # below the floor is named, with what to do
+    old = tmp_path / "old.yaml"
+    old.write_text(Path(inv).read_text().replace("  allocator: dra\n", "").replace(
+        "- name: w-plugin\n", "- name: w-plugin\n  allocator: dra\n"))
+    for path, host, status in ((inv, "w-dra", "pass"), (str(old), "w-plugin", "fail")):
+        pre = json.loads(run_cli("preflight", "-i", path, "-o", "json").stdout)
+        checks = {c["id"]: c for h in pre["hosts"] if h["name"] == host for c in h["checks"]}
+        assert checks["dra.driver"]["status"] == status, checks["dra.driver"]
+        assert checks["dra.cdi"]["message"] == "containerd 2.x enables CDI by default (install brings it)"
+    assert "driver 535.104.05 is older than the DRA driver's floor (565)" in checks["dra.driver"]["message"]
     rc, ph, nodes = phases(run_cli, "install", "-i", inv, "--kubeconfig-out", kc)
     assert rc == 0, ph
     assert "applied nvidia-dra-driver.yaml" in ph["gpu"]["message"]

@@ -268,8 +268,8 @@ def _checks(i: Any, host: str, facts: Any) -> dict[str, Any]:
 def test_preflight_checks_the_driver_floor_on_dra_hosts_only() -> None:
     i = mixed("1.34")
     ok = _checks(i, "w-dra", _with(H200, "2.2.6"))  # the project's H200 capture: driver 580.159.04
-    assert ok["dra.driver"].status == "pass" and "580.159.4" in ok["dra.driver"].message
-    old = dataclasses.replace(H200, gpu=dataclasses.replace(H200.gpu, driver_release=(560, 35, 3)))
+    assert ok["dra.driver"].status == "pass" and "580.159.04" in ok["dra.driver"].message
+    old = dataclasses.replace(H200, gpu=dataclasses.replace(H200.gpu, driver="560.35.03", driver_release=(560, 35, 3)))
     bad = _checks(i, "w-dra", _with(old, "2.2.6"))["dra.driver"]
     assert bad.status == "fail" and "older than the DRA driver's floor (565)" in bad.message
     assert "allocator: device-plugin" in bad.remedy
