@@ -249,6 +249,14 @@ FINDINGS: dict[str, Spec] = {
                                      "the node was left as it was (uncordoned) and the upgrade stopped", ("upgrade",)),
     "upgrade.drain-failed": Spec("error", "the node's drain failed (kubectl's message says which pods); it stays "
                                  "cordoned", ("upgrade",)),
+    "allocator.moved": Spec("error", "gpuk8s allocator: the node moved to the allocator its inventory says: drained "
+                            "(GPU pods waited for), relabelled, its GPUs offered by the new allocator, a test pod "
+                            "passed, uncordoned", ("upgrade",)),
+    "allocator.failed": Spec("error", "gpuk8s allocator: the new allocator did not offer the node's GPUs, or its test "
+                             "pod failed: the node got its former labels back (the message says what it offers)",
+                             ("upgrade",)),
+    "allocator.drain-failed": Spec("error", "gpuk8s allocator: the node's drain failed (kubectl's message says which "
+                                   "pods); it stays cordoned and a re-run resumes there", ("upgrade",)),
     "driver.upgraded": Spec("error", "gpuk8s driver upgrade: the node runs the driver its inventory asks for: drained "
                             "(GPU pods waited for), packages installed and held, rebooted, GPUs advertised again, "
                             "uncordoned", ("upgrade",)),

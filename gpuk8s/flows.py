@@ -18,6 +18,7 @@ from gpuk8s.kube import state
 from gpuk8s.kube.client import KubeClient, KubeError
 from gpuk8s.kube.state import NodeCheck
 from gpuk8s.phases import upgrade as up
+from gpuk8s.phases.allocator import AllocatorMove
 from gpuk8s.phases.base import (
     Context,
     Options,
@@ -123,6 +124,14 @@ def monitoring(ctx: Context, remove: bool, dry_run: bool) -> ClusterReport:
     if ctx.kube_client is None:
         phases.insert(0, Lock())
     return _run(ctx, phases, dry_run)
+
+
+def allocator(ctx: Context, nodes: list[str], opts: up.UpgradeOptions, dry_run: bool) -> ClusterReport:
+    """`gpuk8s allocator NODE... --to ...`: the lock, then each node moved to the allocator its inventory says
+    (gpuk8s/phases/allocator.py), one at a time; its findings in the report."""
+    report = _run(ctx, [Lock(), AllocatorMove(nodes, opts)], dry_run)
+    report.findings = opts.findings
+    return report
 
 
 def select_install(inv: Inventory, skip: Sequence[str], only: str | None,

@@ -100,14 +100,16 @@ def _render(template: str, **values: Any) -> str:
 PLUGIN_MANIFEST = "nvidia-device-plugin.yaml"
 
 
-def device_plugin(inv: Inventory) -> Manifest:
-    """The plugin DaemonSet with its config-manager, and the RBAC that lets config-manager read node labels."""
+def device_plugin(inv: Inventory, dra: bool | None = None) -> Manifest:
+    """The plugin DaemonSet with its config-manager, and the RBAC that lets config-manager read node labels; `dra`:
+    whether some node's GPUs are the DRA driver's (default: as the inventory says)."""
     # where a node uses MIG, the plugin needs SYS_ADMIN and NVIDIA_MIG_MONITOR_DEVICES, as the v0.20.0 chart gives it
     # (templates/_helpers.tpl requiresCapSysAdmin, addMigMonitorDevices: a MIG strategy other than none)
     mig = any(is_gpu_node(h) and h.gpu.mig.enabled for h in inv.hosts)
     # where a node's GPUs are DRA's (allocator: dra), the plugin keeps off it; written only then, so that a
     # cluster without DRA keeps the plugin's template (and its pods) as they were
-    dra = any(is_gpu_node(h) and h.gpu.allocator.kind == DRA for h in inv.hosts)
+    if dra is None:
+        dra = any(is_gpu_node(h) and h.gpu.allocator.kind == DRA for h in inv.hosts)
     return Manifest(PLUGIN_MANIFEST, mirrors.rewrite_images(inv, _render(
         device_plugin_template(), version=inv.install.device_plugin_version, mig=mig, dra=dra,
         allocator_label=ALLOCATOR_LABEL)))
@@ -116,6 +118,7 @@ def device_plugin(inv: Inventory) -> Manifest:
 DRA_NAMESPACE = "nvidia-dra-driver-gpu"  # the namespace NVIDIA's install guide gives the chart's release
 DRA_NAME = "dra-driver-nvidia-gpu"  # the chart's name: its objects' names and the kubelet plugin's labels
 DRA_PLUGIN = f"{DRA_NAME}-kubelet-plugin"  # the kubelet plugin's DaemonSet
+DRA_MANIFEST = "nvidia-dra-driver.yaml"
 
 
 def dra_driver(inv: Inventory) -> Manifest:
@@ -124,7 +127,7 @@ def dra_driver(inv: Inventory) -> Manifest:
     the extended resource nvidia.com/gpu (docs/dra.md)."""
     pin = versions.dra_driver()
     minor = versions.release(inv.cluster.kubernetes_version) or (1, 0)
-    return Manifest("nvidia-dra-driver.yaml", mirrors.rewrite_images(inv, _render(
+    return Manifest(DRA_MANIFEST, mirrors.rewrite_images(inv, _render(
         _template("dra-driver.yaml.j2"), chart_version=pin.chart_version, image=pin.image, namespace=DRA_NAMESPACE,
         name=DRA_NAME, allocator_label=ALLOCATOR_LABEL,
         extended_resource=minor[1] >= pin.extended_resource_since,
@@ -217,10 +220,11 @@ def wanted(inv: Inventory, plans: dict[str, GPUPlan], keep: dict[str, str] | Non
         return []
     # the ConfigMap before the DaemonSets that mount it; the MPS daemon always (no pod without an MPS node),
     # so that turning MPS on or off on a node changes only the ConfigMap and the node's labels
-    out = [runtime_class(), plugin_configs(plans, keep), device_plugin(inv), mps_control_daemon(inv)]
+    dra = any(p.dra for p in plans.values())
+    out = [runtime_class(), plugin_configs(plans, keep), device_plugin(inv, dra), mps_control_daemon(inv)]
     if any(p.sharing == "hami" for p in plans.values()):
         out.append(hami(inv, plans))
-    if any(p.dra for p in plans.values()):
+    if dra:
         out.append(dra_driver(inv))
     return out
 

@@ -588,3 +588,39 @@ def quarantined(node: Any) -> str:
 
 def missing_taints(want: list[tuple[str, str, str]], node: NodeState) -> list[tuple[str, str, str]]:
     return [t for t in want if t not in node.taints]
+
+
+def gpu_pods(pods: list[Any], node: str) -> list[str]:
+    """Of a list of pod objects, those bound to `node` that hold GPUs (an nvidia.com/ resource, or a claim: a dra
+    node's GPUs, docs/dra.md) and have not finished, DaemonSets' left out: their namespace/name, sorted."""
+    out = []
+    for p in pods:
+        spec = p.get("spec") if isinstance(p, dict) else None
+        md = p.get("metadata") if isinstance(p, dict) else None
+        status = p.get("status") if isinstance(p, dict) else None
+        if not isinstance(spec, dict) or not isinstance(md, dict) or spec.get("nodeName") != node:
+            continue
+        if isinstance(status, dict) and status.get("phase") in ("Succeeded", "Failed"):
+            continue
+        owners = md.get("ownerReferences")
+        if isinstance(owners, list) and any(isinstance(r, dict) and r.get("kind") == "DaemonSet" for r in owners):
+            continue
+        containers = spec.get("containers")
+        wants = sum(_gpus(c) for c in containers if isinstance(c, dict)) if isinstance(containers, list) else 0
+        if wants or spec.get("resourceClaims"):
+            out.append(f"{md.get('namespace', 'default')}/{md.get('name', '')}")
+    return sorted(out)
+
+
+def _gpus(container: dict[str, Any]) -> int:
+    res = container.get("resources")
+    total = 0
+    for section in ("limits", "requests"):
+        amounts = res.get(section) if isinstance(res, dict) else None
+        for k, v in (amounts.items() if isinstance(amounts, dict) else ()):
+            if str(k).startswith("nvidia.com/"):
+                try:
+                    total = max(total, int(str(v)))
+                except ValueError:
+                    total = max(total, 1)
+    return total

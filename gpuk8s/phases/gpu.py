@@ -7,9 +7,12 @@ Manifests are applied only when the sha256 of their rendered text differs from w
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
+from typing import Any
 
 from gpuk8s.gpuplan import (
+    ALLOCATOR_LABEL,
     CONFIG_LABEL,
     HAMI_NODE_LABEL,
     HAMI_NODE_VALUE,
@@ -87,8 +90,12 @@ class GPUNodes(Phase):
     title = "NVIDIA device plugin, labels, taints"
 
     def _node_diffs(self, ctx: Context) -> dict[str, tuple[dict[str, str | None], list[str]]]:
+        """The label and taint changes per node; a node whose allocator would change while pods hold its GPUs is
+        left as it is (self._held: why), and counted on its current allocator (self._plans)."""
         nodes = state.by_name(ctx.kube.get("nodes"))
         self._was_shared: dict[str, bool] = {}
+        self._held, self._plans = {}, dict(ctx.plans)
+        pods: list[Any] | None = None  # read once, only where a node's allocator would change
         # join labels only the nodes it joins: the others keep what the last install gave them
         only = None if ctx.options.only is None else {h.name for h in ctx.options.only}
         out = {}
@@ -101,13 +108,26 @@ class GPUNodes(Phase):
                 self._was_shared[name] = ns.labels.get(STRATEGY_LABEL, "none") != "none"
             except StateError as e:
                 raise PhaseError(f"the node object of {name} is unreadable: {e}", "see the log file") from None
+            if ALLOCATOR_LABEL in diff[0] and ns.labels.get(ALLOCATOR_LABEL, "device-plugin") != plan.allocator:
+                # another allocator would serve GPUs that running pods hold (both would hand them out): only
+                # gpuk8s allocator moves a node, drained first
+                if pods is None:
+                    pods = ctx.kube.get("pods", namespace="*")
+                holding = state.gpu_pods(pods, name)
+                if holding:
+                    was = ns.labels.get(ALLOCATOR_LABEL, "device-plugin")
+                    self._held[name] = (f"left on {was}: GPU pods hold its GPUs ({', '.join(holding[:5])}"
+                                        f"{', ...' if len(holding) > 5 else ''}); gpuk8s allocator {name} --to "
+                                        f"{plan.allocator} drains it first")
+                    self._plans[name] = dataclasses.replace(plan, allocator=was)
+                    continue
             if diff[0] or diff[1]:
                 out[name] = diff
         return out
 
-    @staticmethod
-    def _wanted(ctx: Context) -> list[manifests.Manifest]:
-        """The manifests; the ConfigMap keeps the config each node selects whose plan cannot decide it."""
+    def _wanted(self, ctx: Context) -> list[manifests.Manifest]:
+        """The manifests (after _node_diffs: a node held on its allocator counts there); the ConfigMap keeps the
+        config each node selects whose plan cannot decide it."""
         keep: dict[str, str] = {}
         blind = [n for n, p in ctx.plans.items() if not p.decides(CONFIG_LABEL)]
         if blind and ctx.initialized():
@@ -119,7 +139,7 @@ class GPUNodes(Phase):
                 name = labels.get(CONFIG_LABEL) if isinstance(labels, dict) else None
                 if isinstance(data, dict) and isinstance(name, str) and isinstance(data.get(name), str):
                     keep[name] = data[name]
-        return manifests.wanted(ctx.inv, ctx.plans, keep)
+        return manifests.wanted(ctx.inv, self._plans, keep)
 
     @staticmethod
     def _stale_plugins(ctx: Context, planning: bool) -> dict[str, str]:
@@ -129,21 +149,26 @@ class GPUNodes(Phase):
         return plugin_pods(ctx, [n for n in runtime_restarted(ctx, planning)
                                  if n in ctx.plans and ctx.plans[n].gpu_node])
 
+    _held: dict[str, str]  # node -> why its allocator was not switched (set by plan and _node_diffs)
+    _plans: dict[str, GPUPlan]  # the plans the manifests follow: a node held on its allocator counts there
+
     def plan(self, ctx: Context) -> PhasePlan:
-        wanted = self._wanted(ctx)
+        self._held, self._plans = {}, dict(ctx.plans)
         if not ctx.initialized():
-            todo, diffs = wanted, {}
+            todo, diffs = self._wanted(ctx), {}
             reason = "no cluster yet: every manifest; labels and taints as each node joins"
         else:
-            todo, diffs = manifests.out_of_date(ctx.kube, wanted), self._node_diffs(ctx)
+            diffs = self._node_diffs(ctx)
+            todo = manifests.out_of_date(ctx.kube, self._wanted(ctx))
             reason = "what differs from the cluster"
         changes = [Change(f"apply {m.name} (sha256 {m.sha256[:12]})", manifest=m.applied_text()) for m in todo]
         if ctx.initialized():
             # one change per object gpuk8s applied: a namesake another tool made is neither named nor deleted
             changes += [Change(f"delete {kind.lower()}/{name} of {m.name} (no node asks for it)",
                                commands=manifests.delete_command((kind, name, ns)))
-                        for m, gone in manifests.removable(ctx.kube, manifests.unwanted(ctx.inv, ctx.plans))
+                        for m, gone in manifests.removable(ctx.kube, manifests.unwanted(ctx.inv, self._plans))
                         for kind, name, ns in gone]
+        changes += [Change(f"{name}: {why}") for name, why in self._held.items()]
         if not any(m.name == manifests.PLUGIN_MANIFEST for m in todo):  # else the DaemonSet replaces its pods itself
             changes += [Change(f"restart the device plugin on {node} (its container runtime is reconfigured)",
                                commands=state.restart_command(pod))
@@ -160,14 +185,15 @@ class GPUNodes(Phase):
     def run(self, ctx: Context) -> PhaseResult:
         r = self.result("unchanged", "manifests, labels and taints as wanted")
         stale = self._stale_plugins(ctx, planning=False)  # the plugin pods that ran before this run's prepare
+        diffs = self._node_diffs(ctx)  # first: a node held on its allocator decides the manifests too
         applied = manifests.apply(ctx.kube, self._wanted(ctx))
         done = [f"applied {name}" for name in applied]
         if manifests.PLUGIN_MANIFEST in applied:
             stale = {}  # a new template: the DaemonSet replaces its pods itself
-        for m, gone in manifests.remove(ctx.kube, manifests.unwanted(ctx.inv, ctx.plans)):
+        for m, gone in manifests.remove(ctx.kube, manifests.unwanted(ctx.inv, self._plans)):
             if gone:
                 done.append(f"removed {m.name} ({len(gone)} object(s) gpuk8s applied)")
-        for name, (labels, taints) in self._node_diffs(ctx).items():
+        for name, (labels, taints) in diffs.items():
             if labels:
                 ctx.kube.label(name, labels)
                 # a node whose sharing changes (to, from or between strategies): its plugin reflects the new
@@ -188,6 +214,12 @@ class GPUNodes(Phase):
             done.append(f"device plugin restarted on {node} (runtime reconfigured)")
         if done:
             r.status, r.message = "changed", "; ".join(done)
+        if self._held:
+            r.hosts.update(self._held)
+            r.status = "failed"
+            r.message = "; ".join([*done, *(f"{n}: {why}" for n, why in self._held.items())])
+            r.remedy = "; ".join(f"gpuk8s allocator {n} --to {ctx.plans[n].allocator}" for n in self._held) + \
+                " (each drained, its GPU pods waited for), then gpuk8s install again"
         return r
 
 

@@ -20,7 +20,6 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 import yaml
 
@@ -28,6 +27,7 @@ from gpuk8s import findings, gpuplan, plainyaml, versions
 from gpuk8s.errors import GpuK8sError
 from gpuk8s.install.prepare import prepare
 from gpuk8s.inventory.model import Host, InstallSettings, Inventory
+from gpuk8s.kube import state
 from gpuk8s.kube.client import KubeError, drain_args
 from gpuk8s.phases import shell
 from gpuk8s.phases.base import Change, Context, Phase, PhaseError, PhasePlan, PhaseResult
@@ -214,32 +214,7 @@ def _kubeadm(ctx: Context, h: Host, action: str, version: str = "") -> str:
 
 def gpu_pods(ctx: Context, node: str) -> list[str]:
     """The pods on `node` that hold GPUs and have not finished (namespace/name), DaemonSets' left out."""
-    out = []
-    for p in ctx.kube.get("pods", namespace="*"):
-        if p.get("spec", {}).get("nodeName") != node:
-            continue
-        if p.get("status", {}).get("phase") in ("Succeeded", "Failed"):
-            continue
-        if any(r.get("kind") == "DaemonSet" for r in p.get("metadata", {}).get("ownerReferences") or []):
-            continue
-        wants = sum(_gpus(c) for c in p.get("spec", {}).get("containers", []))
-        if wants:
-            md = p["metadata"]
-            out.append(f"{md.get('namespace', 'default')}/{md['name']}")
-    return sorted(out)
-
-
-def _gpus(container: dict[str, Any]) -> int:
-    res = container.get("resources", {}) or {}
-    total = 0
-    for section in ("limits", "requests"):
-        for k, v in (res.get(section) or {}).items():
-            if k.startswith("nvidia.com/"):
-                try:
-                    total = max(total, int(str(v)))
-                except ValueError:
-                    total = max(total, 1)
-    return total
+    return state.gpu_pods(ctx.kube.get("pods", namespace="*"), node)
 
 
 @dataclass

@@ -213,7 +213,7 @@ class Verify(Phase):
         if ctx.options.test_pods:
             # a quarantined node is not tested: its GPUs failed the health check, and it takes no new pods
             tested = [c for c in checks if c.ok and c.expected_gpus and not c.quarantine]
-            self._test_pods(ctx, tested)
+            self.test_pods(ctx, tested)
             self._sharing_proofs(ctx, [c for c in tested if ctx.plans[c.node].sharing != "none"])
         ctx.nodes = checks
         bad = [c for c in checks if not c.ok and not c.quarantine]
@@ -395,7 +395,7 @@ class Verify(Phase):
                            f"not bound ({why or 'Pending: no scheduler bound it'})")
         return True, f"a pod asking for {mem} MiB {HAMI_MEMORY} bound by hami-scheduler"
 
-    def _test_pods(self, ctx: Context, checks: list[NodeCheck]) -> None:
+    def test_pods(self, ctx: Context, checks: list[NodeCheck]) -> None:
         """One pod per GPU node, all applied at once and polled together: a few kubectl calls in all."""
         if not checks:
             return

@@ -9,6 +9,7 @@ the DeviceClass (KEP-5004)."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import jsonschema
@@ -192,3 +193,82 @@ spec:
     by = {n["node"]: n for n in st["nodes"]}
     assert [(r["resource"], r["requested"]) for r in by["w-dra"]["resources"]] == [("gpu.nvidia.com/gpu", 3)]
     assert st["footer"] == ["Allocated/Total GPUs in cluster: 3/6 (50%)"]
+
+
+MOVE_FLEET = """
+cluster:
+  kubernetes_version: default
+hosts:
+  - name: cp-1
+    role: control-plane
+  - name: w-a
+    gpus: 2
+    driver: "580.95.05"
+  - name: w-b
+    gpus: 2
+    driver: "580.95.05"
+"""
+NO_CDI = "sed -i 's/enable_cdi = true/enable_cdi = false/' /etc/containerd/config.toml /etc/containerd/conf.d/*.toml"
+
+
+def test_allocator_moves_a_running_node_after_its_gpu_job_and_puts_back_one_that_fails(lab_up, run_cli, tmp_path):
+    lab = lab_up(MOVE_FLEET)
+    inv, kc = str(lab.inventory), str(tmp_path / "kc")
+    rc, ph, _ = phases(run_cli, "install", "-i", inv, "--kubeconfig-out", kc)
+    assert rc == 0, ph
+    job = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": "train-0", "namespace": "ml",
+                        "annotations": {"lab.gpuk8s.io/runs-seconds": "12", "lab.gpuk8s.io/created": str(time.time())},
+                        "ownerReferences": [{"kind": "Job", "name": "train"}]},
+           "spec": {"nodeName": "w-a", "containers": [{"name": "c", "image": "cuda",
+                                                        "resources": {"limits": {"nvidia.com/gpu": 1}}}]}}
+    kubectl(lab, "apply -f -", json.dumps(job))
+    moved = tmp_path / "dra.yaml"
+    moved.write_text(Path(inv).read_text().replace("- name: w-a\n", "- name: w-a\n  allocator: dra\n"))
+
+    # install does not switch a node whose GPUs a pod holds: it names the command that drains it first
+    rc, ph, _ = phases(run_cli, "install", "-i", str(moved), "--kubeconfig-out", kc)
+    assert rc != 0 and ph["gpu"]["status"] == "failed"
+    assert "w-a: left on device-plugin: GPU pods hold its GPUs (ml/train-0)" in ph["gpu"]["message"]
+    assert "gpuk8s allocator w-a --to dra" in ph["gpu"]["remedy"]
+    assert "gpuk8s.io/gpu-allocator" not in json.loads(kubectl(lab, "get node w-a -o json"))["metadata"]["labels"]
+    assert "dra-driver-nvidia-gpu-kubelet-plugin-w-a" not in pods(lab, "nvidia-dra-driver-gpu")
+    # the command refuses a target the inventory does not say (exit 2, before any host is contacted)
+    r = run_cli("allocator", "w-b", "--to", "dra", "-i", str(moved), "--yes")
+    assert r.returncode == 2 and "the inventory says allocator: device-plugin for w-b" in r.stderr
+
+    plan = run_cli("allocator", "w-a", "--to", "dra", "-i", str(moved), "--dry-run")
+    assert plan.returncode == 0 and "ml/train-0" in plan.stdout and "kubectl drain w-a" in plan.stdout
+    t0 = time.monotonic()
+    rc, ph, nodes = phases(run_cli, "allocator", "w-a", "--to", "dra", "-i", str(moved), "--yes",
+                           "--gpu-pod-timeout", "120")
+    wall = time.monotonic() - t0
+    assert rc == 0, ph
+    moved_msg = ph["allocator"]["hosts"]["w-a"]
+    assert "waited for GPU pods ml/train-0" in moved_msg and "device-plugin -> dra (2 of 2 device(s)" in moved_msg
+    assert "test pod gpuk8s-verify-w-a passed" in moved_msg and "uncordoned" in moved_msg
+    unavailable = float(moved_msg.split("GPUs unavailable ")[1].split(" s")[0])
+    print(f"allocator move of w-a (device plugin -> DRA, 2 GPUs): {wall:.1f} s wall, GPUs unavailable "
+          f"{unavailable:.1f} s (the job's wait included)")
+    node = json.loads(kubectl(lab, "get node w-a -o json"))
+    assert node["metadata"]["labels"]["gpuk8s.io/gpu-allocator"] == "dra" and not node["spec"].get("unschedulable")
+    assert "nvidia-device-plugin-daemonset-w-a" not in pods(lab, "kube-system")
+    # resumable: a re-run finds it there; install agrees
+    rc, ph, _ = phases(run_cli, "allocator", "w-a", "--to", "dra", "-i", str(moved), "--yes")
+    assert rc == 0 and ph["allocator"]["hosts"]["w-a"] == "already on dra", ph
+    rc, ph, nodes = phases(run_cli, "install", "-i", str(moved), "--kubeconfig-out", kc)
+    assert rc == 0 and ph["gpu"]["status"] == "unchanged" and nodes["w-a"]["resource"] == "gpu.nvidia.com (DRA)"
+
+    # a move whose test pod fails (containerd with CDI off: the claimed GPU never reaches the container) is put back
+    lab.host("w-b").exec(NO_CDI)
+    both = tmp_path / "both.yaml"
+    both.write_text(moved.read_text().replace("- name: w-b\n", "- name: w-b\n  allocator: dra\n"))
+    rc, ph, _ = phases(run_cli, "allocator", "w-b", "--to", "dra", "-i", str(both), "--yes")
+    assert rc == 1 and ph["allocator"]["status"] == "failed"
+    why = ph["allocator"]["hosts"]["w-b"]
+    assert "dra failed: the test pod gpuk8s-verify-w-b failed" in why and "put back on device-plugin" in why, why
+    node = json.loads(kubectl(lab, "get node w-b -o json"))
+    assert "gpuk8s.io/gpu-allocator" not in node["metadata"]["labels"] and not node["spec"].get("unschedulable")
+    assert node["status"]["allocatable"]["nvidia.com/gpu"] == "2"
+    rep = json.loads(run_cli("allocator", "w-b", "--to", "dra", "-i", str(both), "--yes", "-o", "json").stdout)
+    assert [f["id"] for f in rep["findings"]] == ["allocator.failed"]

@@ -166,7 +166,7 @@ def test_the_device_plugin_keeps_off_dra_nodes_only_where_there_is_one() -> None
     assert [e["key"] for e in terms(plain)] == ["gpu"]
     # a cluster without DRA keeps the plugin's template as it was: no rolling restart of its pods
     assert manifests.device_plugin(plain).sha256 != manifests.device_plugin(mixed()).sha256
-    assert "nvidia-dra-driver.yaml" in [m.name for m in manifests.unwanted(plain, gpuplan.plans(plain))]
+    assert manifests.DRA_MANIFEST in [m.name for m in manifests.unwanted(plain, gpuplan.plans(plain))]
 
 
 def test_the_driver_is_removed_when_no_node_uses_it_and_only_what_gpuk8s_applied() -> None:

@@ -652,6 +652,23 @@ def _runtime_handlers(host: str) -> tuple[str | None, set[str]]:
     return _memo(("handlers", host), lambda: _read_handlers(host))  # type: ignore[no-any-return]
 
 
+def _containerd_docs(host: str) -> list[dict[str, Any]] | None:
+    """config.toml, then its imports in order (the toolkit's drop-in /etc/containerd/conf.d/99-nvidia.toml since
+    1.18): a later file's value wins, as containerd merges them. None where config.toml cannot be read (not TOML)."""
+    try:
+        cfg = _read_toml(_hp(host, "etc/containerd/config.toml"))
+    except (OSError, ValueError):
+        return None
+    docs = [cfg]
+    for pattern in cfg.get("imports", []):
+        base = _host_dir(host) / str(pattern).lstrip("/")
+        for f in sorted(base.parent.glob(base.name)) if str(pattern).startswith("/etc/") and base.parent.is_dir() \
+                else []:
+            with contextlib.suppress(OSError, ValueError):
+                docs.append(_read_toml(f))
+    return docs
+
+
 def _read_handlers(host: str) -> tuple[str | None, set[str]]:
     spec = _read_json(_hp(host, "var_lib/gpuk8s-lab/host.json"))
     if spec["runtime"] == "docker":
@@ -660,19 +677,9 @@ def _read_handlers(host: str) -> tuple[str | None, set[str]]:
         except (OSError, ValueError):
             return "runc", {"runc"}
         return d.get("default-runtime", "runc"), {"runc", *d.get("runtimes", {})}
-    try:
-        cfg = _read_toml(_hp(host, "etc/containerd/config.toml"))
-    except (OSError, ValueError):
+    docs = _containerd_docs(host)
+    if docs is None:
         return "runc", {"runc"}
-    # config.toml, then its imports in order (the toolkit's drop-in /etc/containerd/conf.d/99-nvidia.toml
-    # since 1.18): a later file's value wins, as containerd merges them
-    docs = [cfg]
-    for pattern in cfg.get("imports", []):
-        base = _host_dir(host) / str(pattern).lstrip("/")
-        for f in sorted(base.parent.glob(base.name)) if str(pattern).startswith("/etc/") and base.parent.is_dir() \
-                else []:
-            with contextlib.suppress(OSError, ValueError):
-                docs.append(_read_toml(f))
     default, handlers = "runc", {"runc"}
     for d in docs:
         plugins = d.get("plugins", {})
@@ -3046,7 +3053,10 @@ def _ext_requests(pod: dict[str, Any]) -> dict[str, int]:
 def _filter(s: dict[str, Any], pod: dict[str, Any], name: str, n: dict[str, Any]) -> list[str]:
     """Why the node cannot take the pod (the first failing filter's reasons); [] when it can."""
     spec = pod.get("spec", {})
-    if n["spec"].get("unschedulable"):
+    # kube-scheduler's NodeUnschedulable: a cordoned node takes a pod that tolerates the taint
+    # node.kubernetes.io/unschedulable:NoSchedule (node_unschedulable.go)
+    if n["spec"].get("unschedulable") and not _tolerates(spec.get("tolerations") or [], {
+            "key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}):
         return ["node(s) were unschedulable"]
     for t in n["spec"].get("taints", []):
         if t.get("effect") in _TAINT_FILTERED and not _tolerates(spec.get("tolerations") or [], t):
@@ -3389,12 +3399,16 @@ def _dra_fit(s: dict[str, Any], pod: dict[str, Any], node: str) -> list[list[str
 def _cdi_enabled(host: str) -> bool:
     """Whether the host's containerd hands CDI devices to containers: 2.x unless enable_cdi is false (config v3:
     plugins."io.containerd.cri.v1.runtime"), 1.x only with enable_cdi = true (plugins."io.containerd.grpc.v1.cri")."""
-    cfg = _containerd_cfg(host).get("plugins") or {}
     runtime = _host_facts(host)["runtime"]
     major = int(m.group(1)) if (m := re.match(r"containerd://v?(\d+)", runtime)) else 1
-    if major >= 2:
-        return (cfg.get("io.containerd.cri.v1.runtime") or {}).get("enable_cdi", True) is not False
-    return (cfg.get("io.containerd.grpc.v1.cri") or {}).get("enable_cdi") is True
+    enabled = major >= 2
+    for d in _containerd_docs(host) or []:  # (a config containerd cannot read: it does not start at all)
+        plugins = d.get("plugins") or {}
+        for plugin in ("io.containerd.grpc.v1.cri", "io.containerd.cri.v1.runtime"):
+            value = (plugins.get(plugin) or {}).get("enable_cdi")
+            if isinstance(value, bool):
+                enabled = value
+    return enabled
 
 
 def _dra_claims(s: dict[str, Any], ns: str | None) -> list[dict[str, Any]]:

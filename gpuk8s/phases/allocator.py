@@ -1,0 +1,207 @@
+"""Phase allocator: move running nodes between the NVIDIA device plugin and NVIDIA's DRA driver (docs/dra.md),
+one node at a time, as `gpuk8s allocator NODE... --to dra|device-plugin` asks.
+
+Per node: cordon it (marked, as upgrade does: a resumed run knows the cordon is gpuk8s's), wait for its GPU pods
+(those asking nvidia.com/ resources or holding claims) to finish and drain it; apply the GPU manifests of the
+inventory (which already says the node's new allocator: the DRA driver where a node uses it, the device plugin kept
+off dra nodes) and give the node its new labels; wait until the new allocator offers every GPU of the node's plan
+(its ResourceSlice, or the node's allocatable); run verify's test pod on it; uncordon it. If the GPUs do not come or
+the test pod fails, the node gets its former labels back, and is uncordoned (when the cordon was gpuk8s's) once the
+former allocator offers its GPUs again: the node is as it was, and the finding says why. A node already on its
+target allocator, offering its GPUs, is left as it is (an interrupted run's cordon is undone): a re-run resumes.
+What is measured: the seconds each node's GPUs could take no new pod (from the cordon to the uncordon)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from gpuk8s import findings
+from gpuk8s.gpuplan import ALLOCATOR_LABEL, DRA, MANAGED_LABELS, MANAGED_PREFIXES, GPUPlan
+from gpuk8s.inventory.model import Host
+from gpuk8s.kube import dra, manifests, state
+from gpuk8s.kube.client import drain_args
+from gpuk8s.kube.state import NodeCheck
+from gpuk8s.phases.base import Change, Context, PhasePlan, PhaseResult
+from gpuk8s.phases.gpu import node_changes
+from gpuk8s.phases.upgrade import CORDONED_BY_UPGRADE, NodeFailure, UpgradeOptions, UpgradeStep, _give_back, gpu_pods
+from gpuk8s.phases.verify import Verify
+
+MOVED = (manifests.PLUGIN_MANIFEST, manifests.DRA_MANIFEST)  # the manifests a move applies (or removes)
+
+
+def allocator_of(node: dict[str, object]) -> str:
+    """The allocator a node object is on now: its gpuk8s.io/gpu-allocator label (dra), else the device plugin."""
+    md = node.get("metadata")
+    labels = md.get("labels") if isinstance(md, dict) else None
+    return DRA if isinstance(labels, dict) and labels.get(ALLOCATOR_LABEL) == DRA else "device-plugin"
+
+
+class AllocatorMove(UpgradeStep):
+    name = "allocator"
+    title = "move nodes between the device plugin and the DRA driver"
+    resume = "gpuk8s allocator"
+
+    def __init__(self, nodes: list[str], opts: UpgradeOptions,
+                 on_node: Callable[[str, float], None] | None = None) -> None:
+        super().__init__(opts, on_node)
+        self.nodes = nodes
+        self.unavailable: dict[str, float] = {}  # node -> seconds its GPUs took no new pod
+
+    def _hosts(self, ctx: Context) -> list[Host]:
+        by = {h.name: h for h in ctx.inv.hosts}
+        return [by[n] for n in self.nodes]
+
+    def _node_obj(self, ctx: Context, name: str) -> dict[str, object]:
+        found = ctx.kube.get("nodes", name)
+        if not found:
+            raise NodeFailure("allocator.failed", f"{name} is not a node of the cluster", f"gpuk8s join {name}")
+        return found[0]
+
+    def _offered(self, ctx: Context, plan: GPUPlan) -> tuple[bool, str]:
+        """Whether the node's allocator (per its plan) offers every GPU of the plan, and what it offers."""
+        if plan.dra:
+            nd = dra.published(ctx.kube.get("resourceslices")).get(plan.node)
+            n, _id, cause, _ev = dra.verdict(plan.node, plan.dra_devices, nd)
+            return not cause, f"{n} of {sum(plan.dra_devices.values())} device(s) in its ResourceSlice"
+        node = self._node_obj(ctx, plan.node)
+        have = state.node_state(node).allocatable_of(plan.resource_name)
+        return have >= plan.expected_gpus, f"{have} of {plan.expected_gpus} {plan.resource_name} allocatable"
+
+    def _wait_offered(self, ctx: Context, plan: GPUPlan) -> tuple[bool, str]:
+        deadline = time.monotonic() + self.opts.drain_timeout
+        while True:
+            ok, what = self._offered(ctx, plan)
+            if ok or time.monotonic() > deadline:
+                return ok, what
+            time.sleep(self.opts.poll)
+
+
+    @staticmethod
+    def _test_pod(ctx: Context, plan: GPUPlan) -> NodeCheck:
+        """verify's test pod(s) on the node: through a claim on a dra node (and nvidia.com/gpu where the DeviceClass
+        names it), else nvidia.com/gpu from the device plugin."""
+        n = sum(plan.dra_devices.values()) if plan.dra else plan.expected_gpus
+        c = NodeCheck(plan.node, True, True, n, n)
+        Verify().test_pods(ctx, [c])
+        return c
+
+    def _move(self, ctx: Context, h: Host) -> str:
+        plan = ctx.plans[h.name]
+        target = plan.allocator
+        node = self._node_obj(ctx, h.name)
+        marked = CORDONED_BY_UPGRADE in state.node_state(node).labels
+        if allocator_of(node) == target and self._offered(ctx, plan)[0]:
+            return f"already on {target}" + (f"; {_give_back(ctx, h.name)} (an earlier run stopped before it)"
+                                             if marked else "")
+        before = {k: v for k, v in state.node_state(node).labels.items()
+                  if k in MANAGED_LABELS or k.startswith(MANAGED_PREFIXES)}
+        was = allocator_of(node)
+        t0 = time.monotonic()
+        mine, waited = self._vacate(ctx, h, ctx.emit, "allocator.drain-failed")
+        # the allocators' manifests as the inventory has them (the DRA driver where a node uses it, the device plugin
+        # kept off dra nodes); the rest is install's
+        manifests.apply(ctx.kube, [m for m in manifests.wanted(ctx.inv, ctx.plans) if m.name in MOVED])
+        labels = node_changes(plan, state.node_state(self._node_obj(ctx, h.name)))[0]  # as the gpu phase sets them
+        if labels:
+            ctx.kube.label(h.name, labels)
+        ok, what = self._wait_offered(ctx, plan)
+        check = self._test_pod(ctx, plan) if ok else None
+        if not ok or (check is not None and not check.ok):
+            cause = f"its GPUs were not offered within {self.opts.drain_timeout} s ({what})" if not ok else \
+                check.cause if check is not None else ""
+            back = self._put_back(ctx, h, before, mine)
+            raise NodeFailure("allocator.failed", f"{h.name}: {target} failed: {cause}; put back on {was} ({back})",
+                              f"gpuk8s doctor node/{h.name} names the cause; fix it, then re-run {self.resume} "
+                              f"{h.name} --to {target} (the inventory already says {target})")
+        back = _give_back(ctx, h.name) if mine else "left cordoned (it was cordoned before)"
+        seconds = time.monotonic() - t0
+        # the last dra node gone: the driver's objects too (those gpuk8s applied)
+        manifests.remove(ctx.kube, [m for m in manifests.unwanted(ctx.inv, ctx.plans) if m.name in MOVED])
+        self.unavailable[h.name] = seconds
+        self.on_node(h.name, seconds)
+        ctx.emit(f"{h.name}: {was} -> {target}; GPUs unavailable {seconds:.1f} s")
+        self.opts.findings.append(findings.passed("allocator.moved", f"{h.name}: {was} -> {target} ({what})",
+                                                  subject=findings.node(h.name)))
+        return "; ".join([*([f"waited for GPU pods {', '.join(waited)}"] if waited else []), "drained",
+                          f"{was} -> {target} ({what})", f"test pod {check.pod if check else ''} passed", back,
+                          f"GPUs unavailable {seconds:.1f} s"])
+
+    def _put_back(self, ctx: Context, h: Host, before: dict[str, str], mine: bool) -> str:
+        """The node's former labels back (its former allocator takes it again), then its cordon undone once that
+        allocator offers its GPUs (else it stays cordoned: nothing would run on it anyway)."""
+        node = self._node_obj(ctx, h.name)
+        ns = state.node_state(node)
+        owned = tuple(k for k in ns.labels if k in MANAGED_LABELS or k.startswith(MANAGED_PREFIXES))
+        changes = state.label_changes(before, ns, owned)
+        if changes:
+            ctx.kube.label(h.name, changes)
+        ok, what = self._wait_former(ctx, h.name, before.get(ALLOCATOR_LABEL) == DRA)
+        if not ok:
+            return f"left cordoned: its former allocator offers {what}"
+        return (_give_back(ctx, h.name) if mine else "left cordoned (it was cordoned before)") + f", {what}"
+
+    def _wait_former(self, ctx: Context, name: str, was_dra: bool) -> tuple[bool, str]:
+        """Until the former allocator offers GPUs on the node again (its sharing or MIG settings, which the former
+        labels carry, decide how many: any is enough to say it serves the node)."""
+        deadline = time.monotonic() + self.opts.drain_timeout
+        while True:
+            if was_dra:
+                nd = dra.published(ctx.kube.get("resourceslices")).get(name)
+                have, what = (len(nd.devices) if nd else 0), "device(s) in its ResourceSlice"
+            else:
+                ns = state.node_state(self._node_obj(ctx, name))
+                have = sum(ns.allocatable_of(k) for k in ns.allocatable if k.startswith("nvidia.com/"))
+                what = "nvidia.com/ resource(s) allocatable"
+            if have or time.monotonic() > deadline:
+                return bool(have), f"{have} {what}"
+            time.sleep(self.opts.poll)
+
+    def plan(self, ctx: Context) -> PhasePlan:
+        changes: list[Change] = []
+        todo = []
+        for h in self._hosts(ctx):
+            plan = ctx.plans[h.name]
+            try:
+                node = self._node_obj(ctx, h.name)
+            except NodeFailure as e:
+                changes.append(Change(f"{h.name}: not moved: {e.message}"))
+                continue
+            if allocator_of(node) == plan.allocator and self._offered(ctx, plan)[0]:
+                continue
+            todo.append(h.name)
+            pods = gpu_pods(ctx, h.name)
+            changes.append(Change(f"cordon {h.name}; wait (at most {self.opts.gpu_pod_timeout:g} s) for its GPU pods"
+                                  + (f": {', '.join(pods)}" if pods else "") + "; drain it", "",
+                                  "kubectl " + " ".join(drain_args(h.name, self.opts.drain_timeout))))
+            changes += [Change(f"apply {m.name} (sha256 {m.sha256[:12]})", manifest=m.applied_text())
+                        for m in manifests.out_of_date(ctx.kube, [m for m in manifests.wanted(ctx.inv, ctx.plans)
+                                                                  if m.name in MOVED])]
+            changes.append(Change(f"{h.name}: {allocator_of(node)} -> {plan.allocator}: label {ALLOCATOR_LABEL}"
+                                  + ("=dra" if plan.dra else " removed") + "; wait for its GPUs; a test pod; "
+                                  "uncordon (or put back as it was if they fail)"))
+        if not todo:
+            return self.planned("unchanged", "every node named is on the allocator its inventory says")
+        return self.planned("would-change", f"{len(todo)} node(s) to move, one at a time ({', '.join(todo)})",
+                            changes)
+
+    def run(self, ctx: Context) -> PhaseResult:
+        r = self.result("pending")
+        for h in self._hosts(ctx):  # one at a time: each is drained
+            try:
+                r.hosts[h.name] = self._move(ctx, h)
+            except NodeFailure as e:
+                r.hosts[h.name] = f"failed: {e.message}"
+                self.opts.findings.append(findings.failed(e.id, e.message, e.remedy, subject=findings.node(h.name)))
+        failed = [n for n, s in r.hosts.items() if s.startswith("failed")]
+        done = [n for n, s in r.hosts.items() if not s.startswith(("failed", "already"))]
+        if failed:
+            r.status = "failed"
+            r.message = "; ".join(f"{n}: {r.hosts[n]}" for n in failed)
+            r.remedy = f"fix the cause, then re-run {self.resume}: moved nodes are skipped"
+        else:
+            r.status = "changed" if done else "unchanged"
+            r.message = ("moved " + ", ".join(f"{n} (GPUs unavailable {self.unavailable[n]:.1f} s)" for n in done)
+                         if done else "every node named is on the allocator its inventory says")
+        return r
+
