@@ -318,6 +318,11 @@ FINDINGS.update({
                                "says Insufficient RESOURCE; the pods holding them are named"),
     "pod.unschedulable": _d("the scheduler cannot place the pod for a reason that is not about GPUs (its message "
                             "says which)"),
+    "pod.dra-no-matching-device": _d("the pod's claim selects a device attribute (productName, profile) no node "
+                                     "publishes (the scheduler: cannot allocate all claims); the devices' values "
+                                     "are named"),
+    "pod.dra-unallocatable": _d("the scheduler cannot allocate the pod's claims (cannot allocate all claims): the "
+                                "devices that match are held by other pods (named), or no node publishes any"),
     "pod.scheduler-missing": _d("the pod names a scheduler (schedulerName, e.g. hami-scheduler) that is not "
                                 "running: nobody binds it and no event says why"),
     "pod.shared-request-gt1": _d("the pod asks for more than one shared GPU where the node's sharing config sets "

@@ -436,10 +436,11 @@ def in_one_piece(script: str) -> str:
 
     The held output goes through dd, which gathers it (iflag=fullblock, up to 4 MiB) into one write: bash makes its
     stdout line-buffered, so its printf alone writes each line apart (dash writes once), and a reader woken between
-    two writes gets the output in pieces; without dd (not on the supported systems) printf writes it."""
+    two writes gets the output in pieces. Where dd is missing or refuses those GNU flags (an old coreutils, a
+    BusyBox), which it says before reading anything, printf writes it."""
     return (f"gk_out=$(\n{script}\n)\ngk_rc=$?\n"
-            "if command -v dd >/dev/null 2>&1; then printf '%s\\n' \"$gk_out\" | dd bs=4M iflag=fullblock "
-            "status=none\nelse printf '%s\\n' \"$gk_out\"\nfi\nexit $gk_rc\n")
+            "if dd if=/dev/null bs=4M iflag=fullblock status=none 2>/dev/null; then printf '%s\\n' \"$gk_out\" | "
+            "dd bs=4M iflag=fullblock status=none\nelse printf '%s\\n' \"$gk_out\"\nfi\nexit $gk_rc\n")
 
 
 def _drain(chan: paramiko.Channel, deadline: float, on_line: Callable[[str], None] | None = None,

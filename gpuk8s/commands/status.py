@@ -52,13 +52,6 @@ def read_metrics(kube: KubeClient, inv: Inventory, pods: list[dict[str, Any]],
             n.metrics_note = f"metrics of {ns}/{pod} unreadable: {e}"
 
 
-def _dra_labelled(node: Any) -> bool:
-    """Whether a node object (hostile data) carries gpuk8s's label of a dra node."""
-    md = node.get("metadata") if isinstance(node, dict) else None
-    labels = md.get("labels") if isinstance(md, dict) else None
-    return isinstance(labels, dict) and labels.get(gpuplan.ALLOCATOR_LABEL) == gpuplan.DRA
-
-
 def gather(kube: KubeClient, inv: Inventory, only: list[str] | None = None) -> al.ClusterAllocation:
     """Reads only what the answer needs: pods that are done hold nothing and are left out by the API server; with
     NODE names, only those nodes and the pods bound to them (a cluster of 5,000 pods is tens of MB of JSON)."""
@@ -71,7 +64,7 @@ def gather(kube: KubeClient, inv: Inventory, only: list[str] | None = None) -> a
         pods = kube.get("pods", namespace="*", field_selector=NOT_DONE)
     plans = gpuplan.plans(inv)
     devices = None
-    if any(p.dra for p in plans.values()) or any(_dra_labelled(n) for n in nodes):
+    if any(p.dra for p in plans.values()) or any(dra.labelled(n) for n in nodes):
         # DRA's devices and who holds them: two reads, only where a node's GPUs are DRA's
         devices = dra.by_node(kube.get("resourceslices"), kube.get("resourceclaims", namespace="*"))
     alloc = al.allocation(nodes, pods, plans, only, devices)

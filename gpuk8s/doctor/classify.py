@@ -33,7 +33,7 @@ from gpuk8s.doctor.evidence import (
 from gpuk8s.driver import xid as xid_catalogue
 from gpuk8s.findings import Finding
 from gpuk8s.kube import allocation as al
-from gpuk8s.kube import state
+from gpuk8s.kube import dra, state
 from gpuk8s.kube.state import StateError, restart_command
 from gpuk8s.text import clean
 from gpuk8s.versions import at_least, cuda_driver_floor, cuda_of_driver, release
@@ -61,6 +61,9 @@ TAINT = re.compile(r"^node\(s\) had untolerated taint \{(.*)\}$")
 TAINT_OLD = re.compile(r"^node\(s\) had taint \{(.*)\}, that the pod didn't tolerate$")
 TAINT_UNNAMED = ("node(s) had untolerated taint(s)", "node(s) had taints that the pod didn't tolerate")
 SELECTOR = "node(s) didn't match Pod's node affinity/selector"
+# kube-scheduler's DynamicResources filter: no node can allocate the pod's ResourceClaims (kubernetes/kubernetes
+# issue 133531, tests/fixtures/real/kubernetes/scheduler/dra-cannot-allocate-all-claims-*.txt)
+DRA_UNALLOCATABLE = "cannot allocate all claims"
 # The kubelet's admission error for the plugin's Allocate refusal (k8s-device-plugin internal/rm/rm.go)
 SHARED_GT1 = "maximum request size for shared resources is 1"
 # nvidia-container-cli (libnvidia-container): "requirement error: unsatisfied condition: cuda>=12.4, please update
@@ -247,6 +250,8 @@ def extended_requests(pod: dict[str, Any]) -> dict[str, int]:
 
 
 def is_gpu_pod(pod: dict[str, Any]) -> bool:
+    if _l(_spec(pod).get("resourceClaims")):  # DRA: its GPUs come through claims (docs/dra.md)
+        return True
     req = extended_requests(pod)
     return bool(req) and any(al.is_gpu_resource(k) or k in al.HAMI_PER_POD or "gpu" in k for k in req) \
         or _spec(pod).get("schedulerName") == HAMI_SCHEDULER
@@ -463,6 +468,36 @@ def _taint(pod: dict[str, Any], ev: ClusterEvidence, msg: str, shown: str) -> Fi
         subject=_subject(pod), evidence=lines)
 
 
+def _dra_claims(pod: dict[str, Any], ev: ClusterEvidence, msg: str) -> Finding:
+    """kube-scheduler's "cannot allocate all claims": a request whose selector no published device satisfies, else
+    every matching device held (by whom)."""
+    reqs = dra.requests_of(pod, ev.claim_templates)
+    nodes = ev.dra or {}
+    devices = [d for nd in nodes.values() for d in nd.devices]
+    evidence = [f"claim {r.claim}, request {r.name}: {r.count} x {r.device_class}"
+                + (f" where {'; '.join(s[:200] for s in r.selectors)}" if r.selectors else "") for r in reqs[:8]]
+    for name, nd in sorted(nodes.items())[:16]:
+        held = sorted({p for a in nd.allocated for p in a.pods})
+        evidence.append(f"{name}: {len(nd.devices)} device(s) published, {nd.in_use} held"
+                        + (f" by {', '.join(held[:5])}" if held else ""))
+    evidence.append(f"scheduler: {msg}")
+    missing = [f"request {r.name}: {why}" for r in reqs for s in r.selectors if (why := dra.unmatched(s, devices))]
+    if missing:
+        return findings.failed(
+            "pod.dra-no-matching-device", "the pod's claim asks for a device no node publishes: " + "; ".join(missing),
+            "change the claim's selector to a value the devices have (kubectl get resourceslices -o yaml lists "
+            "their attributes), or add nodes with such GPUs (allocator: dra)", subject=_subject(pod),
+            evidence=evidence)
+    if not nodes:
+        why = "no node publishes devices of gpu.nvidia.com (no dra node, or its kubelet plugin is not running)"
+    else:
+        why = "every device its claims could use is held by other pods, or on nodes it cannot go to"
+    return findings.failed("pod.dra-unallocatable", f"the scheduler cannot allocate the pod's claims: {why}",
+                           "wait for the holders to finish, lower the claim's count, or add dra nodes (gpuk8s status "
+                           "shows who holds each node's devices); gpuk8s doctor node/NAME for a dra node whose "
+                           "devices are not published", subject=_subject(pod), evidence=evidence)
+
+
 def _pending(pod: dict[str, Any], ev: ClusterEvidence) -> list[Finding]:
     spec = _spec(pod)
     msg = scheduler_message(pod, ev.events)
@@ -522,6 +557,8 @@ def _pending(pod: dict[str, Any], ev: ClusterEvidence) -> list[Finding]:
                 ranked.append((count, f))
             else:
                 other.append(f"{count} {reason}")
+        elif reason == DRA_UNALLOCATABLE:
+            ranked.append((count, _dra_claims(pod, ev, msg)))
         elif reason == SELECTOR:
             f = _selector(pod, ev, msg)
             if len(f.evidence) > 1:  # some GPU node does not match
@@ -978,11 +1015,34 @@ def _pull_reason(message: str) -> str:
     return (": ".join(tail[-2:]) if len(tail) >= 3 else message)[:200]
 
 
+def _dra_node(name: str, want: dict[str, int], ev: ClusterEvidence) -> list[Finding]:
+    """A dra node: every device of its plan in its ResourceSlice (verify's verdict), with the kubelet plugin's pod
+    on it as evidence."""
+    n, cause_id, cause, evidence = dra.verdict(name, want, (ev.dra or {}).get(name))
+    if not cause:
+        return []
+    pods = [p for p in ev.pods if isinstance(p, dict) and _spec(p).get("nodeName") == name
+            and str(_md(p).get("name", "")).startswith(dra.DRA_PLUGIN)]
+    for p in pods[:1]:
+        try:
+            st = state.pod_state(p)
+        except StateError:
+            continue
+        evidence.append(f"{st.namespace}/{st.name}: {st.phase}{f' ({st.waiting})' if st.waiting else ''}")
+    if not pods:
+        evidence.append(f"no pod of the DRA kubelet plugin ({dra.DRA_PLUGIN}-*) on {name}")
+    return [findings.failed(cause_id, cause, f"kubectl -n {dra.DRA_NAMESPACE} logs of the kubelet plugin's pod on "
+                            f"{name}; its label {gpuplan.ALLOCATOR_LABEL}=dra and the driver's manifest come from "
+                            "gpuk8s install", subject=findings.node(name), evidence=evidence)]
+
+
 def node_causes(name: str, ev: ClusterEvidence) -> list[Finding]:
     """Why a node does not expose what its GPU plan says; [] when it does (or there is no plan for it)."""
     plan = ev.plans.get(name)
     if plan is None or not plan.gpu_node:
         return []
+    if plan.dra:
+        return _dra_node(name, plan.dra_devices, ev)
     node = ev.nodes.get(name)
     host = ev.hosts.get(name)
     want = plan.expected_gpus

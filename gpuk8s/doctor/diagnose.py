@@ -20,7 +20,7 @@ from gpuk8s.doctor.evidence import (
 from gpuk8s.facts.health import KERNEL_SECTION
 from gpuk8s.findings import Finding
 from gpuk8s.inventory.model import Host, Inventory
-from gpuk8s.kube import manifests, state
+from gpuk8s.kube import dra, manifests, state
 from gpuk8s.kube.client import KubeClient, KubeError
 from gpuk8s.kube.state import StateError
 from gpuk8s.logs import mask
@@ -81,7 +81,16 @@ def read_cluster(kube: KubeClient, every_pod: bool = False) -> ClusterEvidence:
     cm = kube.get("configmap", manifests.PLUGIN_CONFIGS, "kube-system")
     configs = tuple(sorted((cm[0].get("data") or {}).keys())) if cm else None
     hami = bool(kube.get("deployment", HAMI_SCHEDULER, "kube-system"))
-    return ClusterEvidence(nodes, pods, events, plugin=plugin, configs=configs, hami_scheduler=hami)
+    ev = ClusterEvidence(nodes, pods, events, plugin=plugin, configs=configs, hami_scheduler=hami)
+    if any(dra.labelled(n) for n in nodes.values()) or any(
+            isinstance(p, dict) and isinstance(p.get("spec"), dict) and p["spec"].get("resourceClaims") for p in pods):
+        # DRA in use (docs/dra.md): the slices, the claims and their templates, three reads, only then
+        ev.dra = dra.by_node(kube.get("resourceslices"), kube.get("resourceclaims", namespace="*"))
+        for t in kube.get("resourceclaimtemplates", namespace="*"):
+            md = t.get("metadata") if isinstance(t, dict) else None
+            if isinstance(md, dict) and isinstance(md.get("name"), str):
+                ev.claim_templates[(str(md.get("namespace") or "default"), md["name"])] = t
+    return ev
 
 
 def read_logs(kube: KubeClient, ev: ClusterEvidence, pods: list[tuple[str, str]], tail: int = 40) -> None:

@@ -12,6 +12,7 @@ from gpuk8s.facts.health import KernelLog, parse_kernel_log
 from gpuk8s.facts.model import HostFacts
 from gpuk8s.facts.parse import ParseError, parse_probe, split_sections
 from gpuk8s.gpuplan import GPUPlan
+from gpuk8s.kube.dra import NodeDevices
 from gpuk8s.kube.state import DaemonSetState
 from gpuk8s.text import clean
 
@@ -136,6 +137,10 @@ class ClusterEvidence:
     hami_scheduler: bool = False  # HAMi's scheduler Deployment exists
     logs: dict[tuple[str, str], str] = field(default_factory=dict)  # (namespace, pod) -> its log tail
     hosts: dict[str, HostEvidence] = field(default_factory=dict)
+    # DRA (docs/dra.md), read only where a node or a pod uses it: each node's published devices and the claims
+    # holding them, and the claim templates by (namespace, name) as the API returned them (hostile: read typed)
+    dra: dict[str, NodeDevices] | None = None
+    claim_templates: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
 
     def pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         return next((p for p in self.pods if (p.get("metadata") or {}).get("name") == name

@@ -476,11 +476,14 @@ def dra_resources(nd: dra.NodeDevices | None, plan: GPUPlan | None) -> list[Reso
         use = ResourceUse(f"{DRA_PREFIX}{kind}", have, have, planned)
         types = {d.name: d.type for d in nd.devices} if nd is not None else {}
         held: dict[tuple[str, str], int] = {}
+        counted: set[str] = set()
         for a in nd.allocated if nd is not None else []:
-            if types.get(a.device) == kind:
-                for pod in a.pods or (a.claim + " (claim, no pod)",):
-                    pns, _, pname = pod.partition("/")
-                    held[(pns, pname)] = held.get((pns, pname), 0) + 1
+            if types.get(a.device) == kind and a.device not in counted:
+                # a device once, for the first pod its claim is reserved for (a claim several pods share holds
+                # its devices once)
+                counted.add(a.device)
+                pns, _, pname = sorted(a.pods or (a.claim + " (claim, no pod)",))[0].partition("/")
+                held[(pns, pname)] = held.get((pns, pname), 0) + 1
         use.pods = [PodUse(pns, pname, n, "") for (pns, pname), n in sorted(held.items())]
         out.append(use)
     return out
@@ -507,8 +510,8 @@ def node_allocation(node: dict[str, Any], held: list[tuple[dict[str, Any], dict[
     gpus = plan.gpus if plan is not None and plan.gpus is not None else (
         _qty(labels[gpuplan.COUNT_LABEL]) if gpuplan.COUNT_LABEL in labels else None)
     hami = hami_gpus(node, held, plan.gpu_memory_mib if plan is not None else None)
-    allocator = (plan.allocator if plan is not None and plan.gpu_node
-                 else "dra" if labels.get(gpuplan.ALLOCATOR_LABEL) == gpuplan.DRA else "device-plugin")
+    # the node as it is (its label), not as the inventory wants it: a node not moved yet is its device plugin's
+    allocator = gpuplan.DRA if labels.get(gpuplan.ALLOCATOR_LABEL) == gpuplan.DRA else "device-plugin"
     resources = []
     for res in sorted(names, key=lambda r: (r in HAMI_PER_POD, r != gpuplan.GPU_RESOURCE, r)):
         if allocator == gpuplan.DRA and not _qty(capacity.get(res, 0)) and not planned.get(res):

@@ -11,11 +11,17 @@ as `type: {string: gpu}` and `productName`, `capacity.memory.value`), a claim's 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuk8s.gpuplan import ALLOCATOR_LABEL, DRA
+
 DRA_DRIVER = "gpu.nvidia.com"  # the NVIDIA DRA driver's name in ResourceSlices, claims' results and DeviceClasses
 DRA_CLASSES = {"gpu": "gpu.nvidia.com", "mig": "mig.nvidia.com"}  # device type -> the DeviceClass selecting it
+DRA_NAMESPACE = "nvidia-dra-driver-gpu"  # the namespace NVIDIA's install guide gives the chart's release
+DRA_NAME = "dra-driver-nvidia-gpu"  # the chart's name: its objects' names and the kubelet plugin's labels
+DRA_PLUGIN = f"{DRA_NAME}-kubelet-plugin"  # the kubelet plugin's DaemonSet (its pods: DRA_PLUGIN-<node>...)
 MAX_DEVICES = 1024  # per slice (the API allows 128 per slice in v1; a hostile object is cut here)
 MAX_ITEMS = 100_000  # slices or claims read at all
 
@@ -55,6 +61,13 @@ class NodeDevices:
     @property
     def in_use(self) -> int:
         return len({a.device for a in self.allocated})
+
+
+def labelled(node: Any) -> bool:
+    """Whether a node object (hostile data) carries gpuk8s's label of a dra node (gpuplan.ALLOCATOR_LABEL=dra)."""
+    md = node.get("metadata") if isinstance(node, dict) else None
+    labels = md.get("labels") if isinstance(md, dict) else None
+    return isinstance(labels, dict) and labels.get(ALLOCATOR_LABEL) == DRA
 
 
 def _str(v: Any, limit: int = 253) -> str:
@@ -101,16 +114,31 @@ def _device(d: Any) -> Device | None:
 
 
 def published(slices: Any, driver: str = DRA_DRIVER) -> dict[str, NodeDevices]:
-    """The driver's devices per node, from ResourceSlices (a List, or the list KubeClient.get returns)."""
-    out: dict[str, NodeDevices] = {}
+    """The driver's devices per node, from ResourceSlices (a List, or the list KubeClient.get returns): of each
+    pool only the slices of its newest generation (an older one is being replaced), each device name once."""
+    mine = []
+    newest: dict[tuple[str, str], int] = {}
     for s in _items(slices):
         spec = _dict(s, "spec")
         node = _str(spec.get("nodeName"))
         if spec.get("driver") != driver or not node:
             continue
-        devices = _list(spec, "devices")
+        pool = _dict(spec, "pool")
+        gen = pool.get("generation")
+        key = (node, _str(pool.get("name")))
+        gen = gen if isinstance(gen, int) and not isinstance(gen, bool) else 0
+        newest[key] = max(newest.get(key, gen), gen)
+        mine.append((node, key, gen, _list(spec, "devices")))
+    out: dict[str, NodeDevices] = {}
+    for node, key, gen, devices in mine:
+        if gen < newest[key]:
+            continue
         nd = out.setdefault(node, NodeDevices())
-        nd.devices += [d for d in map(_device, devices[:MAX_DEVICES]) if d is not None]
+        seen = {d.name for d in nd.devices}
+        for d in map(_device, devices[:MAX_DEVICES]):
+            if d is not None and d.name not in seen:
+                seen.add(d.name)
+                nd.devices.append(d)
     return out
 
 
@@ -158,3 +186,56 @@ def verdict(node: str, want: dict[str, int], nd: NodeDevices | None) -> tuple[in
         return published, "dra.devices-missing", (f"the DRA driver publishes {', '.join(short)} device(s) on this "
                                                   "node"), [f"ResourceSlice devices: {names}"]
     return published, "", "", []
+
+
+# A claim request's selector as doctor reads it: equality on one of the driver's string attributes (the form of the
+# driver's own demo and test specs, tests/fixtures/real/dra/); any other CEL is not judged
+_EQUALS = re.compile(r"""^\s*device\.attributes\[\s*['"]([\w.-]{1,63})['"]\s*\]\.(\w{1,63})\s*==\s*"""
+                     r"""['"]([^'"]{0,253})['"]\s*$""")
+_ATTRIBUTES = {"productName": "product", "profile": "profile", "type": "type", "uuid": "uuid"}
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request of a claim (template), as its pod asks it."""
+
+    claim: str  # the pod's name for the claim
+    name: str
+    device_class: str
+    count: int
+    selectors: tuple[str, ...] = ()  # CEL expressions, as written (bounded)
+
+
+def requests_of(pod: Any, templates: dict[tuple[str, str], Any]) -> list[Request]:
+    """The device requests of a pod's claims made from templates (`templates`: (namespace, name) -> the
+    ResourceClaimTemplate object); a claim by name, or a template not found, gives none."""
+    spec = _dict(pod, "spec") if isinstance(pod, dict) else {}
+    ns = _str(_dict(pod, "metadata").get("namespace")) if isinstance(pod, dict) else ""
+    out: list[Request] = []
+    for pc in _list(spec, "resourceClaims")[:MAX_DEVICES]:
+        if not isinstance(pc, dict):
+            continue
+        tmpl = templates.get((ns or "default", _str(pc.get("resourceClaimTemplateName"))))
+        body = _dict(_dict(tmpl, "spec"), "spec") if isinstance(tmpl, dict) else {}
+        for r in _list(_dict(body, "devices"), "requests")[:MAX_DEVICES]:
+            ex = _dict(r, "exactly") if isinstance(r, dict) else {}
+            count = ex.get("count", 1)
+            sels = tuple(_str(_dict(x, "cel").get("expression"), 1024) for x in _list(ex, "selectors")[:16]
+                         if isinstance(x, dict))
+            out.append(Request(_str(pc.get("name")), _str(r.get("name")) if isinstance(r, dict) else "",
+                               _str(ex.get("deviceClassName")),
+                               count if isinstance(count, int) and not isinstance(count, bool) else 1, sels))
+    return out
+
+
+def unmatched(selector: str, devices: list[Device]) -> str:
+    """'' where the selector may match (or is not judged); else what it asks that no device has, with what they
+    have: "productName == 'X' (the devices have: NVIDIA A100-SXM4-80GB)"."""
+    m = _EQUALS.match(selector)
+    if not m or m.group(1) != DRA_DRIVER or m.group(2) not in _ATTRIBUTES:
+        return ""
+    field_ = _ATTRIBUTES[m.group(2)]
+    have = sorted({str(getattr(d, field_)) for d in devices if getattr(d, field_)})
+    if m.group(3) in have:
+        return ""
+    return f"{m.group(2)} == {m.group(3)!r} (the devices have: {', '.join(have[:8]) or 'none published'})"

@@ -26,6 +26,7 @@ from gpuk8s import mirrors, versions
 from gpuk8s.gpuplan import ALLOCATOR_LABEL, CONFIG_LABEL, DRA, RUNTIME_HANDLER, GPUPlan, PluginSettings, is_gpu_node
 from gpuk8s.inventory.model import Inventory
 from gpuk8s.kube.client import KubeClient
+from gpuk8s.kube.dra import DRA_NAME, DRA_NAMESPACE
 
 ANNOTATION = "gpuk8s.io/manifest-sha256"
 DEVICE_PLUGIN = "nvidia-device-plugin-daemonset"
@@ -115,9 +116,6 @@ def device_plugin(inv: Inventory, dra: bool | None = None) -> Manifest:
         allocator_label=ALLOCATOR_LABEL)))
 
 
-DRA_NAMESPACE = "nvidia-dra-driver-gpu"  # the namespace NVIDIA's install guide gives the chart's release
-DRA_NAME = "dra-driver-nvidia-gpu"  # the chart's name: its objects' names and the kubelet plugin's labels
-DRA_PLUGIN = f"{DRA_NAME}-kubelet-plugin"  # the kubelet plugin's DaemonSet
 DRA_MANIFEST = "nvidia-dra-driver.yaml"
 
 

@@ -31,10 +31,8 @@ MOVED = (manifests.PLUGIN_MANIFEST, manifests.DRA_MANIFEST)  # the manifests a m
 
 
 def allocator_of(node: dict[str, object]) -> str:
-    """The allocator a node object is on now: its gpuk8s.io/gpu-allocator label (dra), else the device plugin."""
-    md = node.get("metadata")
-    labels = md.get("labels") if isinstance(md, dict) else None
-    return DRA if isinstance(labels, dict) and labels.get(ALLOCATOR_LABEL) == DRA else "device-plugin"
+    """The allocator a node object is on now: dra where it carries gpuk8s's label, else the device plugin."""
+    return DRA if dra.labelled(node) else "device-plugin"
 
 
 class AllocatorMove(UpgradeStep):

@@ -64,8 +64,9 @@ def claim_template_name(kind: str) -> str:
 
 
 def dra_class(plan: GPUPlan) -> str:
-    """The device type a dra node's test pod claims: a whole GPU where it has one, else a MIG device."""
-    return "gpu" if plan.dra_devices.get("gpu") else "mig"
+    """The device type a dra node's test pod claims: a MIG device where the node has only those, else a whole GPU
+    (also where the plan does not know its devices)."""
+    return "mig" if plan.dra_devices.get("mig") and not plan.dra_devices.get("gpu") else "gpu"
 
 
 def extended_mapping(ctx: Context) -> bool:
@@ -139,7 +140,8 @@ class Verify(Phase):
                         for n in gpu_nodes]
             if extended_mapping(ctx):
                 changes += [Change(f"test pod asking nvidia.com/gpu on the dra node {n} (created, then deleted)",
-                                   manifest=self._extended_pod(ctx, n)) for n in gpu_nodes if ctx.plans[n].dra]
+                                   manifest=self._extended_pod(ctx, n)) for n in gpu_nodes
+                            if ctx.plans[n].dra and dra_class(ctx.plans[n]) == "gpu"]
             for p in ctx.plans.values():
                 if p.expected_gpus and p.sharing != "none" and p.node in gpu_nodes:
                     what = (f"{p.expected_gpus} + 1 one-slice pods" if p.sharing != "hami"
@@ -240,7 +242,7 @@ class Verify(Phase):
             if cause and c.ok:
                 c.ok, c.cause_id, c.cause = False, cause_id, cause
                 c.evidence += evidence
-                c.remedy = (f"kubectl -n {manifests.DRA_NAMESPACE} get pods -o wide (the kubelet plugin's pod on "
+                c.remedy = (f"kubectl -n {dra.DRA_NAMESPACE} get pods -o wide (the kubelet plugin's pod on "
                             f"{c.node}) and its logs; the plugin runs on nodes labelled "
                             f"{ALLOCATOR_LABEL}=dra (gpuk8s install sets it)")
 
@@ -407,6 +409,8 @@ class Verify(Phase):
         templates = sorted({dra_class(ctx.plans[c.node]) for c in dra_checks})
         if extended_mapping(ctx):
             for c in dra_checks:
+                if dra_class(ctx.plans[c.node]) != "gpu":
+                    continue  # extendedResourceName is gpu.nvidia.com's: whole GPUs only
                 waiting[extended_pod_name(c.node)] = c
                 docs.append(self._extended_pod(ctx, c.node))
         names = list(waiting)

@@ -191,7 +191,7 @@ def test_the_driver_is_removed_when_no_node_uses_it_and_only_what_gpuk8s_applied
     assert f"removed nvidia-dra-driver.yaml ({len(_objects(m)) - 1} object(s) gpuk8s applied)" in res.message
     assert ("deviceclass", "", "mig.nvidia.com") in kube.objects
     assert ("deviceclass", "", "gpu.nvidia.com") not in kube.objects
-    assert ("daemonset", manifests.DRA_NAMESPACE, manifests.DRA_PLUGIN) not in kube.objects
+    assert ("daemonset", dra.DRA_NAMESPACE, dra.DRA_PLUGIN) not in kube.objects
 
 
 # -- DRA's devices and claims, read from real objects ----------------------------------------------------------
@@ -247,7 +247,21 @@ def test_hostile_or_mistyped_objects_are_left_out_not_trusted() -> None:
                                 "devices": [{"name": f"gpu-{i}"} for i in range(5000)]}}] * 50}
     start = time.process_time()
     nd = dra.published(json.loads(json.dumps(huge)))["n"]
-    assert len(nd.devices) == 50 * dra.MAX_DEVICES and time.process_time() - start < 5
+    assert len(nd.devices) == dra.MAX_DEVICES and time.process_time() - start < 5  # each name once
+
+
+def test_only_the_newest_generation_of_a_pool_counts_and_a_shared_claim_holds_its_device_once() -> None:
+    def sl(gen: int, names: list[str]) -> dict[str, Any]:
+        return {"spec": {"driver": "gpu.nvidia.com", "nodeName": "n", "pool": {"name": "n", "generation": gen},
+                         "devices": [{"name": x, "attributes": {"type": {"string": "gpu"}}} for x in names]}}
+    nd = dra.published([sl(1, ["gpu-0", "gpu-1", "gpu-2"]), sl(2, ["gpu-0", "gpu-1"])])["n"]
+    assert [d.name for d in nd.devices] == ["gpu-0", "gpu-1"]  # gpu-2 went with the old generation
+    shared = {"items": [{"metadata": {"name": "c", "namespace": "ml"}, "status": {
+        "allocation": {"devices": {"results": [{"driver": "gpu.nvidia.com", "pool": "n", "device": "gpu-0"}]}},
+        "reservedFor": [{"resource": "pods", "name": "b"}, {"resource": "pods", "name": "a"}]}}]}
+    uses = allocation.dra_resources(dra.by_node([sl(1, ["gpu-0", "gpu-1"])], shared)["n"], None)
+    assert [(u.resource, u.allocatable, u.requested, [(p.name, p.count) for p in u.pods]) for u in uses] == [
+        ("gpu.nvidia.com/gpu", 2, 1, [("a", 1)])]
 
 
 # -- preflight: the driver's floor and CDI ---------------------------------------------------------------------

@@ -265,8 +265,8 @@ CASES: list[tuple[str, str, str, list[str], str]] = [
     ("kubernetes/scheduler/taints-unnamed-dra-kind.txt", "plain", "", ["pod.unschedulable"],
      "2 node(s) had untolerated taint(s)"),
     # DRA (1.34): a claim no node can satisfy; the DynamicResources PostFilter's "still not schedulable"
-    ("kubernetes/scheduler/dra-cannot-allocate-all-claims-1.34.txt", "plain", "", ["pod.unschedulable"],
-     "3 cannot allocate all claims"),
+    ("kubernetes/scheduler/dra-cannot-allocate-all-claims-1.34.txt", "plain", "", ["pod.dra-unallocatable"],
+     "no node publishes devices of gpu.nvidia.com"),
     ("kubernetes/scheduler/taint-control-plane-only-k8s126.txt", "plain", "", ["pod.unschedulable"],
      "1 node(s) had untolerated taint {node-role.kubernetes.io/control-plane: }"),
     ("kubernetes/scheduler/taints-control-plane-and-user-k8s124.txt", "spray", "", ["pod.untolerated-taint"],

@@ -96,3 +96,14 @@ def test_connections_do_not_share_fabric_s_config(hostile_host: HostileSSH) -> N
     a host) lost its keys under 32 concurrent connections ("No attribute or config key found for 'gateway'")."""
     h = load(hostile_host.inventory).hosts[0]
     assert Session(h)._connection().config is not Session(h)._connection().config
+
+
+@pytest.mark.parametrize("sh", SHELLS)
+def test_in_one_piece_keeps_the_output_where_dd_refuses_its_flags(sh: str, tmp_path) -> None:
+    """A dd that refuses iflag=fullblock/status=none (an old coreutils, a BusyBox): printf writes the output."""
+    fake = tmp_path / "dd"
+    fake.write_text("#!/bin/sh\necho 'dd: invalid input flag' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+    p = subprocess.run([sh, "-c", in_one_piece("echo one; echo two; exit 4")], capture_output=True, env=env)
+    assert (p.stdout, p.returncode) == (b"one\ntwo\n", 4)
