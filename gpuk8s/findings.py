@@ -123,6 +123,9 @@ FINDINGS: dict[str, Spec] = {
     # Dynamic Resource Allocation (docs/dra.md): a dra node's devices as the DRA driver publishes them
     "dra.no-devices": _v("no ResourceSlice of gpu.nvidia.com lists the dra node's devices: NVIDIA's DRA kubelet "
                          "plugin is not running or not registered there"),
+    "dra.double-served": _v("both allocators serve the node's GPUs: a dra node still advertises nvidia.com/ "
+                            "resources, or a device-plugin node still has devices in a ResourceSlice (each would "
+                            "hand out the same GPUs)"),
     "dra.devices-missing": _v("the DRA driver publishes fewer GPUs (or MIG devices) on the dra node than its plan "
                               "expects"),
     # shared GPUs (docs/sharing.md): verify's causes and proofs, preflight's warnings

@@ -128,7 +128,15 @@ def monitoring(ctx: Context, remove: bool, dry_run: bool) -> ClusterReport:
 
 def allocator(ctx: Context, nodes: list[str], opts: up.UpgradeOptions, dry_run: bool) -> ClusterReport:
     """`gpuk8s allocator NODE... --to ...`: the lock, then each node moved to the allocator its inventory says
-    (gpuk8s/phases/allocator.py), one at a time; its findings in the report."""
+    (gpuk8s/phases/allocator.py), one at a time; its findings in the report. The nodes' facts are read first (their
+    GPUs, MIG devices: what each allocator must offer there); a node that cannot be read is planned from the
+    inventory alone."""
+    named = [h for h in ctx.inv.hosts if h.name in nodes and h.name not in ctx.sessions]
+    got = for_each_host(named, _connector(ctx.sudo_passwords), len(named) or 1)
+    ctx.sessions.update({n: s for n, s in got.items() if isinstance(s, Session)})
+    mine = {n: ctx.sessions[n] for n in nodes if n in ctx.sessions}
+    ctx.facts.update(refresh_facts(mine, len(mine) or 1))
+    ctx.plans = gpuplan.plans(ctx.inv, ctx.facts)
     report = _run(ctx, [Lock(), AllocatorMove(nodes, opts)], dry_run)
     report.findings = opts.findings
     return report

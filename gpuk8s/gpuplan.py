@@ -14,12 +14,13 @@ advertise under the single or mixed strategy, and `PluginSettings.mig_strategy` 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 from dataclasses import dataclass, field
 
 from gpuk8s.facts.model import HostFacts
-from gpuk8s.inventory.model import Host, Inventory, Taint
+from gpuk8s.inventory.model import AllocatorSetting, Host, Inventory, Taint
 from gpuk8s.mig import layout as miglayout
 from gpuk8s.mig.profiles import model_for
 
@@ -300,6 +301,15 @@ def dra_plan(resources: dict[str, int], mig_strategy: str = "none") -> dict[str,
         kind = "mig" if name.startswith(MIG_PREFIX) or mig_strategy == "single" else "gpu"
         out[kind] = out.get(kind, 0) + count
     return {k: v for k, v in out.items() if v}
+
+
+def plan_on(host: Host, facts: HostFacts | None, allocator: str) -> GPUPlan:
+    """The plan the host would have on `allocator` (a node not moved yet keeps the plan of the allocator it is on:
+    its device plugin config, its labels)."""
+    if host.gpu.allocator.kind == allocator:
+        return plan_for(host, facts)
+    setting = AllocatorSetting(allocator, host.gpu.allocator.line)  # type: ignore[arg-type]
+    return plan_for(dataclasses.replace(host, gpu=dataclasses.replace(host.gpu, allocator=setting)), facts)
 
 
 def plans(inv: Inventory, facts: dict[str, HostFacts] | None = None) -> dict[str, GPUPlan]:

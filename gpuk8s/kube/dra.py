@@ -15,7 +15,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuk8s.gpuplan import ALLOCATOR_LABEL, DRA
+from gpuk8s.gpuplan import ALLOCATOR_LABEL, DRA, GPUPlan
+from gpuk8s.kube import state
 
 DRA_DRIVER = "gpu.nvidia.com"  # the NVIDIA DRA driver's name in ResourceSlices, claims' results and DeviceClasses
 DRA_CLASSES = {"gpu": "gpu.nvidia.com", "mig": "mig.nvidia.com"}  # device type -> the DeviceClass selecting it
@@ -239,3 +240,29 @@ def unmatched(selector: str, devices: list[Device]) -> str:
     if m.group(3) in have:
         return ""
     return f"{m.group(2)} == {m.group(3)!r} (the devices have: {', '.join(have[:8]) or 'none published'})"
+
+
+def offers(plan: GPUPlan, node: Any, nd: NodeDevices | None) -> tuple[bool, str]:
+    """Whether the node's allocator (per its plan) offers its GPUs, and the other allocator none of them, with what
+    it offers: on a dra node every device of the plan in its ResourceSlice (`nd`) and no nvidia.com/ resource
+    allocatable; on a device-plugin node every resource of the plan allocatable (at least one GPU where the plan
+    cannot count them) and no device in a ResourceSlice. Both at once would hand out the same GPUs twice. The one
+    place that decides it: verify, the allocator's move and driver upgrade's wait ask here."""
+    try:
+        ns = state.node_state(node)
+    except state.StateError as e:
+        return False, f"its node object is unreadable: {e}"
+    plugin = {k: ns.allocatable_of(k) for k in ns.allocatable if k.startswith("nvidia.com/")}
+    if plan.dra:
+        n, _id, cause, _ev = verdict(plan.node, plan.dra_devices or {"gpu": 1}, nd)
+        what = f"{n} of {sum(plan.dra_devices.values()) or 'its'} device(s) in its ResourceSlice"
+        stale = {k: v for k, v in plugin.items() if v}
+        if stale:
+            what += ", and still " + ", ".join(f"{v} {k}" for k, v in sorted(stale.items())) + " allocatable"
+        return not cause and not stale, what
+    want = dict(plan.resources) or {plan.resource_name: 1}
+    short = {k: v for k, v in want.items() if plugin.get(k, 0) < v}
+    what = ", ".join(f"{plugin.get(k, 0)} of {v} {k}" for k, v in sorted(want.items())) + " allocatable"
+    if nd is not None and nd.devices:
+        what += f", and still {len(nd.devices)} device(s) in a ResourceSlice of {DRA_DRIVER}"
+    return not short and not (nd is not None and nd.devices), what

@@ -32,6 +32,7 @@ ANNOTATION = "gpuk8s.io/manifest-sha256"
 DEVICE_PLUGIN = "nvidia-device-plugin-daemonset"
 MPS_DAEMON = "nvidia-device-plugin-mps-control-daemon"
 PLUGIN_CONFIGS = "nvidia-device-plugin-configs"  # the ConfigMap of named configs the config-manager reads
+PLUGIN_CONFIGS_MANIFEST = PLUGIN_CONFIGS + ".yaml"
 PLUGIN_ACCOUNT = "nvidia-device-plugin"
 MPS_ROOT = "/run/nvidia/mps"  # the helm chart's mps.root
 
@@ -181,7 +182,7 @@ def plugin_configs(plans: dict[str, GPUPlan], keep: dict[str, str] | None = None
     data.update({st.config_name: _Block(yaml.safe_dump(plugin_config(st), sort_keys=False))
                  for st in plugin_settings(plans)})
     data = {k: data[k] for k in sorted(data)}
-    return Manifest("nvidia-device-plugin-configs.yaml", yaml.dump(
+    return Manifest(PLUGIN_CONFIGS_MANIFEST, yaml.dump(
         {"apiVersion": "v1", "kind": "ConfigMap",
          "metadata": {"name": PLUGIN_CONFIGS, "namespace": "kube-system",
                       "labels": {"app.kubernetes.io/managed-by": "gpuk8s"}},

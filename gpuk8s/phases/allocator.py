@@ -17,17 +17,21 @@ import time
 from collections.abc import Callable
 
 from gpuk8s import findings
+from gpuk8s.errors import GpuK8sError
 from gpuk8s.gpuplan import ALLOCATOR_LABEL, DRA, MANAGED_LABELS, MANAGED_PREFIXES, GPUPlan
 from gpuk8s.inventory.model import Host
 from gpuk8s.kube import dra, manifests, state
 from gpuk8s.kube.client import drain_args
 from gpuk8s.kube.state import NodeCheck
 from gpuk8s.phases.base import Change, Context, PhasePlan, PhaseResult
-from gpuk8s.phases.gpu import node_changes
+from gpuk8s.phases.gpu import as_they_are, gpu_manifests, node_changes
 from gpuk8s.phases.upgrade import CORDONED_BY_UPGRADE, NodeFailure, UpgradeOptions, UpgradeStep, _give_back, gpu_pods
-from gpuk8s.phases.verify import Verify
+from gpuk8s.phases.verify import Verify, offered
 
-MOVED = (manifests.PLUGIN_MANIFEST, manifests.DRA_MANIFEST)  # the manifests a move applies (or removes)
+# the manifests a move applies (or removes): the device plugin (kept off dra nodes), its configs (the config a node
+# moved to it selects), the DRA driver
+MOVED = (manifests.PLUGIN_MANIFEST, manifests.PLUGIN_CONFIGS_MANIFEST, manifests.DRA_MANIFEST)
+MARK = "allocator"  # the value of the cordon mark a move sets: only its own cordon is a move's to undo
 
 
 def allocator_of(node: dict[str, object]) -> str:
@@ -56,20 +60,10 @@ class AllocatorMove(UpgradeStep):
             raise NodeFailure("allocator.failed", f"{name} is not a node of the cluster", f"gpuk8s join {name}")
         return found[0]
 
-    def _offered(self, ctx: Context, plan: GPUPlan) -> tuple[bool, str]:
-        """Whether the node's allocator (per its plan) offers every GPU of the plan, and what it offers."""
-        if plan.dra:
-            nd = dra.published(ctx.kube.get("resourceslices")).get(plan.node)
-            n, _id, cause, _ev = dra.verdict(plan.node, plan.dra_devices, nd)
-            return not cause, f"{n} of {sum(plan.dra_devices.values())} device(s) in its ResourceSlice"
-        node = self._node_obj(ctx, plan.node)
-        have = state.node_state(node).allocatable_of(plan.resource_name)
-        return have >= plan.expected_gpus, f"{have} of {plan.expected_gpus} {plan.resource_name} allocatable"
-
     def _wait_offered(self, ctx: Context, plan: GPUPlan) -> tuple[bool, str]:
         deadline = time.monotonic() + self.opts.drain_timeout
         while True:
-            ok, what = self._offered(ctx, plan)
+            ok, what = offered(ctx, plan)
             if ok or time.monotonic() > deadline:
                 return ok, what
             time.sleep(self.opts.poll)
@@ -88,34 +82,45 @@ class AllocatorMove(UpgradeStep):
         plan = ctx.plans[h.name]
         target = plan.allocator
         node = self._node_obj(ctx, h.name)
-        marked = CORDONED_BY_UPGRADE in state.node_state(node).labels
-        if allocator_of(node) == target and self._offered(ctx, plan)[0]:
-            return f"already on {target}" + (f"; {_give_back(ctx, h.name)} (an earlier run stopped before it)"
-                                             if marked else "")
+        marked = state.node_state(node).labels.get(CORDONED_BY_UPGRADE) == MARK  # an earlier move's cordon
+        if allocator_of(node) == target and offered(ctx, plan)[0]:
+            if not marked:
+                return f"already on {target}"
+            again = self._test_pod(ctx, plan)  # an earlier run stopped between its switch and its uncordon
+            if not again.ok:
+                raise NodeFailure("allocator.failed", f"{h.name}: on {target} since an earlier run, but {again.cause}; "
+                                  "left cordoned", f"gpuk8s doctor node/{h.name}; then re-run {self.resume}")
+            return f"already on {target}; test pod passed; {_give_back(ctx, h.name)} (an earlier run stopped)"
         before = {k: v for k, v in state.node_state(node).labels.items()
                   if k in MANAGED_LABELS or k.startswith(MANAGED_PREFIXES)}
         was = allocator_of(node)
         t0 = time.monotonic()
         mine, waited = self._vacate(ctx, h, ctx.emit, "allocator.drain-failed")
-        # the allocators' manifests as the inventory has them (the DRA driver where a node uses it, the device plugin
-        # kept off dra nodes); the rest is install's
-        manifests.apply(ctx.kube, [m for m in manifests.wanted(ctx.inv, ctx.plans) if m.name in MOVED])
-        labels = node_changes(plan, state.node_state(self._node_obj(ctx, h.name)))[0]  # as the gpu phase sets them
-        if labels:
-            ctx.kube.label(h.name, labels)
-        ok, what = self._wait_offered(ctx, plan)
-        check = self._test_pod(ctx, plan) if ok else None
-        if not ok or (check is not None and not check.ok):
-            cause = f"its GPUs were not offered within {self.opts.drain_timeout} s ({what})" if not ok else \
-                check.cause if check is not None else ""
+        try:
+            # the allocators' manifests with this node on its new allocator and every other node on the one it is on
+            # now (a node of the same group not moved yet keeps its allocator: nothing serves its GPUs twice)
+            plans = as_they_are(ctx, state.by_name(ctx.kube.get("nodes")), {h.name})
+            manifests.apply(ctx.kube, [m for m in gpu_manifests(ctx, plans) if m.name in MOVED])
+            labels = node_changes(plan, state.node_state(self._node_obj(ctx, h.name)))[0]  # as the gpu phase does
+            if labels:
+                ctx.kube.label(h.name, labels)
+            ok, what = self._wait_offered(ctx, plan)
+            check = self._test_pod(ctx, plan) if ok else None
+            cause = "" if ok and check is not None and check.ok else (
+                f"its GPUs were not offered within {self.opts.drain_timeout} s ({what})" if not ok else
+                check.cause if check is not None else "")
+        except GpuK8sError as e:  # the API refused something midway: put it back all the same
+            cause = f"{e.message} ({e.remedy})" if e.remedy else e.message
+        if cause:
             back = self._put_back(ctx, h, before, mine)
             raise NodeFailure("allocator.failed", f"{h.name}: {target} failed: {cause}; put back on {was} ({back})",
                               f"gpuk8s doctor node/{h.name} names the cause; fix it, then re-run {self.resume} "
                               f"{h.name} --to {target} (the inventory already says {target})")
         back = _give_back(ctx, h.name) if mine else "left cordoned (it was cordoned before)"
         seconds = time.monotonic() - t0
-        # the last dra node gone: the driver's objects too (those gpuk8s applied)
-        manifests.remove(ctx.kube, [m for m in manifests.unwanted(ctx.inv, ctx.plans) if m.name in MOVED])
+        # no node on DRA any more: the driver's objects go (those gpuk8s applied)
+        after = as_they_are(ctx, state.by_name(ctx.kube.get("nodes")), set())
+        manifests.remove(ctx.kube, [m for m in manifests.unwanted(ctx.inv, after) if m.name in MOVED])
         self.unavailable[h.name] = seconds
         self.on_node(h.name, seconds)
         ctx.emit(f"{h.name}: {was} -> {target}; GPUs unavailable {seconds:.1f} s")
@@ -134,10 +139,26 @@ class AllocatorMove(UpgradeStep):
         changes = state.label_changes(before, ns, owned)
         if changes:
             ctx.kube.label(h.name, changes)
+        # the manifests as the nodes are again (the device plugin kept off this node if it is back on DRA)
+        plans = as_they_are(ctx, state.by_name(ctx.kube.get("nodes")), set())
+        manifests.apply(ctx.kube, [m for m in gpu_manifests(ctx, plans) if m.name in MOVED])
         ok, what = self._wait_former(ctx, h.name, before.get(ALLOCATOR_LABEL) == DRA)
         if not ok:
             return f"left cordoned: its former allocator offers {what}"
         return (_give_back(ctx, h.name) if mine else "left cordoned (it was cordoned before)") + f", {what}"
+
+    @staticmethod
+    def _take_cordon(ctx: Context, h: Host) -> bool:
+        """As upgrade's, with a mark of its own (MARK): a node another command (an interrupted upgrade) cordoned
+        is not a move's to uncordon."""
+        found = ctx.kube.get("nodes", h.name)
+        labels = state.node_state(found[0]).labels if found else {}
+        if labels.get(CORDONED_BY_UPGRADE) == MARK:
+            return True
+        if CORDONED_BY_UPGRADE in labels or (found and found[0].get("spec", {}).get("unschedulable")):
+            return False
+        ctx.kube.label(h.name, {CORDONED_BY_UPGRADE: MARK})
+        return True
 
     def _wait_former(self, ctx: Context, name: str, was_dra: bool) -> tuple[bool, str]:
         """Until the former allocator offers GPUs on the node again (its sharing or MIG settings, which the former
@@ -165,15 +186,16 @@ class AllocatorMove(UpgradeStep):
             except NodeFailure as e:
                 changes.append(Change(f"{h.name}: not moved: {e.message}"))
                 continue
-            if allocator_of(node) == plan.allocator and self._offered(ctx, plan)[0]:
+            if allocator_of(node) == plan.allocator and offered(ctx, plan)[0]:
                 continue
             todo.append(h.name)
             pods = gpu_pods(ctx, h.name)
             changes.append(Change(f"cordon {h.name}; wait (at most {self.opts.gpu_pod_timeout:g} s) for its GPU pods"
                                   + (f": {', '.join(pods)}" if pods else "") + "; drain it", "",
                                   "kubectl " + " ".join(drain_args(h.name, self.opts.drain_timeout))))
+            plans = as_they_are(ctx, state.by_name(ctx.kube.get("nodes")), {h.name})
             changes += [Change(f"apply {m.name} (sha256 {m.sha256[:12]})", manifest=m.applied_text())
-                        for m in manifests.out_of_date(ctx.kube, [m for m in manifests.wanted(ctx.inv, ctx.plans)
+                        for m in manifests.out_of_date(ctx.kube, [m for m in gpu_manifests(ctx, plans)
                                                                   if m.name in MOVED])]
             changes.append(Change(f"{h.name}: {allocator_of(node)} -> {plan.allocator}: label {ALLOCATOR_LABEL}"
                                   + ("=dra" if plan.dra else " removed") + "; wait for its GPUs; a test pod; "

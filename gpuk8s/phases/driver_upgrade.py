@@ -26,6 +26,7 @@ from gpuk8s.phases.driver import action
 from gpuk8s.phases.prepare import refresh_facts
 from gpuk8s.phases.reboot import REBOOT, reboot
 from gpuk8s.phases.upgrade import NodeFailure, UpgradeOptions, UpgradeStep, _drain_changes, _give_back, gpu_pods
+from gpuk8s.phases.verify import offered
 from gpuk8s.playbook.model import load_playbook
 from gpuk8s.playbook.render import RenderedStep, context, render_playbook
 from gpuk8s.remote import for_each_host
@@ -123,18 +124,17 @@ class DriverUpgrade(UpgradeStep):
                           f"GPUs back after {gpu_down:.1f} s", back])
 
     def _wait_gpus(self, ctx: Context, h: Host) -> None:
-        """Until the kubelet advertises the node's GPUs again (the plan's count of its resource)."""
+        """Until the node's allocator offers its GPUs again (verify.offered: the plan's resources, or on a dra node
+        the devices of its ResourceSlice)."""
         plan = ctx.plans.get(h.name)
-        want = dict(plan.resources) if plan is not None else {}
         deadline = time.monotonic() + self.opts.drain_timeout
         while True:
-            node = ctx.kube.get("nodes", h.name)
-            alloc = ((node[0] if node else {}).get("status") or {}).get("allocatable") or {}
-            if all(str(alloc.get(r, "0")).isdigit() and int(str(alloc.get(r, "0"))) >= n for r, n in want.items()):
+            ok, what = offered(ctx, plan) if plan is not None else (True, "")
+            if ok:
                 return
             if time.monotonic() > deadline:
                 raise NodeFailure("driver.upgrade-failed", f"{h.name}: its GPUs were not advertised again within "
-                                  f"{self.opts.drain_timeout} s after the reboot ({alloc})",
+                                  f"{self.opts.drain_timeout} s after the reboot ({what})",
                                   f"gpuk8s doctor node/{h.name}; the node stays cordoned; re-run {self.resume}")
             time.sleep(self.opts.poll)
 

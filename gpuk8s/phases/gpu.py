@@ -7,13 +7,13 @@ Manifests are applied only when the sha256 of their rendered text differs from w
 
 from __future__ import annotations
 
-import dataclasses
 import shlex
 from typing import Any
 
 from gpuk8s.gpuplan import (
     ALLOCATOR_LABEL,
     CONFIG_LABEL,
+    DRA,
     HAMI_NODE_LABEL,
     HAMI_NODE_VALUE,
     MANAGED_LABELS,
@@ -21,9 +21,10 @@ from gpuk8s.gpuplan import (
     REPLICAS_LABEL,
     STRATEGY_LABEL,
     GPUPlan,
+    plan_on,
     quarantine_taint,
 )
-from gpuk8s.kube import manifests, state
+from gpuk8s.kube import dra, manifests, state
 from gpuk8s.kube.client import label_args, taint_args
 from gpuk8s.kube.state import StateError
 from gpuk8s.phases.base import Change, Context, Phase, PhaseError, PhasePlan, PhaseResult
@@ -85,6 +86,38 @@ def node_changes(plan: GPUPlan, node: state.NodeState,
             [str(t) for t in want if (t.key, t.value, t.effect) in missing])
 
 
+def as_they_are(ctx: Context, nodes: dict[str, Any], switching: set[str]) -> dict[str, GPUPlan]:
+    """The plans the manifests must follow: each node of the cluster that this run does not switch (`switching`)
+    counted on the allocator it is on now (its label), so that the device plugin keeps off a node still on DRA and
+    the DRA driver stays while one is (both would hand out the same GPUs otherwise)."""
+    by = {h.name: h for h in ctx.inv.hosts}
+    out = dict(ctx.plans)
+    for name, plan in ctx.plans.items():
+        if name in switching or name not in nodes or not plan.gpu_node or name not in by:
+            continue
+        now = DRA if dra.labelled(nodes[name]) else "device-plugin"
+        if now != plan.allocator:
+            out[name] = plan_on(by[name], ctx.facts.get(name), now)
+    return out
+
+
+def gpu_manifests(ctx: Context, plans: dict[str, GPUPlan]) -> list[manifests.Manifest]:
+    """The GPU manifests for these plans; the ConfigMap keeps the config each node selects whose plan cannot
+    decide it (no facts)."""
+    keep: dict[str, str] = {}
+    blind = [n for n, p in plans.items() if not p.decides(CONFIG_LABEL)]
+    if blind and ctx.initialized():
+        nodes = state.by_name(ctx.kube.get("nodes"))
+        found = ctx.kube.get("configmap", manifests.PLUGIN_CONFIGS, "kube-system")
+        data = found[0].get("data") if found else None
+        for n in blind:
+            labels = (nodes.get(n) or {}).get("metadata", {}).get("labels") or {}
+            name = labels.get(CONFIG_LABEL) if isinstance(labels, dict) else None
+            if isinstance(data, dict) and isinstance(name, str) and isinstance(data.get(name), str):
+                keep[name] = data[name]
+    return manifests.wanted(ctx.inv, plans, keep)
+
+
 class GPUNodes(Phase):
     name = "gpu"
     title = "NVIDIA device plugin, labels, taints"
@@ -94,8 +127,9 @@ class GPUNodes(Phase):
         left as it is (self._held: why), and counted on its current allocator (self._plans)."""
         nodes = state.by_name(ctx.kube.get("nodes"))
         self._was_shared: dict[str, bool] = {}
-        self._held, self._plans = {}, dict(ctx.plans)
+        self._held = {}
         pods: list[Any] | None = None  # read once, only where a node's allocator would change
+        switching: set[str] = set()  # the nodes this run gives their plan's allocator
         # join labels only the nodes it joins: the others keep what the last install gave them
         only = None if ctx.options.only is None else {h.name for h in ctx.options.only}
         out = {}
@@ -119,27 +153,16 @@ class GPUNodes(Phase):
                     self._held[name] = (f"left on {was}: GPU pods hold its GPUs ({', '.join(holding[:5])}"
                                         f"{', ...' if len(holding) > 5 else ''}); gpuk8s allocator {name} --to "
                                         f"{plan.allocator} drains it first")
-                    self._plans[name] = dataclasses.replace(plan, allocator=was)
                     continue
+            switching.add(name)
             if diff[0] or diff[1]:
                 out[name] = diff
+        self._plans = as_they_are(ctx, nodes, switching)
         return out
 
     def _wanted(self, ctx: Context) -> list[manifests.Manifest]:
-        """The manifests (after _node_diffs: a node held on its allocator counts there); the ConfigMap keeps the
-        config each node selects whose plan cannot decide it."""
-        keep: dict[str, str] = {}
-        blind = [n for n, p in ctx.plans.items() if not p.decides(CONFIG_LABEL)]
-        if blind and ctx.initialized():
-            nodes = state.by_name(ctx.kube.get("nodes"))
-            found = ctx.kube.get("configmap", manifests.PLUGIN_CONFIGS, "kube-system")
-            data = found[0].get("data") if found else None
-            for n in blind:
-                labels = (nodes.get(n) or {}).get("metadata", {}).get("labels") or {}
-                name = labels.get(CONFIG_LABEL) if isinstance(labels, dict) else None
-                if isinstance(data, dict) and isinstance(name, str) and isinstance(data.get(name), str):
-                    keep[name] = data[name]
-        return manifests.wanted(ctx.inv, self._plans, keep)
+        """The manifests (after _node_diffs: each node counted on the allocator it is on after this run)."""
+        return gpu_manifests(ctx, self._plans)
 
     @staticmethod
     def _stale_plugins(ctx: Context, planning: bool) -> dict[str, str]:

@@ -69,6 +69,14 @@ def dra_class(plan: GPUPlan) -> str:
     return "mig" if plan.dra_devices.get("mig") and not plan.dra_devices.get("gpu") else "gpu"
 
 
+def offered(ctx: Context, plan: GPUPlan) -> tuple[bool, str]:
+    """kube/dra.offers for one node, its object and the slices read now (two reads)."""
+    found = ctx.kube.get("nodes", plan.node)
+    if not found:
+        return False, "not a node of the cluster"
+    return dra.offers(plan, found[0], dra.published(ctx.kube.get("resourceslices")).get(plan.node))
+
+
 def extended_mapping(ctx: Context) -> bool:
     """Whether pods asking nvidia.com/gpu are served on dra nodes (gpuk8s writes extendedResourceName from then)."""
     minor = versions.release(ctx.inv.cluster.kubernetes_version) or (1, 0)
@@ -211,7 +219,7 @@ class Verify(Phase):
             if ctx.plans[c.node].mig_strategy != "none":
                 mig_check(ctx, ctx.plans[c.node], c, nodes.get(c.node))
             c.quarantine = state.quarantined(nodes.get(c.node)) if c.ready else ""  # not Ready: that is its verdict
-        self._dra_checks(ctx, checks)
+        self._dra_checks(ctx, checks, nodes)
         if ctx.options.test_pods:
             # a quarantined node is not tested: its GPUs failed the health check, and it takes no new pods
             tested = [c for c in checks if c.ok and c.expected_gpus and not c.quarantine]
@@ -227,13 +235,22 @@ class Verify(Phase):
     _configs: tuple[str, ...] | None | bool = False  # the plugin ConfigMap's config names, read once per run
 
     @staticmethod
-    def _dra_checks(ctx: Context, checks: list[NodeCheck]) -> None:
+    def _dra_checks(ctx: Context, checks: list[NodeCheck], nodes: dict[str, Any]) -> None:
         """On each dra node that is Ready: every device its plan expects published in its ResourceSlice (one read
         of the slices for all)."""
         mine = [c for c in checks if ctx.plans[c.node].dra and c.ready]
         if not mine:
             return
         published = dra.published(ctx.kube.get("resourceslices"))
+        for c in checks:  # a node both allocators serve would hand out its GPUs twice
+            node = nodes.get(c.node)
+            ok, what = dra.offers(ctx.plans[c.node], node, published.get(c.node)) \
+                if c.ready and node is not None and ctx.plans[c.node].gpu_node else (True, "")
+            if not ok and ", and still " in what and c.ok:
+                c.ok, c.cause_id = False, "dra.double-served"
+                c.cause = f"both allocators serve this node's GPUs: {what}"
+                c.remedy = (f"gpuk8s allocator {c.node} --to {ctx.plans[c.node].allocator} (it waits for the other "
+                            "allocator to stop), or gpuk8s install")
         for c in mine:
             want = ctx.plans[c.node].dra_devices
             c.resource = f"{dra.DRA_DRIVER} (DRA)"
