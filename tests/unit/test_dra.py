@@ -19,9 +19,9 @@ from gpuk8s import gpuplan, versions
 from gpuk8s.facts.model import Runtime
 from gpuk8s.facts.parse import Section, parse_containerd_config, parse_probe
 from gpuk8s.inventory.loader import InventoryError, loads
-from gpuk8s.kube import allocation, dra, manifests
+from gpuk8s.kube import allocation, dra, manifests, state
 from gpuk8s.phases.base import Context
-from gpuk8s.phases.gpu import GPUNodes
+from gpuk8s.phases.gpu import GPUNodes, as_they_are, gpu_manifests
 from gpuk8s.phases.verify import Verify
 from gpuk8s.preflight.dra_checks import dra_checks
 from tests.unit.fakekube import FakeKube
@@ -164,8 +164,9 @@ def test_the_device_plugin_keeps_off_dra_nodes_only_where_there_is_one() -> None
     assert {"key": gpuplan.ALLOCATOR_LABEL, "operator": "NotIn", "values": ["dra"]} in with_dra
     plain = loads(MIXED.replace("MINOR", "1.36").replace(", allocator: dra", ""))
     assert [e["key"] for e in terms(plain)] == ["gpu"]
-    # a cluster without DRA keeps the plugin's template as it was: no rolling restart of its pods
-    assert manifests.device_plugin(plain).sha256 != manifests.device_plugin(mixed()).sha256
+    # a cluster without DRA keeps the plugin's template as it was before DRA (its sha256 rendered by gpuk8s at
+    # a69bce9, the commit before issue 33): no rolling restart of its pods
+    assert manifests.device_plugin(plain).sha256 == "a5b737c692db62e72b652269446088ad040669e2bffde69f23d16631f9ccc0c0"
     assert manifests.DRA_MANIFEST in [m.name for m in manifests.unwanted(plain, gpuplan.plans(plain))]
 
 
@@ -383,3 +384,64 @@ def test_verify_plans_claim_test_pods_and_reads_the_slices_once() -> None:
     i36 = mixed("1.36")
     ctx36 = Context(i36, plans=gpuplan.plans(i36), kube_client=kube, initialized_cache=True)
     assert not [c for c in Verify().plan(ctx36).changes if "asking nvidia.com/gpu" in c.what]
+
+
+def test_a_node_of_a_group_not_moved_yet_keeps_the_driver_and_the_plugin_off_it() -> None:
+    """The group flips to the device plugin in the inventory; w-b is still on DRA (labelled, claims running): the
+    manifests the gpu phase and a move apply keep the DRA driver and the plugin's exclusion while it is."""
+    flipped = loads(MIXED.replace("MINOR", "1.36").replace(", allocator: dra", ""))  # no dra node in the inventory
+    kube = FakeKube()
+    plans = gpuplan.plans(flipped)
+    kube.add_node("w-dra", labels={**plans["w-dra"].labels, gpuplan.ALLOCATOR_LABEL: "dra"})
+    kube.add_node("w-plugin", labels=plans["w-plugin"].labels)
+    ctx = Context(flipped, plans=plans, kube_client=kube, initialized_cache=True)
+    nodes = state.by_name(kube.get("nodes"))
+    still = as_they_are(ctx, nodes, set())
+    assert still["w-dra"].dra and not still["w-plugin"].dra
+    names = [m.name for m in gpu_manifests(ctx, still)]
+    assert manifests.DRA_MANIFEST in names and manifests.DRA_MANIFEST not in [
+        m.name for m in manifests.unwanted(flipped, still)]
+    ds = _objects(next(m for m in gpu_manifests(ctx, still) if m.name == manifests.PLUGIN_MANIFEST))[0]
+    assert "gpuk8s.io/gpu-allocator" in json.dumps(ds)
+    # switching it (the move of w-dra): the inventory's plan, and the driver may go
+    moved = as_they_are(ctx, nodes, {"w-dra"})
+    assert not moved["w-dra"].dra and manifests.DRA_MANIFEST in [m.name for m in manifests.unwanted(flipped, moved)]
+
+
+def test_install_holds_a_node_whose_gpus_pods_hold_on_its_allocator() -> None:
+    i = mixed()
+    plans = gpuplan.plans(i)
+    kube = FakeKube()
+    labels = {k: v for k, v in plans["w-dra"].labels.items() if k != gpuplan.ALLOCATOR_LABEL}
+    kube.add_node("w-dra", labels={**labels, gpuplan.CONFIG_LABEL: "none"})  # on the device plugin today
+    kube.add_node("w-plugin", labels=plans["w-plugin"].labels)
+    kube.objects[("pod", "ml", "train")] = {"metadata": {"name": "train", "namespace": "ml"}, "spec": {
+        "nodeName": "w-dra", "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+        "status": {"phase": "Running"}}
+    ctx = Context(i, plans=plans, kube_client=kube, initialized_cache=True)
+    res = GPUNodes().run(ctx)
+    assert res.status == "failed" and "w-dra: left on device-plugin: GPU pods hold its GPUs (ml/train)" in res.message
+    assert "gpuk8s allocator w-dra --to dra" in res.remedy
+    assert gpuplan.ALLOCATOR_LABEL not in kube.nodes["w-dra"]["metadata"]["labels"]
+    assert manifests.DRA_MANIFEST not in [m.name for m in gpu_manifests(ctx, as_they_are(
+        ctx, state.by_name(kube.get("nodes")), set()))]
+    # the pod gone: the next run switches it
+    del kube.objects[("pod", "ml", "train")]
+    assert GPUNodes().run(ctx).status == "changed"
+    assert kube.nodes["w-dra"]["metadata"]["labels"][gpuplan.ALLOCATOR_LABEL] == "dra"
+
+
+def test_offers_decides_whether_one_allocator_serves_a_node() -> None:
+    plans = gpuplan.plans(mixed())
+    d, p = plans["w-dra"], plans["w-plugin"]
+    four = dra.NodeDevices([dra.Device(f"gpu-{k}", "gpu") for k in range(4)])
+    bare = _node("w-dra", {})
+    assert dra.offers(d, bare, four) == (True, "4 of 4 device(s) in its ResourceSlice")
+    stale = {**bare, "status": {**bare["status"], "allocatable": {"nvidia.com/gpu": "4"}}}
+    ok, what = dra.offers(d, stale, four)
+    assert not ok and "still 4 nvidia.com/gpu allocatable" in what
+    plug = {**_node("w-plugin", {}), "status": {"allocatable": {"nvidia.com/gpu": "2"}, "conditions": []}}
+    assert dra.offers(p, plug, None) == (True, "2 of 2 nvidia.com/gpu allocatable")
+    ok, what = dra.offers(p, plug, four)
+    assert not ok and "still 4 device(s) in a ResourceSlice" in what
+    assert dra.offers(p, "garbage", None)[0] is False
