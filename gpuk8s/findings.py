@@ -123,6 +123,8 @@ FINDINGS: dict[str, Spec] = {
     # Dynamic Resource Allocation (docs/dra.md): a dra node's devices as the DRA driver publishes them
     "dra.no-devices": _v("no ResourceSlice of gpu.nvidia.com lists the dra node's devices: NVIDIA's DRA kubelet "
                          "plugin is not running or not registered there"),
+    "node.allocator-differs": _v("the node is on another allocator than its inventory's allocator: (install did "
+                                 "not switch it while pods held its GPUs): gpuk8s allocator moves it"),
     "dra.double-served": _v("both allocators serve the node's GPUs: a dra node still advertises nvidia.com/ "
                             "resources, or a device-plugin node still has devices in a ResourceSlice (each would "
                             "hand out the same GPUs)"),

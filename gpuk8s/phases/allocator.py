@@ -179,6 +179,9 @@ class AllocatorMove(UpgradeStep):
     def plan(self, ctx: Context) -> PhasePlan:
         changes: list[Change] = []
         todo = []
+        nodes = state.by_name(ctx.kube.get("nodes"))
+        seen: set[str] = set()  # the nodes moved before this one, in this run
+        applied: dict[str, str] = {}  # manifest -> the sha256 a change above applies
         for h in self._hosts(ctx):
             plan = ctx.plans[h.name]
             try:
@@ -193,15 +196,25 @@ class AllocatorMove(UpgradeStep):
             changes.append(Change(f"cordon {h.name}; wait (at most {self.opts.gpu_pod_timeout:g} s) for its GPU pods"
                                   + (f": {', '.join(pods)}" if pods else "") + "; drain it", "",
                                   "kubectl " + " ".join(drain_args(h.name, self.opts.drain_timeout))))
-            plans = as_they_are(ctx, state.by_name(ctx.kube.get("nodes")), {h.name})
-            changes += [Change(f"apply {m.name} (sha256 {m.sha256[:12]})", manifest=m.applied_text())
-                        for m in manifests.out_of_date(ctx.kube, [m for m in gpu_manifests(ctx, plans)
-                                                                  if m.name in MOVED])]
+            done = seen | {h.name}
+            plans = as_they_are(ctx, nodes, done)  # the manifests as they will be when this node moves
+            for m in manifests.out_of_date(ctx.kube, [m for m in gpu_manifests(ctx, plans) if m.name in MOVED]):
+                if applied.get(m.name) != m.sha256:  # each text once
+                    applied[m.name] = m.sha256
+                    changes.append(Change(f"apply {m.name} (sha256 {m.sha256[:12]})", manifest=m.applied_text()))
             changes.append(Change(f"{h.name}: {allocator_of(node)} -> {plan.allocator}: label {ALLOCATOR_LABEL}"
                                   + ("=dra" if plan.dra else " removed") + "; wait for its GPUs; a test pod; "
                                   "uncordon (or put back as it was if they fail)"))
+            seen = done
         if not todo:
             return self.planned("unchanged", "every node named is on the allocator its inventory says")
+        # once the last node left DRA: its driver's objects (those gpuk8s applied)
+        after = as_they_are(ctx, nodes, seen)
+        changes += [Change(f"delete {kind.lower()}/{name} of {m.name} (no node uses it any more)",
+                           commands=manifests.delete_command((kind, name, ns)))
+                    for m, gone in manifests.removable(ctx.kube, [m for m in manifests.unwanted(ctx.inv, after)
+                                                                  if m.name in MOVED])
+                    for kind, name, ns in gone]
         return self.planned("would-change", f"{len(todo)} node(s) to move, one at a time ({', '.join(todo)})",
                             changes)
 

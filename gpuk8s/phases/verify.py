@@ -238,7 +238,16 @@ class Verify(Phase):
     def _dra_checks(ctx: Context, checks: list[NodeCheck], nodes: dict[str, Any]) -> None:
         """On each dra node that is Ready: every device its plan expects published in its ResourceSlice (one read
         of the slices for all)."""
-        mine = [c for c in checks if ctx.plans[c.node].dra and c.ready]
+        for c in checks:  # a node not moved yet (install held it: GPU pods on it) is named as such, not as broken
+            node = nodes.get(c.node)
+            plan = ctx.plans[c.node]
+            if c.ready and node is not None and plan.gpu_node and dra.labelled(node) != plan.dra:
+                now = "dra" if dra.labelled(node) else "device-plugin"
+                c.ok, c.cause_id = False, "node.allocator-differs"  # the cause of what check_node saw, if anything
+                c.cause = f"on {now}, where the inventory says allocator: {plan.allocator}"
+                c.evidence = [f"label {ALLOCATOR_LABEL}: {now if now == 'dra' else '(none)'}"]
+                c.remedy = f"gpuk8s allocator {c.node} --to {plan.allocator} (drained, its GPU pods waited for)"
+        mine = [c for c in checks if ctx.plans[c.node].dra and c.ready and c.cause_id != "node.allocator-differs"]
         if not mine:
             return
         published = dra.published(ctx.kube.get("resourceslices"))

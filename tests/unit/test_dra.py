@@ -20,7 +20,7 @@ from gpuk8s.facts.model import Runtime
 from gpuk8s.facts.parse import Section, parse_containerd_config, parse_probe
 from gpuk8s.inventory.loader import InventoryError, loads
 from gpuk8s.kube import allocation, dra, manifests, state
-from gpuk8s.phases.base import Context
+from gpuk8s.phases.base import Context, Options
 from gpuk8s.phases.gpu import GPUNodes, as_they_are, gpu_manifests
 from gpuk8s.phases.verify import Verify
 from gpuk8s.preflight.dra_checks import dra_checks
@@ -445,3 +445,20 @@ def test_offers_decides_whether_one_allocator_serves_a_node() -> None:
     ok, what = dra.offers(p, plug, four)
     assert not ok and "still 4 device(s) in a ResourceSlice" in what
     assert dra.offers(p, "garbage", None)[0] is False
+
+
+def test_verify_names_a_node_on_another_allocator_than_its_inventory_says() -> None:
+    i = mixed()
+    plans = gpuplan.plans(i)
+    kube = FakeKube()
+    kube.add_node("cp-1")
+    kube.add_node("w-dra", gpus=4, labels={k: v for k, v in plans["w-dra"].labels.items()
+                                           if k != gpuplan.ALLOCATOR_LABEL})  # still the device plugin's
+    kube.add_node("w-plugin", gpus=2, labels=plans["w-plugin"].labels)
+    ctx = Context(i, plans=plans, kube_client=kube, initialized_cache=True, options=Options(test_pods=False))
+    Verify().run(ctx)
+    c = next(c for c in ctx.nodes if c.node == "w-dra")
+    assert (c.ok, c.cause_id) == (False, "node.allocator-differs")
+    assert c.cause == "on device-plugin, where the inventory says allocator: dra"
+    assert c.remedy.startswith("gpuk8s allocator w-dra --to dra")
+    assert next(c for c in ctx.nodes if c.node == "w-plugin").ok
