@@ -68,7 +68,6 @@ class AllocatorMove(UpgradeStep):
                 return ok, what
             time.sleep(self.opts.poll)
 
-
     @staticmethod
     def _test_pod(ctx: Context, plan: GPUPlan) -> NodeCheck:
         """verify's test pod(s) on the node: through a claim on a dra node (and nvidia.com/gpu where the DeviceClass

@@ -108,6 +108,12 @@ def test_a_mixed_cluster_serves_gpus_through_each_allocator_and_moves_a_node_bet
     assert msg == ("0/3 nodes are available: 1 node(s) had untolerated taint(s), 2 cannot allocate all claims. still "
                    "not schedulable, preemption: 0/3 nodes are available: 3 Preemption is not helpful for "
                    "scheduling.")
+    # doctor: the value the claim asks and the values the devices have
+    doc = json.loads(run_cli("doctor", "-i", inv, "-o", "json", "default/pod-cel-nomatch").stdout)
+    [f] = doc["findings"]
+    assert f["id"] == "pod.dra-no-matching-device", f
+    assert "productName == 'NONEXISTENT-GPU-XYZ' (the devices have: NVIDIA A100-SXM4-80GB)" in f["message"]
+    assert "w-dra: 4 device(s) published, 0 held" in f["evidence"]
 
     # status: a pod holding two GPUs through a claim, counted on the dra node and in the cluster's GPUs
     kubectl(lab, "apply -f -", """apiVersion: resource.k8s.io/v1
@@ -145,7 +151,36 @@ spec:
     assert st["footer"] == ["Allocated/Total GPUs in cluster: 2/6 (33%)"]
     table = run_cli("status", "-i", inv).stdout
     assert "dra whole" in table and "default/holder x2" in table
+    # a claim of three more GPUs: two are free; doctor names who holds the others
+    kubectl(lab, "apply -f -", """apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: three-gpus, namespace: default}
+spec:
+  spec:
+    devices:
+      requests:
+      - name: gpus
+        exactly: {deviceClassName: gpu.nvidia.com, count: 3}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: greedy, namespace: default}
+spec:
+  containers:
+  - name: c
+    image: ubuntu:22.04
+    command: [sleep, "9999"]
+    resources: {claims: [{name: gpus}]}
+  resourceClaims: [{name: gpus, resourceClaimTemplateName: three-gpus}]""")
+    doc = json.loads(run_cli("doctor", "-i", inv, "-o", "json", "default/greedy").stdout)
+    [f] = doc["findings"]
+    assert f["id"] == "pod.dra-unallocatable" and "held by other pods" in f["message"], f
+    assert "w-dra: 4 device(s) published, 2 held by default/holder" in f["evidence"]
+    assert "claim gpus, request gpus: 3 x gpu.nvidia.com" in f["evidence"]
+    kubectl(lab, "delete pod greedy -n default")
     kubectl(lab, "delete pod holder pod-cel-nomatch -n default")
+    doc = json.loads(run_cli("doctor", "-i", inv, "-o", "json").stdout)  # nothing wrong: no finding, none of DRA
+    assert doc["findings"] == [], doc["findings"]
 
     # the dra node moved to the device plugin: the driver's objects go (those gpuk8s applied), the plugin comes
     plain = tmp_path / "plain.yaml"
