@@ -76,4 +76,5 @@ def register(app: typer.Typer, load_inventory: Any) -> None:
             raise typer.Exit(ExitCode.FAILED) from None
         opts = UpgradeOptions("allocator", 1, gpu_pod_timeout, drain_timeout)
         rep = flows.allocator(ctx, list(dict.fromkeys(nodes)), opts, dry_run)
-        finish(rep, output, lambda: report.plans(rep) if dry_run else report.render_cluster(rep, "allocator"))
+        finish(rep, output, lambda: report.plans(rep, "allocator") if dry_run
+               else report.render_cluster(rep, "allocator"))

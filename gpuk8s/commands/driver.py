@@ -53,4 +53,5 @@ def register(app: typer.Typer, load_inventory: Any) -> None:
                                        emit=report.phase_printer(output), dry_run=dry_run)
         except GpuK8sError as e:
             failed(e, output)
-        finish(rep, output, lambda: report.plans(rep) if dry_run else report.render_cluster(rep, "driver upgrade"))
+        finish(rep, output, lambda: report.plans(rep, "driver upgrade") if dry_run
+                                    else report.render_cluster(rep, "driver upgrade"))

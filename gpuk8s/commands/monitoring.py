@@ -56,4 +56,5 @@ def register(app: typer.Typer, load_inventory: Any) -> None:
         rep = flows.monitoring(ctx, remove, dry_run)
         if output != Output.json and not remove and not dry_run and inv.monitoring.prometheus == "none" and rep.ok:
             ui.say(ui.console(), "# add this scrape job to your Prometheus:\n" + mon.scrape_config(inv).rstrip())
-        finish(rep, output, lambda: report.plans(rep) if dry_run else report.render_cluster(rep, "monitoring"))
+        finish(rep, output, lambda: report.plans(rep, "monitoring") if dry_run
+               else report.render_cluster(rep, "monitoring"))

@@ -116,11 +116,11 @@ def plan_commands(rep: ClusterReport, note: str = PLANS_NOTE) -> None:
                 ui.say(out, c.manifest.rstrip())
 
 
-def plans(rep: ClusterReport) -> None:
+def plans(rep: ClusterReport, command: str = "install") -> None:
     """--dry-run: every phase's plan, with the exact remote commands and manifests, then the table of plans."""
     plan_commands(rep)
     rows = [[p.name, p.status, p.reason] for p in rep.plans]
-    ui.table("install (dry run: nothing was changed)", ["phase", "plan", "why"], rows,
+    ui.table(f"{command} (dry run: nothing was changed)", ["phase", "plan", "why"], rows,
              [PHASE_STYLE.get(p.status, "") for p in rep.plans])
     if rep.prepare is not None:
         prepare_table(rep.prepare)
