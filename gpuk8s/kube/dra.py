@@ -71,6 +71,12 @@ def labelled(node: Any) -> bool:
     return isinstance(labels, dict) and labels.get(ALLOCATOR_LABEL) == DRA
 
 
+def allocator_of(node: Any) -> str:
+    """The allocator a node object is on now, as its label says: dra, else the device plugin. The one place that
+    reads it (status, the gpu phase's manifests, the allocator's move)."""
+    return DRA if labelled(node) else "device-plugin"
+
+
 def _str(v: Any, limit: int = 253) -> str:
     return v[:limit] if isinstance(v, str) else ""
 

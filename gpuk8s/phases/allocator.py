@@ -34,11 +34,6 @@ MOVED = (manifests.PLUGIN_MANIFEST, manifests.PLUGIN_CONFIGS_MANIFEST, manifests
 MARK = "allocator"  # the value of the cordon mark a move sets: only its own cordon is a move's to undo
 
 
-def allocator_of(node: dict[str, object]) -> str:
-    """The allocator a node object is on now: dra where it carries gpuk8s's label, else the device plugin."""
-    return DRA if dra.labelled(node) else "device-plugin"
-
-
 class AllocatorMove(UpgradeStep):
     name = "allocator"
     title = "move nodes between the device plugin and the DRA driver"
@@ -82,7 +77,7 @@ class AllocatorMove(UpgradeStep):
         target = plan.allocator
         node = self._node_obj(ctx, h.name)
         marked = state.node_state(node).labels.get(CORDONED_BY_UPGRADE) == MARK  # an earlier move's cordon
-        if allocator_of(node) == target and offered(ctx, plan)[0]:
+        if dra.allocator_of(node) == target and offered(ctx, plan)[0]:
             if not marked:
                 return f"already on {target}"
             again = self._test_pod(ctx, plan)  # an earlier run stopped between its switch and its uncordon
@@ -92,7 +87,7 @@ class AllocatorMove(UpgradeStep):
             return f"already on {target}; test pod passed; {_give_back(ctx, h.name)} (an earlier run stopped)"
         before = {k: v for k, v in state.node_state(node).labels.items()
                   if k in MANAGED_LABELS or k.startswith(MANAGED_PREFIXES)}
-        was = allocator_of(node)
+        was = dra.allocator_of(node)
         t0 = time.monotonic()
         mine, waited = self._vacate(ctx, h, ctx.emit, "allocator.drain-failed")
         try:
@@ -188,7 +183,7 @@ class AllocatorMove(UpgradeStep):
             except NodeFailure as e:
                 changes.append(Change(f"{h.name}: not moved: {e.message}"))
                 continue
-            if allocator_of(node) == plan.allocator and offered(ctx, plan)[0]:
+            if dra.allocator_of(node) == plan.allocator and offered(ctx, plan)[0]:
                 continue
             todo.append(h.name)
             pods = gpu_pods(ctx, h.name)
@@ -201,7 +196,7 @@ class AllocatorMove(UpgradeStep):
                 if applied.get(m.name) != m.sha256:  # each text once
                     applied[m.name] = m.sha256
                     changes.append(Change(f"apply {m.name} (sha256 {m.sha256[:12]})", manifest=m.applied_text()))
-            changes.append(Change(f"{h.name}: {allocator_of(node)} -> {plan.allocator}: label {ALLOCATOR_LABEL}"
+            changes.append(Change(f"{h.name}: {dra.allocator_of(node)} -> {plan.allocator}: label {ALLOCATOR_LABEL}"
                                   + ("=dra" if plan.dra else " removed") + "; wait for its GPUs; a test pod; "
                                   "uncordon (or put back as it was if they fail)"))
             seen = done

@@ -13,7 +13,6 @@ from typing import Any
 from gpuk8s.gpuplan import (
     ALLOCATOR_LABEL,
     CONFIG_LABEL,
-    DRA,
     HAMI_NODE_LABEL,
     HAMI_NODE_VALUE,
     MANAGED_LABELS,
@@ -95,7 +94,7 @@ def as_they_are(ctx: Context, nodes: dict[str, Any], switching: set[str]) -> dic
     for name, plan in ctx.plans.items():
         if name in switching or name not in nodes or not plan.gpu_node or name not in by:
             continue
-        now = DRA if dra.labelled(nodes[name]) else "device-plugin"
+        now = dra.allocator_of(nodes[name])
         if now != plan.allocator:
             out[name] = plan_on(by[name], ctx.facts.get(name), now)
     return out
