@@ -26,7 +26,7 @@ from gpuk8s.kube.state import NodeCheck
 from gpuk8s.phases.base import Change, Context, PhasePlan, PhaseResult
 from gpuk8s.phases.gpu import as_they_are, gpu_manifests, node_changes
 from gpuk8s.phases.upgrade import CORDONED_BY_UPGRADE, NodeFailure, UpgradeOptions, UpgradeStep, _give_back, gpu_pods
-from gpuk8s.phases.verify import Verify, offered
+from gpuk8s.phases.verify import Verify, offered, until, wait_offered
 
 # the manifests a move applies (or removes): the device plugin (kept off dra nodes), its configs (the config a node
 # moved to it selects), the DRA driver
@@ -54,14 +54,6 @@ class AllocatorMove(UpgradeStep):
         if not found:
             raise NodeFailure("allocator.failed", f"{name} is not a node of the cluster", f"gpuk8s join {name}")
         return found[0]
-
-    def _wait_offered(self, ctx: Context, plan: GPUPlan) -> tuple[bool, str]:
-        deadline = time.monotonic() + self.opts.drain_timeout
-        while True:
-            ok, what = offered(ctx, plan)
-            if ok or time.monotonic() > deadline:
-                return ok, what
-            time.sleep(self.opts.poll)
 
     @staticmethod
     def _test_pod(ctx: Context, plan: GPUPlan) -> NodeCheck:
@@ -98,7 +90,7 @@ class AllocatorMove(UpgradeStep):
             labels = node_changes(plan, state.node_state(self._node_obj(ctx, h.name)))[0]  # as the gpu phase does
             if labels:
                 ctx.kube.label(h.name, labels)
-            ok, what = self._wait_offered(ctx, plan)
+            ok, what = wait_offered(ctx, plan, self.opts.drain_timeout, self.opts.poll)
             check = self._test_pod(ctx, plan) if ok else None
             cause = "" if ok and check is not None and check.ok else (
                 f"its GPUs were not offered within {self.opts.drain_timeout} s ({what})" if not ok else
@@ -157,8 +149,7 @@ class AllocatorMove(UpgradeStep):
     def _wait_former(self, ctx: Context, name: str, was_dra: bool) -> tuple[bool, str]:
         """Until the former allocator offers GPUs on the node again (its sharing or MIG settings, which the former
         labels carry, decide how many: any is enough to say it serves the node)."""
-        deadline = time.monotonic() + self.opts.drain_timeout
-        while True:
+        def serves() -> tuple[bool, str]:
             if was_dra:
                 nd = dra.published(ctx.kube.get("resourceslices")).get(name)
                 have, what = (len(nd.devices) if nd else 0), "device(s) in its ResourceSlice"
@@ -166,9 +157,9 @@ class AllocatorMove(UpgradeStep):
                 ns = state.node_state(self._node_obj(ctx, name))
                 have = sum(ns.allocatable_of(k) for k in ns.allocatable if k.startswith("nvidia.com/"))
                 what = "nvidia.com/ resource(s) allocatable"
-            if have or time.monotonic() > deadline:
-                return bool(have), f"{have} {what}"
-            time.sleep(self.opts.poll)
+            return bool(have), f"{have} {what}"
+
+        return until(serves, self.opts.drain_timeout, self.opts.poll)
 
     def plan(self, ctx: Context) -> PhasePlan:
         changes: list[Change] = []

@@ -26,7 +26,7 @@ from gpuk8s.phases.driver import action
 from gpuk8s.phases.prepare import refresh_facts
 from gpuk8s.phases.reboot import REBOOT, reboot
 from gpuk8s.phases.upgrade import NodeFailure, UpgradeOptions, UpgradeStep, _drain_changes, _give_back, gpu_pods
-from gpuk8s.phases.verify import offered
+from gpuk8s.phases.verify import wait_offered
 from gpuk8s.playbook.model import load_playbook
 from gpuk8s.playbook.render import RenderedStep, context, render_playbook
 from gpuk8s.remote import for_each_host
@@ -127,16 +127,13 @@ class DriverUpgrade(UpgradeStep):
         """Until the node's allocator offers its GPUs again (verify.offered: the plan's resources, or on a dra node
         the devices of its ResourceSlice)."""
         plan = ctx.plans.get(h.name)
-        deadline = time.monotonic() + self.opts.drain_timeout
-        while True:
-            ok, what = offered(ctx, plan) if plan is not None else (True, "")
-            if ok:
-                return
-            if time.monotonic() > deadline:
-                raise NodeFailure("driver.upgrade-failed", f"{h.name}: its GPUs were not advertised again within "
-                                  f"{self.opts.drain_timeout} s after the reboot ({what})",
-                                  f"gpuk8s doctor node/{h.name}; the node stays cordoned; re-run {self.resume}")
-            time.sleep(self.opts.poll)
+        if plan is None:
+            return
+        ok, what = wait_offered(ctx, plan, self.opts.drain_timeout, self.opts.poll)
+        if not ok:
+            raise NodeFailure("driver.upgrade-failed", f"{h.name}: its GPUs were not advertised again within "
+                              f"{self.opts.drain_timeout} s after the reboot ({what})",
+                              f"gpuk8s doctor node/{h.name}; the node stays cordoned; re-run {self.resume}")
 
     def run(self, ctx: Context) -> PhaseResult:
         r = self.result("pending")

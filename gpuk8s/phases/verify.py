@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import yaml
@@ -75,6 +76,21 @@ def offered(ctx: Context, plan: GPUPlan) -> tuple[bool, str]:
     if not found:
         return False, "not a node of the cluster"
     return dra.offers(plan, found[0], dra.published(ctx.kube.get("resourceslices")).get(plan.node))
+
+
+def until(check: Callable[[], tuple[bool, str]], timeout: float, poll: float) -> tuple[bool, str]:
+    """check(), asked again every `poll` seconds until it holds or `timeout` seconds have passed: its last answer."""
+    deadline = time.monotonic() + timeout
+    while True:
+        ok, what = check()
+        if ok or time.monotonic() > deadline:
+            return ok, what
+        time.sleep(poll)
+
+
+def wait_offered(ctx: Context, plan: GPUPlan, timeout: float, poll: float) -> tuple[bool, str]:
+    """Until the node's allocator offers its GPUs (offered), at most `timeout` seconds."""
+    return until(lambda: offered(ctx, plan), timeout, poll)
 
 
 def extended_mapping(ctx: Context) -> bool:
