@@ -44,6 +44,30 @@ def real_spec(name: str) -> str:
     return (REAL / name).read_text().partition("\n---\n")[2]
 
 
+def claim_pod(pod: str, template: str, count: int) -> str:
+    """A pod in default that sleeps holding `count` GPUs through a claim made from its own ResourceClaimTemplate."""
+    return f"""apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {{name: {template}, namespace: default}}
+spec:
+  spec:
+    devices:
+      requests:
+      - name: gpus
+        exactly: {{deviceClassName: gpu.nvidia.com, count: {count}}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: {pod}, namespace: default}}
+spec:
+  containers:
+  - name: c
+    image: ubuntu:22.04
+    command: [sleep, "9999"]
+    resources: {{claims: [{{name: gpus}}]}}
+  resourceClaims: [{{name: gpus, resourceClaimTemplateName: {template}}}]"""
+
+
 def pods(lab, ns: str) -> dict[str, dict]:
     return {p["metadata"]["name"]: p for p in json.loads(kubectl(lab, f"get pods -n {ns} -o json"))["items"]
             if p["metadata"].get("namespace", "default") == ns}
@@ -116,26 +140,7 @@ def test_a_mixed_cluster_serves_gpus_through_each_allocator_and_moves_a_node_bet
     assert "w-dra: 4 device(s) published, 0 held" in f["evidence"]
 
     # status: a pod holding two GPUs through a claim, counted on the dra node and in the cluster's GPUs
-    kubectl(lab, "apply -f -", """apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata: {name: two-gpus, namespace: default}
-spec:
-  spec:
-    devices:
-      requests:
-      - name: gpus
-        exactly: {deviceClassName: gpu.nvidia.com, count: 2}
----
-apiVersion: v1
-kind: Pod
-metadata: {name: holder, namespace: default}
-spec:
-  containers:
-  - name: c
-    image: ubuntu:22.04
-    command: [sleep, "9999"]
-    resources: {claims: [{name: gpus}]}
-  resourceClaims: [{name: gpus, resourceClaimTemplateName: two-gpus}]""")
+    kubectl(lab, "apply -f -", claim_pod("holder", "two-gpus", 2))
     claims = json.loads(kubectl(lab, "get resourceclaims -n default -o json"))["items"]
     held = next(c for c in claims if c["metadata"]["name"].startswith("holder-gpus-"))
     assert [r["pool"] for r in held["status"]["allocation"]["devices"]["results"]] == ["w-dra", "w-dra"]
@@ -152,26 +157,7 @@ spec:
     table = run_cli("status", "-i", inv).stdout
     assert "dra whole" in table and "default/holder x2" in table
     # a claim of three more GPUs: two are free; doctor names who holds the others
-    kubectl(lab, "apply -f -", """apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata: {name: three-gpus, namespace: default}
-spec:
-  spec:
-    devices:
-      requests:
-      - name: gpus
-        exactly: {deviceClassName: gpu.nvidia.com, count: 3}
----
-apiVersion: v1
-kind: Pod
-metadata: {name: greedy, namespace: default}
-spec:
-  containers:
-  - name: c
-    image: ubuntu:22.04
-    command: [sleep, "9999"]
-    resources: {claims: [{name: gpus}]}
-  resourceClaims: [{name: gpus, resourceClaimTemplateName: three-gpus}]""")
+    kubectl(lab, "apply -f -", claim_pod("greedy", "three-gpus", 3))
     doc = json.loads(run_cli("doctor", "-i", inv, "-o", "json", "default/greedy").stdout)
     [f] = doc["findings"]
     assert f["id"] == "pod.dra-unallocatable" and "held by other pods" in f["message"], f
