@@ -120,6 +120,8 @@ FINDINGS: dict[str, Spec] = {
     "gpu.test-pod-failed": _v("the GPU test pod ran and failed (nvidia-smi failed in the container)"),
     "gpu.test-pod-unschedulable": _v("the scheduler cannot place the GPU test pod on the node"),
     "gpu.test-pod-timeout": _v("the GPU test pod did not finish in time (300 s by default)"),
+    "gpu.test-name-taken": _v("a test pod or ResourceClaimTemplate verify would create in default exists and gpuk8s "
+                              "did not create it: left alone, the node not tested"),
     # Dynamic Resource Allocation (docs/dra.md): a dra node's devices as the DRA driver publishes them
     "dra.no-devices": _v("no ResourceSlice of gpu.nvidia.com lists the dra node's devices: NVIDIA's DRA kubelet "
                          "plugin is not running or not registered there"),

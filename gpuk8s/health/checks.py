@@ -33,9 +33,26 @@ QUICK = ("health.gpu-count", "health.xid", "health.xid-app", "health.ecc-uncorre
          "health.clocks-slowdown", "health.fabric")
 
 
-def _gpu_names(h: HealthFacts, buses: list[str]) -> str:
-    index = {g.bus: i for i, g in enumerate(h.gpus)}
-    return ", ".join(f"GPU {index[b]} ({b})" if b in index else b for b in buses)
+MAX_NAMED = 16  # GPUs a message names; the rest counted (a host's nvidia-smi -q may list any number of GPUs)
+
+
+def named(items: list[str], cap: int = MAX_NAMED) -> str:
+    """The first `cap` items, comma separated, and how many more there are: a message stays short whatever a host
+    lists."""
+    more = f" and {len(items) - cap} more" if len(items) > cap else ""
+    return ", ".join(items[:cap]) + more
+
+
+def _gpu_names(h: HealthFacts, buses: list[str], index: dict[str, int] | None = None) -> str:
+    """Each bus as `GPU i (bus)`, at most MAX_NAMED of them; `index` (bus -> position in nvidia-smi -q) built once
+    by a caller that names GPUs in a loop."""
+    index = _index(h) if index is None else index
+    return named([f"GPU {index[b]} ({b})" if b in index else b for b in buses[:MAX_NAMED]]
+                 + buses[MAX_NAMED:])
+
+
+def _index(h: HealthFacts) -> dict[str, int]:
+    return {g.bus: i for i, g in enumerate(h.gpus)}
 
 
 def judge(host: Host, facts: HostFacts, h: HealthFacts) -> list[Finding]:
@@ -97,16 +114,22 @@ def _kernel(h: HealthFacts) -> list[Finding]:
             fatal.setdefault(e.xid, []).append(e.bus)
         else:
             other[e.xid] = other.get(e.xid, 0) + count
-    owed = [g.bus for g in h.gpus if g.reset_required or g.drain_reset]
-    fallen = [b for b in h.kernel.fallen if b not in fatal.get(79, [])]
+    # every lookup a set or a dict built once: a host may list any number of GPUs owing a reset (16,000 GPUs took
+    # 20 s when each rebuilt the index), and the message names at most MAX_NAMED of them
+    in_fatal = {b for buses in fatal.values() for b in buses}
+    fell_79 = set(fatal.get(79, ()))
+    owed = [g.bus for g in h.gpus if (g.reset_required or g.drain_reset) and g.bus not in in_fatal]
+    fallen = [b for b in h.kernel.fallen if b not in fell_79]
     out: list[Finding] = []
     if fatal or fallen or owed:
+        index = _index(h)
         action = {e.xid: recovery_action(e) for e, _ in reversed(firsts) if e.xid == 154 and is_fatal(e)}
         parts = [f"Xid {n} ({lookup(n).meaning}" + (f": {action[n]}" if n in action else "")
-                 + f") on {_gpu_names(h, sorted(set(b)))}" for n, b in sorted(fatal.items())]
-        parts += [f"GPU {b} fell off the bus (no Xid line)" for b in fallen]
-        parts += [f"{_gpu_names(h, [b])} reports GPU Reset Required / Drain and Reset Recommended" for b in owed
-                  if not any(b in buses for buses in fatal.values())]
+                 + f") on {_gpu_names(h, sorted(set(b)), index)}" for n, b in sorted(fatal.items())]
+        parts += [f"GPU {b} fell off the bus (no Xid line)" for b in fallen]  # at most MAX_FALLEN
+        if owed:
+            parts.append(f"{_gpu_names(h, owed, index)} report{'s' if len(owed) == 1 else ''} GPU Reset Required / "
+                         "Drain and Reset Recommended")
         first = min(fatal) if fatal else 79 if fallen else 95  # 95: NVIDIA's RESET_GPU remedy
         ev = [e.line for e, _ in firsts if is_fatal(e)][:8] or [f"fell off the bus: {b}" for b in fallen]
         out.append(failed("health.xid", "since boot: " + "; ".join(parts), lookup(first).remedy +
@@ -130,14 +153,14 @@ def _per_gpu(fid: str, bad: list[str], known: bool, what: str, remedy: str, unkn
     """A check over every GPU: failed naming the GPUs where it holds, skipped when no GPU reports the value, else
     passed."""
     if bad:
-        return failed(fid, f"{what} on " + ", ".join(bad), remedy)
+        return failed(fid, f"{what} on " + named(bad), remedy)
     if not known:
         return skipped(fid, unknown)
     return passed(fid, fine)
 
 
 def _memory(h: HealthFacts) -> list[Finding]:
-    name = [f"GPU {i} ({g.bus})" for i, g in enumerate(h.gpus)]
+    name = [f"GPU {i} ({g.bus})" for i, g in enumerate(h.gpus)]  # built once; _per_gpu names at most MAX_NAMED
     return [
         _per_gpu("health.ecc-uncorrected",
                  [f"{name[i]}: {g.uncorrected_volatile}" for i, g in enumerate(h.gpus) if g.uncorrected_volatile],
@@ -167,7 +190,7 @@ def _pcie(h: HealthFacts) -> Finding:
     narrow = [(i, g) for i, g in enumerate(h.gpus) if g.width_max and g.width_current and g.width_current < g.width_max]
     if narrow:
         return failed("health.pcie-width", "PCIe link narrower than it can be: " +
-                      ", ".join(f"GPU {i} ({g.bus}) x{g.width_current} of x{g.width_max}" for i, g in narrow),
+                      named([f"GPU {i} ({g.bus}) x{g.width_current} of x{g.width_max}" for i, g in narrow]),
                       "reseat the GPU (or its riser) and check the slot: a degraded link slows every transfer")
     if not any(g.width_max for g in h.gpus):
         return skipped("health.pcie-width", "no GPU reports its PCIe link width")
@@ -183,7 +206,7 @@ def _nvlink(h: HealthFacts) -> Finding:
     down = [f"GPU {g.index} link(s) {', '.join(map(str, g.inactive))}" for g in h.nvlink if g.inactive]
     down += [f"GPU {g.index} every link" for g in h.nvlink if g.all_inactive]
     if down:
-        return failed("health.nvlink-down", "NVLink down: " + "; ".join(down),
+        return failed("health.nvlink-down", "NVLink down: " + named(down),
                       "drain the node and reset the GPUs or reboot; if a link stays inactive, contact the server's "
                       "vendor (GPU, baseboard or NVSwitch)")
     return passed("health.nvlink-down", f"every NVLink link active ({sum(g.links for g in h.nvlink)} links)")
@@ -193,7 +216,7 @@ def _clocks(h: HealthFacts) -> Finding:
     slow = [(i, g) for i, g in enumerate(h.gpus) if g.slowdowns]
     if slow:
         return failed("health.clocks-slowdown", "the hardware slows the clocks of " +
-                      ", ".join(f"GPU {i} ({', '.join(g.slowdowns)})" for i, g in slow),
+                      named([f"GPU {i} ({', '.join(g.slowdowns)})" for i, g in slow]),
                       "check cooling (temperatures in nvidia-smi -q) and power (a power brake comes from the "
                       "chassis or PSU); a GPU held slow makes every job on the node slow")
     return passed("health.clocks-slowdown", "no hardware clock slowdown")
@@ -206,7 +229,7 @@ def _fabric(facts: HostFacts, h: HealthFacts) -> Finding:
     bad = [(i, g) for i, g in known if g.fabric_state != "Completed" or g.fabric_status != "Success"]
     if bad:
         return failed("health.fabric", "the NVSwitch fabric is not ready on " +
-                      ", ".join(f"GPU {i} ({g.fabric_state}, {g.fabric_status})" for i, g in bad),
+                      named([f"GPU {i} ({g.fabric_state}, {g.fabric_status})" for i, g in bad]),
                       f"check nvidia-fabricmanager (it is {facts.driver.fabric_manager} here): it must run at the "
                       "driver's version before CUDA can use the GPUs (error 802 otherwise)")
     return passed("health.fabric", f"NVSwitch fabric Completed/Success on {len(known)} GPU(s)")

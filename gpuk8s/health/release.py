@@ -49,6 +49,13 @@ def release_with(kube: KubeClient, report: HealthReport) -> None:
                                 + (f" ({bad.id})" if bad else ""),
                                 "fix the fault the findings above name (reset the GPU, reboot, or replace it), then "
                                 "run gpuk8s health --release again")
+        elif (why := unproven(was, h.findings)) is not None:
+            # nothing failed is not enough: the check that put the node there must have run and passed now (a
+            # skipped check, say nvidia-smi -q timing out or the kernel log unreadable, proves nothing)
+            f = findings.failed("health.release", f"kept in quarantine ({was}): {why}",
+                                f"make the check run (the finding's reason above says why it could not), then run "
+                                f"gpuk8s health --release {name} again; to release it without proof: kubectl taint "
+                                f"nodes {name} {QUARANTINE_KEY}:NoSchedule-")
         else:
             try:
                 kube.taint(name, [f"{QUARANTINE_KEY}:NoSchedule-"])
@@ -58,3 +65,14 @@ def release_with(kube: KubeClient, report: HealthReport) -> None:
                 f = findings.failed("health.release", f"not released: kubectl taint failed: {e.message}",
                                     e.remedy or f"run gpuk8s health --release {name} again")
         h.findings.append(f)
+
+
+def unproven(was: str, ran: list[findings.Finding]) -> str | None:
+    """Why the findings of this run do not prove the fault named by the quarantine taint (`was`, a finding id) is
+    gone; None when that finding ran and passed."""
+    f = next((x for x in ran if x.id == was), None)
+    if f is None:
+        return f"the check that put it there ({was}) did not run now"
+    if f.status != "pass":
+        return f"the check that put it there did not pass now ({f.status}: {f.message})"
+    return None

@@ -23,6 +23,7 @@ import jinja2
 import yaml
 
 from gpuk8s import mirrors, versions
+from gpuk8s.errors import GpuK8sError
 from gpuk8s.gpuplan import ALLOCATOR_LABEL, CONFIG_LABEL, DRA, RUNTIME_HANDLER, GPUPlan, PluginSettings, is_gpu_node
 from gpuk8s.inventory.model import Inventory
 from gpuk8s.kube.client import KubeClient
@@ -261,11 +262,7 @@ def owned(kube: KubeClient, objs: Iterable[Ref]) -> list[Ref]:
 def refs(m: Manifest) -> list[Ref]:
     """(kind, name, namespace) of every object of the manifest, last first (the order of deletion); gpuk8s's
     GPU manifests live in kube-system."""
-    out = []
-    for d in reversed(m.objects()):
-        md = d.get("metadata") or {}
-        out.append((str(d.get("kind", "")), str(md.get("name", "")), str(md.get("namespace") or "kube-system")))
-    return out
+    return [_ref(d) for d in reversed(m.objects())]
 
 
 def removable(kube: KubeClient, ms: list[Manifest]) -> list[tuple[Manifest, list[Ref]]]:
@@ -273,7 +270,15 @@ def removable(kube: KubeClient, ms: list[Manifest]) -> list[tuple[Manifest, list
     tool made (HAMi's Helm chart) is not among them, whatever the manifest's other objects are. Every manifest's
     objects read in one call."""
     mine = set(owned(kube, [r for m in ms for r in refs(m)]))
+    # a namespace of gpuk8s's that holds workloads gpuk8s did not create stays (deleting it deletes them): a
+    # release Helm installed into it afterwards, for one
+    for ref in [r for r in mine if r[0] == "Namespace"]:
+        if any(not created_by_gpuk8s(o) for kind in WORKLOADS for o in kube.get(kind, namespace=ref[1])):
+            mine.discard(ref)
     return [(m, [r for r in refs(m) if r in mine]) for m in ms]
+
+
+WORKLOADS = ("daemonset", "deployment", "statefulset")  # what another tool installs into a namespace
 
 
 def delete_command(ref: Ref) -> str:
@@ -303,9 +308,91 @@ def _hash_of(obj: dict[str, Any] | None) -> str:
     return str(ann.get(ANNOTATION, "")) if isinstance(ann, dict) else ""
 
 
+MANAGED_BY = "app.kubernetes.io/managed-by"
+# The manifests gpuk8s applies only while some node asks for them, and deletes afterwards (`unwanted`): their objects
+# must be gpuk8s's own, or the deletion would take another tool's with them
+ON_DEMAND = ("hami.yaml", DRA_MANIFEST)
+
+
+class NameTaken(GpuK8sError):
+    """Objects of a manifest exist and gpuk8s did not create them: nothing of that manifest is applied."""
+
+    kind = "name-taken"
+
+    def __init__(self, message: str, remedy: str, applied: list[str]) -> None:
+        super().__init__(message, remedy)
+        self.applied = applied  # the manifests applied all the same
+
+
+def created_by_gpuk8s(obj: Any) -> bool:
+    """Whether gpuk8s created the object: its manifest annotation, or (an annotation edited away by hand) the
+    managed-by label gpuk8s writes on its objects. A Helm chart's object says managed-by: Helm."""
+    md = obj.get("metadata") if isinstance(obj, dict) else None
+    labels = md.get("labels") if isinstance(md, dict) else None
+    return applied_by_gpuk8s(obj) or (isinstance(labels, dict) and labels.get(MANAGED_BY) == "gpuk8s")
+
+
+def claimable(kube: KubeClient, ms: list[Manifest]) -> tuple[list[Manifest], dict[str, list[str]]]:
+    """The on-demand manifests among `ms` made safe to apply, every object read in one call: a Namespace that exists
+    and that gpuk8s did not create is left out of its manifest (create-only: used as it is, never annotated, so
+    never deleted with what is inside, a Helm-installed release for one); any other object that exists and is not
+    gpuk8s's leaves its whole manifest out, named (manifest -> KIND/NAME) for the caller to report. Other
+    manifests as they are."""
+    check = [m for m in ms if m.name in ON_DEMAND]
+    if not check:
+        return ms, {}
+    found = kube.get_refs([r for m in check for r in refs(m)])
+    out: list[Manifest] = []
+    taken: dict[str, list[str]] = {}
+    for m in ms:
+        if m not in check:
+            out.append(m)
+            continue
+        keep: list[dict[str, Any]] = []
+        for d in m.objects():
+            ref = _ref(d)
+            obj = found.get(ref)
+            if obj is None or created_by_gpuk8s(obj):
+                keep.append(d)
+            elif ref[0] == "Namespace":
+                continue  # the user's namespace: used, not taken over
+            else:
+                taken.setdefault(m.name, []).append(f"{ref[0]}/{ref[1]}" + ("" if ref[0] in CLUSTER_KINDS
+                                                                             else f" in {ref[2]}"))
+        if m.name in taken:
+            continue
+        out.append(m if len(keep) == len(m.objects()) else Manifest(m.name, yaml.dump_all(
+            keep, Dumper=_BlockDumper, sort_keys=False)))
+    return out, taken
+
+
+CLUSTER_KINDS = ("Namespace", "ClusterRole", "ClusterRoleBinding", "DeviceClass", "RuntimeClass",
+                 "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+
+
+def _ref(d: dict[str, Any]) -> Ref:
+    md = d.get("metadata") or {}
+    return str(d.get("kind", "")), str(md.get("name", "")), str(md.get("namespace") or "kube-system")
+
+
 def apply(kube: KubeClient, manifests: list[Manifest]) -> list[str]:
-    """Apply what is out of date; the names of those applied (empty: every manifest unchanged)."""
-    todo = out_of_date(kube, manifests)
+    """Apply what is out of date; the names of those applied (empty: every manifest unchanged). An on-demand
+    manifest whose objects another tool made is not applied: NameTaken names them, after the others are applied."""
+    # claimable first: an on-demand manifest without the user's namespace has another anchor (its next object)
+    ready, taken = claimable(kube, manifests)
+    todo = out_of_date(kube, ready)
     for m in todo:
         kube.apply(m.applied_text())
+    if taken:
+        raise NameTaken(taken_message(taken), TAKEN_REMEDY, [m.name for m in todo])
     return [m.name for m in todo]
+
+
+TAKEN_REMEDY = ("remove them (e.g. helm uninstall the release that made them) to let gpuk8s deploy its own, or keep "
+                "yours and set the nodes' allocator / gpu_sharing so that gpuk8s does not need it")
+
+
+def taken_message(taken: dict[str, list[str]]) -> str:
+    return ("objects exist that gpuk8s did not create: " + "; ".join(f"{n}: {', '.join(t[:8])}"
+                                                                    for n, t in taken.items())
+            + " (applied over, they would become gpuk8s's and be deleted when no node needs them): not applied")

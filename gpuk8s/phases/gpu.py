@@ -176,14 +176,18 @@ class GPUNodes(Phase):
 
     def plan(self, ctx: Context) -> PhasePlan:
         self._held, self._plans = {}, dict(ctx.plans)
+        taken: dict[str, list[str]] = {}
         if not ctx.initialized():
             todo, diffs = self._wanted(ctx), {}
             reason = "no cluster yet: every manifest; labels and taints as each node joins"
         else:
             diffs = self._node_diffs(ctx)
-            todo = manifests.out_of_date(ctx.kube, self._wanted(ctx))
+            ready, taken = manifests.claimable(ctx.kube, self._wanted(ctx))
+            todo = manifests.out_of_date(ctx.kube, ready)
             reason = "what differs from the cluster"
         changes = [Change(f"apply {m.name} (sha256 {m.sha256[:12]})", manifest=m.applied_text()) for m in todo]
+        if taken:
+            changes.append(Change(manifests.taken_message(taken)))
         if ctx.initialized():
             # one change per object gpuk8s applied: a namesake another tool made is neither named nor deleted
             changes += [Change(f"delete {kind.lower()}/{name} of {m.name} (no node asks for it)",
@@ -208,7 +212,11 @@ class GPUNodes(Phase):
         r = self.result("unchanged", "manifests, labels and taints as wanted")
         stale = self._stale_plugins(ctx, planning=False)  # the plugin pods that ran before this run's prepare
         diffs = self._node_diffs(ctx)  # first: a node held on its allocator decides the manifests too
-        applied = manifests.apply(ctx.kube, self._wanted(ctx))
+        taken = ""
+        try:
+            applied = manifests.apply(ctx.kube, self._wanted(ctx))
+        except manifests.NameTaken as e:  # the others applied; the labels below still follow the plans
+            applied, taken = e.applied, e.message
         done = [f"applied {name}" for name in applied]
         if manifests.PLUGIN_MANIFEST in applied:
             stale = {}  # a new template: the DaemonSet replaces its pods itself
@@ -236,10 +244,13 @@ class GPUNodes(Phase):
             done.append(f"device plugin restarted on {node} (runtime reconfigured)")
         if done:
             r.status, r.message = "changed", "; ".join(done)
+        if taken:
+            r.status, r.message = "failed", "; ".join([*done, taken])
+            r.remedy = manifests.TAKEN_REMEDY
         if self._held:
             r.hosts.update(self._held)
             r.status = "failed"
-            r.message = "; ".join([*done, *(f"{n}: {why}" for n, why in self._held.items())])
+            r.message = "; ".join([*done, *([taken] if taken else []), *(f"{n}: {why}" for n, why in self._held.items())])
             r.remedy = "; ".join(f"gpuk8s allocator {n} --to {ctx.plans[n].allocator}" for n in self._held) + \
                 " (each drained, its GPU pods waited for), then gpuk8s install again"
         return r

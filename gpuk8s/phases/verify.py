@@ -455,6 +455,26 @@ class Verify(Phase):
                     continue  # extendedResourceName is gpu.nvidia.com's: whole GPUs only
                 waiting[extended_pod_name(c.node)] = c
                 docs.append(self._extended_pod(ctx, c.node))
+        # the names verify creates in default, read first: one that exists and that gpuk8s did not create (a user's
+        # pod or ResourceClaimTemplate of that name) is neither deleted nor overwritten, and its node is not tested
+        found = ctx.kube.get_refs([("Pod", n, TEST_NAMESPACE) for n in waiting]
+                                  + [("ResourceClaimTemplate", claim_template_name(k), TEST_NAMESPACE)
+                                     for k in templates])
+        foreign = {ref[1] for ref, obj in found.items() if not manifests.created_by_gpuk8s(obj)}
+        for name, c in list(waiting.items()):
+            tpl = claim_template_name(dra_class(ctx.plans[c.node])) if ctx.plans[c.node].dra else ""
+            taken = [n for n in (name, tpl) if n in foreign]
+            if taken:
+                if c.ok:
+                    c.ok, c.cause_id = False, "gpu.test-name-taken"
+                    c.cause = (f"not tested: {', '.join(taken)} in namespace {TEST_NAMESPACE} exist(s) and gpuk8s "
+                               "did not create it: left alone")
+                    c.remedy = f"rename or delete {', '.join(taken)} in {TEST_NAMESPACE}, then run gpuk8s verify again"
+                del waiting[name]
+        docs = [d for d in docs if yaml.safe_load(d)["metadata"]["name"] in waiting]
+        templates = [k for k in templates if claim_template_name(k) not in foreign]
+        if not docs:
+            return
         names = list(waiting)
         ctx.kube.delete("pod", names, TEST_NAMESPACE)
         ctx.kube.apply("---\n".join([self._claim_template(k) for k in templates] + docs))

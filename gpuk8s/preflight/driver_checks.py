@@ -6,6 +6,8 @@ gives the node. Pure functions of a host's facts and its inventory entry.
 
 from __future__ import annotations
 
+from bisect import bisect_left
+from collections.abc import Iterable
 from datetime import date
 
 from gpuk8s.driver import rules
@@ -169,11 +171,31 @@ def _held(d: DriverFacts, f: HostFacts, manage: bool) -> CheckResult:
     if not installed:
         return skipped("driver.held", "no driver package installed by the package manager (a .run install, or "
                        "none)")
-    held = [n for n in installed if any(h == n or h.startswith(n + "-") for h in d.held)]
-    loose = [n for n in installed if n not in held]
+    # a hold names the package (apt-mark showhold) or the package and its version (dnf versionlock list:
+    # name-epoch:version-release.*), found by bisection (comparing every package with every hold was 2.5 s per
+    # host at 4,096 of each)
+    holds = held_names(d.held, installed)
+    held = [n for n in installed if n in holds]
+    loose = [n for n in installed if n not in holds]
     if not loose:
         return passed("driver.held", f"held: {', '.join(held)}")
     hold = "apt-mark hold" if f.os.family == "debian" else "dnf versionlock add"
     return failed("driver.held", f"driver packages not held: {', '.join(loose[:6])}: an automatic upgrade would "
                   "replace them under running pods (then 'Driver/library version mismatch' until a reboot)",
                   ("gpuk8s install holds them" if manage else f"{hold} {' '.join(loose[:6])}"))
+
+
+def held_names(holds: Iterable[str], names: Iterable[str]) -> set[str]:
+    """The `names` a hold stands for: a hold that is the name, or starts with the name and '-' (dnf versionlock's
+    NAME-[EPOCH:]VERSION-RELEASE.*). The holds sorted once, each name found by bisection: n log n."""
+    ordered = sorted(set(holds))
+    out: set[str] = set()
+    for n in names:
+        at = bisect_left(ordered, n)
+        if at < len(ordered) and ordered[at] == n:
+            out.add(n)
+            continue
+        at = bisect_left(ordered, n + "-", at)
+        if at < len(ordered) and ordered[at].startswith(n + "-"):
+            out.add(n)
+    return out

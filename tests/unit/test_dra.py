@@ -462,3 +462,83 @@ def test_verify_names_a_node_on_another_allocator_than_its_inventory_says() -> N
     assert c.cause == "on device-plugin, where the inventory says allocator: dra"
     assert c.remedy.startswith("gpuk8s allocator w-dra --to dra")
     assert next(c for c in ctx.nodes if c.node == "w-plugin").ok
+
+
+# -- issue 42: what gpuk8s did not create is neither taken over nor deleted ----------------------------------------
+
+def _helm(kind: str, name: str, namespace: str = "") -> dict[str, Any]:
+    """An object another tool made (NVIDIA's install guide Helm-installs the driver into nvidia-dra-driver-gpu)."""
+    return {"kind": kind, "metadata": {"name": name, "namespace": namespace,
+                                       "labels": {"app.kubernetes.io/managed-by": "Helm"}}}
+
+
+def test_an_existing_dra_namespace_is_used_never_annotated_and_never_deleted() -> None:
+    i = mixed()
+    kube = FakeKube()
+    for name, plan in gpuplan.plans(i).items():
+        kube.add_node(name, gpus=plan.expected_gpus, labels=plan.labels)
+    ns = ("namespace", "", dra.DRA_NAMESPACE)
+    kube.objects[ns] = _helm("Namespace", dra.DRA_NAMESPACE)
+    ctx = Context(i, plans=gpuplan.plans(i), kube_client=kube, initialized_cache=True)
+    assert GPUNodes().run(ctx).status == "changed"
+    assert "annotations" not in kube.objects[ns]["metadata"]  # not adopted
+    assert ("daemonset", dra.DRA_NAMESPACE, dra.DRA_PLUGIN) in kube.objects
+    assert GPUNodes().plan(ctx).status == "unchanged"  # and a re-run changes nothing
+    # a Helm release installed into it later; then no node on DRA any more: gpuk8s's objects go, the rest stays
+    kube.objects[("deployment", dra.DRA_NAMESPACE, "nvidia-dra-driver-gpu-controller")] = _helm(
+        "Deployment", "nvidia-dra-driver-gpu-controller", dra.DRA_NAMESPACE)
+    plain = loads(MIXED.replace("MINOR", "1.36").replace(", allocator: dra", ""))
+    kube.label("w-dra", {gpuplan.ALLOCATOR_LABEL: None})
+    ctx = Context(plain, plans=gpuplan.plans(plain), kube_client=kube, initialized_cache=True)
+    GPUNodes().run(ctx)
+    assert ns in kube.objects and ("deployment", dra.DRA_NAMESPACE, "nvidia-dra-driver-gpu-controller") in kube.objects
+    assert ("daemonset", dra.DRA_NAMESPACE, dra.DRA_PLUGIN) not in kube.objects
+
+
+def test_gpuk8s_own_dra_namespace_holding_a_foreign_release_is_kept() -> None:
+    i = mixed()
+    kube = FakeKube()
+    manifests.apply(kube, [manifests.dra_driver(i)])
+    kube.objects[("deployment", dra.DRA_NAMESPACE, "ctl")] = _helm("Deployment", "ctl", dra.DRA_NAMESPACE)
+    gone = dict(manifests.removable(kube, [manifests.dra_driver(i)]))[manifests.dra_driver(i)]
+    assert ("Namespace", dra.DRA_NAMESPACE, "kube-system") not in gone and gone
+    del kube.objects[("deployment", dra.DRA_NAMESPACE, "ctl")]
+    gone = dict(manifests.removable(kube, [manifests.dra_driver(i)]))[manifests.dra_driver(i)]
+    assert ("Namespace", dra.DRA_NAMESPACE, "kube-system") in gone
+
+
+def test_a_dra_object_another_tool_made_is_named_and_nothing_of_the_driver_applied() -> None:
+    i = mixed()
+    kube = FakeKube()
+    for name, plan in gpuplan.plans(i).items():
+        kube.add_node(name, gpus=plan.expected_gpus, labels=plan.labels)
+    role = f"{dra.DRA_NAME}-clusterrole-kubeletplugin"
+    kube.objects[("clusterrole", "", role)] = _helm("ClusterRole", role)
+    ctx = Context(i, plans=gpuplan.plans(i), kube_client=kube, initialized_cache=True)
+    plan = GPUNodes().plan(ctx)
+    assert not any(c.what.startswith(f"apply {manifests.DRA_MANIFEST}") for c in plan.changes)
+    assert any(f"{manifests.DRA_MANIFEST}: ClusterRole/{role}" in c.what for c in plan.changes)
+    r = GPUNodes().run(ctx)
+    assert r.status == "failed" and f"ClusterRole/{role}" in r.message and "helm uninstall" in r.remedy
+    assert "annotations" not in kube.objects[("clusterrole", "", role)]["metadata"]
+    assert ("daemonset", dra.DRA_NAMESPACE, dra.DRA_PLUGIN) not in kube.objects
+    assert ("daemonset", "kube-system", manifests.DEVICE_PLUGIN) in kube.objects  # the rest applied
+
+
+def test_verify_leaves_a_test_object_of_another_alone_and_names_it() -> None:
+    from gpuk8s.phases.verify import TEST_NAMESPACE, claim_template_name, test_pod_name
+    i = mixed()
+    kube = FakeKube()
+    for name, plan in gpuplan.plans(i).items():
+        kube.add_node(name, gpus=plan.expected_gpus, labels=plan.labels)
+    mine = claim_template_name("gpu")
+    kube.objects[("resourceclaimtemplate", TEST_NAMESPACE, mine)] = _helm("ResourceClaimTemplate", mine,
+                                                                          TEST_NAMESPACE)
+    pod = test_pod_name("w-plugin")
+    kube.objects[("pod", TEST_NAMESPACE, pod)] = _helm("Pod", pod, TEST_NAMESPACE)
+    ctx = Context(i, plans=gpuplan.plans(i), kube_client=kube, initialized_cache=True)
+    checks = [state.NodeCheck(n, True, True, 1, 1) for n in ("w-dra", "w-plugin")]
+    Verify().test_pods(ctx, checks)
+    assert kube.writes == []
+    assert [(c.ok, c.cause_id) for c in checks] == [(False, "gpu.test-name-taken")] * 2
+    assert f"{mine} in namespace default" in checks[0].cause and pod in checks[1].cause

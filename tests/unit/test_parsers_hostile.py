@@ -1,7 +1,8 @@
 """A hostile or broken host must not freeze or fool the client.
 
-Every parser of a host's output takes time linear in it (up to the 1 MiB gpuk8s keeps of it) and gives a
-value or ParseError, never another exception; a parser or check that raises anyway fails that host.
+Every parser of a host's output takes time linear in it (up to the 8 MiB gpuk8s reads of a probe's answer,
+runner.PROBE_MAX_OUTPUT, the cap imported here) and gives a value or ParseError, never another exception; a parser
+or check that raises anyway fails that host.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from gpuk8s.versions import release
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures"
 PROBE = (FIX / "h200" / "probe.txt").read_text()
-M = 1 << 20
+M = runner.PROBE_MAX_OUTPUT  # the real cap: what gpuk8s reads of a host's probe answer
 WORKER = Host("vm", "10.0.0.11", "worker", SSHSettings(), gpus=1)
 
 # Lines on which the old table regex (^\s*\[\[?\s*(.+?)\s*\]\]?\s*(#.*)?$) backtracked cubically: at
@@ -91,7 +92,7 @@ HOSTILE: dict[str, str] = {
     "section frames": "@@gpuk8s-begin x\n" * (M // 17),
     "drop-in frames": "@@file /etc/containerd/conf.d/x.toml\n" * (M // 37),
     "end frame with a huge status": "@@gpuk8s-begin x\n@@gpuk8s-end x " + "1" * (M - 40),
-    "memtotal of 1 MiB": "MemTotal: " + "1" * (M - 20) + " kB",
+    "memtotal of the cap": "MemTotal: " + "1" * (M - 20) + " kB",
     "ss with unicode ports": "LISTEN 0 4096 0.0.0.0:²² 0.0.0.0:*\n" * (M // 36),
     "link/ether": "2: e: link/ether " + "0" * (M - 20),
 }
@@ -99,7 +100,7 @@ HOSTILE = {name: text[:M] for name, text in HOSTILE.items()}
 
 
 def _probe_with(body: str) -> str:
-    """The real probe output with every section's text replaced by a share of `body` (1 MiB in all)."""
+    """The real probe output with every section's text replaced by a share of `body` (the cap in all)."""
     names = list(p.split_sections(PROBE))
     share = body[: len(body) // len(names)]
     return "".join(f"@@gpuk8s-begin {n}\n{share}\n@@gpuk8s-end {n} 0\n" for n in names)
@@ -136,14 +137,14 @@ def _every_parser(text: str) -> None:
 
 
 @pytest.mark.parametrize("name", list(HOSTILE))
-def test_every_parser_on_1_mib_of_hostile_text(name: str) -> None:
+def test_every_parser_on_hostile_text_at_the_probe_cap(name: str) -> None:
     _warm()
     text = HOSTILE[name]
     assert len(text) <= M
-    t0 = perf_counter()
+    t0 = time.process_time()
     _every_parser(text)
-    elapsed = perf_counter() - t0
-    assert elapsed < 2.0, f"{elapsed:.2f} s"
+    elapsed = time.process_time() - t0
+    assert elapsed < 12.0, f"{elapsed:.2f} s of CPU"
 
 
 @pytest.mark.parametrize("text", ["²", "٣", "¹²", "١٠", "৩", "𝟑", "1²"])

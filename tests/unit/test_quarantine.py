@@ -13,6 +13,8 @@ import yaml
 
 from gpuk8s import gpuplan
 from gpuk8s.facts.health import HealthFacts, health_facts
+from gpuk8s.findings import passed as findings_passed
+from gpuk8s.health.checks import judge, judge_dcgm
 from gpuk8s.health.release import release_with
 from gpuk8s.health.run import HealthReport, HostHealth
 from gpuk8s.install.prepare import blocking_checks
@@ -230,7 +232,8 @@ def test_verify_names_a_quarantined_node_without_failing_on_it() -> None:
 
 def report(*hosts: tuple[Host, bool]) -> HealthReport:
     from gpuk8s.findings import failed as fail
-    return HealthReport([HostHealth(h, reachable=True, findings=[] if ok else [
+    from gpuk8s.findings import passed as ok_
+    return HealthReport([HostHealth(h, reachable=True, findings=[ok_("health.xid", "no Xid")] if ok else [
         fail("health.xid", "Xid 79", "reboot")]) for h, ok in hosts], "quick", 0.1)
 
 
@@ -262,6 +265,7 @@ def test_release_keeps_a_dcgm_quarantine_below_the_standard_level_and_names_a_fa
     assert kube.writes == []
     rep = report((GOOD, True))
     rep.level = "standard"
+    rep.hosts[0].findings.append(findings_passed("health.dcgm-diag", "dcgmi diag -r 2: none failed"))
     release_with(kube, rep)  # type: ignore[arg-type]
     assert kube.writes == [("taint", "good", "gpuk8s.io/quarantine:NoSchedule-")]
 
@@ -378,3 +382,35 @@ def test_a_dry_run_judges_a_host_whose_driver_gpuk8s_installs_after_the_driver_p
     p = phase.Health().plan(ctx)
     assert "1 host(s) judged once the driver phase has installed their driver: good" in p.reason
     assert "good" not in ctx.quarantine and "good" not in {c.host for c in p.changes}
+
+
+@pytest.mark.parametrize(("taint", "level", "reading", "dcgm"), [
+    # quarantined for ECC while `nvidia-smi -q` timed out now: health.ecc-uncorrected skipped, nothing failed
+    ("health.ecc-uncorrected", "quick", health_facts((124, "timed out after 20 s"), (0, ""), (0, "")), False),
+    # quarantined for an Xid while the kernel log cannot be read now (dmesg_restrict): health.xid skipped
+    ("health.xid", "quick", health_facts((0, real("smi-q-h100x8-535-hw-slowdown-gpud.txt")), (0, ""),
+                                         (1, "dmesg: read kernel buffer failed: Operation not permitted")), False),
+    # quarantined by DCGM, released with --level standard on a host where dcgmi is gone: health.dcgm-diag skipped
+    ("health.dcgm-diag", "standard", h100(), True),
+])
+def test_release_needs_the_check_named_in_the_taint_to_have_run_and_passed(
+        taint: str, level: str, reading: HealthFacts, dcgm: bool) -> None:
+    kube = FakeKube()
+    kube.add_node("good", taints=[{"key": QUARANTINE, "value": taint, "effect": "NoSchedule"}])
+    found = judge(GOOD, facts(), reading) + ([judge_dcgm(level, None)] if dcgm else [])
+    assert all(f.ok for f in found) and next(f for f in found if f.id == taint).status == "skip"
+    rep = HealthReport([HostHealth(GOOD, reachable=True, findings=found)], level, 0.1)
+    release_with(kube, rep)  # type: ignore[arg-type]
+    f = rep.hosts[0].findings[-1]
+    assert kube.writes == [] and f.status == "fail"
+    assert f.message.startswith(f"kept in quarantine ({taint}): the check that put it there did not pass now (skip")
+    assert "kubectl taint nodes good gpuk8s.io/quarantine:NoSchedule-" in f.remedy
+
+
+def test_release_of_a_taint_naming_no_check_is_kept() -> None:
+    kube = FakeKube()
+    kube.add_node("good", taints=[{"key": QUARANTINE, "effect": "NoSchedule"}])
+    rep = report((GOOD, True))
+    release_with(kube, rep)  # type: ignore[arg-type]
+    assert kube.writes == [] and rep.hosts[0].findings[-1].message == (
+        "kept in quarantine (unknown): the check that put it there (unknown) did not run now")
