@@ -56,12 +56,17 @@ MIG_PREFIX = "nvidia.com/mig-"
 HAMI_NODE_LABEL = "gpu"
 HAMI_NODE_VALUE = "on"
 # Who serves a node's GPUs (inventory `allocator:`, docs/dra.md): on a dra node this label is "dra"; the NVIDIA
-# DRA driver's kubelet plugin runs only there, the device plugin everywhere else
-ALLOCATOR_LABEL = "gpuk8s.io/gpu-allocator"
+# DRA driver's kubelet plugin runs only there, the device plugin everywhere else. Under the prefix the NodeRestriction
+# admission plugin keeps for administrators: a kubelet can neither set nor remove it on its own node, so a host
+# cannot put itself on DRA (and the DRA kubelet plugin's token on itself) or off it (docs/security.md)
+ALLOCATOR_LABEL = "node-restriction.kubernetes.io/gpuk8s-gpu-allocator"
+# where gpuk8s before 0.13 wrote it: any kubelet may set this one on its own node, so it is evidence only where the
+# inventory says the same (kube/dra.labelled); install moves it to ALLOCATOR_LABEL and removes it
+LEGACY_ALLOCATOR_LABEL = "gpuk8s.io/gpu-allocator"
 DRA = "dra"
 # Labels gpuk8s owns on GPU nodes: set from the plan, removed when the plan no longer has them.
 MANAGED_LABELS = (CONFIG_LABEL, PRODUCT_LABEL, MEMORY_LABEL, COUNT_LABEL, REPLICAS_LABEL, STRATEGY_LABEL,
-                  MPS_CAPABLE_LABEL, HAMI_NODE_LABEL, MIG_STRATEGY_LABEL, ALLOCATOR_LABEL)
+                  MPS_CAPABLE_LABEL, HAMI_NODE_LABEL, MIG_STRATEGY_LABEL, ALLOCATOR_LABEL, LEGACY_ALLOCATOR_LABEL)
 # ...and every label under nvidia.com/mig-<profile>. (mixed strategy): owned by prefix (gpu phase, owned_labels)
 MANAGED_PREFIXES = (MIG_PREFIX,)
 

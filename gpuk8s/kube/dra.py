@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuk8s.gpuplan import ALLOCATOR_LABEL, DRA, GPUPlan
+from gpuk8s.gpuplan import ALLOCATOR_LABEL, DRA, LEGACY_ALLOCATOR_LABEL, GPUPlan
 from gpuk8s.kube import state
 
 DRA_DRIVER = "gpu.nvidia.com"  # the NVIDIA DRA driver's name in ResourceSlices, claims' results and DeviceClasses
@@ -68,17 +68,23 @@ class NodeDevices:
         return len({a.device for a in self.allocated})
 
 
-def labelled(node: Any) -> bool:
-    """Whether a node object (hostile data) carries gpuk8s's label of a dra node (gpuplan.ALLOCATOR_LABEL=dra)."""
+def labelled(node: Any, planned: str | None = None) -> bool:
+    """Whether a node object (hostile data) carries gpuk8s's label of a dra node (gpuplan.ALLOCATOR_LABEL=dra, which
+    no kubelet can set). The label of gpuk8s before 0.13 (LEGACY_ALLOCATOR_LABEL), which any kubelet can set on its
+    own node, counts only where the inventory says the same (`planned`): a host cannot put itself on DRA."""
     md = node.get("metadata") if isinstance(node, dict) else None
     labels = md.get("labels") if isinstance(md, dict) else None
-    return isinstance(labels, dict) and labels.get(ALLOCATOR_LABEL) == DRA
+    if not isinstance(labels, dict):
+        return False
+    if ALLOCATOR_LABEL in labels:
+        return labels.get(ALLOCATOR_LABEL) == DRA
+    return planned == DRA and labels.get(LEGACY_ALLOCATOR_LABEL) == DRA
 
 
-def allocator_of(node: Any) -> str:
-    """The allocator a node object is on now, as its label says: dra, else the device plugin. The one place that
-    reads it (status, the gpu phase's manifests, the allocator's move)."""
-    return DRA if labelled(node) else "device-plugin"
+def allocator_of(node: Any, planned: str | None = None) -> str:
+    """The allocator a node object is on now, as its label says: dra, else the device plugin (`planned`: the
+    inventory's, as `labelled`). The one place that reads it (status, the gpu phase's manifests, the move)."""
+    return DRA if labelled(node, planned) else "device-plugin"
 
 
 def _str(v: Any, limit: int = 253) -> str:

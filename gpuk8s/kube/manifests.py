@@ -24,7 +24,16 @@ import yaml
 
 from gpuk8s import mirrors, versions
 from gpuk8s.errors import GpuK8sError
-from gpuk8s.gpuplan import ALLOCATOR_LABEL, CONFIG_LABEL, DRA, RUNTIME_HANDLER, GPUPlan, PluginSettings, is_gpu_node
+from gpuk8s.gpuplan import (
+    ALLOCATOR_LABEL,
+    CONFIG_LABEL,
+    DRA,
+    LEGACY_ALLOCATOR_LABEL,
+    RUNTIME_HANDLER,
+    GPUPlan,
+    PluginSettings,
+    is_gpu_node,
+)
 from gpuk8s.inventory.model import Inventory
 from gpuk8s.kube.client import KubeClient
 from gpuk8s.kube.dra import DRA_NAME, DRA_NAMESPACE
@@ -115,7 +124,7 @@ def device_plugin(inv: Inventory, dra: bool | None = None) -> Manifest:
         dra = any(is_gpu_node(h) and h.gpu.allocator.kind == DRA for h in inv.hosts)
     return Manifest(PLUGIN_MANIFEST, mirrors.rewrite_images(inv, _render(
         device_plugin_template(), version=inv.install.device_plugin_version, mig=mig, dra=dra,
-        allocator_label=ALLOCATOR_LABEL)))
+        allocator_label=ALLOCATOR_LABEL, legacy_allocator_label=LEGACY_ALLOCATOR_LABEL)))
 
 
 DRA_MANIFEST = "nvidia-dra-driver.yaml"

@@ -69,7 +69,7 @@ class AllocatorMove(UpgradeStep):
         target = plan.allocator
         node = self._node_obj(ctx, h.name)
         marked = state.node_state(node).labels.get(CORDONED_BY_UPGRADE) == MARK  # an earlier move's cordon
-        if dra.allocator_of(node) == target and offered(ctx, plan)[0]:
+        if dra.allocator_of(node, target) == target and offered(ctx, plan)[0]:
             if not marked:
                 return f"already on {target}"
             again = self._test_pod(ctx, plan)  # an earlier run stopped between its switch and its uncordon
@@ -79,7 +79,7 @@ class AllocatorMove(UpgradeStep):
             return f"already on {target}; test pod passed; {_give_back(ctx, h.name)} (an earlier run stopped)"
         before = {k: v for k, v in state.node_state(node).labels.items()
                   if k in MANAGED_LABELS or k.startswith(MANAGED_PREFIXES)}
-        was = dra.allocator_of(node)
+        was = dra.allocator_of(node, target)
         t0 = time.monotonic()
         mine, waited = self._vacate(ctx, h, ctx.emit, "allocator.drain-failed")
         try:
@@ -174,7 +174,7 @@ class AllocatorMove(UpgradeStep):
             except NodeFailure as e:
                 changes.append(Change(f"{h.name}: not moved: {e.message}"))
                 continue
-            if dra.allocator_of(node) == plan.allocator and offered(ctx, plan)[0]:
+            if dra.allocator_of(node, plan.allocator) == plan.allocator and offered(ctx, plan)[0]:
                 continue
             todo.append(h.name)
             pods = gpu_pods(ctx, h.name)
@@ -187,7 +187,8 @@ class AllocatorMove(UpgradeStep):
                 if applied.get(m.name) != m.sha256:  # each text once
                     applied[m.name] = m.sha256
                     changes.append(Change(f"apply {m.name} (sha256 {m.sha256[:12]})", manifest=m.applied_text()))
-            changes.append(Change(f"{h.name}: {dra.allocator_of(node)} -> {plan.allocator}: label {ALLOCATOR_LABEL}"
+            now = dra.allocator_of(node, plan.allocator)
+            changes.append(Change(f"{h.name}: {now} -> {plan.allocator}: label {ALLOCATOR_LABEL}"
                                   + ("=dra" if plan.dra else " removed") + "; wait for its GPUs; a test pod; "
                                   "uncordon (or put back as it was if they fail)"))
             seen = done

@@ -21,11 +21,21 @@ from gpuk8s.facts.model import HostFacts
 from gpuk8s.gpuplan import is_gpu_node
 from gpuk8s.install.prepare import HostRun, run_steps
 from gpuk8s.inventory.model import Host
+from gpuk8s.kube import state
+from gpuk8s.phases.allocator import MARK as ALLOCATOR_MARK
 from gpuk8s.phases.base import Change, Context, PhasePlan, PhaseResult
 from gpuk8s.phases.driver import action
 from gpuk8s.phases.prepare import refresh_facts
 from gpuk8s.phases.reboot import REBOOT, reboot
-from gpuk8s.phases.upgrade import NodeFailure, UpgradeOptions, UpgradeStep, _drain_changes, _give_back, gpu_pods
+from gpuk8s.phases.upgrade import (
+    CORDONED_BY_UPGRADE,
+    NodeFailure,
+    UpgradeOptions,
+    UpgradeStep,
+    _drain_changes,
+    _give_back,
+    gpu_pods,
+)
 from gpuk8s.phases.verify import wait_offered
 from gpuk8s.playbook.model import load_playbook
 from gpuk8s.playbook.render import RenderedStep, context, render_playbook
@@ -70,17 +80,28 @@ class DriverUpgrade(UpgradeStep):
             if f is None:
                 continue
             want = wanted(h, f)
-            if not want.get("manage") or at_target(f, want):
+            if not want.get("manage"):
+                continue
+            if at_target(f, want):
+                if self._marked(ctx, h.name):
+                    todo.append(h.name)
+                    changes += [Change(f"{h.name} is at driver {f.driver.module_version}, left cordoned by an earlier "
+                                       "run: wait for its GPUs, then uncordon", "", f"kubectl uncordon {h.name}")]
                 continue
             todo.append(h.name)
             have = f.driver.module_version or "none"
             pods = gpu_pods(ctx, h.name)
             if pods:
                 changes.append(Change(f"GPU pods on {h.name} waited for: {', '.join(pods)}"))
-            changes += _drain_changes(ctx, h, self.opts)
+            # what _node_upgrade does, in its order: drain, the driver's steps, the reboot, the uncordon (not the
+            # kubelet packages of `gpuk8s upgrade`, which _drain_changes lists for it)
+            drain, _kubelet, uncordon = _drain_changes(ctx, h, self.opts)
+            changes.append(drain)
             changes += [Change(f"{s.playbook}/{s.name}: {s.title}", h.name, s.run) for s in self._steps(ctx, h)]
             changes.append(Change(f"reboot {h.name} into driver {want['branch']} ({want['flavor']}), from {have}",
                                   h.name, REBOOT))
+            changes.append(Change(f"wait until {h.name}'s GPUs are offered again", ""))
+            changes.append(uncordon)
         if not todo:
             return self.planned("unchanged", "every managed node runs the driver its inventory asks for")
         return self.planned("would-change", f"{len(todo)} node(s) to upgrade ({', '.join(todo)}), "
@@ -135,9 +156,26 @@ class DriverUpgrade(UpgradeStep):
                               f"{self.opts.drain_timeout} s after the reboot ({what})",
                               f"gpuk8s doctor node/{h.name}; the node stays cordoned; re-run {self.resume}")
 
+    @staticmethod
+    def _marked(ctx: Context, name: str) -> bool:
+        """Whether the node carries the cordon mark of an upgrade (this command's or gpuk8s upgrade's, not a
+        `gpuk8s allocator` move's): a run stopped between its cordon and its uncordon."""
+        found = ctx.kube.get("nodes", name)
+        labels = state.node_state(found[0]).labels if found else {}
+        return CORDONED_BY_UPGRADE in labels and labels[CORDONED_BY_UPGRADE] != ALLOCATOR_MARK
+
+    def _resume(self, ctx: Context, h: Host) -> str:
+        """A node at its driver that an earlier run left cordoned (stopped after the reboot: Ctrl-C, a lost
+        connection, GPUs late, the API away): its GPUs waited for as after a reboot, then uncordoned."""
+        f = ctx.facts[h.name]
+        self._wait_gpus(ctx, h)
+        return (f"already at driver {f.driver.module_version}; GPUs offered; {_give_back(ctx, h.name)} (an earlier "
+                "run stopped before it)")
+
     def run(self, ctx: Context) -> PhaseResult:
         r = self.result("pending")
-        todo = []
+        todo: list[Host] = []
+        resumed: list[Host] = []
         for h in self._managed(ctx):
             f = ctx.facts.get(h.name)
             if h.name not in ctx.sessions or f is None:
@@ -147,11 +185,14 @@ class DriverUpgrade(UpgradeStep):
             if not want.get("manage"):
                 r.hosts[h.name] = "failed: its driver settings do not work on it (gpuk8s preflight: driver.plan)"
             elif at_target(f, want):
-                r.hosts[h.name] = f"already at driver {f.driver.module_version} ({want['flavor']})"
+                if self._marked(ctx, h.name):
+                    resumed.append(h)  # an earlier run stopped after its reboot: finished below, not left cordoned
+                else:
+                    r.hosts[h.name] = f"already at driver {f.driver.module_version} ({want['flavor']})"
             else:
                 todo.append(h)
-        for name, res in for_each_host(todo, lambda h: self._node_upgrade(ctx, h),
-                                       self.opts.max_unavailable).items():
+        for name, res in for_each_host([*resumed, *todo], lambda h: self._resume(ctx, h) if h in resumed
+                                       else self._node_upgrade(ctx, h), self.opts.max_unavailable).items():
             r.hosts[name] = (f"failed: {getattr(res, 'message', res)}" if isinstance(res, BaseException)
                              else str(res))
             if isinstance(res, NodeFailure):
@@ -162,6 +203,7 @@ class DriverUpgrade(UpgradeStep):
                                                           f"re-run {self.resume}", subject=findings.node(name)))
         failed = [n for n, s in r.hosts.items() if s.startswith("failed")]
         done = [n for n, s in r.hosts.items() if not s.startswith(("failed", "already"))]
+        finished = [n for n, s in r.hosts.items() if s.startswith("already") and "earlier run" in s]
         if not r.hosts:
             r.status, r.message = "unchanged", "no node has driver: {manage: true}"
         elif failed:
@@ -169,8 +211,10 @@ class DriverUpgrade(UpgradeStep):
             r.message = "; ".join(f"{n}: {r.hosts[n]}" for n in failed)
             r.remedy = f"fix the cause, then re-run {self.resume}: upgraded nodes are skipped"
         else:
-            r.status = "changed" if done else "unchanged"
+            r.status = "changed" if done or finished else "unchanged"
             r.message = (f"upgraded {len(done)} node(s); GPUs down per node: "
                          + ", ".join(f"{n} {self.gpu_down[n]:.1f} s" for n in done) if done
                          else "every managed node runs the driver its inventory asks for")
+            if finished:
+                r.message += f"; resumed: {', '.join(finished)} uncordoned (an earlier run stopped after its reboot)"
         return r

@@ -94,7 +94,7 @@ def as_they_are(ctx: Context, nodes: dict[str, Any], switching: set[str]) -> dic
     for name, plan in ctx.plans.items():
         if name in switching or name not in nodes or not plan.gpu_node or name not in by:
             continue
-        now = dra.allocator_of(nodes[name])
+        now = dra.allocator_of(nodes[name], plan.allocator)
         if now != plan.allocator:
             out[name] = plan_on(by[name], ctx.facts.get(name), now)
     return out
@@ -141,14 +141,14 @@ class GPUNodes(Phase):
                 self._was_shared[name] = ns.labels.get(STRATEGY_LABEL, "none") != "none"
             except StateError as e:
                 raise PhaseError(f"the node object of {name} is unreadable: {e}", "see the log file") from None
-            if ALLOCATOR_LABEL in diff[0] and ns.labels.get(ALLOCATOR_LABEL, "device-plugin") != plan.allocator:
+            if ALLOCATOR_LABEL in diff[0] and dra.allocator_of(nodes[name], plan.allocator) != plan.allocator:
                 # another allocator would serve GPUs that running pods hold (both would hand them out): only
                 # gpuk8s allocator moves a node, drained first
                 if pods is None:
                     pods = ctx.kube.get("pods", namespace="*")
                 holding = state.gpu_pods(pods, name)
                 if holding:
-                    was = ns.labels.get(ALLOCATOR_LABEL, "device-plugin")
+                    was = dra.allocator_of(nodes[name], plan.allocator)
                     self._held[name] = (f"left on {was}: GPU pods hold its GPUs ({', '.join(holding[:5])}"
                                         f"{', ...' if len(holding) > 5 else ''}); gpuk8s allocator {name} --to "
                                         f"{plan.allocator} drains it first")
@@ -250,7 +250,8 @@ class GPUNodes(Phase):
         if self._held:
             r.hosts.update(self._held)
             r.status = "failed"
-            r.message = "; ".join([*done, *([taken] if taken else []), *(f"{n}: {why}" for n, why in self._held.items())])
+            r.message = "; ".join([*done, *([taken] if taken else []),
+                                   *(f"{n}: {why}" for n, why in self._held.items())])
             r.remedy = "; ".join(f"gpuk8s allocator {n} --to {ctx.plans[n].allocator}" for n in self._held) + \
                 " (each drained, its GPU pods waited for), then gpuk8s install again"
         return r

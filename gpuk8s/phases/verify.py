@@ -257,8 +257,8 @@ class Verify(Phase):
         for c in checks:  # a node not moved yet (install held it: GPU pods on it) is named as such, not as broken
             node = nodes.get(c.node)
             plan = ctx.plans[c.node]
-            if c.ready and node is not None and plan.gpu_node and dra.labelled(node) != plan.dra:
-                now = "dra" if dra.labelled(node) else "device-plugin"
+            if c.ready and node is not None and plan.gpu_node and dra.labelled(node, plan.allocator) != plan.dra:
+                now = dra.allocator_of(node, plan.allocator)
                 c.ok, c.cause_id = False, "node.allocator-differs"  # the cause of what check_node saw, if anything
                 c.cause = f"on {now}, where the inventory says allocator: {plan.allocator}"
                 c.evidence = [f"label {ALLOCATOR_LABEL}: {now if now == 'dra' else '(none)'}"]

@@ -33,6 +33,14 @@ def _driver(host: Host, f: HostFacts) -> CheckResult:
     shown = f.gpu.driver or fmt(have)  # as nvidia-smi prints it (535.104.05)
     if at_least(have, floor):
         return passed("dra.driver", f"driver {shown} (the DRA driver needs {floor[0]} or newer)")
+    if host.gpu.driver.manage:
+        # install brings the inventory's branch before any DRA driver runs (the loader refused a branch below the
+        # floor): the driver running now is not what the node will have (issue 41: a composition preflight
+        # blocked although its own remedy proposes it)
+        branch = host.gpu.driver.branch or versions.drivers().default_branch
+        return passed("dra.driver", f"driver {shown} now; install brings branch {branch} (driver: manage) before "
+                      f"the DRA driver serves the node (it needs {floor[0]} or newer); a node already in the "
+                      "cluster changes its driver through gpuk8s driver upgrade")
     return failed("dra.driver", f"driver {shown} is older than the DRA driver's floor ({floor[0]})",
                   f"upgrade the driver to branch {floor[0]} or newer (gpuk8s driver upgrade, with driver: "
                   f"{{manage: true, branch: \"{versions.drivers().default_branch}\"}}), or write allocator: "

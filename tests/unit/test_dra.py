@@ -289,6 +289,11 @@ def test_preflight_checks_the_driver_floor_on_dra_hosts_only() -> None:
     assert bad.status == "fail" and "older than the DRA driver's floor (565)" in bad.message
     assert "allocator: device-plugin" in bad.remedy
     assert _checks(i, "w-plugin", _with(old, "1.7.28")) == {}
+    # issue 41: the managed driver install brings (the remedy's own inventory) is what counts, not the one running
+    managed = loads(MIXED.replace("MINOR", "1.34").replace("allocator: dra",
+                                                          'allocator: dra, driver: {manage: true, branch: "580"}'))
+    got = _checks(managed, "w-dra", _with(old, "2.2.6"))["dra.driver"]
+    assert got.status == "pass" and "driver 560.35.03 now; install brings branch 580" in got.message
 
 
 @pytest.mark.parametrize(("minor", "containerd", "config", "status", "says"), [
@@ -542,3 +547,49 @@ def test_verify_leaves_a_test_object_of_another_alone_and_names_it() -> None:
     assert kube.writes == []
     assert [(c.ok, c.cause_id) for c in checks] == [(False, "gpu.test-name-taken")] * 2
     assert f"{mine} in namespace default" in checks[0].cause and pod in checks[1].cause
+
+
+def test_a_host_cannot_put_itself_on_dra_with_a_label_it_may_set() -> None:
+    """Issue 42: any kubelet may set gpuk8s.io/ labels on its own node (NodeRestriction guards kubernetes.io/ and
+    k8s.io/ only). A device-plugin node that labels itself with the old allocator label, its GPUs held by a pod:
+    neither kept "on dra" nor given the DRA driver (whose kubelet plugin's token would land on it)."""
+    assert gpuplan.ALLOCATOR_LABEL.startswith("node-restriction.kubernetes.io/")
+    plain = loads(MIXED.replace("MINOR", "1.36").replace(", allocator: dra", ""))
+    plans = gpuplan.plans(plain)
+    kube = FakeKube()
+    kube.add_node("w-dra", gpus=4, labels={**plans["w-dra"].labels, gpuplan.LEGACY_ALLOCATOR_LABEL: "dra"})
+    kube.add_node("w-plugin", gpus=2, labels=plans["w-plugin"].labels)
+    kube.objects[("pod", "ml", "train")] = {"metadata": {"name": "train", "namespace": "ml"}, "spec": {
+        "nodeName": "w-dra", "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+        "status": {"phase": "Running"}}
+    ctx = Context(plain, plans=plans, kube_client=kube, initialized_cache=True)
+    still = as_they_are(ctx, state.by_name(kube.get("nodes")), set())
+    assert not still["w-dra"].dra and manifests.DRA_MANIFEST not in [m.name for m in gpu_manifests(ctx, still)]
+    r = GPUNodes().run(ctx)
+    assert r.status == "changed" and ("daemonset", dra.DRA_NAMESPACE, dra.DRA_PLUGIN) not in kube.objects
+    assert gpuplan.LEGACY_ALLOCATOR_LABEL not in kube.nodes["w-dra"]["metadata"]["labels"]  # gpuk8s's: removed
+    # the DRA driver's kubelet plugin is placed by the protected label only
+    ds = next(d for d in _objects(manifests.dra_driver(mixed())) if d["kind"] == "DaemonSet")
+    assert ds["spec"]["template"]["spec"]["nodeSelector"] == {gpuplan.ALLOCATOR_LABEL: "dra"}
+
+
+def test_a_dra_node_of_gpuk8s_before_the_protected_label_moves_to_it_unchanged() -> None:
+    i = mixed()
+    plans = gpuplan.plans(i)
+    kube = FakeKube()
+    old = {k: v for k, v in plans["w-dra"].labels.items() if k != gpuplan.ALLOCATOR_LABEL}
+    kube.add_node("w-dra", labels={**old, gpuplan.LEGACY_ALLOCATOR_LABEL: "dra"})
+    kube.add_node("w-plugin", labels=plans["w-plugin"].labels)
+    kube.objects[("pod", "ml", "train")] = {"metadata": {"name": "train", "namespace": "ml"}, "spec": {
+        "nodeName": "w-dra", "containers": [{"name": "c", "resources": {"claims": [{"name": "gpu"}]}}],
+        "resourceClaims": [{"name": "gpu", "resourceClaimName": "c"}]}, "status": {"phase": "Running"}}
+    ctx = Context(i, plans=plans, kube_client=kube, initialized_cache=True)
+    assert dra.allocator_of(kube.nodes["w-dra"], "dra") == "dra" and dra.allocator_of(kube.nodes["w-dra"]) != "dra"
+    r = GPUNodes().run(ctx)
+    assert r.status == "changed", r.message  # not held: it is on DRA already, as the inventory says
+    labels = kube.nodes["w-dra"]["metadata"]["labels"]
+    assert labels[gpuplan.ALLOCATOR_LABEL] == "dra" and gpuplan.LEGACY_ALLOCATOR_LABEL not in labels
+    plugin = next(d for d in _objects(manifests.device_plugin(i)) if d["kind"] == "DaemonSet")
+    keys = {e["key"] for t in plugin["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"] for e in t["matchExpressions"]}
+    assert {gpuplan.ALLOCATOR_LABEL, gpuplan.LEGACY_ALLOCATOR_LABEL} <= keys  # never served twice meanwhile

@@ -114,3 +114,49 @@ def test_a_node_is_at_its_target_only_with_the_branch_flavour_loaded_and_service
     assert not at_target(facts(driver=replace(LOADED, libraries=("595.71.05",))), want)  # packages moved, no reboot
     assert not at_target(facts(driver=replace(LOADED, persistenced="inactive")), want)
     assert not at_target(f, {"manage": False})
+
+
+def test_driver_upgrade_finishes_a_node_an_earlier_run_left_cordoned_after_its_reboot() -> None:
+    """Issue 41: stopped after the reboot (Ctrl-C, a lost connection, GPUs late), the re-run found the node "already
+    at driver" and left it cordoned for good. Now: its GPUs waited for, uncordoned, the mark dropped, and said."""
+    from gpuk8s import gpuplan
+    from gpuk8s.phases.base import Context
+    from gpuk8s.phases.driver_upgrade import DriverUpgrade, at_target, wanted
+    from gpuk8s.phases.upgrade import CORDONED_BY_UPGRADE, UpgradeOptions
+    from tests.unit.fakekube import FakeKube
+
+    f = facts(driver=LOADED)
+    h = INV.host("gpu-1")
+    assert at_target(f, wanted(h, f)), wanted(h, f)
+    kube = FakeKube()
+    kube.add_node("gpu-1", gpus=8, labels={CORDONED_BY_UPGRADE: "true"})
+    kube.nodes["gpu-1"]["spec"]["unschedulable"] = True
+    ctx = Context(INV, sessions={"gpu-1": object()}, facts={"gpu-1": f}, kube_client=kube,  # type: ignore[dict-item]
+                  initialized_cache=True, plans=gpuplan.plans(INV, {"gpu-1": f}))
+    step = DriverUpgrade(UpgradeOptions(to="", poll=0.01, drain_timeout=1))
+    planned = step.plan(ctx)
+    assert planned.status == "would-change" and "left cordoned by an earlier run" in planned.changes[0].what
+    r = step.run(ctx)
+    assert r.status == "changed" and "resumed: gpu-1 uncordoned" in r.message
+    assert ("uncordon", "gpu-1") in [c[:2] for c in kube.calls]
+    assert CORDONED_BY_UPGRADE not in kube.nodes["gpu-1"]["metadata"]["labels"]
+    # a re-run: nothing left to do; and a node another command cordoned (no mark) is not uncordoned
+    assert step.run(ctx).status == "unchanged" and step.plan(ctx).status == "unchanged"
+
+
+def test_driver_upgrades_dry_run_lists_what_the_run_does_and_no_kubelet() -> None:
+    from gpuk8s import gpuplan
+    from gpuk8s.phases.base import Context
+    from gpuk8s.phases.driver_upgrade import DriverUpgrade
+    from gpuk8s.phases.upgrade import UpgradeOptions
+    from tests.unit.fakekube import FakeKube
+
+    f = facts(driver=replace(LOADED, module_version="535.274.02", libraries=("535.274.02",)))
+    kube = FakeKube()
+    kube.add_node("gpu-1", gpus=8)
+    ctx = Context(INV, facts={"gpu-1": f}, kube_client=kube, initialized_cache=True,
+                  plans=gpuplan.plans(INV, {"gpu-1": f}))
+    whats = [c.what for c in DriverUpgrade(UpgradeOptions(to="")).plan(ctx).changes]
+    assert not any("kubelet" in w for w in whats)
+    assert whats[0].startswith("wait (at most") and whats[-1] == "uncordon gpu-1"
+    assert any(w.startswith("reboot gpu-1 into driver") for w in whats)
