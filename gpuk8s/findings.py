@@ -187,8 +187,7 @@ FINDINGS: dict[str, Spec] = {
     # gpuk8s verify with monitoring enabled (gpuk8s/phases/monitoring_verify.py, docs/monitoring.md)
     "monitoring.verified": _v(
         "the node's DCGM exporter pod is Running and its /metrics (read through the API "
-        "server's pod proxy) has one DCGM_FI_DEV_GPU_UTIL series per GPU of the node's "
-        'plan'),
+        "server's pod proxy) has series of every GPU (or MIG device) of the node's plan"),
     "monitoring.exporter-missing": _v(
         'no DCGM exporter pod on a GPU node (the DaemonSet is missing, or the node lacks '
         'the label nvidia.com/gpu.present=true or has a taint the exporter does not '
@@ -206,8 +205,8 @@ FINDINGS: dict[str, Spec] = {
         "the exporter's /metrics could not be read through the pod proxy, or is not the "
         'Prometheus text format'),
     "monitoring.series-count": _v(
-        "the exporter's DCGM_FI_DEV_GPU_UTIL series do not cover every GPU (or MIG "
-        "device) of the node's plan"),
+        "the exporter's device series (GPU_UTIL, GPU_TEMP, ...: on a MIG GPU one per GPU instance) "
+        "do not cover every GPU (or MIG device) of the node's plan"),
     "monitoring.no-pod-labels": _v(
         "the exporter cannot name the pods using GPUs: the kubelet's "
         '/var/lib/kubelet/pod-resources is not mounted in it (or a GPU pod runs and no '

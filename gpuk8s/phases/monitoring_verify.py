@@ -1,6 +1,7 @@
 """Phase monitoring-verify (`gpuk8s verify` with monitoring enabled): every GPU node's DCGM exporter pod
-Running, its /metrics with one DCGM_FI_DEV_GPU_UTIL series per GPU of the node's plan (per MIG device; per
-physical GPU under sharing), read through the API server's pod proxy so that no port must be open; pods
+Running, its /metrics with series of every GPU of the node's plan (per MIG device: the exporter publishes a MIG
+GPU's fields per GPU instance and none for the GPU itself, and no _UTIL field for an instance; per physical GPU
+under sharing), read through the API server's pod proxy so that no port must be open; pods
 attributed (the pod-resources mount); and Prometheus reporting every exporter target up.
 
 The Prometheus asked is one the inventory names: gpuk8s's own in `monitoring.namespace` (deploy), or the
@@ -37,6 +38,12 @@ from gpuk8s.phases.base import Context, Phase, PhasePlan, PhaseResult
 from gpuk8s.text import clean
 
 UTIL = "DCGM_FI_DEV_GPU_UTIL"
+# The device-level fields whose series name a device: the default counters the exporter publishes for a whole GPU and,
+# GPU-level ones repeated, for each GPU instance of a MIG GPU (dcgm-exporter 0770e7c "Publish GPU-level metrics per
+# GPU instance as well"). Not GPU_UTIL alone: no _UTIL field is published for a MIG instance (NVIDIA/dcgm-exporter
+# #430, #50), nor FB_USED/FB_FREE on an H100's (#512, #380): tests/fixtures/real/dcgm/mig-*.
+DEVICE_FIELDS = (UTIL, "DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_SM_CLOCK",
+                 "DCGM_FI_DEV_FB_USED", "DCGM_FI_PROF_GR_ENGINE_ACTIVE")
 POD_RESOURCES = "/var/lib/kubelet/pod-resources"
 NVML_MARKERS = ("NVML", "libnvidia-ml")  # the exporter's log when the container has no NVML
 MIG_PREFIX = "nvidia.com/mig-"
@@ -49,13 +56,13 @@ class Series:
     value: float
 
 
-def util_series(text: str) -> list[Series]:
-    """The DCGM_FI_DEV_GPU_UTIL samples of an exporter's /metrics text (prometheus-client's parser, on the
-    bounded lines of that series only: allocation.dcgm_text; the text is a node's, maybe hostile)."""
-    text = dcgm_text(text, (UTIL,))  # a MetricsError when the body is too large or too many series
+def device_series(text: str) -> list[Series]:
+    """The samples of DEVICE_FIELDS in an exporter's /metrics text (prometheus-client's parser, on the bounded lines
+    of those series only: allocation.dcgm_text; the text is a node's, maybe hostile)."""
+    text = dcgm_text(text, DEVICE_FIELDS)  # a MetricsError when the body is too large or too many series
     try:
         return [Series(dict(s.labels), float(s.value)) for fam in text_string_to_metric_families(text)
-                for s in fam.samples if s.name == UTIL]
+                for s in fam.samples if s.name in DEVICE_FIELDS]
     except (ValueError, TypeError, KeyError, IndexError) as e:
         raise MetricsError(f"not the Prometheus text format: {clean(str(e))[:200]}") from None
 
@@ -251,14 +258,14 @@ class MonitoringVerify(Phase):
                                    f"kubectl -n {ns} describe pod {pod.name}", subject=subject,
                                    evidence=evidence + lines)
         try:
-            series = util_series(ctx.kube.raw_get(metrics_path(ns, pod.name), cap=METRICS_MAX_BYTES))
+            series = device_series(ctx.kube.raw_get(metrics_path(ns, pod.name), cap=METRICS_MAX_BYTES))
         except (KubeError, MetricsError) as e:
             msg = e.message if isinstance(e, KubeError) else str(e)
             return findings.failed("monitoring.metrics-unreadable",
                                    f"the exporter's /metrics on {plan.node} could not be read: {msg}",
                                    f"kubectl -n {ns} logs {pod.name}", subject=subject, evidence=evidence)
         want, got = expected_devices(plan), devices(series)
-        evidence += (f"{len(series)} {UTIL} series, {len(got)} device(s), {want} planned",)
+        evidence += (f"{len(series)} device series, {len(got)} device(s), {want} planned",)
         if len(got) < want:
             return findings.failed("monitoring.series-count",
                                    f"the exporter on {plan.node} reports {len(got)} GPU(s), the plan has {want}",

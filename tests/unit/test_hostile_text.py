@@ -293,7 +293,7 @@ HOSTILE_METRICS: dict[str, str] = {
 def test_hostile_metrics_are_cut_before_parsing(name: str) -> None:
     text = HOSTILE_METRICS[name] + UTIL
     assert len(text) <= 1.1 * M
-    for parse_metrics in (al.gpu_metrics, mv.util_series):
+    for parse_metrics in (al.gpu_metrics, mv.device_series):
         try:
             got: list[Any] = fast(parse_metrics, text)
         except (al.MetricsError, mv.MetricsError):
@@ -306,7 +306,7 @@ def test_a_body_over_the_bound_is_not_read() -> None:
     with pytest.raises(al.MetricsError, match="larger than 4 MiB"):
         fast(al.gpu_metrics, text)
     with pytest.raises(mv.MetricsError, match="larger than 4 MiB"):
-        fast(mv.util_series, text)
+        fast(mv.device_series, text)
 
 
 def test_more_series_than_the_bound_are_not_read() -> None:

@@ -18,7 +18,7 @@ from gpuk8s.kube import monitoring as mon
 from gpuk8s.kube.manifests import ANNOTATION
 from gpuk8s.phases.base import Context, plan_phases, run_phases
 from gpuk8s.phases.monitoring import EMPTYDIR_WARNING, Monitoring
-from gpuk8s.phases.monitoring_verify import MonitoringVerify, devices, metrics_path, targets_path, util_series
+from gpuk8s.phases.monitoring_verify import MonitoringVerify, device_series, devices, metrics_path, targets_path
 from tests.unit.fakekube import FakeKube
 from tests.unit.test_render import schema_for
 
@@ -282,21 +282,37 @@ def test_none_plans_the_scrape_job():
 # -- verify -------------------------------------------------------------------------------------------------
 def metrics(node: str, gpus: int, pod: str = "", mig: int = 0) -> str:
     """The exporter's text for `gpus` GPUs, as dcgm-exporter writes it (HELP/TYPE from default-counters.csv)."""
-    lines = ["# HELP DCGM_FI_DEV_GPU_UTIL GPU utilization (in %).", "# TYPE DCGM_FI_DEV_GPU_UTIL gauge"]
+    # on a MIG GPU: one series per GPU instance of the GPU-level fields, no _UTIL field, no whole-GPU series (the
+    # real texts: tests/fixtures/real/dcgm/mig-*)
+    field = "DCGM_FI_DEV_GPU_TEMP" if mig else "DCGM_FI_DEV_GPU_UTIL"
+    lines = [f"# HELP {field} GPU {'temperature (in C)' if mig else 'utilization (in %)'}.", f"# TYPE {field} gauge"]
     for i in range(gpus):
         extra = f',pod="{pod}",namespace="default",container="main"' if pod else ""
         for gi in range(mig) or [None]:
             mig_labels = f',GPU_I_PROFILE="1g.10gb",GPU_I_ID="{gi}"' if gi is not None else ""
-            lines.append(f'DCGM_FI_DEV_GPU_UTIL{{gpu="{i}",UUID="GPU-{node}-{i}",device="nvidia{i}",'
+            lines.append(f'{field}{{gpu="{i}",UUID="GPU-{node}-{i}",device="nvidia{i}",'
                          f'modelName="NVIDIA A100-SXM4-80GB",Hostname="{node}"{mig_labels}{extra}}} 0')
     return "\n".join(lines) + "\n"
 
 
+def test_mig_instances_are_devices_in_the_real_exporters_texts():
+    """Issue 41 (MIG + monitoring): a MIG GPU's series are per GPU instance, and none is DCGM_FI_DEV_GPU_UTIL (not
+    published for instances): counted from the other device fields, each (gpu, GPU_I_ID) one device."""
+    real = Path(__file__).parent.parent / "fixtures" / "real" / "dcgm"
+    h100 = (real / "mig-h100-prof-gr-engine-active-4.2.0.txt").read_text().partition("\n---\n")[2]
+    a100 = (real / "mig-a100-sm-clock-gpu-operator-23.9.2.txt").read_text().partition("\n---\n")[2]
+    assert "DCGM_FI_DEV_GPU_UTIL" not in h100 + a100
+    assert devices(device_series(h100)) == {("0", "7"), ("0", "8")}
+    assert devices(device_series(a100)) == {("0", "0")}
+    # the pod the exporter names on an instance's series counts (monitoring.no-pod-labels)
+    assert [s.labels.get("pod", "") for s in device_series(h100)][0].startswith("text-embedding-predictor")
+
+
 def test_the_metrics_are_parsed_by_device():
-    assert len(devices(util_series(metrics("n", 4)))) == 4
-    assert len(devices(util_series(metrics("n", 1, mig=7)))) == 7
+    assert len(devices(device_series(metrics("n", 4)))) == 4
+    assert len(devices(device_series(metrics("n", 1, mig=7)))) == 7
     doubled = metrics("n", 2) + metrics("n", 2, pod="p").split("gauge\n", 1)[1]  # two pods' series of one GPU
-    assert len(util_series(doubled)) == 4 and len(devices(util_series(doubled))) == 2
+    assert len(device_series(doubled)) == 4 and len(devices(device_series(doubled))) == 2
 
 
 def cluster(inv, *, crash_log: str = "", mounted: bool = True, pods_on: tuple[str, ...] = ("gpu-1", "gpu-2"),

@@ -975,13 +975,19 @@ def _plugin_on(s: dict[str, Any], name: str, n: dict[str, Any]) -> dict[str, Any
 def _mig_devices(host: str) -> dict[int, list[str] | None]:
     """Per GPU of the host: None when MIG mode is off (a whole GPU), else the profiles of its MIG devices (GPU
     instances with a compute instance), as the faked nvidia-smi keeps them (fakes/fake.py state["mig"])."""
+    return {i: None if gis is None else [p for _, p in gis] for i, gis in _mig_instances(host).items()}
+
+
+def _mig_instances(host: str) -> dict[int, list[tuple[int, str]] | None]:
+    """As _mig_devices, with each GPU instance's id: (GPU_I_ID, profile)."""
     spec = _read_json(_hp(host, "var_lib/gpuk8s-lab/host.json"))
     state = _read_json(_hp(host, "var_lib/gpuk8s-lab/state.json"))
     on = 1 if spec.get("mig") == "Enabled" else 0
-    out: dict[int, list[str] | None] = {}
+    out: dict[int, list[tuple[int, str]] | None] = {}
     for i in range(int(spec.get("gpus", 0))):
         g = (state.get("mig") or {}).get(str(i)) or {"current": on, "gis": []}
-        out[i] = [gi["profile"] for gi in g.get("gis", []) if gi.get("cis")] if g.get("current") else None
+        out[i] = [(int(gi.get("id", 0)), gi["profile"]) for gi in g.get("gis", []) if gi.get("cis")] \
+            if g.get("current") else None
     return out
 
 
@@ -2716,13 +2722,29 @@ def _metrics(s: dict[str, Any], ds: dict[str, Any], node: str) -> str:
                 c = pod.get("spec", {}).get("containers", [{}])[0].get("name", "")
                 owner[i] = (pod["metadata"]["name"], pod["metadata"].get("namespace", "default"), c)
                 i += 1
+    # the exporter's default (--devices f): a GPU whose MIG mode is on is published per GPU instance (the parent's gpu
+    # and UUID, GPU_I_PROFILE and GPU_I_ID) and never as a whole; no _UTIL field for an instance (NVIDIA/dcgm-exporter
+    # #430), nor FB_USED/FB_FREE on an H100's (#512, #380): tests/fixtures/real/dcgm/mig-*
+    instances = _mig_instances(host)
     lines = []
     for metric, kind, help_text in COUNTERS:
         lines += [f"# HELP {metric} {help_text}", f"# TYPE {metric} {kind}"]
         for g in range(_gpus_on(host)):
             labels = (f'gpu="{g}",UUID="GPU-{host}-{g:04d}-lab",pci_bus_id="00000000:{0x10 + g:02X}:00.0",'
-                      f'device="nvidia{g}",modelName="{model}",Hostname="{node}",DCGM_FI_DRIVER_VERSION="'
-                      f'{_loaded_driver(host) or spec.get("driver") or "535.104.05"}"')
+                      f'device="nvidia{g}",modelName="{model}"')
+            driver = _loaded_driver(host) or spec.get("driver") or "535.104.05"
+            rest = f',Hostname="{node}",DCGM_FI_DRIVER_VERSION="{driver}"'
+            gis = instances.get(g)
+            if gis is not None:
+                if metric == "DCGM_FI_DEV_GPU_UTIL" or (metric.startswith("DCGM_FI_DEV_FB_") and "H100" in model):
+                    continue
+                for gi, profile in gis:
+                    lines.append(f'{metric}{{{labels},GPU_I_PROFILE="{profile}",GPU_I_ID="{gi}"{rest}}} '
+                                 + str({"DCGM_FI_DEV_GPU_TEMP": 34 + g, "DCGM_FI_DEV_POWER_USAGE": 61.5,
+                                        "DCGM_FI_DEV_XID_ERRORS": 0, "DCGM_FI_DEV_FB_USED": 0,
+                                        "DCGM_FI_DEV_FB_FREE": 0}[metric]))
+                continue
+            labels += rest
             if g in owner:
                 labels += ',pod="{}",namespace="{}",container="{}"'.format(*owner[g])
             value = {"DCGM_FI_DEV_GPU_TEMP": 34 + g, "DCGM_FI_DEV_POWER_USAGE": 61.5,
