@@ -157,6 +157,8 @@ def hami(inv: Inventory, plans: dict[str, GPUPlan]) -> Manifest:
     pin = versions.hami()
     return Manifest("hami.yaml", mirrors.rewrite_images(inv, _render(
         _template("hami.yaml.j2"), chart_version=pin.chart_version, image=pin.image, split=split,
+        # ValidatingAdmissionPolicy v1 and the node name in service account tokens: 1.30 and newer
+        own_node_policy=(versions.release(v) or (1, 0))[1] >= 30,
         # the cluster's own scheduler version, as kubeadm init runs it (kube/render.full_version)
         kube_scheduler_image=f"registry.k8s.io/kube-scheduler:v{v}" + ("" if v.count(".") == 2 else ".0"))))
 

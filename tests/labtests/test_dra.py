@@ -14,6 +14,7 @@ from pathlib import Path
 
 import jsonschema
 
+from gpuk8s.gpuplan import ALLOCATOR_LABEL
 from tests.labtests.gpucluster import KUBECTL, STATUS_SCHEMA
 
 REAL = Path(__file__).resolve().parents[1] / "fixtures" / "real" / "dra"
@@ -110,7 +111,7 @@ def test_a_mixed_cluster_serves_gpus_through_each_allocator_and_moves_a_node_bet
     assert "nvidia-device-plugin-daemonset-w-plugin" in ds_pods
     assert "nvidia-device-plugin-daemonset-w-dra" not in ds_pods
     node = json.loads(kubectl(lab, "get node w-dra -o json"))
-    assert node["metadata"]["labels"]["gpuk8s.io/gpu-allocator"] == "dra"
+    assert node["metadata"]["labels"][ALLOCATOR_LABEL] == "dra"
     assert "nvidia.com/gpu" not in node["status"]["allocatable"]
     slices = json.loads(kubectl(lab, "get resourceslices -o json"))["items"]
     assert [s["spec"]["nodeName"] for s in slices] == ["w-dra"]
@@ -175,7 +176,7 @@ def test_a_mixed_cluster_serves_gpus_through_each_allocator_and_moves_a_node_bet
     assert rc == 0 and "removed nvidia-dra-driver.yaml (7 object(s) gpuk8s applied)" in ph["gpu"]["message"], ph
     assert nodes["w-dra"]["resource"] == "nvidia.com/gpu" and nodes["w-dra"]["allocatable_gpus"] == 4
     assert kubectl(lab, "get resourceslices -o name").strip() == ""
-    assert "gpuk8s.io/gpu-allocator" not in json.loads(kubectl(lab, "get node w-dra -o json"))["metadata"]["labels"]
+    assert ALLOCATOR_LABEL not in json.loads(kubectl(lab, "get node w-dra -o json"))["metadata"]["labels"]
     # and back: a re-run of the first inventory converges to it again, then changes nothing
     rc, ph, nodes = phases(run_cli, "install", "-i", inv, "--kubeconfig-out", kc)
     assert rc == 0 and nodes["w-dra"]["resource"] == "gpu.nvidia.com (DRA)", ph
@@ -252,7 +253,7 @@ def test_allocator_moves_a_running_node_after_its_gpu_job_and_puts_back_one_that
     assert rc != 0 and ph["gpu"]["status"] == "failed"
     assert "w-a: left on device-plugin: GPU pods hold its GPUs (ml/train-0)" in ph["gpu"]["message"]
     assert "gpuk8s allocator w-a --to dra" in ph["gpu"]["remedy"]
-    assert "gpuk8s.io/gpu-allocator" not in json.loads(kubectl(lab, "get node w-a -o json"))["metadata"]["labels"]
+    assert ALLOCATOR_LABEL not in json.loads(kubectl(lab, "get node w-a -o json"))["metadata"]["labels"]
     assert "dra-driver-nvidia-gpu-kubelet-plugin-w-a" not in pods(lab, "nvidia-dra-driver-gpu")
     # the command refuses a target the inventory does not say (exit 2, before any host is contacted)
     r = run_cli("allocator", "w-b", "--to", "dra", "-i", str(moved), "--yes")
@@ -272,7 +273,7 @@ def test_allocator_moves_a_running_node_after_its_gpu_job_and_puts_back_one_that
     print(f"allocator move of w-a (device plugin -> DRA, 2 GPUs): {wall:.1f} s wall, GPUs unavailable "
           f"{unavailable:.1f} s (the job's wait included)")
     node = json.loads(kubectl(lab, "get node w-a -o json"))
-    assert node["metadata"]["labels"]["gpuk8s.io/gpu-allocator"] == "dra" and not node["spec"].get("unschedulable")
+    assert node["metadata"]["labels"][ALLOCATOR_LABEL] == "dra" and not node["spec"].get("unschedulable")
     assert "nvidia-device-plugin-daemonset-w-a" not in pods(lab, "kube-system")
     # resumable: a re-run finds it there; install agrees
     rc, ph, _ = phases(run_cli, "allocator", "w-a", "--to", "dra", "-i", str(moved), "--yes")
@@ -289,7 +290,7 @@ def test_allocator_moves_a_running_node_after_its_gpu_job_and_puts_back_one_that
     why = ph["allocator"]["hosts"]["w-b"]
     assert "dra failed: the test pod gpuk8s-verify-w-b failed" in why and "put back on device-plugin" in why, why
     node = json.loads(kubectl(lab, "get node w-b -o json"))
-    assert "gpuk8s.io/gpu-allocator" not in node["metadata"]["labels"] and not node["spec"].get("unschedulable")
+    assert ALLOCATOR_LABEL not in node["metadata"]["labels"] and not node["spec"].get("unschedulable")
     assert node["status"]["allocatable"]["nvidia.com/gpu"] == "2"
     rep = json.loads(run_cli("allocator", "w-b", "--to", "dra", "-i", str(both), "--yes", "-o", "json").stdout)
     assert [f["id"] for f in rep["findings"]] == ["allocator.failed"]

@@ -140,13 +140,19 @@ def test_the_dra_driver_manifest_per_minor_validates_and_names_nvidia_com_gpu_fr
     m = manifests.dra_driver(i)
     objs = _objects(m)
     assert [o["kind"] for o in objs] == ["Namespace", "ClusterRole", "ServiceAccount", "ClusterRoleBinding",
-                                          "DaemonSet", "DeviceClass", "DeviceClass"]
+                                          "DaemonSet", "DeviceClass", "DeviceClass", "ValidatingAdmissionPolicy",
+                                          "ValidatingAdmissionPolicyBinding"]
     for o in objs:
         kubernetes_validate.validate(o, schema_for(minor), strict=True)
     ds = objs[4]["spec"]["template"]["spec"]
     assert ds["nodeSelector"] == {gpuplan.ALLOCATOR_LABEL: "dra"}
-    assert {t["key"] for t in ds["tolerations"]} == {"nvidia.com/gpu", gpuplan.QUARANTINE_KEY}
+    # issue 42: a quarantined host never holds the plugin's token
+    assert {t["key"] for t in ds["tolerations"]} == {"nvidia.com/gpu"}
     assert {c["image"] for c in ds["containers"] + ds["initContainers"]} == {versions.dra_driver().image}
+    # issue 42: the least the GPU kubelet plugin calls at the pinned commit (no node writes, no pods)
+    rules = {(r["apiGroups"][0], r["resources"][0]): r["verbs"] for r in objs[1]["rules"]}
+    assert rules == {("resource.k8s.io", "resourceclaims"): ["get"], ("", "nodes"): ["get"],
+                     ("resource.k8s.io", "resourceslices"): ["list", "watch", "create", "update", "delete"]}
     gpu, mig = objs[5], objs[6]
     assert (gpu["metadata"]["name"], mig["metadata"]["name"]) == ("gpu.nvidia.com", "mig.nvidia.com")
     assert ("extendedResourceName" in gpu["spec"]) == (minor == "1.37")

@@ -190,6 +190,12 @@ def test_hami_is_wanted_only_with_a_hami_node_and_otherwise_removed() -> None:
     assert versions.hami().image in h.text and "registry.k8s.io/kube-scheduler:v1.36.0" in h.text
     ds = h.objects()[0]["spec"]["template"]["spec"]
     assert ds["nodeSelector"] == {"gpu": "on"}
+    # issue 42: its token writes nodes and pods (its own node's, by the policy): no quarantined host gets it; the
+    # scheduler, whose token patches every node, runs on a control plane only
+    assert {t["key"] for t in ds["tolerations"]} == {"nvidia.com/gpu"}
+    sched = next(o for o in h.objects() if o["kind"] == "Deployment")["spec"]["template"]["spec"]
+    assert sched["nodeSelector"] == {"node-role.kubernetes.io/control-plane": ""}
+    assert [o["kind"] for o in h.objects()][-2:] == ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
     dev = yaml.safe_load(next(o for o in h.objects() if o["metadata"]["name"] == "hami-scheduler-device")["data"][
         "device-config.yaml"])
     assert dev["nvidia"]["deviceSplitCount"] == 10 and dev["nvidia"]["resourceMemoryName"] == "nvidia.com/gpumem"
@@ -203,11 +209,11 @@ def test_hami_is_wanted_only_with_a_hami_node_and_otherwise_removed() -> None:
     ctx = Context(plain, plans=gpuplan.plans(plain), kube_client=kube, initialized_cache=True)
     plan = GPUNodes().plan(ctx)
     deletes = [c for c in plan.changes if c.what.startswith("delete ")]
-    assert len(deletes) == len(h.objects()) == 12  # each object named, in the plan and in --dry-run
+    assert len(deletes) == len(h.objects()) == 14  # each object named, in the plan and in --dry-run
     assert deletes[-1].what == "delete daemonset/hami-device-plugin of hami.yaml (no node asks for it)"
     assert deletes[-1].commands == "kubectl -n kube-system delete daemonset hami-device-plugin"
     res = GPUNodes().run(ctx)
-    assert "removed hami.yaml (12 object(s) gpuk8s applied)" in res.message
+    assert "removed hami.yaml (14 object(s) gpuk8s applied)" in res.message
     assert not [k for k in kube.objects if k[2].startswith("hami-")]
 
 
@@ -259,7 +265,8 @@ def test_every_sharing_manifest_is_valid_for_every_minor(minor: str) -> None:
         for d in yaml.safe_load_all(m.applied_text()):
             kubernetes_validate.validate(d, schema_for(minor), strict=True)
             checked += 1
-    assert checked == 19  # RuntimeClass, ConfigMap, plugin (4), MPS daemon, HAMi (12)
+    # RuntimeClass, ConfigMap, plugin (4), MPS daemon, HAMi (12, and its own-node policy and binding from 1.30)
+    assert checked == 19 + (2 if versions.release(minor)[1] >= 30 else 0)  # type: ignore[index]
 
 
 def test_render_shows_the_configmap_daemonsets_and_labels() -> None:

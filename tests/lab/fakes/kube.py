@@ -1531,7 +1531,8 @@ def _shared_pod_status(s: dict[str, Any], pod: dict[str, Any], node: str, n: dic
 def _key(o: dict[str, Any]) -> str:
     md = o.get("metadata", {})
     namespaced = o.get("kind") not in ("RuntimeClass", "Namespace", "ClusterRole", "ClusterRoleBinding", "Node",
-                                       "DeviceClass", "ResourceSlice")
+                                       "DeviceClass", "ResourceSlice", "ValidatingAdmissionPolicy",
+                                       "ValidatingAdmissionPolicyBinding")
     return f"{o.get('kind')}/{md.get('namespace', 'default') if namespaced else ''}/{md.get('name')}"
 
 
