@@ -60,8 +60,8 @@ HAMI_NODE_VALUE = "on"
 # admission plugin keeps for administrators: a kubelet can neither set nor remove it on its own node, so a host
 # cannot put itself on DRA (and the DRA kubelet plugin's token on itself) or off it (docs/security.md)
 ALLOCATOR_LABEL = "node-restriction.kubernetes.io/gpuk8s-gpu-allocator"
-# where gpuk8s before 0.13 wrote it: any kubelet may set this one on its own node, so it is evidence only where the
-# inventory says the same (kube/dra.labelled); install moves it to ALLOCATOR_LABEL and removes it
+# where gpuk8s wrote it up to main 3c20938: any kubelet may set this one on its own node, so it is evidence only
+# where the inventory says the same (kube/dra.labelled); install moves it to ALLOCATOR_LABEL and removes it
 LEGACY_ALLOCATOR_LABEL = "gpuk8s.io/gpu-allocator"
 DRA = "dra"
 # Labels gpuk8s owns on GPU nodes: set from the plan, removed when the plan no longer has them.

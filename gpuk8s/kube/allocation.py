@@ -376,7 +376,7 @@ class NodeAllocation:
     metrics_note: str = ""  # why there are no metrics ("" when read, or monitoring is off)
     hami_gpus: list[HamiGPU] = field(default_factory=list)  # HAMi's per-GPU view; empty: no HAMi here
     quarantine: str = ""  # the gpuk8s.io/quarantine taint's value (the health finding it failed); '' without one
-    allocator: str = "device-plugin"  # device-plugin | dra (plan, else the node's gpuk8s.io/gpu-allocator label)
+    allocator: str = "device-plugin"  # device-plugin | dra (the plan, else kube/dra.allocator_of)
 
     def to_json(self) -> dict[str, Any]:
         return {"node": self.node, "ready": self.ready, "gpu_node": self.gpu_node, "allocator": self.allocator,

@@ -70,8 +70,9 @@ class NodeDevices:
 
 def labelled(node: Any, planned: str | None = None) -> bool:
     """Whether a node object (hostile data) carries gpuk8s's label of a dra node (gpuplan.ALLOCATOR_LABEL=dra, which
-    no kubelet can set). The label of gpuk8s before 0.13 (LEGACY_ALLOCATOR_LABEL), which any kubelet can set on its
-    own node, counts only where the inventory says the same (`planned`): a host cannot put itself on DRA."""
+    no kubelet can set). The label gpuk8s wrote up to main 3c20938 (LEGACY_ALLOCATOR_LABEL), which any kubelet can
+    set on its own node, counts only where the inventory says the same (`planned`): a host cannot put itself on
+    DRA."""
     md = node.get("metadata") if isinstance(node, dict) else None
     labels = md.get("labels") if isinstance(md, dict) else None
     if not isinstance(labels, dict):
