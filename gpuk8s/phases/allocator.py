@@ -18,9 +18,9 @@ from collections.abc import Callable
 
 from gpuk8s import findings
 from gpuk8s.errors import GpuK8sError
-from gpuk8s.gpuplan import ALLOCATOR_LABEL, DRA, MANAGED_LABELS, MANAGED_PREFIXES, GPUPlan
+from gpuk8s.gpuplan import ALLOCATOR_LABEL, DRA, LEGACY_ALLOCATOR_LABEL, MANAGED_LABELS, MANAGED_PREFIXES, GPUPlan
 from gpuk8s.inventory.model import Host
-from gpuk8s.kube import dra, manifests, state
+from gpuk8s.kube import dra, manifests, moves, state
 from gpuk8s.kube.client import drain_args
 from gpuk8s.kube.state import NodeCheck
 from gpuk8s.phases.base import Change, Context, PhasePlan, PhaseResult
@@ -76,10 +76,17 @@ class AllocatorMove(UpgradeStep):
             if not again.ok:
                 raise NodeFailure("allocator.failed", f"{h.name}: on {target} since an earlier run, but {again.cause}; "
                                   "left cordoned", f"gpuk8s doctor node/{h.name}; then re-run {self.resume}")
+            moves.forget(ctx.kube, h.name)
             return f"already on {target}; test pod passed; {_give_back(ctx, h.name)} (an earlier run stopped)"
         before = {k: v for k, v in state.node_state(node).labels.items()
                   if k in MANAGED_LABELS or k.startswith(MANAGED_PREFIXES)}
         was = dra.allocator_of(node, target)
+        if was == DRA:  # as the protected label says it (one of gpuk8s up to main 3c20938 moves to it)
+            before = {k: v for k, v in before.items() if k != LEGACY_ALLOCATOR_LABEL} | {ALLOCATOR_LABEL: DRA}
+        # the node as it was before this move, kept in kube-system (no node can write there) until the move ends:
+        # a move stopped after the relabel and failing on the re-run puts the node back where it really was, not
+        # onto the target its labels already name
+        was, before = moves.record(ctx.kube, h.name, was, before)
         t0 = time.monotonic()
         mine, waited = self._vacate(ctx, h, ctx.emit, "allocator.drain-failed")
         try:
@@ -99,10 +106,12 @@ class AllocatorMove(UpgradeStep):
             cause = f"{e.message} ({e.remedy})" if e.remedy else e.message
         if cause:
             back = self._put_back(ctx, h, before, mine)
+            moves.forget(ctx.kube, h.name)
             raise NodeFailure("allocator.failed", f"{h.name}: {target} failed: {cause}; put back on {was} ({back})",
                               f"gpuk8s doctor node/{h.name} names the cause; fix it, then re-run {self.resume} "
                               f"{h.name} --to {target} (the inventory already says {target})")
         back = _give_back(ctx, h.name) if mine else "left cordoned (it was cordoned before)"
+        moves.forget(ctx.kube, h.name)
         seconds = time.monotonic() - t0
         # no node on DRA any more: the driver's objects go (those gpuk8s applied)
         after = as_they_are(ctx, state.by_name(ctx.kube.get("nodes")), set())

@@ -105,6 +105,9 @@ class Context:
     nodes: list[NodeCheck] = field(default_factory=list)  # verify's verdicts
     kubeconfig: str = ""  # where the admin kubeconfig was written
     locked: bool = False  # this run holds the cluster lock
+    # takes the cluster lock again on a new session to the first control plane (set by the lock phase): a reboot of
+    # that host (phases/reboot.py) ends the connection the lock was held on
+    relock: Callable[[Session], None] | None = None
     # nodes whose device plugin config or sharing labels the gpu phase changed in this run, or whose plugin pod it
     # restarted: verify waits (up to the test pod timeout) for their allocatable to reflect the plan, as
     # config-manager applies a config, and a new plugin pod registers, a while later

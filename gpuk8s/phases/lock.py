@@ -68,8 +68,15 @@ class Lock(Phase):
             raise
         ctx.sessions[ctx.cp.name] = s
         ctx.locked = True
+        ctx.relock = self.relock
         ctx.on_exit.append(self.release)
         return self.result("changed", f"held on {ctx.cp.name} until this run ends")
+
+    def relock(self, session: Session) -> None:
+        """The lock again, on a new connection to its host (the old one ended with a reboot, and the lock with it):
+        ClusterBusy when another run took it meanwhile (this run must stop), RemoteError when it cannot be taken."""
+        self.release()
+        self.held = acquire(session, owner())
 
     def release(self) -> None:
         if self.held is not None:

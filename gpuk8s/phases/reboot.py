@@ -9,7 +9,9 @@ from __future__ import annotations
 import contextlib
 import time
 
+from gpuk8s.errors import GpuK8sError
 from gpuk8s.inventory.model import Host
+from gpuk8s.kube.client import SSHKubectl
 from gpuk8s.phases.base import Context
 from gpuk8s.remote import RemoteError, Session
 
@@ -34,6 +36,17 @@ def reboot(ctx: Context, host: Host, why: str) -> tuple[Session | None, str]:
         return None, (f"{host.name} did not answer SSH within {ctx.options.reboot_timeout:g} s after the "
                       "reboot: check its console (BIOS, fsck, network); re-run gpuk8s install once it is back")
     ctx.sessions[host.name] = fresh
+    if isinstance(ctx.kube_client, SSHKubectl) and ctx.kube_client.session is old:
+        ctx.kube_client = None  # kubectl went over the ended connection: the next use opens it on the new one
+    if ctx.locked and ctx.relock is not None and host.name == ctx.cp.name:
+        # the cluster lock was held on the connection the reboot ended: taken again before anything else, or the
+        # run stops (another run took it while the host was down)
+        try:
+            ctx.relock(fresh)
+        except GpuK8sError as e:
+            ctx.locked = False
+            return None, (f"{host.name} is back after the reboot, but the cluster lock could not be taken again: "
+                          f"{e.message}; this run stops here ({e.remedy})")
     return fresh, ""
 
 

@@ -16,6 +16,7 @@ from gpuk8s.gpuplan import is_gpu_node
 from gpuk8s.inventory.model import Host
 from gpuk8s.preflight.result import CheckResult, failed, passed, skipped
 
+KUBELET_CONF = "/etc/kubernetes/kubelet.conf"  # the probe's kube-files: the host is a node of a cluster
 IDS = ("driver.mismatch", "driver.nouveau", "driver.secure-boot", "driver.fabric-manager", "driver.persistence",
        "driver.held")
 # Package names whose hold keeps the driver in place (apt-mark showhold lists names; dnf's versionlock.list lists
@@ -47,6 +48,15 @@ def plan(host: Host, f: HostFacts, today: date | None = None) -> CheckResult:
         return failed("driver.plan", f"{where}: {e.message}", e.remedy)
     have = f.driver.module_version or (f.gpu.driver if f.gpu.state == "ok" else None)
     now = f"; installed: {have} ({f.driver.module_flavor or 'flavour unknown'})" if have else "; no driver installed"
+    flavor = f.driver.module_flavor
+    if have and KUBELET_CONF in f.kube_files and (have.split(".")[0] != c.branch or (flavor and flavor != c.flavor)):
+        # a node of the cluster: install would replace its driver's packages under its GPU pods (and, with
+        # --allow-reboot, reboot it without a drain); only gpuk8s driver upgrade drains it first (issue 41)
+        return failed("driver.plan", f"{where}: this node is in the cluster and runs driver {have} "
+                      f"({flavor or 'flavour unknown'}); the inventory asks branch {c.branch} ({c.flavor} modules): "
+                      "install never changes the driver of a running node",
+                      "gpuk8s driver upgrade (the node cordoned, its GPU pods waited for, drained, rebooted into the "
+                      "new driver, uncordoned), or write the branch it runs in its driver: setting")
     return passed("driver.plan", f"install gives branch {c.branch}, {c.flavor} modules ({c.why}){now}")
 
 

@@ -264,3 +264,32 @@ def test_a_bare_alibaba_cloud_linux_server_gets_nvidias_open_driver_by_dkms(lab_
     assert c["driver.held"] == "pass" and c["driver.kernel-headers"] == "pass"
     r = run_cli("install", "-i", str(lab.inventory), "-o", "json", "--kubeconfig-out", str(kc), "--allow-reboot")
     assert r.returncode == 0 and not json.loads(r.stdout)["changed"], r.stdout[-3000:]
+
+    # day two (issue 41): the operator moves al-1 to branch 595. install refuses to change a running node's driver
+    # (it would replace the packages under its GPU pods) and names driver upgrade; driver upgrade switches the
+    # stream with its packages and the locks, reboots it into 595; a re-run and install change nothing
+    inv = yaml.safe_load(lab.inventory.read_text())
+    for h in inv["hosts"]:
+        if h.get("name") == "al-1":
+            h["driver"] = {"manage": True, "branch": "595"}
+    path = tmp_path / "inventory-595.yaml"
+    path.write_text(yaml.safe_dump(inv, sort_keys=False))
+    r = run_cli("install", "-i", str(path), "-o", "json", "--prepare-only", "--allow-reboot")
+    assert r.returncode == 1, r.stdout[-3000:]
+    held = next(x for x in json.loads(r.stdout)["hosts"] if x["name"] == "al-1")
+    assert held["status"] == "blocked" and "driver.plan" in held["message"], held
+    assert "this node is in the cluster and runs driver 580.95.05" in held["message"], held
+    assert "580.95.05" in al.exec("cat /proc/driver/nvidia/version").stdout  # nothing changed under its pods
+    r = run_cli("driver", "upgrade", "-i", str(path), "-o", "json", "--yes")
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-3000:]
+    up = next(p for p in json.loads(r.stdout)["phases"] if p["name"] == "driver-upgrade")
+    assert "driver 580.95.05 -> 595.71.05 (open, held)" in up["hosts"]["al-1"], up
+    assert al.state()["dnf_modules"] == {"nvidia-driver": "595-open"}
+    assert "Open Kernel Module for x86_64  595.71.05" in al.exec("cat /proc/driver/nvidia/version").stdout
+    locks = al.read("/etc/dnf/plugins/versionlock.list").split()
+    assert "nvidia-open-3:595.71.05-1.el8.*" in locks and not [x for x in locks if ":580." in x], locks
+    r = run_cli("driver", "upgrade", "-i", str(path), "-o", "json", "--yes")
+    assert r.returncode == 0 and next(p for p in json.loads(r.stdout)["phases"]
+                                      if p["name"] == "driver-upgrade")["status"] == "unchanged", r.stdout[-2000:]
+    r = run_cli("install", "-i", str(path), "-o", "json", "--kubeconfig-out", str(kc), "--allow-reboot")
+    assert r.returncode == 0 and not json.loads(r.stdout)["changed"], r.stdout[-3000:]

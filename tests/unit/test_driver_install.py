@@ -160,3 +160,49 @@ def test_driver_upgrades_dry_run_lists_what_the_run_does_and_no_kubelet() -> Non
     assert not any("kubelet" in w for w in whats)
     assert whats[0].startswith("wait (at most") and whats[-1] == "uncordon gpu-1"
     assert any(w.startswith("reboot gpu-1 into driver") for w in whats)
+
+
+def test_install_refuses_to_change_the_driver_of_a_node_in_the_cluster() -> None:
+    """Issue 41: install (and doctor --fix) with another branch on a node already in the cluster replaced its driver
+    under running GPU pods (and with --allow-reboot rebooted it undrained): driver.plan fails for that host (it is
+    held out of install, the others go on) and names gpuk8s driver upgrade; a host not in a cluster gets it."""
+    from gpuk8s.preflight.driver_checks import plan
+
+    other = loads("hosts:\n  - {name: cp-1, address: 10.0.0.10, role: control-plane}\n"
+                  '  - {name: gpu-1, address: 10.0.0.11, gpus: 8, driver: {manage: true, branch: "535"}}\n', "i.yaml")
+    h = other.host("gpu-1")
+    joined = facts(driver=replace(LOADED, pci_gpus=H100), kube_files=("/etc/kubernetes/kubelet.conf",))
+    r = plan(h, joined)
+    assert r.status == "fail" and "this node is in the cluster and runs driver 580.95.05" in r.message
+    assert r.remedy.startswith("gpuk8s driver upgrade")
+    assert plan(h, replace(joined, kube_files=())).status == "pass"  # not joined yet: install brings 535
+    assert plan(INV.host("gpu-1"), joined).status == "pass"  # the branch it runs: nothing to change
+
+
+def test_alibaba_cloud_linux_across_branches_checks_the_version_and_switches_the_stream(tmp_path) -> None:
+    """Issue 41: on the RHEL 8 family `rpm -q nvidia-open` and the versionlock check accepted any version, so a driver
+    upgrade across branches changed nothing. The checks now want the branch; the stream is switched with its
+    packages (NVIDIA's `dnf module switch-to ... --allowerasing`) once the old locks are lifted."""
+    inv = loads("hosts:\n  - {name: cp-1, address: 10.0.0.10, role: control-plane}\n"
+                '  - {name: gpu-1, address: 10.0.0.11, gpus: 8, driver: {manage: true, branch: "595"}}\n', "i.yaml")
+    alinux = replace(BARE, os=replace(BARE.os, id="alinux", family="rhel", version_id="3"))
+    got = {s.name: s for n in playbooks_for(inv) for s in render_playbook(load_playbook(n),
+                                                                          context(inv, inv.host("gpu-1"), alinux))}
+    stream = got["driver-module-stream"].run
+    assert stream.index("dnf versionlock delete nvidia-open") < stream.index(
+        "dnf -y -q module switch-to nvidia-driver:595-open --allowerasing")
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    rpm = bindir / "rpm"
+    for installed, ok in (("580.95.05", False), ("595.71.05", True)):
+        rpm.write_text(f"#!/bin/sh\nprintf '%s\\n' {installed}\n")
+        rpm.chmod(0o755)
+        r = subprocess.run(["sh", "-c", got["driver-packages-dnf"].check], env={"PATH": f"{bindir}:/usr/bin:/bin"})
+        assert (r.returncode == 0) is ok, installed
+    lock = tmp_path / "versionlock.list"
+    check = got["driver-hold-dnf"].check.replace("/etc/dnf/plugins/versionlock.list", str(lock))
+    for version, ok in (("580.95.05", False), ("595.71.05", True)):
+        lock.write_text("".join(f"{p}-3:{version}-1.el8.*\n" for p in
+                                ("nvidia-open", "kmod-nvidia-open-dkms", "nvidia-driver", "nvidia-driver-libs",
+                                 "nvidia-fabricmanager")))
+        assert (subprocess.run(["sh", "-c", check]).returncode == 0) is ok, version

@@ -1733,15 +1733,28 @@ _NVIDIA_RHEL8_DEPS = ("kmod-nvidia-open-dkms", "nvidia-driver", "nvidia-driver-l
 
 
 def _dnf_module(h: Host, words: list[str]) -> int:
-    """dnf module reset NAME / enable NAME:STREAM: the enabled stream in the state."""
+    """dnf module reset NAME / enable NAME:STREAM: the enabled stream in the state; switch-to NAME:STREAM also moves
+    the installed packages of the module to the stream's newest, except those a version lock holds (the versionlock
+    plugin excludes every other version: they stay as they are)."""
     mods = h.state.setdefault("dnf_modules", {})
     if words[1:2] == ["reset"]:
         for m in words[2:]:
             mods.pop(m, None)
-    elif words[1:2] == ["enable"]:
+    elif words[1:2] in (["enable"], ["switch-to"]):
         for spec in words[2:]:
             name, _, stream = spec.partition(":")
             mods[name] = stream
+            if words[1] != "switch-to" or name != "nvidia-driver":
+                continue
+            locks = VERSIONLOCK.read_text().splitlines() if VERSIONLOCK.exists() else []
+            pkgs = h.state.setdefault("packages", {})
+            branch = stream.split("-")[0]
+            for p, versions in _nvidia_rhel8().items():
+                if p in pkgs and not any(ln.startswith(p + "-") for ln in locks):
+                    newest = [v for v in versions if v.startswith(branch + ".")]
+                    if newest:
+                        pkgs[p] = newest[-1]
+                        _driver_package(h, p, newest[-1])
     h.save()
     return 0
 
