@@ -173,7 +173,7 @@ def test_a_mixed_cluster_serves_gpus_through_each_allocator_and_moves_a_node_bet
     plain = tmp_path / "plain.yaml"
     plain.write_text(Path(inv).read_text().replace("  allocator: dra\n", ""))
     rc, ph, nodes = phases(run_cli, "install", "-i", str(plain), "--kubeconfig-out", kc)
-    assert rc == 0 and "removed nvidia-dra-driver.yaml (7 object(s) gpuk8s applied)" in ph["gpu"]["message"], ph
+    assert rc == 0 and "removed nvidia-dra-driver.yaml (9 object(s) gpuk8s applied)" in ph["gpu"]["message"], ph
     assert nodes["w-dra"]["resource"] == "nvidia.com/gpu" and nodes["w-dra"]["allocatable_gpus"] == 4
     assert kubectl(lab, "get resourceslices -o name").strip() == ""
     assert ALLOCATOR_LABEL not in json.loads(kubectl(lab, "get node w-dra -o json"))["metadata"]["labels"]

@@ -122,11 +122,14 @@ def test_status_shows_the_dcgm_metrics_with_monitoring(cluster: Cluster) -> None
     st = json.loads(r.stdout)
     jsonschema.validate(st, STATUS_SCHEMA)
     by = {n["node"]: n for n in st["nodes"]}
-    # one device per physical GPU, each with utilisation and memory, read through the API server's pod proxy
-    assert {n: len(v["metrics"]) for n, v in by.items() if n != "mig-1"} == {"ts": 2, "mps": 1, "whole": 2}
-    assert by["mig-1"]["metrics"]  # (the lab's exporter serves a MIG node per physical GPU, not per MIG device)
+    # one device per physical GPU, each with utilisation and memory, read through the API server's pod proxy; on the
+    # MIG node one per GPU instance, without utilisation: the exporter publishes a MIG GPU per instance and no _UTIL
+    # field for an instance (tests/fixtures/real/dcgm/mig-*, NVIDIA/dcgm-exporter#430)
+    assert {n: len(v["metrics"]) for n, v in by.items()} == {"ts": 2, "mps": 1, "whole": 2, "mig-1": 4}
     assert all(m["util_percent"] is not None and m["memory_free_mib"] is not None and m["model"]
-               for v in by.values() for m in v["metrics"])
+               for n, v in by.items() if n != "mig-1" for m in v["metrics"])
+    assert all(m["util_percent"] is None and m["memory_free_mib"] is not None and m["instance"]
+               for m in by["mig-1"]["metrics"])
     assert all(v["metrics_note"] == "" for v in by.values())
     # the exporter names the pods on the GPUs (pinned pods: slice-0.. on ts, whole-a on whole)
     assert any("default/whole-a" in m["pods"] for m in by["whole"]["metrics"])
