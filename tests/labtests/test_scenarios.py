@@ -4,8 +4,8 @@ steps, with the invariants (tests/labtests/invariants.py) checked after every st
 hgx-day-one: bare HGX H100 servers with gpuk8s's driver, one cut into MIG (mixed, 2 x 3g.40gb per GPU), one on DRA
 whose preinstalled 535 driver gpuk8s replaces by branch 580 (preflight blocked this composition: its dra.driver
 floor looked at the running driver), one time-sliced, monitoring deployed (its exporter's MIG series were counted as
-whole GPUs), on Kubernetes 1.36 (the default minor). Steps: install --allow-reboot, verify, the invariants, a re-run that
-changes nothing, the invariants again.
+whole GPUs), on Kubernetes 1.36 (the default minor). Steps: install --allow-reboot, verify, the invariants, a
+re-run that changes nothing, the invariants again.
 """
 
 from __future__ import annotations
