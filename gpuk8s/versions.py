@@ -242,6 +242,7 @@ class Matrix:
     containerd_package: str = "containerd.io"  # what install installs when containerd is below the floor
     containerd_version: str = ""  # its pinned package version ("" in a matrix without a containerd section)
     cgroup_v2_from: str = ""  # the first minor whose kubelet refuses cgroup v1 ("" when none does)
+    node_bound_tokens_from: str = ""  # the first minor whose pod tokens name their node, with VAP v1 ("" none)
 
     def pin_sets(self) -> dict[str, Pins]:
         out: dict[str, Pins] = {}
@@ -322,13 +323,16 @@ def _matrix_of(data: Any) -> Matrix:
     cgroup_v2_from = str(k8s.get("cgroup_v2_from") or "")
     if cgroup_v2_from and not _MINOR.match(cgroup_v2_from):
         raise MatrixError("kubernetes.cgroup_v2_from: a minor is written as a quoted \"1.N\"")
+    node_bound = str(k8s.get("node_bound_tokens_from") or "")
+    if node_bound and not _MINOR.match(node_bound):
+        raise MatrixError("kubernetes.node_bound_tokens_from: a minor is written as a quoted \"1.N\"")
     cd = data.get("containerd") or {}
     cd_package = _need(cd, "package", str, "containerd") if cd else "containerd.io"
     cd_version = _need(cd, "version", str, "containerd") if cd else ""
     if cd and release(cd_version) is None:
         raise MatrixError(f"containerd.version: {cd_version!r} is not a package version")
     return Matrix(_need(data, "checked", date, "versions.yaml"), default, minors, images, installable,
-                  cd_package, cd_version, cgroup_v2_from)
+                  cd_package, cd_version, cgroup_v2_from, node_bound)
 
 
 @functools.lru_cache(maxsize=1)

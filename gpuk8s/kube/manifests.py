@@ -143,6 +143,14 @@ def dra_driver(inv: Inventory) -> Manifest:
         extended_resource_since=f"1.{pin.extended_resource_since}")))
 
 
+def node_bound_tokens(kubernetes_version: str) -> bool:
+    """Whether a cluster of this version names a pod's node in its service account token and has
+    ValidatingAdmissionPolicy v1 (versions.yaml node_bound_tokens_from): the node agents' own-node policies."""
+    since = versions.release(versions.matrix().node_bound_tokens_from)
+    have = versions.release(kubernetes_version)
+    return since is not None and have is not None and have[:2] >= since[:2]
+
+
 def mps_control_daemon(inv: Inventory) -> Manifest:
     """The MPS control daemon DaemonSet: pods only on nodes labelled nvidia.com/mps.capable=true."""
     return Manifest("nvidia-device-plugin-mps-control-daemon.yaml", mirrors.rewrite_images(inv, _render(
@@ -157,8 +165,8 @@ def hami(inv: Inventory, plans: dict[str, GPUPlan]) -> Manifest:
     pin = versions.hami()
     return Manifest("hami.yaml", mirrors.rewrite_images(inv, _render(
         _template("hami.yaml.j2"), chart_version=pin.chart_version, image=pin.image, split=split,
-        # ValidatingAdmissionPolicy v1 and the node name in service account tokens: 1.30 and newer
-        own_node_policy=(versions.release(v) or (1, 0))[1] >= 30,
+        # ValidatingAdmissionPolicy v1 and the node name in service account tokens (the matrix's minor)
+        own_node_policy=node_bound_tokens(v),
         # the cluster's own scheduler version, as kubeadm init runs it (kube/render.full_version)
         kube_scheduler_image=f"registry.k8s.io/kube-scheduler:v{v}" + ("" if v.count(".") == 2 else ".0"))))
 

@@ -266,7 +266,7 @@ def test_every_sharing_manifest_is_valid_for_every_minor(minor: str) -> None:
             kubernetes_validate.validate(d, schema_for(minor), strict=True)
             checked += 1
     # RuntimeClass, ConfigMap, plugin (4), MPS daemon, HAMi (12, and its own-node policy and binding from 1.30)
-    assert checked == 19 + (2 if versions.release(minor)[1] >= 30 else 0)  # type: ignore[index]
+    assert checked == 19 + (2 if manifests.node_bound_tokens(minor) else 0)
 
 
 def test_render_shows_the_configmap_daemonsets_and_labels() -> None:
