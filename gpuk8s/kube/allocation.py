@@ -510,8 +510,9 @@ def node_allocation(node: dict[str, Any], held: list[tuple[dict[str, Any], dict[
     gpus = plan.gpus if plan is not None and plan.gpus is not None else (
         _qty(labels[gpuplan.COUNT_LABEL]) if gpuplan.COUNT_LABEL in labels else None)
     hami = hami_gpus(node, held, plan.gpu_memory_mib if plan is not None else None)
-    # the node as it is (its label), not as the inventory wants it: a node not moved yet is its device plugin's
-    allocator = dra.allocator_of(node)
+    # the node as it is (its label), not as the inventory wants it: a node not moved yet is its device plugin's (the
+    # label of gpuk8s up to main 3c20938 counts where the inventory says the same, until install moves it)
+    allocator = dra.allocator_of(node, plan.allocator if plan is not None else None)
     resources = []
     for res in sorted(names, key=lambda r: (r in HAMI_PER_POD, r != gpuplan.GPU_RESOURCE, r)):
         if allocator == gpuplan.DRA and not _qty(capacity.get(res, 0)) and not planned.get(res):

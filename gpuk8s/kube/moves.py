@@ -32,7 +32,9 @@ def _data(kube: KubeClient) -> dict[str, str]:
     return {k: v for k, v in data.items() if isinstance(k, str) and isinstance(v, str)}
 
 
-def _parse(text: str) -> tuple[str, dict[str, str]] | None:
+def _parse(text: str, target: str) -> tuple[str, dict[str, str]] | None:
+    """(was, labels) of a record of a move to `target`; None for another target's (a stale record: that move
+    ended some other way, install moved the node, say) or one that cannot be read."""
     if len(text) > MAX_RECORD:
         return None
     try:
@@ -40,7 +42,7 @@ def _parse(text: str) -> tuple[str, dict[str, str]] | None:
     except ValueError:
         return None
     if not isinstance(doc, dict) or doc.get("was") not in (DRA, "device-plugin") or not isinstance(
-            doc.get("labels"), dict):
+            doc.get("labels"), dict) or doc.get("to") != target:
         return None
     labels = {k: v for k, v in doc["labels"].items() if isinstance(k, str) and isinstance(v, str)
               and (k in MANAGED_LABELS or k.startswith(MANAGED_PREFIXES))}
@@ -54,14 +56,14 @@ def _write(kube: KubeClient, data: dict[str, str]) -> None:
                                "data": dict(sorted(data.items()))}, sort_keys=False))
 
 
-def record(kube: KubeClient, node: str, was: str, labels: dict[str, str]) -> tuple[str, dict[str, str]]:
-    """The node as it was before its move: the record an earlier, stopped move left, else (`was`, `labels`),
-    recorded now."""
+def record(kube: KubeClient, node: str, was: str, labels: dict[str, str], target: str) -> tuple[str, dict[str, str]]:
+    """The node as it was before its move to `target`: the record an earlier, stopped move to the same target left,
+    else (`was`, `labels`), recorded now."""
     data = _data(kube)
-    earlier = _parse(data[node]) if node in data else None
+    earlier = _parse(data[node], target) if node in data else None
     if earlier is not None:
         return earlier
-    data[node] = json.dumps({"was": was, "labels": labels}, sort_keys=True)
+    data[node] = json.dumps({"was": was, "labels": labels, "to": target}, sort_keys=True)
     _write(kube, data)
     return was, labels
 

@@ -24,7 +24,7 @@ from gpuk8s.kube import dra, manifests, moves, state
 from gpuk8s.kube.client import drain_args
 from gpuk8s.kube.state import NodeCheck
 from gpuk8s.phases.base import Change, Context, PhasePlan, PhaseResult
-from gpuk8s.phases.gpu import as_they_are, gpu_manifests, node_changes
+from gpuk8s.phases.gpu import as_they_are, gpu_manifests, move_allocator_labels, node_changes
 from gpuk8s.phases.upgrade import CORDONED_BY_UPGRADE, NodeFailure, UpgradeOptions, UpgradeStep, _give_back, gpu_pods
 from gpuk8s.phases.verify import Verify, offered, until, wait_offered
 
@@ -71,6 +71,7 @@ class AllocatorMove(UpgradeStep):
         marked = state.node_state(node).labels.get(CORDONED_BY_UPGRADE) == MARK  # an earlier move's cordon
         if dra.allocator_of(node, target) == target and offered(ctx, plan)[0]:
             if not marked:
+                moves.forget(ctx.kube, h.name)  # a move that ended without this command (install moved it)
                 return f"already on {target}"
             again = self._test_pod(ctx, plan)  # an earlier run stopped between its switch and its uncordon
             if not again.ok:
@@ -86,13 +87,16 @@ class AllocatorMove(UpgradeStep):
         # the node as it was before this move, kept in kube-system (no node can write there) until the move ends:
         # a move stopped after the relabel and failing on the re-run puts the node back where it really was, not
         # onto the target its labels already name
-        was, before = moves.record(ctx.kube, h.name, was, before)
+        was, before = moves.record(ctx.kube, h.name, was, before, target)
         t0 = time.monotonic()
         mine, waited = self._vacate(ctx, h, ctx.emit, "allocator.drain-failed")
         try:
             # the allocators' manifests with this node on its new allocator and every other node on the one it is on
             # now (a node of the same group not moved yet keeps its allocator: nothing serves its GPUs twice)
-            plans = as_they_are(ctx, state.by_name(ctx.kube.get("nodes")), {h.name})
+            nodes = state.by_name(ctx.kube.get("nodes"))
+            if move_allocator_labels(ctx, nodes):  # before the DRA driver's manifest selects by the new label
+                nodes = state.by_name(ctx.kube.get("nodes"))
+            plans = as_they_are(ctx, nodes, {h.name})
             manifests.apply(ctx.kube, [m for m in gpu_manifests(ctx, plans) if m.name in MOVED])
             labels = node_changes(plan, state.node_state(self._node_obj(ctx, h.name)))[0]  # as the gpu phase does
             if labels:

@@ -108,6 +108,7 @@ class Context:
     # takes the cluster lock again on a new session to the first control plane (set by the lock phase): a reboot of
     # that host (phases/reboot.py) ends the connection the lock was held on
     relock: Callable[[Session], None] | None = None
+    lock_lost: str = ""  # why the cluster lock could not be taken again after that reboot: the run stops
     # nodes whose device plugin config or sharing labels the gpu phase changed in this run, or whose plugin pod it
     # restarted: verify waits (up to the test pod timeout) for their allocatable to reflect the plan, as
     # config-manager applies a config, and a new plugin pod registers, a while later
@@ -257,9 +258,13 @@ def run_phases(phases: list[Phase], ctx: Context, results: list[PhaseResult]) ->
             res = p.run(ctx)
         except GpuK8sError as e:
             res = p.result("failed", e.message, e.remedy)
+        if ctx.lock_lost and res.status != "failed":
+            res.status = "failed"
+            res.message = "; ".join(x for x in (res.message, ctx.lock_lost) if x)
         log.info("phase %s: %s %s", p.name, res.status, res.message)
         results.append(res)
-        if res.status == "failed" and (p.fatal or res.stop):
+        if res.status == "failed" and (p.fatal or res.stop or ctx.lock_lost):
+            # no phase runs without the cluster lock: another run may be changing the cluster now
             return False
     return True
 

@@ -22,7 +22,6 @@ from gpuk8s.gpuplan import is_gpu_node
 from gpuk8s.install.prepare import HostRun, run_steps
 from gpuk8s.inventory.model import Host
 from gpuk8s.kube import state
-from gpuk8s.phases.allocator import MARK as ALLOCATOR_MARK
 from gpuk8s.phases.base import Change, Context, PhasePlan, PhaseResult
 from gpuk8s.phases.driver import action
 from gpuk8s.phases.prepare import refresh_facts
@@ -59,6 +58,7 @@ class DriverUpgrade(UpgradeStep):
     name = "driver-upgrade"
     title = "upgrade the NVIDIA driver node by node"
     resume = "gpuk8s driver upgrade"
+    cordon_mark = "driver-upgrade"  # its own: a node a stopped upgrade or allocator move left is not its to finish
 
     def __init__(self, opts: UpgradeOptions, on_node: Callable[[str, float], None] | None = None) -> None:
         super().__init__(opts, on_node)
@@ -108,6 +108,9 @@ class DriverUpgrade(UpgradeStep):
                             f"{self.opts.max_unavailable} at a time", changes)
 
     def _node_upgrade(self, ctx: Context, h: Host) -> str:
+        if ctx.lock_lost:  # another node's reboot (the first control plane's) lost the cluster lock: no more nodes
+            raise NodeFailure("driver.upgrade-failed", f"{h.name}: not started: {ctx.lock_lost}",
+                              f"re-run {self.resume} once the other run has finished")
         t0 = time.monotonic()
         f = ctx.facts[h.name]
         want = wanted(h, f)
@@ -156,13 +159,12 @@ class DriverUpgrade(UpgradeStep):
                               f"{self.opts.drain_timeout} s after the reboot ({what})",
                               f"gpuk8s doctor node/{h.name}; the node stays cordoned; re-run {self.resume}")
 
-    @staticmethod
-    def _marked(ctx: Context, name: str) -> bool:
-        """Whether the node carries the cordon mark of an upgrade (this command's or gpuk8s upgrade's, not a
-        `gpuk8s allocator` move's): a run stopped between its cordon and its uncordon."""
+    def _marked(self, ctx: Context, name: str) -> bool:
+        """Whether the node carries this command's cordon mark: a driver upgrade stopped between its cordon and its
+        uncordon (a gpuk8s upgrade's or an allocator move's is theirs to finish)."""
         found = ctx.kube.get("nodes", name)
         labels = state.node_state(found[0]).labels if found else {}
-        return CORDONED_BY_UPGRADE in labels and labels[CORDONED_BY_UPGRADE] != ALLOCATOR_MARK
+        return labels.get(CORDONED_BY_UPGRADE) == self.cordon_mark
 
     def _resume(self, ctx: Context, h: Host) -> str:
         """A node at its driver that an earlier run left cordoned (stopped after the reboot: Ctrl-C, a lost

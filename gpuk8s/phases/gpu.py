@@ -13,8 +13,10 @@ from typing import Any
 from gpuk8s.gpuplan import (
     ALLOCATOR_LABEL,
     CONFIG_LABEL,
+    DRA,
     HAMI_NODE_LABEL,
     HAMI_NODE_VALUE,
+    LEGACY_ALLOCATOR_LABEL,
     MANAGED_LABELS,
     MANAGED_PREFIXES,
     REPLICAS_LABEL,
@@ -100,6 +102,21 @@ def as_they_are(ctx: Context, nodes: dict[str, Any], switching: set[str]) -> dic
     return out
 
 
+def move_allocator_labels(ctx: Context, nodes: dict[str, Any]) -> list[str]:
+    """The nodes the inventory puts on DRA that carry only the allocator label of gpuk8s up to main 3c20938: given
+    the protected one now, before any manifest that selects by it is applied (else the DRA kubelet plugin would leave
+    them, and the device plugin keeps off them by the old label's exclusion: their GPUs served by neither)."""
+    moved = []
+    for name, plan in ctx.plans.items():
+        md = (nodes.get(name) or {}).get("metadata")
+        labels = md.get("labels") if isinstance(md, dict) else None
+        if plan.dra and isinstance(labels, dict) and labels.get(LEGACY_ALLOCATOR_LABEL) == DRA \
+                and ALLOCATOR_LABEL not in labels:
+            ctx.kube.label(name, {ALLOCATOR_LABEL: DRA})
+            moved.append(name)
+    return moved
+
+
 def gpu_manifests(ctx: Context, plans: dict[str, GPUPlan]) -> list[manifests.Manifest]:
     """The GPU manifests for these plans; the ConfigMap keeps the config each node selects whose plan cannot
     decide it (no facts)."""
@@ -125,6 +142,7 @@ class GPUNodes(Phase):
         """The label and taint changes per node; a node whose allocator would change while pods hold its GPUs is
         left as it is (self._held: why), and counted on its current allocator (self._plans)."""
         nodes = state.by_name(ctx.kube.get("nodes"))
+        self._nodes = nodes
         self._was_shared: dict[str, bool] = {}
         self._held = {}
         pods: list[Any] | None = None  # read once, only where a node's allocator would change
@@ -172,6 +190,7 @@ class GPUNodes(Phase):
                                  if n in ctx.plans and ctx.plans[n].gpu_node])
 
     _held: dict[str, str]  # node -> why its allocator was not switched (set by plan and _node_diffs)
+    _nodes: dict[str, Any]  # the node objects _node_diffs read
     _plans: dict[str, GPUPlan]  # the plans the manifests follow: a node held on its allocator counts there
 
     def plan(self, ctx: Context) -> PhasePlan:
@@ -212,6 +231,7 @@ class GPUNodes(Phase):
         r = self.result("unchanged", "manifests, labels and taints as wanted")
         stale = self._stale_plugins(ctx, planning=False)  # the plugin pods that ran before this run's prepare
         diffs = self._node_diffs(ctx)  # first: a node held on its allocator decides the manifests too
+        move_allocator_labels(ctx, self._nodes)
         taken = ""
         try:
             applied = manifests.apply(ctx.kube, self._wanted(ctx))

@@ -45,8 +45,9 @@ def reboot(ctx: Context, host: Host, why: str) -> tuple[Session | None, str]:
             ctx.relock(fresh)
         except GpuK8sError as e:
             ctx.locked = False
-            return None, (f"{host.name} is back after the reboot, but the cluster lock could not be taken again: "
-                          f"{e.message}; this run stops here ({e.remedy})")
+            ctx.lock_lost = (f"{host.name} is back after the reboot, but the cluster lock could not be taken again: "
+                             f"{e.message}; this run stops here ({e.remedy})")
+            return None, ctx.lock_lost
     return fresh, ""
 
 

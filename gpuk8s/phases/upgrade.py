@@ -306,8 +306,9 @@ class UpgradeStep(Phase):
                               f"'kubectl uncordon {h.name}' to put it back as it was") from None
         return mine, waited
 
-    @staticmethod
-    def _take_cordon(ctx: Context, h: Host) -> bool:
+    cordon_mark = "true"  # the value of CORDONED_BY_UPGRADE this command's cordon carries
+
+    def _take_cordon(self, ctx: Context, h: Host) -> bool:
         """Whether the cordon of this upgrade is gpuk8s's to undo: a node cordoned by someone else before
         gpuk8s touched it stays cordoned; one gpuk8s cordons is marked first (CORDONED_BY_UPGRADE), so that a
         run stopped before its uncordon is finished by the next."""
@@ -317,7 +318,7 @@ class UpgradeStep(Phase):
             return True
         if node.get("spec", {}).get("unschedulable"):
             return False
-        ctx.kube.label(h.name, {CORDONED_BY_UPGRADE: "true"})
+        ctx.kube.label(h.name, {CORDONED_BY_UPGRADE: self.cordon_mark})
         return True
 
     def _resume_done(self, ctx: Context, v: NodeVersions, h: Host) -> str:

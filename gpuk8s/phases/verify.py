@@ -323,6 +323,18 @@ class Verify(Phase):
     def _sharing_proofs(self, ctx: Context, checks: list[NodeCheck]) -> None:
         for c in checks:
             plan = ctx.plans[c.node]
+            # the names the proof deletes and creates, read first: another's pod of such a name is left alone
+            names = [proof_pod_name(plan.node, "mem")] if plan.sharing == "hami" else [
+                proof_pod_name(plan.node, str(i)) for i in range(c.expected_gpus + 1)] + [proof_pod_name(plan.node,
+                                                                                                 "two")]
+            found = ctx.kube.get_refs([("Pod", n, TEST_NAMESPACE) for n in names])
+            taken = sorted(ref[1] for ref, obj in found.items() if not manifests.created_by_gpuk8s(obj))
+            if taken:
+                c.ok, c.cause_id = False, "gpu.test-name-taken"
+                c.cause = (f"sharing proof not run: {', '.join(taken[:4])} in namespace {TEST_NAMESPACE} exist(s) and "
+                           "gpuk8s did not create it: left alone")
+                c.remedy = f"rename or delete {', '.join(taken[:4])} in {TEST_NAMESPACE}, then run gpuk8s verify again"
+                continue
             try:
                 ok, proof = (self._hami_proof(ctx, plan) if plan.sharing == "hami"
                              else self._slice_proof(ctx, plan, c.expected_gpus))

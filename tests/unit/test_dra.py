@@ -593,6 +593,11 @@ def test_a_dra_node_of_gpuk8s_before_the_protected_label_moves_to_it_unchanged()
     assert dra.allocator_of(kube.nodes["w-dra"], "dra") == "dra" and dra.allocator_of(kube.nodes["w-dra"]) != "dra"
     r = GPUNodes().run(ctx)
     assert r.status == "changed", r.message  # not held: it is on DRA already, as the inventory says
+    # the protected label before the DRA driver's manifest that selects by it: never a node served by neither
+    writes = [c[:3] for c in kube.writes]
+    first_label = writes.index(("label", "w-dra", f"{gpuplan.ALLOCATOR_LABEL}=dra"))
+    dra_apply = next(i for i, c in enumerate(kube.writes) if c[0] == "apply" and dra.DRA_PLUGIN in c[1])
+    assert first_label < dra_apply
     labels = kube.nodes["w-dra"]["metadata"]["labels"]
     assert labels[gpuplan.ALLOCATOR_LABEL] == "dra" and gpuplan.LEGACY_ALLOCATOR_LABEL not in labels
     plugin = next(d for d in _objects(manifests.device_plugin(i)) if d["kind"] == "DaemonSet")

@@ -129,7 +129,7 @@ def test_driver_upgrade_finishes_a_node_an_earlier_run_left_cordoned_after_its_r
     h = INV.host("gpu-1")
     assert at_target(f, wanted(h, f)), wanted(h, f)
     kube = FakeKube()
-    kube.add_node("gpu-1", gpus=8, labels={CORDONED_BY_UPGRADE: "true"})
+    kube.add_node("gpu-1", gpus=8, labels={CORDONED_BY_UPGRADE: "driver-upgrade"})
     kube.nodes["gpu-1"]["spec"]["unschedulable"] = True
     ctx = Context(INV, sessions={"gpu-1": object()}, facts={"gpu-1": f}, kube_client=kube,  # type: ignore[dict-item]
                   initialized_cache=True, plans=gpuplan.plans(INV, {"gpu-1": f}))
@@ -140,8 +140,14 @@ def test_driver_upgrade_finishes_a_node_an_earlier_run_left_cordoned_after_its_r
     assert r.status == "changed" and "resumed: gpu-1 uncordoned" in r.message
     assert ("uncordon", "gpu-1") in [c[:2] for c in kube.calls]
     assert CORDONED_BY_UPGRADE not in kube.nodes["gpu-1"]["metadata"]["labels"]
-    # a re-run: nothing left to do; and a node another command cordoned (no mark) is not uncordoned
+    # a re-run: nothing left to do
     assert step.run(ctx).status == "unchanged" and step.plan(ctx).status == "unchanged"
+    # a node a stopped gpuk8s upgrade (its mark) or someone else (no mark) cordoned is not this command's to uncordon
+    for labels in ({CORDONED_BY_UPGRADE: "true"}, {}):
+        kube.calls.clear()
+        kube.nodes["gpu-1"]["metadata"]["labels"] = dict(labels)
+        kube.nodes["gpu-1"]["spec"]["unschedulable"] = True
+        assert step.run(ctx).status == "unchanged" and not [c for c in kube.calls if c[0] == "uncordon"]
 
 
 def test_driver_upgrades_dry_run_lists_what_the_run_does_and_no_kubelet() -> None:
@@ -189,6 +195,7 @@ def test_alibaba_cloud_linux_across_branches_checks_the_version_and_switches_the
     got = {s.name: s for n in playbooks_for(inv) for s in render_playbook(load_playbook(n),
                                                                           context(inv, inv.host("gpu-1"), alinux))}
     stream = got["driver-module-stream"].run
+    assert "nvidia-fabric-manager nvidia-fabricmanager" in stream  # a 535 host's lock is under the old name
     assert stream.index("dnf versionlock delete nvidia-open") < stream.index(
         "dnf -y -q module switch-to nvidia-driver:595-open --allowerasing")
     bindir = tmp_path / "bin"

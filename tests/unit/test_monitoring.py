@@ -603,3 +603,15 @@ def test_gpuk8s_monitoring_over_ssh_takes_the_cluster_lock_first(monkeypatch):
     ctx = Context(inv, kube_client=FakeKube(), plans=gpuplan.plans(inv))
     ctx.initialized_cache = True
     assert [p.name for p in flows.monitoring(ctx, remove=False, dry_run=False).phases] == ["monitoring"]
+
+
+def test_eight_shared_gpus_with_22_pods_each_fit_the_bounded_read():
+    """Each pod on a shared GPU repeats the device's series: the fields counted must fit the read's bound."""
+    lines = []
+    for g in range(8):
+        for p in range(22):
+            for field in ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_SM_CLOCK",
+                          "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE"):
+                lines.append(f'{field}{{gpu="{g}",UUID="GPU-{g}",device="nvidia{g}",modelName="NVIDIA H100 80GB HBM3",'
+                             f'Hostname="n",pod="p{p}",namespace="ml",container="c"}} 1')
+    assert len(devices(device_series("\n".join(lines) + "\n"))) == 8

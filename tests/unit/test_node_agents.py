@@ -131,13 +131,19 @@ def changed(obj: dict[str, Any], how: Any) -> dict[str, Any]:
      lambda n: n["metadata"]["labels"].update({gpuplan.ALLOCATOR_LABEL: "dra"}), False),
     ("a protected label removed", "nodes", node("w-hami", **{gpuplan.ALLOCATOR_LABEL: "dra"}),
      lambda n: n["metadata"]["labels"].pop(gpuplan.ALLOCATOR_LABEL), False),
+    ("a label of its own node (the HAMi scheduler's placement)", "nodes", node("w-hami"),
+     lambda n: n["metadata"]["labels"].update({"node-role.kubernetes.io/control-plane": ""}), False),
     ("a plain label of its own node", "nodes", node("w-hami"),
-     lambda n: n["metadata"]["labels"].update({"gpu": "on"}), True),
+     lambda n: n["metadata"]["labels"].update({"gpu": "on"}), False),
+    ("a label of a pod on its node (a Service's selector)", "pods", pod("w-hami"),
+     lambda p: p["metadata"].update({"labels": {"app": "billing"}}), False),
     ("a pod bound to its node", "pods", pod("w-hami"),
      lambda p: p["metadata"]["annotations"].update({"hami.io/bind-phase": "success"}), True),
     ("a pod on another node", "pods", pod("w-other"),
      lambda p: p["metadata"]["annotations"].update({"hami.io/bind-phase": "success"}), False),
     ("a pod moved onto its node", "pods", pod("w-other"), lambda p: p["spec"].update({"nodeName": "w-hami"}), False),
+    ("a pod's image on its node", "pods", pod("w-hami"),
+     lambda p: p["spec"]["containers"][0].update({"image": "evil"}), False),
 ])
 def test_hamis_device_plugin_token_changes_its_own_node_and_pods_only(
         what: str, resource: str, old: dict[str, Any], how: Any, ok: bool) -> None:

@@ -58,3 +58,31 @@ def test_a_lock_another_run_took_meanwhile_stops_this_run(monkeypatch: pytest.Mo
     fresh, problem = rb.reboot(ctx, CP, "driver 580 -> 595")
     assert fresh is None and not ctx.locked
     assert "the cluster lock could not be taken again: another gpuk8s run is changing this cluster: alice@ws" in problem
+
+
+def test_a_lost_lock_stops_the_run_after_the_phase_that_lost_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpuk8s.phases.base import Phase, PhaseResult, run_phases
+
+    def busy(_s: Any) -> None:
+        raise ClusterBusy("cp-1", "alice@ws")
+    ctx, _old = ctx_with(monkeypatch, busy)
+    ran: list[str] = []
+
+    class Rebooting(Phase):
+        name, title, fatal = "driver", "driver", False
+
+        def run(self, c: Context) -> PhaseResult:
+            ran.append(self.name)
+            rb.reboot(c, CP, "nouveau")  # the phase itself only names the host as failed
+            return self.result("changed", "1 of 2 node(s) with their driver loaded")
+
+    class Next(Phase):
+        name, title = "join", "join"
+
+        def run(self, c: Context) -> PhaseResult:
+            ran.append(self.name)
+            return self.result("changed", "joined")
+
+    results: list[PhaseResult] = []
+    assert not run_phases([Rebooting(), Next()], ctx, results)
+    assert ran == ["driver"] and results[0].status == "failed" and "lock could not be taken again" in results[0].message

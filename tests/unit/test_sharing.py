@@ -714,3 +714,23 @@ def test_the_plugin_gets_sys_admin_only_where_a_node_uses_mig() -> None:
     mig = plugin_ctr(HOST + "    mig: {strategy: mixed, config: all-1g.10gb}\n")
     assert mig["securityContext"] == {"capabilities": {"add": ["SYS_ADMIN"]}}
     assert {"name": "NVIDIA_MIG_MONITOR_DEVICES", "value": "all"} in mig["env"]
+
+
+def test_the_sharing_proof_leaves_a_pod_of_another_alone_and_names_it() -> None:
+    """Issue 42 (8): the proof pods are deleted and created by name in default; one of that name gpuk8s did not create
+    is neither deleted nor overwritten, and the node's verdict names it."""
+    from gpuk8s.kube.state import NodeCheck
+    from gpuk8s.phases.verify import TEST_NAMESPACE, Verify, proof_pod_name
+
+    i = inv()
+    plans = gpuplan.plans(i)
+    kube = FakeKube()
+    for name, plan in plans.items():
+        kube.add_node(name, labels=plan.labels)
+    taken = proof_pod_name("w-default", "two")
+    kube.objects[("pod", TEST_NAMESPACE, taken)] = {"kind": "Pod", "metadata": {"name": taken,
+                                                                                "namespace": TEST_NAMESPACE}}
+    ctx = Context(i, plans=plans, kube_client=kube, initialized_cache=True)
+    c = NodeCheck("w-default", True, True, plans["w-default"].expected_gpus, plans["w-default"].expected_gpus)
+    Verify()._sharing_proofs(ctx, [c])
+    assert kube.writes == [] and (c.ok, c.cause_id) == (False, "gpu.test-name-taken") and taken in c.cause
