@@ -320,6 +320,7 @@ def driver_upgrade(inv: Inventory, *, concurrency: int, sudo_passwords: dict[str
                   sudo_passwords=sudo_passwords)
     got = for_each_host(inv.hosts, _connector(sudo_passwords), concurrency)
     ctx.sessions = {n: s for n, s in got.items() if isinstance(s, Session)}
+    ctx.unreachable = {n: str(getattr(e, "message", e)) for n, e in got.items() if not isinstance(e, Session)}
     if inv.control_planes[0].name not in ctx.sessions:
         err = got[inv.control_planes[0].name]
         for s in ctx.sessions.values():

@@ -109,6 +109,7 @@ class Context:
     # that host (phases/reboot.py) ends the connection the lock was held on
     relock: Callable[[Session], None] | None = None
     lock_lost: str = ""  # why the cluster lock could not be taken again after that reboot: the run stops
+    unreachable: dict[str, str] = field(default_factory=dict)  # host -> why the flow could not connect to it
     # nodes whose device plugin config or sharing labels the gpu phase changed in this run, or whose plugin pod it
     # restarted: verify waits (up to the test pod timeout) for their allocatable to reflect the plan, as
     # config-manager applies a config, and a new plugin pod registers, a while later

@@ -181,7 +181,9 @@ class DriverUpgrade(UpgradeStep):
         for h in self._managed(ctx):
             f = ctx.facts.get(h.name)
             if h.name not in ctx.sessions or f is None:
-                r.hosts[h.name] = "failed: not reachable"
+                why = ctx.unreachable.get(h.name) or ("its facts could not be read" if h.name in ctx.sessions
+                                                      else "no SSH session")
+                r.hosts[h.name] = f"failed: not reachable ({why}); a host rebooting answers again once it is up"
                 continue
             want = wanted(h, f)
             if not want.get("manage"):

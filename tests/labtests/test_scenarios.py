@@ -5,14 +5,21 @@ hgx-day-one: bare HGX H100 servers with gpuk8s's driver, one cut into MIG (mixed
 whose preinstalled 535 driver gpuk8s replaces by branch 580 (preflight blocked this composition: its dra.driver
 floor looked at the running driver), one time-sliced, monitoring deployed (its exporter's MIG series were counted as
 whole GPUs), on Kubernetes 1.36 (the default minor). Steps: install --allow-reboot, verify, the invariants, a
-re-run that changes nothing, the invariants again.
+re-run that changes nothing, the invariants again; day two: the managed nodes moved to branch 595 with `driver
+upgrade`, its client killed (SIGKILL) as soon as the first node has rebooted into 595, then the same command again:
+it finishes that node (uncordoned) and upgrades the other, and the invariants hold.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 from typing import Any
+
+import yaml
 
 from tests.labtests import invariants
 
@@ -64,4 +71,42 @@ def test_hgx_day_one(lab_up, run_cli, tmp_path):
     rc, rep, seconds["re-run"] = timed(run_cli, "install", "-i", inv, "--kubeconfig-out", str(kc), "--allow-reboot")
     assert rc == 0 and not rep["changed"], json.dumps(rep)[-4000:]
     invariants.all_hold(lab, run_cli, inv, planned, {"dra-1"}, totals)
+
+    # day two: branch 595 for the managed nodes; the client killed once mig-1 runs 595 (after its reboot, before or
+    # after its uncordon: whichever the kill meets), then the same command again
+    doc = yaml.safe_load(lab.inventory.read_text())
+    for h in doc["hosts"]:
+        if isinstance(h.get("driver"), dict):
+            h["driver"]["branch"] = "595"
+    path = tmp_path / "inventory-595.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    env = {**os.environ, "GPUK8S_LOG_FILE": str(tmp_path / "killed.log"), "NO_COLOR": "1"}
+    sshd_before = lab.host("mig-1").sshd_pid()
+    t0 = time.monotonic()
+    p = subprocess.Popen([sys.executable, "-m", "gpuk8s", "driver", "upgrade", "-i", str(path), "--yes", "-o", "json"],
+                         env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         stdin=subprocess.DEVNULL)
+    while p.poll() is None and "595." not in lab.host("mig-1").exec("cat /proc/driver/nvidia/version",
+                                                                    check=False).stdout:
+        assert time.monotonic() - t0 < 300, "mig-1 never rebooted into 595"
+        time.sleep(0.2)
+    killed = p.poll() is None
+    p.kill()
+    p.wait(timeout=30)
+    seconds["driver upgrade (killed)"] = time.monotonic() - t0
+    # as an operator would: the same command once the rebooting host answers SSH again (a re-run while it is still
+    # down names it "not reachable", upgrades the others, and the next re-run finishes it)
+    while lab.host("mig-1").sshd_pid() in (None, sshd_before):  # the lab's reboot restarts its sshd
+        assert time.monotonic() - t0 < 300, "mig-1 did not come back"
+        time.sleep(0.2)
+    time.sleep(1)
+    rc, rep, seconds["driver upgrade (again)"] = timed(run_cli, "driver", "upgrade", "-i", str(path), "--yes")
+    assert rc == 0, json.dumps(rep)[-4000:]
+    up = next(x for x in rep["phases"] if x["name"] == "driver-upgrade")["hosts"]
+    assert up["mig-1"].startswith("already at driver 595."), up
+    assert "driver 580.95.05 -> 595.71.05" in up["dra-1"] or up["dra-1"].startswith("already at driver 595."), up
+    print(f"killed mid-run: {killed}; the re-run: {up}")
+    for name in ("mig-1", "dra-1"):
+        assert "595." in lab.host(name).exec("cat /proc/driver/nvidia/version").stdout
+    invariants.all_hold(lab, run_cli, str(path), planned, {"dra-1"}, totals)
     print("hgx-day-one seconds:", {k: round(v, 1) for k, v in seconds.items()})
