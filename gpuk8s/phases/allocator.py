@@ -81,7 +81,9 @@ class AllocatorMove(UpgradeStep):
             return f"already on {target}; test pod passed; {_give_back(ctx, h.name)} (an earlier run stopped)"
         before = {k: v for k, v in state.node_state(node).labels.items()
                   if k in MANAGED_LABELS or k.startswith(MANAGED_PREFIXES)}
-        was = dra.allocator_of(node, target)
+        # where it is: the old label counts here as well (a node gpuk8s put on DRA before the protected label, moved
+        # off it before any install moved its label: its DRA driver is what serves it, and what a failure gives back)
+        was = dra.allocator_of(node, DRA)
         if was == DRA:  # as the protected label says it (one of gpuk8s up to main 3c20938 moves to it)
             before = {k: v for k, v in before.items() if k != LEGACY_ALLOCATOR_LABEL} | {ALLOCATOR_LABEL: DRA}
         # the node as it was before this move, kept in kube-system (no node can write there) until the move ends:
