@@ -75,6 +75,7 @@ class DriverUpgrade(UpgradeStep):
     def plan(self, ctx: Context) -> PhasePlan:
         changes: list[Change] = []
         todo = []
+        marked = self._marked(ctx)
         for h in self._managed(ctx):
             f = ctx.facts.get(h.name)
             if f is None:
@@ -83,7 +84,7 @@ class DriverUpgrade(UpgradeStep):
             if not want.get("manage"):
                 continue
             if at_target(f, want):
-                if self._marked(ctx, h.name):
+                if h.name in marked:
                     todo.append(h.name)
                     changes += [Change(f"{h.name} is at driver {f.driver.module_version}, left cordoned by an earlier "
                                        "run: wait for its GPUs, then uncordon", "", f"kubectl uncordon {h.name}")]
@@ -159,12 +160,11 @@ class DriverUpgrade(UpgradeStep):
                               f"{self.opts.drain_timeout} s after the reboot ({what})",
                               f"gpuk8s doctor node/{h.name}; the node stays cordoned; re-run {self.resume}")
 
-    def _marked(self, ctx: Context, name: str) -> bool:
-        """Whether the node carries this command's cordon mark: a driver upgrade stopped between its cordon and its
-        uncordon (a gpuk8s upgrade's or an allocator move's is theirs to finish)."""
-        found = ctx.kube.get("nodes", name)
-        labels = state.node_state(found[0]).labels if found else {}
-        return labels.get(CORDONED_BY_UPGRADE) == self.cordon_mark
+    def _marked(self, ctx: Context) -> set[str]:
+        """The nodes that carry this command's cordon mark, in one read: a driver upgrade stopped between its cordon
+        and its uncordon (a gpuk8s upgrade's or an allocator move's is theirs to finish)."""
+        return {name for name, node in state.by_name(ctx.kube.get("nodes")).items()
+                if state.node_state(node).labels.get(CORDONED_BY_UPGRADE) == self.cordon_mark}
 
     def _resume(self, ctx: Context, h: Host) -> str:
         """A node at its driver that an earlier run left cordoned (stopped after the reboot: Ctrl-C, a lost
@@ -178,6 +178,7 @@ class DriverUpgrade(UpgradeStep):
         r = self.result("pending")
         todo: list[Host] = []
         resumed: list[Host] = []
+        marked = self._marked(ctx)
         for h in self._managed(ctx):
             f = ctx.facts.get(h.name)
             if h.name not in ctx.sessions or f is None:
@@ -189,13 +190,14 @@ class DriverUpgrade(UpgradeStep):
             if not want.get("manage"):
                 r.hosts[h.name] = "failed: its driver settings do not work on it (gpuk8s preflight: driver.plan)"
             elif at_target(f, want):
-                if self._marked(ctx, h.name):
+                if h.name in marked:
                     resumed.append(h)  # an earlier run stopped after its reboot: finished below, not left cordoned
                 else:
                     r.hosts[h.name] = f"already at driver {f.driver.module_version} ({want['flavor']})"
             else:
                 todo.append(h)
-        for name, res in for_each_host([*resumed, *todo], lambda h: self._resume(ctx, h) if h in resumed
+        resuming = {h.name for h in resumed}
+        for name, res in for_each_host([*resumed, *todo], lambda h: self._resume(ctx, h) if h.name in resuming
                                        else self._node_upgrade(ctx, h), self.opts.max_unavailable).items():
             r.hosts[name] = (f"failed: {getattr(res, 'message', res)}" if isinstance(res, BaseException)
                              else str(res))
@@ -207,7 +209,7 @@ class DriverUpgrade(UpgradeStep):
                                                           f"re-run {self.resume}", subject=findings.node(name)))
         failed = [n for n, s in r.hosts.items() if s.startswith("failed")]
         done = [n for n, s in r.hosts.items() if not s.startswith(("failed", "already"))]
-        finished = [n for n, s in r.hosts.items() if s.startswith("already") and "earlier run" in s]
+        finished = [n for n in resuming if not r.hosts[n].startswith("failed")]
         if not r.hosts:
             r.status, r.message = "unchanged", "no node has driver: {manage: true}"
         elif failed:

@@ -38,14 +38,12 @@ from gpuk8s.phases.base import Context, Phase, PhasePlan, PhaseResult
 from gpuk8s.text import clean
 
 UTIL = "DCGM_FI_DEV_GPU_UTIL"
-# The device-level fields whose series name a device: the default counters the exporter publishes for a whole GPU and,
-# GPU-level ones repeated, for each GPU instance of a MIG GPU (dcgm-exporter 0770e7c "Publish GPU-level metrics per
-# GPU instance as well"). Not GPU_UTIL alone: no _UTIL field is published for a MIG instance (NVIDIA/dcgm-exporter
-# #430, #50), nor FB_USED/FB_FREE on an H100's (#512, #380): tests/fixtures/real/dcgm/mig-*.
-# Four fields, not every one: each pod on a shared GPU repeats a device's series, and the read is bounded
-# (allocation.METRICS_MAX_SERIES; 8 GPUs x 22 pods x 3 default fields is 528 lines): GPU_UTIL for whole GPUs, the
-# GPU-level GPU_TEMP and SM_CLOCK the exporter repeats per instance (NVIDIA/gpu-operator#313, #687) and
-# GR_ENGINE_ACTIVE (where the profiling counters are on) for MIG instances.
+# The fields whose series name a device: GPU_UTIL for whole GPUs; for a MIG GPU's instances, which get no _UTIL field
+# (NVIDIA/dcgm-exporter #430, #50) nor FB_USED/FB_FREE on an H100 (#512, #380), the GPU-level GPU_TEMP and SM_CLOCK the
+# exporter repeats per instance (its commit 0770e7c; NVIDIA/gpu-operator#313, #687) and GR_ENGINE_ACTIVE where the
+# profiling counters are on (tests/fixtures/real/dcgm/mig-*). Four, not every field: each pod on a shared GPU repeats
+# a device's series, and the read is bounded (allocation.METRICS_MAX_SERIES; 8 GPUs x 22 pods x 3 default fields is
+# 528 lines).
 DEVICE_FIELDS = (UTIL, "DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_PROF_GR_ENGINE_ACTIVE")
 POD_RESOURCES = "/var/lib/kubelet/pod-resources"
 NVML_MARKERS = ("NVML", "libnvidia-ml")  # the exporter's log when the container has no NVML

@@ -78,6 +78,20 @@ def offered(ctx: Context, plan: GPUPlan) -> tuple[bool, str]:
     return dra.offers(plan, found[0], dra.published(ctx.kube.get("resourceslices")).get(plan.node))
 
 
+def foreign_names(ctx: Context, refs: list[tuple[str, str, str]]) -> set[str]:
+    """The names of those of `refs` that exist and that gpuk8s did not create (one read): verify neither deletes nor
+    overwrites them."""
+    return {ref[1] for ref, obj in ctx.kube.get_refs(refs).items() if not manifests.created_by_gpuk8s(obj)}
+
+
+def name_taken(c: NodeCheck, what: str, taken: list[str]) -> None:
+    """The node's verdict where a test object's name is another's (gpu.test-name-taken)."""
+    c.ok, c.cause_id = False, "gpu.test-name-taken"
+    c.cause = (f"{what}: {', '.join(taken)} in namespace {TEST_NAMESPACE} exist(s) and gpuk8s did not create it: "
+               "left alone")
+    c.remedy = f"rename or delete {', '.join(taken)} in {TEST_NAMESPACE}, then run gpuk8s verify again"
+
+
 def until(check: Callable[[], tuple[bool, str]], timeout: float, poll: float) -> tuple[bool, str]:
     """check(), asked again every `poll` seconds until it holds or `timeout` seconds have passed: its last answer."""
     deadline = time.monotonic() + timeout
@@ -327,13 +341,9 @@ class Verify(Phase):
             names = [proof_pod_name(plan.node, "mem")] if plan.sharing == "hami" else [
                 proof_pod_name(plan.node, str(i)) for i in range(c.expected_gpus + 1)] + [proof_pod_name(plan.node,
                                                                                                  "two")]
-            found = ctx.kube.get_refs([("Pod", n, TEST_NAMESPACE) for n in names])
-            taken = sorted(ref[1] for ref, obj in found.items() if not manifests.created_by_gpuk8s(obj))
+            taken = sorted(foreign_names(ctx, [("Pod", n, TEST_NAMESPACE) for n in names]))[:4]
             if taken:
-                c.ok, c.cause_id = False, "gpu.test-name-taken"
-                c.cause = (f"sharing proof not run: {', '.join(taken[:4])} in namespace {TEST_NAMESPACE} exist(s) and "
-                           "gpuk8s did not create it: left alone")
-                c.remedy = f"rename or delete {', '.join(taken[:4])} in {TEST_NAMESPACE}, then run gpuk8s verify again"
+                name_taken(c, "sharing proof not run", taken)
                 continue
             try:
                 ok, proof = (self._hami_proof(ctx, plan) if plan.sharing == "hami"
@@ -458,7 +468,7 @@ class Verify(Phase):
         for c in checks:
             c.pod = test_pod_name(c.node)
         waiting = {c.pod: c for c in checks}
-        docs = [self._pod(ctx, c.node) for c in checks]
+        docs = {c.pod: self._pod(ctx, c.node) for c in checks}  # pod name -> its manifest
         dra_checks = [c for c in checks if ctx.plans[c.node].dra]
         templates = sorted({dra_class(ctx.plans[c.node]) for c in dra_checks})
         if extended_mapping(ctx):
@@ -466,30 +476,25 @@ class Verify(Phase):
                 if dra_class(ctx.plans[c.node]) != "gpu":
                     continue  # extendedResourceName is gpu.nvidia.com's: whole GPUs only
                 waiting[extended_pod_name(c.node)] = c
-                docs.append(self._extended_pod(ctx, c.node))
+                docs[extended_pod_name(c.node)] = self._extended_pod(ctx, c.node)
         # the names verify creates in default, read first: one that exists and that gpuk8s did not create (a user's
         # pod or ResourceClaimTemplate of that name) is neither deleted nor overwritten, and its node is not tested
-        found = ctx.kube.get_refs([("Pod", n, TEST_NAMESPACE) for n in waiting]
-                                  + [("ResourceClaimTemplate", claim_template_name(k), TEST_NAMESPACE)
-                                     for k in templates])
-        foreign = {ref[1] for ref, obj in found.items() if not manifests.created_by_gpuk8s(obj)}
+        foreign = foreign_names(ctx, [("Pod", n, TEST_NAMESPACE) for n in waiting]
+                                + [("ResourceClaimTemplate", claim_template_name(k), TEST_NAMESPACE)
+                                   for k in templates])
         for name, c in list(waiting.items()):
             tpl = claim_template_name(dra_class(ctx.plans[c.node])) if ctx.plans[c.node].dra else ""
             taken = [n for n in (name, tpl) if n in foreign]
             if taken:
                 if c.ok:
-                    c.ok, c.cause_id = False, "gpu.test-name-taken"
-                    c.cause = (f"not tested: {', '.join(taken)} in namespace {TEST_NAMESPACE} exist(s) and gpuk8s "
-                               "did not create it: left alone")
-                    c.remedy = f"rename or delete {', '.join(taken)} in {TEST_NAMESPACE}, then run gpuk8s verify again"
+                    name_taken(c, "not tested", taken)
                 del waiting[name]
-        docs = [d for d in docs if yaml.safe_load(d)["metadata"]["name"] in waiting]
         templates = [k for k in templates if claim_template_name(k) not in foreign]
-        if not docs:
+        if not waiting:
             return
         names = list(waiting)
         ctx.kube.delete("pod", names, TEST_NAMESPACE)
-        ctx.kube.apply("---\n".join([self._claim_template(k) for k in templates] + docs))
+        ctx.kube.apply("---\n".join([self._claim_template(k) for k in templates] + [docs[n] for n in names]))
         timeout = ctx.options.test_pod_timeout
         deadline = time.monotonic() + timeout
         last: dict[str, str] = {}
