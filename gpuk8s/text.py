@@ -23,6 +23,13 @@ def one_line(text: str) -> str:
     return clean(text).replace("\r", " ").replace("\n", " ").replace("\t", " ")
 
 
+def first_of(items: list[str], cap: int) -> str:
+    """The first `cap` items, comma separated, and how many more there are: a message stays short whatever a host
+    or a cluster lists."""
+    more = f" and {len(items) - cap} more" if len(items) > cap else ""
+    return ", ".join(items[:cap]) + more
+
+
 def ascii_int(text: str, max_digits: int = 9) -> int | None:
     """`text` as a non-negative integer if it is 1..max_digits ASCII digits, else None.
 

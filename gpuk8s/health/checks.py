@@ -27,6 +27,7 @@ from gpuk8s.facts.model import HostFacts
 from gpuk8s.findings import Finding, failed, passed, skipped
 from gpuk8s.gpuplan import is_gpu_node
 from gpuk8s.inventory.model import Host
+from gpuk8s.text import first_of
 
 QUICK = ("health.gpu-count", "health.xid", "health.xid-app", "health.ecc-uncorrected", "health.retired-pages-pending",
          "health.row-remap-pending", "health.row-remap-failed", "health.pcie-width", "health.nvlink-down",
@@ -36,11 +37,8 @@ QUICK = ("health.gpu-count", "health.xid", "health.xid-app", "health.ecc-uncorre
 MAX_NAMED = 16  # GPUs a message names; the rest counted (a host's nvidia-smi -q may list any number of GPUs)
 
 
-def named(items: list[str], cap: int = MAX_NAMED) -> str:
-    """The first `cap` items, comma separated, and how many more there are: a message stays short whatever a host
-    lists."""
-    more = f" and {len(items) - cap} more" if len(items) > cap else ""
-    return ", ".join(items[:cap]) + more
+def named(items: list[str]) -> str:
+    return first_of(items, MAX_NAMED)
 
 
 def _gpu_names(h: HealthFacts, buses: list[str], index: dict[str, int] | None = None) -> str:

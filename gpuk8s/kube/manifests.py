@@ -39,6 +39,7 @@ from gpuk8s.kube.client import KubeClient
 from gpuk8s.kube.dra import DRA_NAME, DRA_NAMESPACE
 
 ANNOTATION = "gpuk8s.io/manifest-sha256"
+MANAGED_BY = "app.kubernetes.io/managed-by"  # the label gpuk8s's objects carry, gpuk8s as its value
 DEVICE_PLUGIN = "nvidia-device-plugin-daemonset"
 MPS_DAEMON = "nvidia-device-plugin-mps-control-daemon"
 PLUGIN_CONFIGS = "nvidia-device-plugin-configs"  # the ConfigMap of named configs the config-manager reads
@@ -327,7 +328,6 @@ def _hash_of(obj: dict[str, Any] | None) -> str:
     return str(ann.get(ANNOTATION, "")) if isinstance(ann, dict) else ""
 
 
-MANAGED_BY = "app.kubernetes.io/managed-by"
 # The manifests gpuk8s applies only while some node asks for them, and deletes afterwards (`unwanted`): their objects
 # must be gpuk8s's own, or the deletion would take another tool's with them
 ON_DEMAND = ("hami.yaml", DRA_MANIFEST)

@@ -22,11 +22,10 @@ from gpuk8s import mirrors, versions
 from gpuk8s.gpuplan import GPU_PRESENT, GPU_RESOURCE, QUARANTINE_KEY, GPUPlan
 from gpuk8s.inventory.model import Inventory
 from gpuk8s.kube.client import KubeClient
-from gpuk8s.kube.manifests import Manifest, applied_by_gpuk8s
+from gpuk8s.kube.manifests import MANAGED_BY, Manifest, created_by_gpuk8s
 
 EXPORTER = "dcgm-exporter"  # the DaemonSet, its Service, its ServiceMonitor, and the scrape job
 NAME_LABEL = "app.kubernetes.io/name"
-MANAGED_BY = "app.kubernetes.io/managed-by"
 METRICS_PORT = 9400
 PROMETHEUS = "prometheus"
 PROMETHEUS_PORT = 9090
@@ -189,8 +188,7 @@ def owns_namespace(inv: Inventory, kube: KubeClient) -> bool:
     found = kube.get("namespace", inv.monitoring.namespace)
     if not found:
         return True
-    md = found[0].get("metadata", {})
-    return applied_by_gpuk8s(found[0]) or (md.get("labels") or {}).get(MANAGED_BY) == "gpuk8s"
+    return created_by_gpuk8s(found[0])
 
 
 def objects(ms: list[Manifest]) -> list[tuple[str, str, str | None]]:

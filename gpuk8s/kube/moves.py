@@ -15,7 +15,7 @@ import yaml
 
 from gpuk8s.gpuplan import DRA, MANAGED_LABELS, MANAGED_PREFIXES
 from gpuk8s.kube.client import KubeClient
-from gpuk8s.kube.manifests import created_by_gpuk8s
+from gpuk8s.kube.manifests import MANAGED_BY, created_by_gpuk8s
 
 NAME = "gpuk8s-allocator-moves"
 NAMESPACE = "kube-system"
@@ -52,7 +52,7 @@ def _parse(text: str, target: str) -> tuple[str, dict[str, str]] | None:
 def _write(kube: KubeClient, data: dict[str, str]) -> None:
     kube.apply(yaml.safe_dump({"apiVersion": "v1", "kind": "ConfigMap",
                                "metadata": {"name": NAME, "namespace": NAMESPACE,
-                                            "labels": {"app.kubernetes.io/managed-by": "gpuk8s"}},
+                                            "labels": {MANAGED_BY: "gpuk8s"}},
                                "data": dict(sorted(data.items()))}, sort_keys=False))
 
 

@@ -17,6 +17,7 @@ from gpuk8s.kube import monitoring as mon
 from gpuk8s.kube.client import KubeError
 from gpuk8s.kube.manifests import Manifest
 from gpuk8s.phases.base import Change, Context, Phase, PhaseError, PhasePlan, PhaseResult
+from gpuk8s.text import first_of
 
 EMPTYDIR_WARNING = ("Prometheus keeps its data in an emptyDir: it is lost when the pod restarts "
                     "(set monitoring.storage_class to keep it)")
@@ -38,13 +39,6 @@ OPERATOR_GROUP = "monitoring.coreos.com"
 _BUILTIN = {("configmap", "kube-root-ca.crt"), ("serviceaccount", "default")}
 
 
-def is_ours(obj: dict[str, Any]) -> bool:
-    """Whether gpuk8s applied the object: its manifest annotation, or (an annotation edited away by hand)
-    the managed-by label every monitoring object carries. A Helm chart's object says managed-by: Helm."""
-    md = obj.get("metadata") or {}
-    return manifests.applied_by_gpuk8s(obj) or (md.get("labels") or {}).get(mon.MANAGED_BY) == "gpuk8s"
-
-
 def name_taken(ctx: Context, todo: list[Manifest]) -> list[str]:
     """The objects of `todo` that exist already and are not gpuk8s's (KIND/NAME): applying would take them
     over (and --remove would then delete them)."""
@@ -54,7 +48,7 @@ def name_taken(ctx: Context, todo: list[Manifest]) -> list[str]:
             found = ctx.kube.get(kind.lower(), name, ns)
         except KubeError:
             continue  # a kind the cluster does not serve: nothing of that name exists
-        if found and not is_ours(found[0]):
+        if found and not manifests.created_by_gpuk8s(found[0]):
             out.append(f"{kind}/{name}")
     return out
 
@@ -99,7 +93,7 @@ def foreign_objects(ctx: Context, ns: str) -> list[str]:
             if key in ours:
                 continue
             owners = [(str(r.get("kind", "")).lower(), str(r.get("name", ""))) for r in md.get("ownerReferences") or []]
-            if is_ours(o) or (owners and all(w in ours for w in owners)):
+            if manifests.created_by_gpuk8s(o) or (owners and all(w in ours for w in owners)):
                 ours.add(key)
                 changed = True
     out = []
@@ -199,9 +193,8 @@ class Monitoring(Phase):
         foreign = foreign_objects(ctx, ns)
         if not foreign:
             return present, ""
-        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
         return ([p for p in present if p[0] != "Namespace"],
-                f"; kept namespace {ns}: it holds objects gpuk8s did not create ({shown})")
+                f"; kept namespace {ns}: it holds objects gpuk8s did not create ({first_of(foreign, 5)})")
 
     def _remove(self, ctx: Context) -> PhaseResult:
         gone, kept = self._removal(ctx)
