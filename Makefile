@@ -39,11 +39,14 @@ lab-deps:
 	  else echo "lab-deps: missing$$missing; lab tests will be skipped (need root and: $(LAB_PKGS))"; fi; \
 	fi
 
+# pytest workers (pytest-xdist): each lab test's worker drives its own lab (tests/lab/lab.py: INSTANCE, with its own
+# directory, bridge, subnet and names); a test file stays on one worker (--dist loadfile: module fixtures shared)
+TEST_WORKERS ?= 3
 test: install lab-deps
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 test-unit: install
-	$(BIN)/python -m pytest -q tests/unit
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests/unit
 
 # The kind smoke tests (docs/kind.md), with the checks of what they apply and of the kind workflow, which need
 # nothing. Needs Docker, kind and kubectl; the mock GPU tests also helm and git (the first run fetches and builds

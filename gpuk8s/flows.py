@@ -234,14 +234,24 @@ def read_nodes(inv: Inventory, sudo_passwords: dict[str, str]) -> list[dict[str,
         ctx.close()
 
 
-def not_joined(inv: Inventory, sudo_passwords: dict[str, str]) -> list[Host]:
-    """Hosts of the inventory that are not nodes of the running cluster (asked on the first control plane)."""
+def not_joined(inv: Inventory, sudo_passwords: dict[str, str]) -> tuple[list[Host], list[Host]]:
+    """Hosts of the inventory that are not nodes of the running cluster (asked on the first control plane), and GPU
+    hosts that are but whose join never ended: their Node lacks nvidia.com/gpu.present=true, which the gpu phase
+    sets after kubeadm join (a join stopped in between, issue 41: its re-run said "nothing to join" and the node
+    stayed without its GPU setup for good)."""
     nodes = read_nodes(inv, sudo_passwords)
     if nodes is None:
         cp = inv.control_planes[0]
         raise PhaseError(f"{cp.name} runs no control plane yet", "run gpuk8s install first")
-    present = set(state.by_name(nodes))
-    return [h for h in inv.hosts if h.name not in present]
+    present = state.by_name(nodes)
+    unfinished = []
+    for h in inv.hosts:
+        node = present.get(h.name)
+        labels = node.get("metadata", {}).get("labels") if isinstance(node, dict) else None
+        if node is not None and gpuplan.is_gpu_node(h) and \
+                (labels.get(gpuplan.GPU_PRESENT) if isinstance(labels, dict) else None) != "true":
+            unfinished.append(h)
+    return [h for h in inv.hosts if h.name not in present], unfinished
 
 
 def cluster_nodes(inv: Inventory, sudo_passwords: dict[str, str]) -> dict[str, bool]:

@@ -387,6 +387,22 @@ def install_defaults(version: str | None = None) -> InstallPins:
             "calico_manifest": p.calico.url, "flannel_manifest": p.flannel.url}
 
 
+# containerd's CRI plugin injects CDI devices from 1.7 when its config says enable_cdi = true, by default from the
+# first 2.x release (containerd docs/cri/config.md; NVIDIA's device plugin README: "containerd 1.7 and newer"). The
+# DRA driver hands its devices to containers as CDI devices only.
+CDI_FROM, CDI_BY_DEFAULT_FROM = (1, 7), (2, 0)
+
+
+def containerd_floor(minor: str, dra: bool = False, have: Release | None = None,
+                     enable_cdi: bool | None = None) -> Release:
+    """The containerd a node needs: the kubelet's floor of the minor (the matrix), and on a DRA node one with CDI on:
+    2.x, unless the node already runs 1.7+ with enable_cdi = true. Install and preflight both ask here."""
+    floor = release(kubernetes_or_default(minor).containerd_floor) or (0,)
+    if dra and not (enable_cdi and have is not None and at_least(have, CDI_FROM)):
+        floor = max(floor, CDI_BY_DEFAULT_FROM)
+    return floor
+
+
 def containerd_install_release() -> Release:
     """The containerd release install brings a host to (the matrix's containerd.io pin), e.g. (2, 2, 6)."""
     return release(matrix().containerd_version.split("-")[0]) or (0,)

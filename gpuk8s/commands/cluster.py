@@ -37,15 +37,17 @@ def register(app: typer.Typer, load_inventory: Any) -> None:
             ui.say(con, f"not in the inventory: {', '.join(unknown)}")
             raise typer.Exit(ExitCode.USAGE)
         try:
-            missing = flows.not_joined(inv, sudo)
+            missing, unfinished = flows.not_joined(inv, sudo)
         except GpuK8sError as e:
             ui.say(con, f"cannot ask the cluster which hosts it has: {e.message}; {e.remedy}")
             raise typer.Exit(ExitCode.FAILED) from None
-        wanted = [h for h in inv.hosts if h.name in set(hosts)] if hosts else list(missing)
+        wanted = [h for h in inv.hosts if h.name in set(hosts)] if hosts else [*missing, *unfinished]
         for h in wanted:
-            if h not in missing:
+            if h in unfinished:
+                ui.say(con, f"{h.name}: in the cluster without its GPU setup (a join stopped half-way): finishing it")
+            elif h not in missing:
                 ui.say(con, f"{h.name}: already in the cluster, skipped")
-        targets = [h for h in wanted if h in missing and h.name != inv.control_planes[0].name]
+        targets = [h for h in wanted if (h in missing or h in unfinished) and h.name != inv.control_planes[0].name]
         if not targets:
             ui.say(con, "nothing to join: every named host is already in the cluster")
             if output == Output.json:

@@ -27,6 +27,7 @@ from gpuk8s.phases.base import Change, Context, PhasePlan, PhaseResult
 from gpuk8s.phases.gpu import as_they_are, gpu_manifests, move_allocator_labels, node_changes
 from gpuk8s.phases.upgrade import CORDONED_BY_UPGRADE, NodeFailure, UpgradeOptions, UpgradeStep, _give_back, gpu_pods
 from gpuk8s.phases.verify import Verify, offered, until, wait_offered
+from gpuk8s.preflight.dra_checks import not_ready_now
 
 # the manifests a move applies (or removes): the device plugin (kept off dra nodes), its configs (the config a node
 # moved to it selects), the DRA driver
@@ -79,6 +80,13 @@ class AllocatorMove(UpgradeStep):
                                   "left cordoned", f"gpuk8s doctor node/{h.name}; then re-run {self.resume}")
             moves.forget(ctx.kube, h.name)
             return f"already on {target}; test pod passed; {_give_back(ctx, h.name)} (an earlier run stopped)"
+        facts = ctx.facts.get(h.name)
+        why = not_ready_now(facts, ctx.inv.cluster) if target == DRA and facts is not None and not marked else ""
+        if why:  # before anything changes (a move an earlier run began goes on, to its end or its put-back): it
+            # would end in a failed proof and a put-back, the node drained for nothing (issue 41)
+            raise NodeFailure("allocator.failed", f"{h.name}: not moved to {target}: {why}",
+                              f"gpuk8s install -i INVENTORY brings a DRA node its containerd and moves it where no GPU "
+                              f"pod holds it (gpuk8s driver upgrade for the driver); then re-run {self.resume}")
         before = {k: v for k, v in state.node_state(node).labels.items()
                   if k in MANAGED_LABELS or k.startswith(MANAGED_PREFIXES)}
         # where it is: the old label counts here as well (a node gpuk8s put on DRA before the protected label, moved

@@ -68,7 +68,7 @@ def context(inv: Inventory, host: Host, facts: HostFacts) -> dict[str, Any]:
     c = inv.cluster
     minor = ".".join(c.kubernetes_version.split(".")[:2])
     patch = c.kubernetes_version if c.kubernetes_version.count(".") == 2 else ""
-    cd = containerd_plan(inv, facts)
+    cd = containerd_plan(inv, facts, is_gpu_node(host) and host.gpu.allocator.kind == "dra")
     return {
         "host": {"name": host.name, "address": host.address, "role": host.role},
         "os": {"family": facts.os.family, "id": facts.os.id, "version_id": facts.os.version_id},
@@ -121,17 +121,17 @@ TOOLKIT_DROPIN = (1, 18)  # the first nvidia-container-toolkit release that writ
 _DEB_CODENAMES = {"22.04": "jammy", "24.04": "noble", "20.04": "focal"}
 
 
-def containerd_plan(inv: Inventory, facts: HostFacts) -> dict[str, Any]:
+def containerd_plan(inv: Inventory, facts: HostFacts, dra: bool = False) -> dict[str, Any]:
     """What the containerd playbook does about containerd itself on this host.
 
-    `upgrade`: the host's containerd is below the floor of the cluster's minor (version matrix) and install can
-    meet the floor: it installs containerd.io at install.containerd_version. `major`: the containerd major the
+    `upgrade`: the host's containerd is below its floor (the cluster's minor's, version matrix; on a DRA node one
+    with CDI on: versions.containerd_floor) and install can meet the floor: it installs containerd.io at
+    install.containerd_version. `major`: the containerd major the
     host has once the playbook ran; `config_version` and `cri_plugin` follow from it (3 and
     io.containerd.cri.v1.runtime for containerd 2.x)."""
     cd = facts.containerd
     have = cd.release if cd and cd.release else None
-    minor = versions.kubernetes_or_default(inv.cluster.kubernetes_version)
-    floor = release(minor.containerd_floor) or (0,)
+    floor = versions.containerd_floor(inv.cluster.kubernetes_version, dra, have, facts.containerd_config.enable_cdi)
     target = release(inv.install.containerd_version.split("-")[0]) or (0,)
     # only where preflight promises it (Ubuntu 22.04, Alibaba Cloud Linux 3: Docker's jammy and rhel/8 packages);
     # elsewhere runtime.kubernetes-compat fails, and an --ignore'd failure must not install another OS's packages

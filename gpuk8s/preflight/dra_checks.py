@@ -6,7 +6,7 @@ The Kubernetes minor is the loader's to refuse (before any host is contacted). P
 from __future__ import annotations
 
 from gpuk8s import versions
-from gpuk8s.facts.model import HostFacts
+from gpuk8s.facts.model import SUPPORTED_OS, HostFacts
 from gpuk8s.gpuplan import is_gpu_node
 from gpuk8s.inventory.model import Cluster, Host
 from gpuk8s.preflight.result import CheckResult, failed, passed, skipped
@@ -48,28 +48,55 @@ def _driver(host: Host, f: HostFacts) -> CheckResult:
 
 
 def _cdi(f: HostFacts, cluster: Cluster) -> CheckResult:
-    """containerd 2.x enables CDI unless its config says enable_cdi = false; 1.x only with enable_cdi = true
-    (containerd docs/cri/config.md: the default is false in 1.7 and true from the first 2.x release)."""
+    """containerd 2.x enables CDI unless its config says enable_cdi = false; 1.7 only with enable_cdi = true; 1.6
+    not at all (containerd docs/cri/config.md). Where the node has none of these, install brings containerd 2.x
+    (versions.containerd_floor, as it does below a minor's floor) on the OSes it upgrades containerd on."""
     if cluster.container_runtime != "containerd":
         return failed("dra.cdi", "the DRA driver needs CDI, which gpuk8s sets up with containerd only",
                       "write cluster.container_runtime: containerd")
     cfg = f.containerd_config
     if cfg.error:
         return skipped("dra.cdi", f"the containerd config cannot be read: {cfg.error}")
-    k = versions.kubernetes(cluster.kubernetes_version)
     have = f.containerd.release if f.containerd is not None else None
-    # install brings a containerd below the minor's floor to the matrix's containerd.io (2.x, from the default minor)
-    upgraded = have is None or (k is not None and not at_least(have, versions.release(k.containerd_floor) or (0,)))
-    major = versions.containerd_install_release()[0] if upgraded else have[0] if have else 0
+    floor = versions.containerd_floor(cluster.kubernetes_version, True, have, cfg.enable_cdi)
+    target = versions.containerd_install_release()
+    # what install does (playbook/render.py containerd_plan): below the floor, containerd.io where the OS has it
+    upgraded = have is None or (not at_least(have, floor) and at_least(target, floor)
+                                and (f.os.id, f.os.version_id) in SUPPORTED_OS)
+    major = target[0] if upgraded else have[0] if have else 0
     where = "version 3: plugins.'io.containerd.cri.v1.runtime'" if major >= 2 else \
         "plugins.\"io.containerd.grpc.v1.cri\""
-    if cfg.enable_cdi is False:
+    if cfg.enable_cdi is False and not upgraded:
         return failed("dra.cdi", f"{CONFIG} sets enable_cdi = false: containers would get no GPU from a claim",
                       f"remove enable_cdi = false (or set it true) under [{where}] and restart containerd")
+    if upgraded:
+        why = f"containerd {fmt(have)} has CDI off" if have else "no containerd yet"
+        return passed("dra.cdi", f"{why}: install brings containerd {fmt(target)}, which enables CDI by default")
     if cfg.enable_cdi or major >= 2:
-        why = "enable_cdi = true" if cfg.enable_cdi else (
-            f"containerd {major}.x enables CDI by default" + (" (install brings it)" if upgraded else ""))
-        return passed("dra.cdi", why)
-    return failed("dra.cdi", f"containerd {fmt(have or (0,))} does not enable CDI unless its config says so",
-                  f"set enable_cdi = true under [{where}] in {CONFIG} and restart containerd, or use "
-                  f"Kubernetes {versions.default_minor()} (install brings containerd 2.x)")
+        return passed("dra.cdi", "enable_cdi = true" if cfg.enable_cdi else
+                      f"containerd {major}.x enables CDI by default")
+    shown = fmt(have or (0,))
+    why = "has no CDI (1.7 or newer has)" if have and not at_least(have, versions.CDI_FROM) else \
+        "does not enable CDI unless its config says so"
+    return failed("dra.cdi", f"containerd {shown} {why}, and install upgrades containerd only on Ubuntu 22.04 and "
+                  "Alibaba Cloud Linux 3",
+                  f"install containerd 2.x, or on 1.7 set enable_cdi = true under [{where}] in {CONFIG} and restart "
+                  "containerd")
+
+
+def not_ready_now(f: HostFacts, cluster: Cluster) -> str:
+    """Why a node cannot serve GPUs through the DRA driver as it is now ("" when it can): for `gpuk8s allocator`,
+    which moves a running node and installs nothing (what install would bring does not count here)."""
+    floor = versions.dra_driver().driver_floor
+    have = f.gpu.driver_release
+    if have is None or not at_least(have, floor):
+        return f"its driver {f.gpu.driver or 'is missing'} is below the DRA driver's floor ({floor[0]})"
+    if cluster.container_runtime != "containerd":
+        return "the DRA driver needs CDI, which gpuk8s sets up with containerd only"
+    rt = f.containerd.release if f.containerd is not None else None
+    cdi = f.containerd_config.enable_cdi
+    if rt is None or cdi is False or not at_least(rt, versions.containerd_floor(cluster.kubernetes_version, True,
+                                                                               rt, cdi)):
+        return (f"its containerd {fmt(rt) if rt else '(none)'} does not hand CDI devices to containers "
+                f"(2.x does unless enable_cdi = false; 1.7 with enable_cdi = true)")
+    return ""

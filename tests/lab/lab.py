@@ -32,10 +32,28 @@ import yaml
 
 from tests.lab.fleet import Fleet, HostSpec, load_fleet
 
-LAB_ROOT = Path(os.environ.get("GPUK8S_LAB_DIR", "/var/tmp/gpuk8s-lab"))
-BRIDGE = "gk8s0"
-BRIDGE_MAC = "02:67:6b:38:73:01"  # locally administered
-NS_PREFIX = "gk8s-"
+
+def _instance() -> int:
+    """Which lab of this machine: 0 (the default), or N for GPUK8S_LAB_INSTANCE=N, or pytest-xdist's worker gwN
+    + 1. Each instance has its own directory, bridge, subnet and names, so that labs run side by side (make test
+    runs one per pytest worker) and never touch each other's hosts."""
+    v = os.environ.get("GPUK8S_LAB_INSTANCE") or ""
+    if not v and os.environ.get("PYTEST_XDIST_WORKER", "").startswith("gw"):
+        v = str(int(os.environ["PYTEST_XDIST_WORKER"][2:] or 0) + 1)
+    n = int(v) if v.isdigit() else 0
+    if n > 30:
+        raise ValueError(f"GPUK8S_LAB_INSTANCE={v}: at most 30 labs side by side (10.213-10.243.0.0/16)")
+    return n
+
+
+INSTANCE = _instance()
+_SUFFIX = f"-{INSTANCE}" if INSTANCE else ""
+LAB_ROOT = Path(os.environ.get("GPUK8S_LAB_DIR", f"/var/tmp/gpuk8s-lab{_SUFFIX}"))
+BRIDGE = f"gk8s{INSTANCE}br" if INSTANCE else "gk8s0"
+BRIDGE_MAC = f"02:67:6b:38:73:{INSTANCE + 1:02x}"  # locally administered
+NS_PREFIX = f"gk8s{INSTANCE or ''}-"  # network namespaces gk8s-NAME (gk8s2-NAME for instance 2)
+LINK_PREFIX = f"gk8s{INSTANCE or ''}-"  # the host's side of each wire: gk8s-vN (veth), gk8s-pN (its peer)
+DEFAULT_SUBNET = f"10.{213 + INSTANCE}.0.0/16"
 FAKES_SRC = Path(__file__).parent / "fakes"
 REAL_OBJECTS = Path(__file__).resolve().parents[1] / "fixtures" / "real" / "objects"  # its SOURCE.md
 # a real ResourceSlice of NVIDIA's DRA driver (8x H100, chart 25.12.0): the lab's kubelet plugin publishes devices in
@@ -103,7 +121,7 @@ class LabHost:
         self.index = index
         self.dir = lab.root / "hosts" / spec.name
         self.netns = f"{NS_PREFIX}{spec.name}"[:40]
-        self.veth = f"gk8s-v{index}"
+        self.veth = f"{LINK_PREFIX}v{index}"
 
     # -- files as the host sees them ------------------------------------
     def upper(self, path: str) -> Path:
@@ -496,7 +514,7 @@ class Lab:
     def _plumb(self, h: LabHost, tap: bool, mac: str | None = None) -> None:
         """Create the host's link: a veth pair, or two TAP devices that the relay joins; eth0 addressed, up."""
         prefix = self.fleet.subnet.prefixlen if self.fleet else 16
-        peer = f"gk8s-p{h.index}"
+        peer = f"{LINK_PREFIX}p{h.index}"
         if tap:
             _run(["ip", "tuntap", "add", "dev", h.veth, "mode", "tap"])
             _run(["ip", "-n", h.netns, "tuntap", "add", "dev", "eth0", "mode", "tap"])
@@ -534,7 +552,8 @@ class Lab:
         require_root()
         if (self.root / "lab.json").exists() or _run(["ip", "link", "show", BRIDGE], check=False).returncode == 0:
             self.down()
-        fleet = load_fleet(fleet_path, subnet)
+        # a lab beside others (INSTANCE > 0) always takes its own subnet: two bridges on one subnet would break both
+        fleet = load_fleet(fleet_path, subnet or (DEFAULT_SUBNET if INSTANCE else None))
         self.fleet = fleet
         self.root.mkdir(parents=True, exist_ok=True)
         shutil.copytree(FAKES_SRC, self.root / "fakes", ignore=shutil.ignore_patterns("__pycache__"))
@@ -847,7 +866,7 @@ class Lab:
         links = _run(["ip", "-o", "link", "show"], check=False).stdout
         for line in links.splitlines():
             dev = line.split(":")[1].strip().split("@")[0]
-            if dev == BRIDGE or dev.startswith("gk8s-v"):
+            if dev == BRIDGE or dev.startswith(f"{LINK_PREFIX}v"):
                 _run(["ip", "link", "del", dev], check=False)
         self._neighbour_room_back()
         if self.root.exists():

@@ -195,21 +195,27 @@ def test_sudo_password_right_and_wrong(lab_up):
     with Session(replace(host), "wrong") as s:
         t0 = time.monotonic()
         r = s.run("id -u", sudo=True, timeout=30)
-        assert r.exit_status != 0 and "incorrect password" in r.stderr
+        # sudo says "Sorry, try again." at once and "sudo: 1 incorrect password attempt" once stdin ends; on a loaded
+        # machine the session can end between the two (gpuk8s's classifier, preflight/runner.py, takes either)
+        assert r.exit_status != 0 and ("incorrect password" in r.stderr or "Sorry, try again." in r.stderr)
         assert time.monotonic() - t0 < 15
 
 
 def _leftovers() -> list[str]:
+    """What this lab instance left (labs of other pytest workers run beside it with their own names)."""
+    from tests.lab.lab import BRIDGE, LAB_ROOT, LINK_PREFIX, NS_PREFIX
+
     left = []
     ns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    left += [ln for ln in ns.splitlines() if ln.startswith("gk8s-")]
+    left += [ln for ln in ns.splitlines() if ln.startswith(NS_PREFIX)]
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
-    left += [ln.split(":")[1] for ln in links.splitlines() if "gk8s" in ln]
+    devs = [ln.split(":")[1].strip().split("@")[0] for ln in links.splitlines() if ":" in ln]
+    left += [d for d in devs if d == BRIDGE or d.startswith(LINK_PREFIX)]
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-    left += [ln for ln in ps.splitlines() if "gpuk8s-lab" in ln and "sshd" in ln]
+    left += [ln for ln in ps.splitlines() if f"{LAB_ROOT}/" in ln and "sshd" in ln]
     with open("/proc/self/mountinfo") as f:
         mounts = f.read()
-    left += [ln for ln in mounts.splitlines() if "gpuk8s-lab" in ln]
+    left += [ln for ln in mounts.splitlines() if f"{LAB_ROOT}/" in ln or ln.split()[4:5] == [str(LAB_ROOT)]]
     return left
 
 

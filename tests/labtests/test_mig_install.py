@@ -47,6 +47,9 @@ def run(run_cli: Any, *args: str) -> dict[str, Any]:
     rep = json.loads(r.stdout)
     rep["_rc"], rep["_s"] = r.returncode, round(time.monotonic() - t, 1)
     print(f"{args[0]} took {rep['_s']} s (exit {r.returncode})")
+    if r.returncode:  # what a failing assertion below needs to be understood
+        print("phases:", [(p["name"], p["status"], p["message"][:300]) for p in rep["phases"]
+                          if p["status"] != "unchanged"], "nodes:", [(n["node"], n["ok"]) for n in rep["nodes"]])
     return rep
 
 

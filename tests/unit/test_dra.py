@@ -302,18 +302,38 @@ def test_preflight_checks_the_driver_floor_on_dra_hosts_only() -> None:
     assert got.status == "pass" and "driver 560.35.03 now; install brings branch 580" in got.message
 
 
-@pytest.mark.parametrize(("minor", "containerd", "config", "status", "says"), [
-    ("1.34", "2.2.6", "", "pass", "containerd 2.x enables CDI by default"),
-    ("1.34", "1.7.28", "", "fail", "does not enable CDI unless its config says so"),
-    ("1.34", "1.7.28", 'version = 2\n[plugins."io.containerd.grpc.v1.cri"]\n  enable_cdi = true\n', "pass",
+@pytest.mark.parametrize(("minor", "os", "containerd", "config", "status", "says"), [
+    ("1.34", "24.04", "2.2.6", "", "pass", "containerd 2.x enables CDI by default"),
+    # a 1.x without enable_cdi = true: install brings containerd 2.x where it upgrades containerd (issue 41: the
+    # scenarios' DRA node on 1.35 was blocked, with a remedy to edit what gpuk8s manages)
+    ("1.34", "22.04", "1.7.28", "", "pass", "containerd 1.7.28 has CDI off: install brings containerd 2."),
+    ("1.35", "22.04", "1.6.20", "", "pass", "containerd 1.6.20 has CDI off: install brings containerd 2."),
+    ("1.34", "24.04", "1.7.28", "", "fail", "does not enable CDI unless its config says so"),
+    ("1.34", "24.04", "1.6.20", "", "fail", "has no CDI (1.7 or newer has)"),
+    ("1.34", "24.04", "1.7.28", 'version = 2\n[plugins."io.containerd.grpc.v1.cri"]\n  enable_cdi = true\n', "pass",
      "enable_cdi = true"),
-    ("1.34", "2.2.6", "version = 3\n[plugins.'io.containerd.cri.v1.runtime']\n  enable_cdi = false\n", "fail",
+    ("1.34", "22.04", "2.2.6", "version = 3\n[plugins.'io.containerd.cri.v1.runtime']\n  enable_cdi = false\n", "fail",
      "sets enable_cdi = false"),
-    ("1.36", "1.7.28", "", "pass", "install brings it"),  # 1.36's containerd floor is 2.0: install upgrades it
+    ("1.36", "22.04", "1.7.28", "", "pass", "install brings containerd 2."),  # 1.36's floor is 2.0 anyway
 ])
-def test_preflight_checks_cdi_in_containerd(minor: str, containerd: str, config: str, status: str, says: str) -> None:
-    r = _checks(mixed(minor), "w-dra", _with(H200, containerd, config))["dra.cdi"]
+def test_preflight_checks_cdi_in_containerd(minor: str, os: str, containerd: str, config: str, status: str,
+                                            says: str) -> None:
+    facts = _with(dataclasses.replace(H200, os=dataclasses.replace(H200.os, version_id=os)), containerd, config)
+    r = _checks(mixed(minor), "w-dra", facts)["dra.cdi"]
     assert r.status == status and says in r.message, r
+
+
+def test_install_brings_containerd_2_to_a_dra_node_whose_containerd_has_cdi_off() -> None:
+    """The playbook's containerd plan and preflight's dra.cdi ask the same place (versions.containerd_floor)."""
+    from gpuk8s.playbook.render import containerd_plan
+
+    i = mixed("1.34")
+    jammy = dataclasses.replace(H200, os=dataclasses.replace(H200.os, version_id="22.04"))
+    assert containerd_plan(i, _with(jammy, "1.7.28"), dra=True)["upgrade"] is True
+    assert containerd_plan(i, _with(jammy, "1.7.28"), dra=False)["upgrade"] is False
+    on = 'version = 2\n[plugins."io.containerd.grpc.v1.cri"]\n  enable_cdi = true\n'
+    assert containerd_plan(i, _with(jammy, "1.7.28", on), dra=True)["upgrade"] is False
+    assert containerd_plan(i, _with(jammy, "1.6.20", on), dra=True)["upgrade"] is True  # 1.6 has no CDI at all
 
 
 def test_the_loader_refuses_a_managed_driver_branch_below_the_floor() -> None:
@@ -604,3 +624,20 @@ def test_a_dra_node_of_gpuk8s_before_the_protected_label_moves_to_it_unchanged()
     keys = {e["key"] for t in plugin["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
         "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"] for e in t["matchExpressions"]}
     assert {gpuplan.ALLOCATOR_LABEL, gpuplan.LEGACY_ALLOCATOR_LABEL} <= keys  # never served twice meanwhile
+
+
+def test_allocator_moves_a_node_to_dra_only_where_it_serves_dra_as_it_is_now() -> None:
+    """`gpuk8s allocator` installs nothing: what install would bring (containerd 2.x, the managed driver) does not
+    count; the move is refused before the drain (issue 41: it drained, failed its proof and put the node back)."""
+    from gpuk8s.preflight.dra_checks import not_ready_now
+
+    cluster = mixed("1.35").cluster
+    jammy = dataclasses.replace(H200, os=dataclasses.replace(H200.os, version_id="22.04"))
+    assert not_ready_now(_with(jammy, "2.2.6"), cluster) == ""
+    assert "containerd 1.6.20 does not hand CDI devices" in not_ready_now(_with(jammy, "1.6.20"), cluster)
+    on = 'version = 2\n[plugins."io.containerd.grpc.v1.cri"]\n  enable_cdi = true\n'
+    assert not_ready_now(_with(jammy, "1.7.28", on), cluster) == ""
+    assert "1.7.28 does not hand CDI" in not_ready_now(_with(jammy, "1.7.28"), cluster)
+    old = dataclasses.replace(jammy, gpu=dataclasses.replace(jammy.gpu, driver="560.35.03",
+                                                             driver_release=(560, 35, 3)))
+    assert "driver 560.35.03 is below the DRA driver's floor (565)" in not_ready_now(_with(old, "2.2.6"), cluster)

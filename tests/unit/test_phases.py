@@ -276,3 +276,30 @@ def test_the_plugin_restart_deletes_only_the_pods_of_gpuk8s_daemonset(tmp_path) 
     ctx.prepare_report = None
     assert RestartPlugin(["gpu-1"]).run(ctx).status == "changed"
     assert kube.writes == [("delete", "pod", "nvidia-device-plugin-daemonset-gpu-1")]
+
+
+def test_join_finishes_a_gpu_node_whose_join_stopped_before_the_gpu_phase(monkeypatch) -> None:
+    """issue 41: a join killed after kubeadm join left a Node without nvidia.com/gpu.present; its re-run said
+    "nothing to join" and the node never got its labels, plugin or proof. Such a node is named unfinished."""
+    from gpuk8s import flows
+
+    nodes = [{"metadata": {"name": "cp-1", "labels": {}}},
+             {"metadata": {"name": "gpu-1", "labels": {"nvidia.com/gpu.present": "true"}}},
+             {"metadata": {"name": "gpu-2", "labels": {"kubernetes.io/hostname": "gpu-2"}}}]
+
+    class Nodes(FakeKube):
+        def get(self, kind, name=None, namespace=None):
+            return nodes
+
+    class NoSSH:
+        def __init__(self, *a: object) -> None: ...
+        def close(self) -> None: ...
+
+    monkeypatch.setattr(flows, "Session", NoSSH)
+    monkeypatch.setattr(Context, "initialized", lambda self: True)
+    monkeypatch.setattr(Context, "kube", property(lambda self: Nodes()))
+    missing, unfinished = flows.not_joined(INV, {})
+    assert missing == [] and [h.name for h in unfinished] == ["gpu-2"]
+    nodes.pop()  # not a node at all: to join, not to finish
+    missing, unfinished = flows.not_joined(INV, {})
+    assert [h.name for h in missing] == ["gpu-2"] and unfinished == []
