@@ -14,6 +14,7 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,19 +32,26 @@ class Kill:
     phases: list[str] = field(default_factory=list)  # the phases it ended, in order, before the kill
     after: str = ""  # the log line the kill followed
 
+    @property
+    def stdout(self) -> str:
+        return self.log.with_suffix(".out").read_text()
+
     def where(self) -> str:
         return f"after {self.after!r}" if self.killed else f"ran to its end (exit {self.rc})"
 
 
 def run_killed(tmp_path: Path, args: tuple[str, ...], *, phase_ends: int | None = None,
-               line: re.Pattern[str] | None = None, delay: float = 0.0, timeout: float = 300) -> Kill:
+               line: re.Pattern[str] | None = None, delay: float = 0.0, timeout: float = 300,
+               act: Callable[[], None] | None = None) -> Kill:
     """Run `python -m gpuk8s ARGS`; SIGKILL it `delay` seconds after its log holds `phase_ends` phase ends, or a line
-    matching `line` (whichever is given); a run that ends first is not killed."""
+    matching `line` (whichever is given); a run that ends first is not killed. With `act`, that is called there
+    instead of the kill (something changing under the run), and the run goes on to its end."""
     n = len(list(tmp_path.glob("killed-*.log")))
     log = tmp_path / f"killed-{n}.log"
     env = {**os.environ, "GPUK8S_LOG_FILE": str(log), "NO_COLOR": "1"}
-    p = subprocess.Popen([sys.executable, "-m", "gpuk8s", *args], env=env, cwd=tmp_path, stdin=subprocess.DEVNULL,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with (tmp_path / f"killed-{n}.out").open("w") as stdout:  # what it printed (its JSON report with -o json)
+        p = subprocess.Popen([sys.executable, "-m", "gpuk8s", *args], env=env, cwd=tmp_path,
+                             stdin=subprocess.DEVNULL, stdout=stdout, stderr=subprocess.DEVNULL)
     seen: list[str] = []
     after = ""
     pos = 0
@@ -69,6 +77,10 @@ def run_killed(tmp_path: Path, args: tuple[str, ...], *, phase_ends: int | None 
                 if (phase_ends is not None and m and len(seen) >= phase_ends) or (line is not None and line.search(ln)):
                     after, hit = ln.split(" ", 3)[-1][:200], True
                     break
+            if hit and act is not None:
+                act()
+                act, phase_ends, line = None, None, None
+                continue
             if hit:
                 time.sleep(delay)
                 if p.poll() is not None:

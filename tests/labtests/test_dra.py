@@ -9,12 +9,14 @@ the DeviceClass (KEP-5004)."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
 import jsonschema
 
 from gpuk8s.gpuplan import ALLOCATOR_LABEL
+from tests.labtests import interrupt, invariants
 from tests.labtests.gpucluster import KUBECTL, STATUS_SCHEMA
 
 REAL = Path(__file__).resolve().parents[1] / "fixtures" / "real" / "dra"
@@ -94,7 +96,7 @@ def test_a_mixed_cluster_serves_gpus_through_each_allocator_and_moves_a_node_bet
         pre = json.loads(run_cli("preflight", "-i", path, "-o", "json").stdout)
         checks = {c["id"]: c for h in pre["hosts"] if h["name"] == host for c in h["checks"]}
         assert checks["dra.driver"]["status"] == status, checks["dra.driver"]
-        assert checks["dra.cdi"]["message"] == "containerd 2.x enables CDI by default (install brings it)"
+        assert checks["dra.cdi"]["message"].startswith("containerd 1.6.20 has CDI off: install brings containerd 2.")
     assert "driver 535.104.05 is older than the DRA driver's floor (565)" in checks["dra.driver"]["message"]
     rc, ph, nodes = phases(run_cli, "install", "-i", inv, "--kubeconfig-out", kc)
     assert rc == 0, ph
@@ -281,12 +283,25 @@ def test_allocator_moves_a_running_node_after_its_gpu_job_and_puts_back_one_that
     rc, ph, nodes = phases(run_cli, "install", "-i", str(moved), "--kubeconfig-out", kc)
     assert rc == 0 and ph["gpu"]["status"] == "unchanged" and nodes["w-a"]["resource"] == "gpu.nvidia.com (DRA)"
 
-    # a move whose test pod fails (containerd with CDI off: the claimed GPU never reaches the container) is put back
+    # a node whose containerd has CDI off cannot serve DRA: the move is refused before anything changes (issue 41:
+    # it was drained, failed its proof and put back)
     lab.host("w-b").exec(NO_CDI)
     both = tmp_path / "both.yaml"
     both.write_text(moved.read_text().replace("- name: w-b\n", "- name: w-b\n  allocator: dra\n"))
     rc, ph, _ = phases(run_cli, "allocator", "w-b", "--to", "dra", "-i", str(both), "--yes")
-    assert rc == 1 and ph["allocator"]["status"] == "failed"
+    assert rc == 1 and "w-b: not moved to dra: its containerd 2.2.6 does not hand CDI devices" in \
+        ph["allocator"]["hosts"]["w-b"], ph
+    node = json.loads(kubectl(lab, "get node w-b -o json"))
+    assert not node["spec"].get("unschedulable") and invariants.CORDON_MARK not in node["metadata"]["labels"]
+    # a move whose test pod fails is put back: CDI turned off under the run (a config tool's push), once the node is
+    # relabelled: the claimed GPU never reaches the container
+    lab.host("w-b").exec(NO_CDI.replace("true/enable_cdi = false", "false/enable_cdi = true"))
+    relabel = re.compile(r"gpuk8s\.remote: cp-1: \$ .*label node w-b .*gpu-allocator=dra")
+    run = interrupt.run_killed(tmp_path, ("allocator", "w-b", "--to", "dra", "-i", str(both), "--yes", "-o", "json"),
+                               line=relabel, act=lambda: lab.host("w-b").exec(NO_CDI))
+    assert run.rc == 1 and not run.killed, run
+    ph = {p["name"]: p for p in json.loads(run.stdout)["phases"]}
+    assert ph["allocator"]["status"] == "failed"
     why = ph["allocator"]["hosts"]["w-b"]
     assert "dra failed: the test pod gpuk8s-verify-w-b failed" in why and "put back on device-plugin" in why, why
     node = json.loads(kubectl(lab, "get node w-b -o json"))

@@ -46,6 +46,13 @@ def timed(run_cli: Any, *args: str) -> tuple[int, dict[str, Any], float]:
     return r.returncode, json.loads(r.stdout), took
 
 
+def what_changed(rep: dict[str, Any]) -> list[Any]:
+    """A re-run's changes, for its assertion's message: the phases and the preparation steps that changed."""
+    steps = [(h["name"], st["name"]) for h in (rep.get("prepare") or {}).get("hosts", []) for st in h.get("steps", [])
+             if st.get("status") == "changed"]
+    return [(p["name"], p["message"][:300]) for p in rep["phases"] if p["status"] == "changed"] + steps
+
+
 def test_hgx_day_one(lab_up, run_cli, tmp_path):
     lab = lab_up(HGX_DAY_ONE)
     lab.inventory.write_text(lab.inventory.read_text() + "\nmonitoring:\n  enabled: true\n")
@@ -110,3 +117,79 @@ def test_hgx_day_one(lab_up, run_cli, tmp_path):
         assert "595." in lab.host(name).exec("cat /proc/driver/nvidia/version").stdout
     invariants.all_hold(lab, run_cli, str(path), planned, {"dra-1"}, totals)
     print("hgx-day-one seconds:", {k: round(v, 1) for k, v in seconds.items()})
+
+
+# alinux-newest: Alibaba Cloud Linux 3 on the newest minor (1.37: install brings containerd 2.x), HAMi on one node,
+# the health gate meeting an Xid 79 (a GPU off the bus) on one and a pending row remap on another, monitoring
+# deployed. Day two: the faults cleared (a reboot, a GPU reset) and the nodes released, monitoring removed and
+# deployed again, then reset of every node.
+ALINUX_NEWEST = """
+cluster:
+  kubernetes_version: "1.37"
+defaults:
+  os: alinux-3
+hosts:
+  - {name: cp-1, role: control-plane}
+  - {name: hami-1, gpus: 2, gpu_sharing: {strategy: hami, replicas: 10}}
+  - {name: fell, gpus: 2, health: {xid: [{gpu: 1, xid: 79}], lost: [1]}}
+  - {name: remap, gpus: 2, health: {remap_pending: [1]}}
+"""
+
+
+def quarantined(lab: Any) -> dict[str, str]:
+    return {n["metadata"]["name"]: t.get("value", "") for n in invariants.kubectl_json(lab, "get nodes")["items"]
+            for t in n.get("spec", {}).get("taints", []) if t["key"] == "gpuk8s.io/quarantine"}
+
+
+def test_alinux_newest(lab_up, run_cli, tmp_path):
+    lab = lab_up(ALINUX_NEWEST)
+    lab.inventory.write_text(lab.inventory.read_text() + "\nmonitoring:\n  enabled: true\n")
+    inv = str(lab.inventory)
+    kc = tmp_path / "kc"
+    seconds: dict[str, float] = {}
+
+    rc, rep, seconds["install"] = timed(run_cli, "install", "-i", inv, "--kubeconfig-out", str(kc))
+    assert rc == 0, json.dumps(rep)[-6000:]
+    assert quarantined(lab) == {"fell": "health.xid", "remap": "health.row-remap-pending"}
+    # HAMi registers GPUs x replicas; fell's device plugin offers the GPU still on the bus (it tolerates the
+    # quarantine: status names the node and its GPUs, no pod lands there)
+    planned = {"hami-1": {"nvidia.com/gpu": 20}, "fell": {"nvidia.com/gpu": 1}, "remap": {"nvidia.com/gpu": 2}}
+    totals = {"nvidia.com/gpu": 23}
+    invariants.offered_once(lab, planned, set())
+    invariants.none_cordoned(lab)
+    invariants.lock_free(lab)
+    st = invariants.status_matches(run_cli, inv, totals)
+    assert {n["node"]: n["quarantine"] for n in st["nodes"] if n["quarantine"]} == \
+        {"fell": "health.xid", "remap": "health.row-remap-pending"}
+
+    rc, rep, seconds["re-run"] = timed(run_cli, "install", "-i", inv, "--kubeconfig-out", str(kc))
+    assert rc == 0 and not rep["changed"], what_changed(rep)
+
+    # day two: the faults cleared, the nodes released; the cluster is healthy: doctor silent
+    lab.host("remap").exec("nvidia-smi -i 1 -r")
+    lab.host("fell").reboot()
+    rc, rep, seconds["health --release"] = timed(run_cli, "health", "--release", "fell", "remap", "-i", inv)
+    assert rc == 0, json.dumps(rep)[-4000:]
+    assert quarantined(lab) == {}
+    planned["fell"] = {"nvidia.com/gpu": 2}
+    totals = {"nvidia.com/gpu": 24}
+    invariants.all_hold(lab, run_cli, inv, planned, set(), totals)
+    # fell's GPU back on the bus: the next install gives the node its count (the only change), then none
+    rc, rep, seconds["install after the release"] = timed(run_cli, "install", "-i", inv, "--kubeconfig-out", str(kc))
+    assert rc == 0 and what_changed(rep) == [("lock", "held on cp-1 until this run ends"), ("gpu", "labels on fell")], \
+        what_changed(rep)
+
+    # monitoring removed, then deployed again
+    for args in (("monitoring", "--remove"), ("monitoring",)):
+        rc, rep, seconds[" ".join(args)] = timed(run_cli, *args, "-i", inv)
+        assert rc == 0, json.dumps(rep)[-4000:]
+        invariants.all_hold(lab, run_cli, inv, planned, set(), totals)
+    rc, rep, seconds["install again"] = timed(run_cli, "install", "-i", inv, "--kubeconfig-out", str(kc))
+    assert rc == 0 and not rep["changed"], what_changed(rep)
+
+    rc, rep, seconds["reset --all"] = timed(run_cli, "reset", "--all", "-i", inv, "--yes")
+    assert rc == 0, json.dumps(rep)[-4000:]
+    invariants.lock_free(lab)
+    for name in lab.hosts:
+        assert lab.host(name).read("/etc/kubernetes/kubelet.conf") is None, name
+    print("alinux-newest seconds:", {k: round(v, 1) for k, v in seconds.items()})

@@ -498,9 +498,15 @@ def _start_apiserver(addr: str) -> None:
 
 def apiserver(addr: str) -> int:
     """The stand-in API server: answers kubeadm join and kubectl's liveness connect on ADDR:6443."""
-    srv = socket.create_server((addr, PORT), reuse_port=False)
+    srv = socket.create_server((addr, PORT), reuse_port=False, backlog=1024)
     while True:
-        conn, _ = srv.accept()
+        try:
+            conn, _ = srv.accept()
+        except OSError as e:  # ECONNABORTED (a client gone before the accept), EMFILE: never the server's end
+            with contextlib.suppress(OSError), (LAB_ROOT / "apiserver-errors.log").open("a") as f:
+                f.write(f"{time.time():.3f} {addr} accept: {e!r}\n")
+            time.sleep(0.01)
+            continue
         with conn:
             conn.settimeout(5)
             try:
