@@ -11,7 +11,7 @@ LAB_PKGS := openssh-server openssh-client sudo iproute2 iperf3 iputils-ping cont
             python3-yaml gcc libc6-dev
 
 
-.PHONY: install dist-venv lab-deps test test-unit test-kind lint lab-up lab-down lab-status demo bench bench-smoke clean
+.PHONY: install dist-venv lab-deps test test-interruptions test-unit test-kind lint lab-up lab-down lab-status demo bench bench-smoke clean
 
 install: $(VENV)/.installed
 
@@ -44,6 +44,10 @@ lab-deps:
 TEST_WORKERS ?= 3
 test: install lab-deps
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+
+# The interruption matrix at every phase boundary (make test kills at a rotating half of them: docs/testing.md)
+test-interruptions: install lab-deps
+	GPUK8S_INTERRUPT=all $(BIN)/python -m pytest -q -s tests/labtests/test_interruptions.py
 
 test-unit: install
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests/unit
