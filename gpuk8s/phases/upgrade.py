@@ -191,8 +191,12 @@ def _package_list(packages: str) -> list[str]:
 def _packages(ctx: Context, h: Host, to: str, packages: str, restart: bool) -> bool:
     """Install the packages of minor `to` on h (held); whether anything changed."""
     s = ctx.sessions[h.name]
+    # the OS family the host's facts say decides the package manager (one place decides it; a RHEL-family host with
+    # an apt-get on its PATH got apt, issue 41); without facts the script looks for apt-get as before
+    f = ctx.facts.get(h.name)
+    family = f.os.family if f is not None and f.os.family in ("debian", "rhel") else ""
     res = s.run(shell.script("upgrade-packages", minor=to, packages=_package_list(packages),
-                             restart="yes" if restart else "no",
+                             restart="yes" if restart else "no", family=family,
                              lock_timeout=ctx.inv.install.package_lock_timeout),
                 sudo=True, display=f"gpuk8s upgrade: {packages} {to} on {h.name}", timeout=900)
     if not res.ok or "@@gpuk8s-packages-done" not in res.stdout:

@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from gpuk8s import versions
 from tests.labtests import invariants
 
 HGX_DAY_ONE = """
@@ -193,3 +194,66 @@ def test_alinux_newest(lab_up, run_cli, tmp_path):
     for name in lab.hosts:
         assert lab.host(name).read("/etc/kubernetes/kubelet.conf") is None, name
     print("alinux-newest seconds:", {k: round(v, 1) for k, v in seconds.items()})
+
+
+# docker-mps: Docker hosts (kubeadm through cri-dockerd) on the default minor, Ubuntu and Alibaba Cloud Linux mixed,
+# MPS on one node, time-slicing on another, a whole-GPU node. Day two: a host joined, the cluster upgraded to the
+# newest minor, the joined host reset.
+DOCKER_MPS = """
+defaults:
+  runtime: docker
+  runtime_version: "24.0.7"
+cluster:
+  container_runtime: docker
+  kubernetes_version: "1.36"
+hosts:
+  - {name: cp-1, role: control-plane}
+  - {name: mps-1, gpus: 2, gpu_sharing: {strategy: mps, replicas: 4}}
+  - {name: ts-1, os: alinux-3, gpus: 2, gpu_sharing: {strategy: time-slicing, replicas: 2}}
+  - {name: whole, gpus: 2}
+  - {name: late, gpus: 2}
+"""
+
+
+def test_docker_mps(lab_up, run_cli, tmp_path):
+    lab = lab_up(DOCKER_MPS)
+    doc = yaml.safe_load(lab.inventory.read_text())
+    kc = tmp_path / "kc"
+    seconds: dict[str, float] = {}
+
+    def write(hosts: list[str], minor: str | None = None) -> str:
+        if minor:
+            doc["cluster"]["kubernetes_version"] = minor
+        path = tmp_path / "inventory.yaml"
+        path.write_text(yaml.safe_dump({**doc, "hosts": [h for h in doc["hosts"] if h["name"] in hosts]},
+                                       sort_keys=False))
+        return str(path)
+
+    first = ["cp-1", "mps-1", "ts-1", "whole"]
+    inv = write(first)
+    rc, rep, seconds["install"] = timed(run_cli, "install", "-i", inv, "--kubeconfig-out", str(kc))
+    assert rc == 0, json.dumps(rep)[-6000:]
+    planned = {"mps-1": {"nvidia.com/gpu": 8}, "ts-1": {"nvidia.com/gpu": 4}, "whole": {"nvidia.com/gpu": 2}}
+    invariants.all_hold(lab, run_cli, inv, planned, set(), {"nvidia.com/gpu": 14})
+    rc, rep, seconds["re-run"] = timed(run_cli, "install", "-i", inv, "--kubeconfig-out", str(kc))
+    assert rc == 0 and not rep["changed"], what_changed(rep)
+
+    inv = write([*first, "late"])
+    rc, rep, seconds["join"] = timed(run_cli, "join", "-i", inv)
+    assert rc == 0, json.dumps(rep)[-4000:]
+    planned["late"] = {"nvidia.com/gpu": 2}
+    invariants.all_hold(lab, run_cli, inv, planned, set(), {"nvidia.com/gpu": 16})
+
+    newest = versions.supported_minors()[0]  # newest first
+    rc, rep, seconds[f"upgrade to {newest}"] = timed(run_cli, "upgrade", "-i", inv, "--to", newest, "--yes")
+    assert rc == 0, json.dumps(rep)[-4000:]
+    inv = write([*first, "late"], newest)
+    invariants.all_hold(lab, run_cli, inv, planned, set(), {"nvidia.com/gpu": 16})
+    rc, rep, seconds["install after the upgrade"] = timed(run_cli, "install", "-i", inv, "--kubeconfig-out", str(kc))
+    assert rc == 0 and not rep["changed"], what_changed(rep)
+
+    rc, rep, seconds["reset late"] = timed(run_cli, "reset", "late", "-i", inv, "--yes")
+    assert rc == 0, json.dumps(rep)[-4000:]
+    del planned["late"]
+    invariants.all_hold(lab, run_cli, write(first), planned, set(), {"nvidia.com/gpu": 14})
+    print("docker-mps seconds:", {k: round(v, 1) for k, v in seconds.items()})

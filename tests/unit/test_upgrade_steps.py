@@ -152,12 +152,13 @@ def _stub_host(tmp_path, installed: dict[str, str]) -> tuple[dict[str, str], obj
     return env, log
 
 
-def _run_packages(env: dict[str, str], packages: list[str], restart: str) -> str:
+def _run_packages(env: dict[str, str], packages: list[str], restart: str, family: str = "") -> str:
     import subprocess
 
     from gpuk8s.phases import shell
 
-    text = shell.command("upgrade-packages", minor="1.31", packages=packages, restart=restart, lock_timeout=60)
+    text = shell.command("upgrade-packages", minor="1.31", packages=packages, restart=restart, lock_timeout=60,
+                         family=family)
     p = subprocess.run(["sh", "-c", text], capture_output=True, text=True, env=env)
     assert p.returncode == 0, p.stdout + p.stderr
     return p.stdout
@@ -186,6 +187,26 @@ def test_upgrade_packages_restarts_an_old_kubelet_on_resume(tmp_path) -> None:
     env2, log2 = _stub_host(tmp_path / "k", {"kubeadm": "1.31.2-1.1"})
     _run_packages(env2, ["kubeadm"], "no")
     assert not any("systemctl" in ln for ln in log2.read_text().splitlines())  # type: ignore[attr-defined]
+
+
+def test_upgrade_packages_takes_the_package_manager_from_the_os_family(tmp_path) -> None:
+    """issue 41: an Alibaba Cloud Linux host with an apt-get on its PATH (the lab's hosts have one, whatever their
+    OS) got apt-get; the family of the host's facts decides now, the PATH only where there are no facts."""
+    import stat
+
+    env, log = _stub_host(tmp_path, {"kubeadm": "1.30.14"})
+    for name, body in {"rpm": f'echo "rpm $*" >> {log}; for a; do p=$a; done; cat {tmp_path}/versions/"$p"',
+                       "dnf": f'echo "dnf $*" >> {log}'}.items():
+        f = tmp_path / "bin" / name
+        f.write_text("#!/bin/sh\n" + body + "\n")
+        f.chmod(f.stat().st_mode | stat.S_IXUSR)
+    assert "@@gpuk8s-upgraded kubeadm" in _run_packages(env, ["kubeadm"], "no", family="rhel")
+    lines = log.read_text().splitlines()
+    assert "dnf install -y -q --disableexcludes=kubernetes kubeadm-1.31.*" in lines
+    assert not any(ln.startswith(("apt-get", "apt-mark", "dpkg-query")) for ln in lines), lines
+    log.write_text("")
+    _run_packages(env, ["kubeadm"], "no")  # no facts: the PATH's apt-get
+    assert any(ln.startswith("apt-get") for ln in log.read_text().splitlines())
 
 
 def test_upgrade_packages_refuses_unknown_names() -> None:

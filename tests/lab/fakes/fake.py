@@ -1817,8 +1817,9 @@ def dnf(h: Host, args: list[str]) -> int:
             err(f"No match for argument: {spec}\nError: Unable to find a match: {spec}\n")
             return 1
         want = spec[len(name) + 1:]
+        # a version glob (kubeadm-1.37.*) as dnf matches it against the package's version-release
         ok = [v for v in available[name] if not want or v == want or v.startswith(want + "-")
-              or v.startswith(want + ".")]
+              or v.startswith(want + ".") or ("*" in want and fnmatch.fnmatchcase(v, want))]
         if not ok:
             err(f"No match for argument: {spec}\nError: Unable to find a match: {spec}\n")
             return 1

@@ -1582,7 +1582,12 @@ def kubectl(h: Any, args: list[str]) -> int:
         return 1
     host, _, port = server.rpartition(":")
     try:
-        socket.create_connection((host, int(port)), timeout=3).close()
+        # client-go dials with a 30 s timeout (net.Dialer{Timeout: 30 * time.Second}): a loaded machine's slow
+        # answer is waited for, as kubectl waits; only a refused connection or that timeout fails
+        socket.create_connection((host, int(port)), timeout=30).close()
+    except TimeoutError:
+        err(f"Unable to connect to the server: dial tcp {host.split('//')[-1]}:{port}: i/o timeout\n")
+        return 1
     except OSError:
         err(f"The connection to the server {server} was refused - did you specify the right host or port?\n")
         return 1
