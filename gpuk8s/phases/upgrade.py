@@ -20,6 +20,7 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import yaml
 
@@ -188,16 +189,20 @@ def _package_list(packages: str) -> list[str]:
     return names
 
 
+def _packages_values(ctx: Context, h: Host, to: str, packages: list[str], restart: bool) -> dict[str, Any]:
+    """playbooks/cluster/upgrade-packages.sh's values. The OS family of the host's facts decides the package manager
+    (one place decides it: a RHEL-family host with an apt-get on its PATH got apt, issue 41); without facts the
+    script looks for apt-get."""
+    f = ctx.facts.get(h.name)
+    family = f.os.family if f is not None and f.os.family in ("debian", "rhel") else ""
+    return {"minor": to, "packages": packages, "restart": "yes" if restart else "no", "family": family,
+            "lock_timeout": ctx.inv.install.package_lock_timeout}
+
+
 def _packages(ctx: Context, h: Host, to: str, packages: str, restart: bool) -> bool:
     """Install the packages of minor `to` on h (held); whether anything changed."""
     s = ctx.sessions[h.name]
-    # the OS family the host's facts say decides the package manager (one place decides it; a RHEL-family host with
-    # an apt-get on its PATH got apt, issue 41); without facts the script looks for apt-get as before
-    f = ctx.facts.get(h.name)
-    family = f.os.family if f is not None and f.os.family in ("debian", "rhel") else ""
-    res = s.run(shell.script("upgrade-packages", minor=to, packages=_package_list(packages),
-                             restart="yes" if restart else "no", family=family,
-                             lock_timeout=ctx.inv.install.package_lock_timeout),
+    res = s.run(shell.script("upgrade-packages", **_packages_values(ctx, h, to, _package_list(packages), restart)),
                 sudo=True, display=f"gpuk8s upgrade: {packages} {to} on {h.name}", timeout=900)
     if not res.ok or "@@gpuk8s-packages-done" not in res.stdout:
         raise PhaseError(f"{h.name}: installing {packages} {to} failed: {tail(res)}",
@@ -422,8 +427,8 @@ class UpgradeControlPlanes(UpgradeStep):
             if self._done(v, h):
                 continue
             changes.append(Change(f"kubeadm {self.opts.to} (held) on {h.name}", h.name,
-                                  shell.command("upgrade-packages", minor=self.opts.to, packages=["kubeadm"],
-                                                restart="no", lock_timeout=ctx.inv.install.package_lock_timeout)))
+                                  shell.command("upgrade-packages",
+                                                **_packages_values(ctx, h, self.opts.to, ["kubeadm"], False))))
             if i == 0:
                 changes.append(Change("kubeadm upgrade plan, then kubeadm upgrade apply (the newest "
                                       f"{self.opts.to} release of the repository) -y", h.name,
@@ -465,8 +470,7 @@ def _drain_changes(ctx: Context, h: Host, opts: UpgradeOptions) -> list[Change]:
         Change(f"wait (at most {opts.gpu_pod_timeout:g} s) for the GPU pods on {h.name}, then drain it", "",
                "kubectl " + " ".join(drain_args(h.name, opts.drain_timeout))),
         Change(f"kubelet and kubectl {opts.to} (held), kubelet restarted", h.name,
-               shell.command("upgrade-packages", minor=opts.to, packages=["kubelet", "kubectl"], restart="yes",
-                             lock_timeout=ctx.inv.install.package_lock_timeout)),
+               shell.command("upgrade-packages", **_packages_values(ctx, h, opts.to, ["kubelet", "kubectl"], True))),
         Change(f"uncordon {h.name}", "", f"kubectl uncordon {h.name}"),
     ]
 
@@ -483,8 +487,8 @@ class UpgradeWorkers(UpgradeStep):
         changes = []
         for h in todo:
             changes.append(Change(f"kubeadm {self.opts.to} (held), kubeadm upgrade node on {h.name}", h.name,
-                                  shell.command("upgrade-packages", minor=self.opts.to, packages=["kubeadm"],
-                                                restart="no", lock_timeout=ctx.inv.install.package_lock_timeout)
+                                  shell.command("upgrade-packages",
+                                                **_packages_values(ctx, h, self.opts.to, ["kubeadm"], False))
                                   + shell.command("kubeadm-upgrade", action="node", version="")))
             pods = gpu_pods(ctx, h.name)
             if pods:

@@ -267,9 +267,13 @@ class LabHost:
         return wall, cpu, p
 
     def sshd_pid(self) -> int | None:
+        """The host's sshd listener (or the command that becomes it), only while that pid is still it: with
+        pid_max 32768 and labs side by side, a dead sshd's pid is soon another process's, and nsenter into it or
+        a SIGTERM to it would reach another host."""
         try:
             pid = int((self.dir / "sshd.pid").read_text())
-            os.kill(pid, 0)
+            if f"{self.dir}/sshd_config".encode() not in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return None
             return pid
         except (OSError, ValueError):
             return None

@@ -6,8 +6,11 @@ whose preinstalled 535 driver gpuk8s replaces by branch 580 (preflight blocked t
 floor looked at the running driver), one time-sliced, monitoring deployed (its exporter's MIG series were counted as
 whole GPUs), on Kubernetes 1.36 (the default minor). Steps: install --allow-reboot, verify, the invariants, a
 re-run that changes nothing, the invariants again; day two: the managed nodes moved to branch 595 with `driver
-upgrade`, its client killed (SIGKILL) as soon as the first node has rebooted into 595, then the same command again:
-it finishes that node (uncordoned) and upgrades the other, and the invariants hold.
+upgrade`, its client killed (SIGKILL) as soon as the first node has rebooted into 595, then the same command again,
+itself killed after each phase in turn until a run ends: it finishes that node (uncordoned) and upgrades the other,
+and the invariants hold.
+
+alinux-newest and docker-mps: below, at their inventories.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import Any
 import yaml
 
 from gpuk8s import versions
-from tests.labtests import invariants
+from tests.labtests import interrupt, invariants
 
 HGX_DAY_ONE = """
 cluster:
@@ -108,9 +111,12 @@ def test_hgx_day_one(lab_up, run_cli, tmp_path):
         assert time.monotonic() - t0 < 300, "mig-1 did not come back"
         time.sleep(0.2)
     time.sleep(1)
-    rc, rep, seconds["driver upgrade (again)"] = timed(run_cli, "driver", "upgrade", "-i", str(path), "--yes")
-    assert rc == 0, json.dumps(rep)[-4000:]
-    up = next(x for x in rep["phases"] if x["name"] == "driver-upgrade")["hosts"]
+    # the same command again, itself killed after each phase in turn (tests/labtests/interrupt.py) until a run ends
+    t1 = time.monotonic()
+    runs = interrupt.every_phase_end(tmp_path, ("driver", "upgrade", "-i", str(path), "--yes", "-o", "json"))
+    seconds["driver upgrade (again, killed after each phase)"] = time.monotonic() - t1
+    assert runs[-1].rc == 0, [r.where() for r in runs] + [runs[-1].stdout[-4000:]]
+    up = next(x for x in json.loads(runs[-1].stdout)["phases"] if x["name"] == "driver-upgrade")["hosts"]
     assert up["mig-1"].startswith("already at driver 595."), up
     assert "driver 580.95.05 -> 595.71.05" in up["dra-1"] or up["dra-1"].startswith("already at driver 595."), up
     print(f"killed mid-run: {killed}; the re-run: {up}")
@@ -188,8 +194,11 @@ def test_alinux_newest(lab_up, run_cli, tmp_path):
     rc, rep, seconds["install again"] = timed(run_cli, "install", "-i", inv, "--kubeconfig-out", str(kc))
     assert rc == 0 and not rep["changed"], what_changed(rep)
 
-    rc, rep, seconds["reset --all"] = timed(run_cli, "reset", "--all", "-i", inv, "--yes")
-    assert rc == 0, json.dumps(rep)[-4000:]
+    # reset --all killed after each phase in turn, then run to its end
+    t0 = time.monotonic()
+    runs = interrupt.every_phase_end(tmp_path, ("reset", "--all", "-i", inv, "--yes", "-o", "json"))
+    seconds["reset --all (killed after each phase)"] = time.monotonic() - t0
+    assert runs[-1].rc == 0, [r.where() for r in runs] + [runs[-1].stdout[-4000:]]
     invariants.lock_free(lab)
     for name in lab.hosts:
         assert lab.host(name).read("/etc/kubernetes/kubelet.conf") is None, name
