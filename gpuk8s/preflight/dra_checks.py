@@ -66,7 +66,7 @@ def _cdi(f: HostFacts, cluster: Cluster) -> CheckResult:
     major = target[0] if upgraded else have[0] if have else 0
     where = "version 3: plugins.'io.containerd.cri.v1.runtime'" if major >= 2 else \
         "plugins.\"io.containerd.grpc.v1.cri\""
-    if cfg.enable_cdi is False and not upgraded:
+    if cfg.enable_cdi is False:  # kept by containerd 2.x's migration of the config too: said, never overridden
         return failed("dra.cdi", f"{CONFIG} sets enable_cdi = false: containers would get no GPU from a claim",
                       f"remove enable_cdi = false (or set it true) under [{where}] and restart containerd")
     if upgraded:
@@ -89,8 +89,10 @@ def not_ready_now(f: HostFacts, cluster: Cluster) -> str:
     which moves a running node and installs nothing (what install would bring does not count here)."""
     floor = versions.dra_driver().driver_floor
     have = f.gpu.driver_release
-    if have is None or not at_least(have, floor):
-        return f"its driver {f.gpu.driver or 'is missing'} is below the DRA driver's floor ({floor[0]})"
+    if have is None:
+        return "it has no working NVIDIA driver"
+    if not at_least(have, floor):
+        return f"its driver {f.gpu.driver or fmt(have)} is below the DRA driver's floor ({floor[0]})"
     if cluster.container_runtime != "containerd":
         return "the DRA driver needs CDI, which gpuk8s sets up with containerd only"
     rt = f.containerd.release if f.containerd is not None else None

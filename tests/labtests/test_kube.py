@@ -112,7 +112,9 @@ def test_join_fails_when_the_api_server_port_is_unreachable(prepared):
     lab = prepared
     cp, w1 = lab.host("cp-1"), lab.host("gpu-1")
     endpoint, token, ca = join_parts(cp.exec("kubeadm init").stdout)
-    cp.exec("pkill -f '[f]ake.py kube-apiserver'")
+    # this lab's API server only: the labs of make test's other workers share the PID namespace (a bare pattern
+    # stopped theirs too, and their next kubectl was refused)
+    cp.exec(f"pkill -f '{lab.root}/fakes/[f]ake.py kube-apiserver {cp.address}$'")
     r = w1.exec(f"kubeadm join {endpoint} --token {token} --discovery-token-ca-cert-hash {ca}", check=False)
     assert r.returncode == 1 and f"dial tcp {endpoint}: connect: connection refused" in r.stderr
     r = cp.exec("kubectl get nodes", check=False)

@@ -57,10 +57,15 @@ def what_changed(rep: dict[str, Any]) -> list[Any]:
     return [(p["name"], p["message"][:300]) for p in rep["phases"] if p["status"] == "changed"] + steps
 
 
-def test_hgx_day_one(lab_up, run_cli, tmp_path):
-    lab = lab_up(HGX_DAY_ONE)
+def with_monitoring(lab_up: Any, fleet: str) -> tuple[Any, str]:
+    """The lab of `fleet`, its inventory with monitoring deployed."""
+    lab = lab_up(fleet)
     lab.inventory.write_text(lab.inventory.read_text() + "\nmonitoring:\n  enabled: true\n")
-    inv = str(lab.inventory)
+    return lab, str(lab.inventory)
+
+
+def test_hgx_day_one(lab_up, run_cli, tmp_path):
+    lab, inv = with_monitoring(lab_up, HGX_DAY_ONE)
     kc = tmp_path / "kc"
     seconds: dict[str, float] = {}
 
@@ -149,9 +154,7 @@ def quarantined(lab: Any) -> dict[str, str]:
 
 
 def test_alinux_newest(lab_up, run_cli, tmp_path):
-    lab = lab_up(ALINUX_NEWEST)
-    lab.inventory.write_text(lab.inventory.read_text() + "\nmonitoring:\n  enabled: true\n")
-    inv = str(lab.inventory)
+    lab, inv = with_monitoring(lab_up, ALINUX_NEWEST)
     kc = tmp_path / "kc"
     seconds: dict[str, float] = {}
 

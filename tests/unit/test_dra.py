@@ -315,6 +315,9 @@ def test_preflight_checks_the_driver_floor_on_dra_hosts_only() -> None:
     ("1.34", "22.04", "2.2.6", "version = 3\n[plugins.'io.containerd.cri.v1.runtime']\n  enable_cdi = false\n", "fail",
      "sets enable_cdi = false"),
     ("1.36", "22.04", "1.7.28", "", "pass", "install brings containerd 2."),  # 1.36's floor is 2.0 anyway
+    # a false written by hand stays false through containerd 2.x's config migration: said, not upgraded around
+    ("1.35", "22.04", "1.7.28", 'version = 2\n[plugins."io.containerd.grpc.v1.cri"]\n  enable_cdi = false\n', "fail",
+     "sets enable_cdi = false"),
 ])
 def test_preflight_checks_cdi_in_containerd(minor: str, os: str, containerd: str, config: str, status: str,
                                             says: str) -> None:

@@ -26,7 +26,6 @@ import os
 import pickle
 import re
 import secrets
-import signal
 import socket
 import stat
 import subprocess
@@ -497,46 +496,9 @@ def _start_apiserver(addr: str) -> None:
         time.sleep(0.05)
 
 
-def _diag(addr: str, what: str) -> None:
-    with contextlib.suppress(OSError), open("/var/tmp/gpuk8s-apiserver-diag.log", "a") as f:
-        f.write(f"{time.time():.3f} {LAB_ROOT} {addr} pid {os.getpid()}: {what}\n")
-
-
-def _watch_signals(addr: str) -> None:
-    import threading
-
-    sigs = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2}
-    signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
-
-    def wait() -> None:
-        info = signal.sigwaitinfo(sigs)
-        try:
-            who = Path(f"/proc/{info.si_pid}/cmdline").read_bytes().replace(b"\0", b" ")[:300].decode("replace")
-        except OSError:
-            who = "?"
-        _diag(addr, f"signal {info.si_signo} from pid {info.si_pid}: {who}")
-        os._exit(0)
-
-    threading.Thread(target=wait, daemon=True).start()
-
-
 def apiserver(addr: str) -> int:
     """The stand-in API server: answers kubeadm join and kubectl's liveness connect on ADDR:6443."""
-    _watch_signals(addr)
-    try:
-        srv = socket.create_server((addr, PORT), reuse_port=False, backlog=1024)
-    except OSError as e:
-        _diag(addr, f"bind: {e!r}")
-        raise
-    _diag(addr, "listening")
-    try:
-        return _serve(srv, addr)
-    except BaseException as e:
-        _diag(addr, f"ended: {e!r}")
-        raise
-
-
-def _serve(srv: socket.socket, addr: str) -> int:
+    srv = socket.create_server((addr, PORT), reuse_port=False, backlog=1024)
     while True:
         try:
             conn, _ = srv.accept()
