@@ -151,6 +151,19 @@ def test_the_applied_hash_is_the_sha256_of_the_rendered_text() -> None:
         assert d["metadata"]["annotations"][manifests.ANNOTATION] == m.sha256
 
 
+def cluster_behind(monkeypatch: pytest.MonkeyPatch, kube: FakeKube) -> None:
+    """flows' reads of the running cluster answered by `kube`, with no SSH session opened."""
+    from gpuk8s import flows
+
+    class NoSSH:
+        def __init__(self, *a: object) -> None: ...
+        def close(self) -> None: ...
+
+    monkeypatch.setattr(flows, "Session", NoSSH)
+    monkeypatch.setattr(Context, "initialized", lambda self: True)
+    monkeypatch.setattr(Context, "kube", property(lambda self: kube))
+
+
 def test_join_asking_a_cluster_whose_api_server_is_down_is_an_error_not_a_traceback(monkeypatch) -> None:
     from gpuk8s import flows
     from gpuk8s.kube.client import KubeError
@@ -160,13 +173,7 @@ def test_join_asking_a_cluster_whose_api_server_is_down_is_an_error_not_a_traceb
         def get(self, kind, name=None, namespace=None):
             raise KubeError("kubectl get nodes (kubectl on cp-1) failed: The connection to the server was refused")
 
-    class NoSSH:
-        def __init__(self, *a: object) -> None: ...
-        def close(self) -> None: ...
-
-    monkeypatch.setattr(flows, "Session", NoSSH)
-    monkeypatch.setattr(Context, "initialized", lambda self: True)
-    monkeypatch.setattr(Context, "kube", property(lambda self: Down()))
+    cluster_behind(monkeypatch, Down())
     with pytest.raises(PhaseError, match="connection to the server was refused"):
         flows.not_joined(INV, {})
 
@@ -291,13 +298,7 @@ def test_join_finishes_a_gpu_node_whose_join_stopped_before_the_gpu_phase(monkey
         def get(self, kind, name=None, namespace=None):
             return nodes
 
-    class NoSSH:
-        def __init__(self, *a: object) -> None: ...
-        def close(self) -> None: ...
-
-    monkeypatch.setattr(flows, "Session", NoSSH)
-    monkeypatch.setattr(Context, "initialized", lambda self: True)
-    monkeypatch.setattr(Context, "kube", property(lambda self: Nodes()))
+    cluster_behind(monkeypatch, Nodes())
     missing, unfinished = flows.not_joined(INV, {})
     assert missing == [] and [h.name for h in unfinished] == ["gpu-2"]
     nodes.pop()  # not a node at all: to join, not to finish
