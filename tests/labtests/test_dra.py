@@ -240,9 +240,11 @@ def test_allocator_moves_a_running_node_after_its_gpu_job_and_puts_back_one_that
     inv, kc = str(lab.inventory), str(tmp_path / "kc")
     rc, ph, _ = phases(run_cli, "install", "-i", inv, "--kubeconfig-out", kc)
     assert rc == 0, ph
+    # the job runs 30 s: still running when the move starts after the steps below, on a loaded machine too (12 s
+    # ended before the move once, under make test's three workers)
     job = {"apiVersion": "v1", "kind": "Pod",
            "metadata": {"name": "train-0", "namespace": "ml",
-                        "annotations": {"lab.gpuk8s.io/runs-seconds": "12", "lab.gpuk8s.io/created": str(time.time())},
+                        "annotations": {"lab.gpuk8s.io/runs-seconds": "30", "lab.gpuk8s.io/created": str(time.time())},
                         "ownerReferences": [{"kind": "Job", "name": "train"}]},
            "spec": {"nodeName": "w-a", "containers": [{"name": "c", "image": "cuda",
                                                         "resources": {"limits": {"nvidia.com/gpu": 1}}}]}}
