@@ -55,9 +55,9 @@ def check(text: str, max_bytes: int, max_depth: int = MAX_DEPTH) -> None:
 
 
 def load(text: str, max_bytes: int, max_depth: int = MAX_DEPTH) -> Any:
-    """`text` loaded with yaml.safe_load after `check` passed it (None for an empty document)."""
+    """`text` loaded with a safe loader after `check` passed it (None for an empty document)."""
     check(text, max_bytes, max_depth)
-    return yaml.safe_load(text)
+    return yaml.load(text, Loader=_Parser)  # noqa: S506 (a safe loader: CSafeLoader or SafeLoader)
 
 
 def _size(n: int) -> str:

@@ -46,6 +46,7 @@ PLUGIN_CONFIGS = "nvidia-device-plugin-configs"  # the ConfigMap of named config
 PLUGIN_CONFIGS_MANIFEST = PLUGIN_CONFIGS + ".yaml"
 PLUGIN_ACCOUNT = "nvidia-device-plugin"
 MPS_ROOT = "/run/nvidia/mps"  # the helm chart's mps.root
+_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,8 @@ class Manifest:
         return hashlib.sha256(self.text.encode()).hexdigest()
 
     def objects(self) -> list[dict[str, Any]]:
-        return [d for d in yaml.safe_load_all(self.text) if isinstance(d, dict)]
+        # libyaml's safe loader where PyYAML has it: the pure-Python one took 0.6 s of CPU per install
+        return [d for d in yaml.load_all(self.text, Loader=_LOADER) if isinstance(d, dict)]  # noqa: S506 (safe)
 
     def applied_text(self) -> str:
         """The text applied: every object annotated with the rendered text's sha256."""
