@@ -45,9 +45,11 @@ TEST_WORKERS ?= 3
 test: install lab-deps
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
-# The interruption matrix at every phase boundary (make test kills at a rotating half of them: docs/testing.md)
+# The interruption matrix at every phase boundary, and SIGINT in every phase of install (make test meets a rotating
+# half of each: docs/testing.md)
 test-interruptions: install lab-deps
-	GPUK8S_INTERRUPT=all $(BIN)/python -m pytest -q -s tests/labtests/test_interruptions.py
+	GPUK8S_INTERRUPT=all $(BIN)/python -m pytest -q -s tests/labtests/test_interruptions.py \
+	  tests/labtests/test_faults.py -k 'interruptions or sigint'
 
 test-unit: install
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests/unit

@@ -112,6 +112,12 @@ def sample() -> str:
     return "odd" if time.gmtime().tm_yday % 2 == 0 else "even"
 
 
+def half(items: list[str]) -> list[str]:
+    """The items of today's sample (above): the odd-numbered (1st, 3rd, ...) or the even-numbered, or all."""
+    which = sample()
+    return items if which == "all" else [x for i, x in enumerate(items, 1) if i % 2 == (1 if which == "odd" else 0)]
+
+
 def every_phase_end(tmp_path: Path, args: tuple[str, ...], max_runs: int = 40) -> list[Kill]:
     """The command killed after its first phase's end, run again and killed after its second's, and so on, until a
     run ends by itself: every phase boundary of the sample (above) is met by a kill, each run resuming what the one

@@ -26,6 +26,8 @@ import yaml
 
 from gpuk8s import versions
 from tests.labtests import interrupt, invariants
+from tests.labtests import test_docker_runtime as docker
+from tests.labtests.test_install import changing_calls
 
 HGX_DAY_ONE = """
 cluster:
@@ -209,8 +211,10 @@ def test_alinux_newest(lab_up, run_cli, tmp_path):
 
 
 # docker-mps: Docker hosts (kubeadm through cri-dockerd) on the default minor, Ubuntu and Alibaba Cloud Linux mixed,
-# MPS on one node, time-slicing on another, a whole-GPU node. Day two: a host joined, the cluster upgraded to the
-# newest minor, the joined host reset.
+# MPS on one node, time-slicing on another, a whole-GPU node. Before the install, cri-dockerd's archive against the
+# matrix's sha256 (the lab's archive is not the real release: nothing unpacked); after it, what cri-dockerd runs with
+# on each host. Day two: a host joined, the cluster upgraded to the newest minor, the joined host reset, a stopped
+# cri-docker.socket started again by install.
 DOCKER_MPS = """
 defaults:
   runtime: docker
@@ -242,13 +246,36 @@ def test_docker_mps(lab_up, run_cli, tmp_path):
         return str(path)
 
     first = ["cp-1", "mps-1", "ts-1", "whole"]
+    pin = versions.cri_dockerd()
+    lab_sha = doc["install"]["cri_dockerd_sha256"]  # the lab's inventory pins the lab's archive
+    assert lab_sha["amd64"] == docker.lab_archive_sha256(lab) != pin.sha256["amd64"]
+    # the matrix's sha256 against the lab's archive (not the real release): nothing unpacked on any host
+    del doc["install"]["cri_dockerd_sha256"]
+    rc, rep, seconds["prepare, the real release's sha256"] = timed(run_cli, "install", "-i", write(first),
+                                                                    "--prepare-only")
+    assert rc != 0
+    for h in rep["hosts"]:
+        assert h["status"] == "failed" and "cri-dockerd-binary" in h["message"] and \
+            f"not the pinned {pin.sha256['amd64']}" in h["message"], h
+        assert lab.host(h["name"]).read("/usr/local/bin/cri-dockerd") is None
+    doc["install"]["cri_dockerd_sha256"] = lab_sha  # as a mirror of a rebuilt release would be pinned
+
     inv = write(first)
     rc, rep, seconds["install"] = timed(run_cli, "install", "-i", inv, "--kubeconfig-out", str(kc))
     assert rc == 0, json.dumps(rep)[-6000:]
     planned = {"mps-1": {"nvidia.com/gpu": 8}, "ts-1": {"nvidia.com/gpu": 4}, "whole": {"nvidia.com/gpu": 2}}
     invariants.all_hold(lab, run_cli, inv, planned, set(), {"nvidia.com/gpu": 14})
+    for name in first:
+        docker.cri_dockerd_as_planned(lab.host(name), gpus=name != "cp-1")
+    # the archive came from the release URL of the pin, once per install
+    fetched = [a for a in lab.host("whole").commands() if a[0] == "curl" and any("cri-dockerd" in x for x in a)]
+    assert len(fetched) == 2 and fetched[-1][-1] == f"{pin.url}/{pin.archive('amd64')}", fetched
+    # a re-run changes nothing and calls nothing that changes a host
+    before = {name: len(lab.host(name).commands()) for name in first}
     rc, rep, seconds["re-run"] = timed(run_cli, "install", "-i", inv, "--kubeconfig-out", str(kc))
     assert rc == 0 and not rep["changed"], what_changed(rep)
+    for name in first:
+        assert changing_calls(lab.host(name).commands()[before[name]:]) == [], name
 
     inv = write([*first, "late"])
     rc, rep, seconds["join"] = timed(run_cli, "join", "-i", inv)
@@ -267,5 +294,15 @@ def test_docker_mps(lab_up, run_cli, tmp_path):
     rc, rep, seconds["reset late"] = timed(run_cli, "reset", "late", "-i", inv, "--yes")
     assert rc == 0, json.dumps(rep)[-4000:]
     del planned["late"]
+    invariants.all_hold(lab, run_cli, write(first), planned, set(), {"nvidia.com/gpu": 14})
+
+    # cri-dockerd's socket gone on the Alibaba Cloud Linux node: install notices and starts it again
+    g = lab.host("ts-1")
+    g.exec("systemctl stop cri-docker.socket")
+    assert g.exec(f"test -S {docker.SOCKET}", check=False).returncode != 0
+    rc, rep, seconds["install, a socket stopped"] = timed(run_cli, "install", "-i", write(first), "--kubeconfig-out",
+                                                         str(kc))
+    assert rc == 0 and rep["ok"], json.dumps(rep)[-4000:]
+    assert g.exec(f"test -S {docker.SOCKET}", check=False).returncode == 0
     invariants.all_hold(lab, run_cli, write(first), planned, set(), {"nvidia.com/gpu": 14})
     print("docker-mps seconds:", {k: round(v, 1) for k, v in seconds.items()})
