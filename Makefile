@@ -41,7 +41,7 @@ lab-deps:
 
 # pytest workers (pytest-xdist): each lab test's worker drives its own lab (tests/lab/lab.py: INSTANCE, with its own
 # directory, bridge, subnet and names); a test file stays on one worker (--dist loadfile: module fixtures shared)
-TEST_WORKERS ?= 3
+TEST_WORKERS ?= 4
 test: install lab-deps
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 

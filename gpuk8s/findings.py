@@ -371,6 +371,10 @@ FINDINGS.update({
                       "allocatable, the device plugin pod and its last log lines, and where to look next"),
     "gpu.plugin-image-pull": _d("the device plugin pod cannot start: its node cannot pull the plugin's image (the "
                                 "kubelet's 'Failed to pull image' event says why: no such host, not found, ...)"),
+    "gpu.labels-stale": _d("a GPU node offers what its plan says, but a label gpuk8s keeps on it (the GPU count, "
+                           "product, memory, sharing, MIG or allocator labels) has another value than the plan's: "
+                           "set when the node was in another state (a GPU lost, then back), read by selectors "
+                           "and by status", "warning"),
     "gpu.plugin-socket-missing": _d("the device plugin pod runs but its socket is not in the kubelet's "
                                     "/var/lib/kubelet/device-plugins/ (nvidia-gpu.sock): it is not registered with "
                                     "the kubelet (a kubelet restart it missed)"),

@@ -1059,7 +1059,7 @@ def node_causes(name: str, ev: ClusterEvidence) -> list[Finding]:
                              driver_problem=problem, runtime_default=default, resource=plan.resource_name,
                              sharing=sharing)
     if check.ok:
-        return [_node_unknown(name, ev)] if node_problem(name, ev) else []
+        return [_node_unknown(name, ev)] if node_problem(name, ev) else _stale_labels(name, plan, node)
     f = check.finding()
     if count_unknown and f.message.startswith(UNKNOWN_COUNT_HEAD):
         f = dataclasses.replace(f, message="no GPU schedulable (how many is not in the inventory, and the host's facts "
@@ -1142,6 +1142,28 @@ def node_causes(name: str, ev: ClusterEvidence) -> list[Finding]:
     return [findings.failed(fid, message, remedy, subject=f.subject, evidence=[*f.evidence, *extra])]
 
 
+def _stale_labels(name: str, plan: gpuplan.GPUPlan, node: dict[str, Any] | None) -> list[Finding]:
+    """gpu.labels-stale: the labels gpuk8s keeps on a node whose GPUs are offered as planned, where one has another
+    value than the plan's (a label the plan cannot decide without the host's facts is not compared)."""
+    labels = _md(node or {}).get("labels")
+    if not isinstance(labels, dict):
+        return []
+    stale = [(k, v, labels.get(k)) for k, v in sorted(plan.labels.items())
+             if plan.decides(k) and labels.get(k) != v]
+    if not stale:
+        return []
+    def shown(v: object) -> str:  # a label value is at most 63 characters; a node's labels are anyone's to write
+        t = clean(str(v)[:64]) if isinstance(v, (str, int, float)) else "(not a string)"
+        return t[:63] + "..." if len(t) > 63 else t
+
+    said = ", ".join(f"{k}={shown(have) if have is not None else '(none)'} (plan: {want})"
+                     for k, want, have in stale[:6])
+    return [findings.failed("gpu.labels-stale",
+                            f"{len(stale)} label(s) gpuk8s keeps on {name} differ from its GPU plan: {said}",
+                            "gpuk8s install relabels the node (nothing else changes on it), or gpuk8s doctor --fix",
+                            subject=findings.Subject("node", name))]
+
+
 UNKNOWN_COUNT_HEAD = "0 of 1 GPU(s) schedulable: "  # state.diagnose_gpus's head when doctor asks for "at least 1"
 
 
@@ -1207,6 +1229,7 @@ FIXES: dict[str, str] = {
     "gpu.sharing-not-applied": "gpu",
     "gpu.mps-daemon-missing": "gpu",
     "gpu.hami-missing": "gpu",
+    "gpu.labels-stale": "gpu",
     "gpu.plugin-socket-missing": "plugin",
     "gpu.plugin-no-nvml": "plugin",
 }

@@ -20,9 +20,9 @@ from typing import Any
 
 import jinja2
 
-from gpuk8s import mirrors, versions
+from gpuk8s import mirrors, runtimeplan, versions
 from gpuk8s.driver import rules as driver_rules
-from gpuk8s.facts.model import SUPPORTED_OS, HostFacts
+from gpuk8s.facts.model import HostFacts
 from gpuk8s.gpuplan import is_gpu_node
 from gpuk8s.inventory.model import Host, Inventory
 from gpuk8s.playbook.model import ParamValue, Playbook, PlaybookError, Step, load_shared
@@ -122,27 +122,17 @@ _DEB_CODENAMES = {"22.04": "jammy", "24.04": "noble", "20.04": "focal"}
 
 
 def containerd_plan(inv: Inventory, facts: HostFacts, dra: bool = False) -> dict[str, Any]:
-    """What the containerd playbook does about containerd itself on this host.
+    """What the containerd playbook does about containerd itself on this host (runtimeplan decides it).
 
-    `upgrade`: the host's containerd is below its floor (the cluster's minor's, version matrix; on a DRA node one
-    with CDI on: versions.containerd_floor) and install can meet the floor: it installs containerd.io at
-    install.containerd_version. `major`: the containerd major the
-    host has once the playbook ran; `config_version` and `cri_plugin` follow from it (3 and
-    io.containerd.cri.v1.runtime for containerd 2.x)."""
-    cd = facts.containerd
-    have = cd.release if cd and cd.release else None
-    floor = versions.containerd_floor(inv.cluster.kubernetes_version, dra, have, facts.containerd_config.enable_cdi)
-    target = release(inv.install.containerd_version.split("-")[0]) or (0,)
-    # only where preflight promises it (Ubuntu 22.04, Alibaba Cloud Linux 3: Docker's jammy and rhel/8 packages);
-    # elsewhere runtime.kubernetes-compat fails, and an --ignore'd failure must not install another OS's packages
-    upgrade = (inv.cluster.container_runtime == "containerd" and have is not None and not at_least(have, floor)
-               and at_least(target, floor) and (facts.os.id, facts.os.version_id) in SUPPORTED_OS)
-    major = target[0] if upgrade else (have[0] if have else 1)
+    `upgrade`: install replaces the host's containerd, below its floor, by containerd.io at
+    install.containerd_version. `major`: the containerd major the host has once the playbook ran; `config_version`
+    and `cri_plugin` follow from it (3 and io.containerd.cri.v1.runtime for containerd 2.x)."""
+    plan = runtimeplan.containerd_plan(inv.cluster, inv.install, facts, dra)
     return {
-        "upgrade": upgrade,
-        "major": major,
-        "config_version": 3 if major >= 2 else 2,
-        "cri_plugin": "io.containerd.cri.v1.runtime" if major >= 2 else "io.containerd.grpc.v1.cri",
+        "upgrade": plan.upgrade,
+        "major": plan.major,
+        "config_version": 3 if plan.major >= 2 else 2,
+        "cri_plugin": "io.containerd.cri.v1.runtime" if plan.major >= 2 else "io.containerd.grpc.v1.cri",
         # Docker's repositories: linux/ubuntu CODENAME, linux/rhel/8 (the RHEL 8 family: Alibaba Cloud Linux 3)
         "deb_codename": _DEB_CODENAMES.get(facts.os.version_id, "jammy"),
         "rpm_version": inv.install.containerd_version.split("-")[0],

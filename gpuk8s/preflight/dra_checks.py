@@ -5,10 +5,10 @@ The Kubernetes minor is the loader's to refuse (before any host is contacted). P
 
 from __future__ import annotations
 
-from gpuk8s import versions
-from gpuk8s.facts.model import SUPPORTED_OS, HostFacts
+from gpuk8s import runtimeplan, versions
+from gpuk8s.facts.model import HostFacts
 from gpuk8s.gpuplan import is_gpu_node
-from gpuk8s.inventory.model import Cluster, Host
+from gpuk8s.inventory.model import Cluster, Host, InstallSettings
 from gpuk8s.preflight.result import CheckResult, failed, passed, skipped
 from gpuk8s.versions import at_least, fmt
 
@@ -16,11 +16,13 @@ IDS = ("dra.driver", "dra.cdi")
 CONFIG = "/etc/containerd/config.toml"
 
 
-def dra_checks(host: Host, f: HostFacts, cluster: Cluster) -> list[CheckResult]:
-    """Nothing for a host whose GPUs the device plugin serves."""
+def dra_checks(host: Host, f: HostFacts, cluster: Cluster, install: InstallSettings | None = None
+               ) -> list[CheckResult]:
+    """Nothing for a host whose GPUs the device plugin serves. `install`: the inventory's install settings
+    (default: the matrix's pins)."""
     if not is_gpu_node(host) or host.gpu.allocator.kind != "dra":
         return []
-    return [_driver(host, f), _cdi(f, cluster)]
+    return [_driver(host, f), _cdi(f, cluster, install or InstallSettings())]
 
 
 def _driver(host: Host, f: HostFacts) -> CheckResult:
@@ -47,41 +49,41 @@ def _driver(host: Host, f: HostFacts) -> CheckResult:
                   "device-plugin for this host")
 
 
-def _cdi(f: HostFacts, cluster: Cluster) -> CheckResult:
+def _cdi(f: HostFacts, cluster: Cluster, install: InstallSettings) -> CheckResult:
     """containerd 2.x enables CDI unless its config says enable_cdi = false; 1.7 only with enable_cdi = true; 1.6
-    not at all (containerd docs/cri/config.md). Where the node has none of these, install brings containerd 2.x
-    (versions.containerd_floor, as it does below a minor's floor) on the OSes it upgrades containerd on."""
+    not at all (containerd docs/cri/config.md). Below that, install brings containerd.io at
+    install.containerd_version where that has CDI on and the OS is one it upgrades containerd on (runtimeplan)."""
     if cluster.container_runtime != "containerd":
         return failed("dra.cdi", "the DRA driver needs CDI, which gpuk8s sets up with containerd only",
                       "write cluster.container_runtime: containerd")
     cfg = f.containerd_config
     if cfg.error:
         return skipped("dra.cdi", f"the containerd config cannot be read: {cfg.error}")
-    have = f.containerd.release if f.containerd is not None else None
-    floor = versions.containerd_floor(cluster.kubernetes_version, True, have, cfg.enable_cdi)
-    target = versions.containerd_install_release()
-    # what install does (playbook/render.py containerd_plan): below the floor, containerd.io where the OS has it
-    upgraded = have is None or (not at_least(have, floor) and at_least(target, floor)
-                                and (f.os.id, f.os.version_id) in SUPPORTED_OS)
-    major = target[0] if upgraded else have[0] if have else 0
-    where = "version 3: plugins.'io.containerd.cri.v1.runtime'" if major >= 2 else \
+    plan = runtimeplan.containerd_plan(cluster, install, f, dra=True)
+    have = plan.have
+    if have is None:  # install brings no containerd: runtime.installed says what to do
+        return skipped("dra.cdi", "no containerd on the host (see runtime.installed)")
+    where = "version 3: plugins.'io.containerd.cri.v1.runtime'" if plan.major >= 2 else \
         "plugins.\"io.containerd.grpc.v1.cri\""
     if cfg.enable_cdi is False:  # kept by containerd 2.x's migration of the config too: said, never overridden
         return failed("dra.cdi", f"{CONFIG} sets enable_cdi = false: containers would get no GPU from a claim",
                       f"remove enable_cdi = false (or set it true) under [{where}] and restart containerd")
-    if upgraded:
-        why = f"containerd {fmt(have)} has CDI off" if have else "no containerd yet"
-        return passed("dra.cdi", f"{why}: install brings containerd {fmt(target)}, which enables CDI by default")
-    if cfg.enable_cdi or major >= 2:
+    if plan.upgrade:
+        return passed("dra.cdi", f"containerd {fmt(have)} has CDI off: install brings containerd "
+                      f"{fmt(plan.target)} (install.containerd_version), which enables CDI by default")
+    if cfg.enable_cdi or have[0] >= 2:
         return passed("dra.cdi", "enable_cdi = true" if cfg.enable_cdi else
-                      f"containerd {major}.x enables CDI by default")
-    shown = fmt(have or (0,))
-    why = "has no CDI (1.7 or newer has)" if have and not at_least(have, versions.CDI_FROM) else \
+                      f"containerd {have[0]}.x enables CDI by default")
+    why = "has no CDI (1.7 or newer has)" if not at_least(have, versions.CDI_FROM) else \
         "does not enable CDI unless its config says so"
-    return failed("dra.cdi", f"containerd {shown} {why}, and install upgrades containerd only on Ubuntu 22.04 and "
-                  "Alibaba Cloud Linux 3",
-                  f"install containerd 2.x, or on 1.7 set enable_cdi = true under [{where}] in {CONFIG} and restart "
-                  "containerd")
+    if not plan.os_upgrades:
+        cannot = "install upgrades containerd only on Ubuntu 22.04 and Alibaba Cloud Linux 3"
+    else:
+        cannot = (f"install.containerd_version {install.containerd_version} (containerd {fmt(plan.target)}) "
+                  "would not turn CDI on either")
+    return failed("dra.cdi", f"containerd {fmt(have)} {why}, and {cannot}",
+                  f"install containerd 2.x (install.containerd_version: a 2.x containerd.io release), or on 1.7 set "
+                  f"enable_cdi = true under [{where}] in {CONFIG} and restart containerd")
 
 
 def not_ready_now(f: HostFacts, cluster: Cluster) -> str:

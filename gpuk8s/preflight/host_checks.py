@@ -6,11 +6,11 @@ import re
 from dataclasses import replace
 from datetime import date
 
-from gpuk8s import mirrors, versions
+from gpuk8s import mirrors, runtimeplan, versions
 from gpuk8s.facts.model import CRI_SOCKETS, SUPPORTED_OS, HostFacts
 from gpuk8s.facts.parse import CONTAINERD_CONFIG, TOO_LARGE
 from gpuk8s.gpuplan import is_gpu_node
-from gpuk8s.inventory.model import Cluster, Host
+from gpuk8s.inventory.model import Cluster, Host, InstallSettings
 from gpuk8s.preflight.dra_checks import dra_checks
 from gpuk8s.preflight.driver_checks import driver_checks
 from gpuk8s.preflight.mig_checks import mig_checks
@@ -35,9 +35,12 @@ _NODE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a
 
 
 def check_host(host: Host, facts: HostFacts, cluster: Cluster, today: date | None = None,
-               device_plugin_version: str | None = None) -> list[CheckResult]:
+               device_plugin_version: str | None = None, install: InstallSettings | None = None) -> list[CheckResult]:
     """Every check of one host; `today` (default: the date) decides whether the Kubernetes minor is past its
-    end of life; `device_plugin_version` (default: the pin of the cluster's minor) is the plugin install uses."""
+    end of life; `device_plugin_version` (default: the pin of the cluster's minor) is the plugin install uses;
+    `install` (default: the matrix's pins) the inventory's install settings, whose containerd_version install
+    would bring (runtimeplan)."""
+    install = install or InstallSettings()
     results: list[CheckResult] = []
     results += _os(facts)
     results += _gpu(host, facts)
@@ -45,8 +48,8 @@ def check_host(host: Host, facts: HostFacts, cluster: Cluster, today: date | Non
     results += gpu_sharing(host, facts,
                            device_plugin_version or versions.pins(cluster.kubernetes_version).device_plugin)
     results += mig_checks(host, facts)
-    results += dra_checks(host, facts, cluster)
-    results += _runtime(facts, cluster, is_gpu_node(host))
+    results += dra_checks(host, facts, cluster, install)
+    results += _runtime(facts, cluster, is_gpu_node(host), install)
     results.append(_kubernetes_version(cluster, today or versions.today()))
     results.append(_cgroup(cluster, facts))
     results += _kubernetes(host, facts)
@@ -69,12 +72,13 @@ def _kubernetes_version(cluster: Cluster, today: date) -> CheckResult:
                   f"supported until {default.end_of_life.isoformat()}); 'gpuk8s versions' lists them")
 
 
-def _containerd_compat(rt_release: tuple[int, ...], cluster: Cluster, f: HostFacts | None = None) -> CheckResult:
+def _containerd_compat(rt_release: tuple[int, ...], cluster: Cluster, f: HostFacts, install: InstallSettings
+                       ) -> CheckResult:
     """runtime.kubernetes-compat for containerd: the containerd floor of the cluster's minor (version matrix).
 
-    Below a floor that the matrix's containerd.io pin meets, on an OS that install upgrades (Ubuntu 22.04,
-    Alibaba Cloud Linux 3), `gpuk8s install` brings containerd there: a warning naming what it will do, so that
-    preflight passes a host that install can fix."""
+    Where `gpuk8s install` upgrades containerd (runtimeplan: below the floor, install.containerd_version meeting
+    it, on Ubuntu 22.04 or Alibaba Cloud Linux 3): a warning naming what it will do, so that preflight passes a host
+    that install can fix."""
     k = versions.kubernetes_or_default(cluster.kubernetes_version)
     floor = release(k.containerd_floor) or (0,)
     tested = f" (containerd recommends {', '.join(t + '+' for t in k.containerd_tested)})" \
@@ -87,18 +91,24 @@ def _containerd_compat(rt_release: tuple[int, ...], cluster: Cluster, f: HostFac
                                                                          or (0,))]
     instead = f"; or choose cluster.kubernetes_version: \"{runs_here[0].minor}\", the newest minor that runs on " \
         f"containerd {fmt(rt_release)}" if runs_here else ""
-    pin = versions.matrix()
-    target = versions.containerd_install_release()
-    if f is not None and (f.os.id, f.os.version_id) in SUPPORTED_OS and at_least(target, floor):
+    plan = runtimeplan.containerd_plan(cluster, install, f)
+    if plan.upgrade:
         repo = "Docker's apt repository (linux/ubuntu)" if f.os.family == "debian" else \
             "Docker's yum repository (linux/rhel/8)"
         return replace(failed(
             "runtime.kubernetes-compat",
             f"Kubernetes {k.minor} needs containerd >= {k.containerd_floor}, found {fmt(rt_release)}{tested}",
-            f"gpuk8s install upgrades it: {pin.containerd_package} {pin.containerd_version} (containerd "
-            f"{fmt(target)}) from {repo} or install.containerd_repo, replacing the distribution's containerd and "
-            "runc; the old /etc/containerd/config.toml is kept in /var/lib/gpuk8s/backup and replaced by a "
-            "version 3 configuration" + instead), status="warn")
+            f"gpuk8s install upgrades it: {versions.matrix().containerd_package} {install.containerd_version} "
+            f"(containerd {fmt(plan.target)}) from {repo} or install.containerd_repo, replacing the distribution's "
+            "containerd and runc; the old /etc/containerd/config.toml is kept in /var/lib/gpuk8s/backup and "
+            "replaced by a version 3 configuration" + instead), status="warn")
+    if plan.os_upgrades and cluster.container_runtime == "containerd":  # the inventory pins one below the floor
+        return failed("runtime.kubernetes-compat",
+                      f"Kubernetes {k.minor} needs containerd >= {k.containerd_floor}, found {fmt(rt_release)}, and "
+                      f"install.containerd_version {install.containerd_version} (containerd {fmt(plan.target)}) is "
+                      "below it too",
+                      f"remove install.containerd_version (the default is {versions.matrix().containerd_version}) or "
+                      f"write a release >= {k.containerd_floor}" + instead)
     if floor[0] >= 2 and rt_release[0] < 2:
         return failed("runtime.kubernetes-compat",
                       f"Kubernetes {k.minor} needs containerd >= {k.containerd_floor}, found {fmt(rt_release)}: "
@@ -328,7 +338,7 @@ def _driver_remedy(error: str) -> str:
     return "run nvidia-smi on the host and fix the driver"
 
 
-def _runtime(f: HostFacts, cluster: Cluster, gpu_host: bool) -> list[CheckResult]:
+def _runtime(f: HostFacts, cluster: Cluster, gpu_host: bool, install: InstallSettings) -> list[CheckResult]:
     out: list[CheckResult] = []
     name = cluster.container_runtime
     rt = f.containerd if name == "containerd" else f.docker
@@ -377,7 +387,7 @@ def _runtime(f: HostFacts, cluster: Cluster, gpu_host: bool) -> list[CheckResult
         if rt.release is None:
             out.append(skipped("runtime.kubernetes-compat", f"cannot read containerd's version from {rt.raw!r}"))
         else:
-            out.append(_containerd_compat(rt.release, cluster, f))
+            out.append(_containerd_compat(rt.release, cluster, f, install))
         if cfg.error:
             out.append(skipped("runtime.cgroup-driver", unreadable))
         elif cfg.systemd_cgroup:

@@ -188,7 +188,8 @@ def run_preflight(inv: Inventory, *, concurrency: int, ignore: set[str], sudo_pa
             rep.facts = facts
             rep.local_time = now
             stage = "checking its facts"
-            rep.checks = checks + check_host(host, facts, inv.cluster) + [sources_check(plan.for_host(host), facts)]
+            rep.checks = checks + check_host(host, facts, inv.cluster, install=inv.install) + [
+                sources_check(plan.for_host(host), facts)]
         except RemoteError as e:
             if mine:
                 s.close()

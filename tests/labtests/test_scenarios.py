@@ -20,6 +20,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -27,6 +28,7 @@ import yaml
 from gpuk8s import versions
 from tests.labtests import interrupt, invariants
 from tests.labtests import test_docker_runtime as docker
+from tests.labtests import test_mirrors as mirrors_test
 from tests.labtests.test_install import changing_calls
 
 HGX_DAY_ONE = """
@@ -118,6 +120,26 @@ def test_hgx_day_one(lab_up, run_cli, tmp_path):
         assert time.monotonic() - t0 < 300, "mig-1 did not come back"
         time.sleep(0.2)
     time.sleep(1)
+    # again: the client's connections to the first control plane (its cluster lock, its kubectl) cut while dra-1
+    # reboots into 595; the run ends by itself, naming the lost connection, and leaves the lock free
+    sshd_before = lab.host("dra-1").sshd_pid()
+    t1 = time.monotonic()
+    p = subprocess.Popen([sys.executable, "-m", "gpuk8s", "driver", "upgrade", "-i", str(path), "--yes", "-o", "json"],
+                         env={**env, "GPUK8S_LOG_FILE": str(tmp_path / "cut.log")}, cwd=tmp_path,
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, text=True)
+    while p.poll() is None and lab.host("dra-1").sshd_pid() in (None, sshd_before):
+        assert time.monotonic() - t1 < 300, "dra-1 never rebooted"
+        time.sleep(0.05)
+    cut = lab.host("cp-1").cut_connections() if p.poll() is None else 0
+    out, _ = p.communicate(timeout=300)
+    seconds["driver upgrade (cp-1 cut while dra-1 reboots)"] = time.monotonic() - t1
+    print(f"cut {cut} connection(s) to cp-1; exit {p.returncode}: {out[-1500:]}")
+    if cut:
+        assert p.returncode != 0 and "the connection to cp-1 was lost" in out, out[-4000:]
+    invariants.lock_free(lab)
+    while lab.host("dra-1").sshd_pid() is None:
+        assert time.monotonic() - t1 < 300, "dra-1 did not come back"
+        time.sleep(0.2)
     # the same command again, itself killed after each phase in turn (tests/labtests/interrupt.py) until a run ends
     t1 = time.monotonic()
     runs = interrupt.every_phase_end(tmp_path, ("driver", "upgrade", "-i", str(path), "--yes", "-o", "json"))
@@ -135,8 +157,9 @@ def test_hgx_day_one(lab_up, run_cli, tmp_path):
 
 # alinux-newest: Alibaba Cloud Linux 3 on the newest minor (1.37: install brings containerd 2.x), HAMi on one node,
 # the health gate meeting an Xid 79 (a GPU off the bus) on one and a pending row remap on another, monitoring
-# deployed. Day two: the faults cleared (a reboot, a GPU reset) and the nodes released, monitoring removed and
-# deployed again, then reset of every node.
+# deployed; a site in mainland China's position: no public source reachable, every package and image from mirrors.
+# Day two: the faults cleared (a reboot, a GPU reset) and the nodes released (doctor names the GPU count label of the
+# node that had lost a GPU, install relabels it), monitoring removed and deployed again, then reset of every node.
 ALINUX_NEWEST = """
 cluster:
   kubernetes_version: "1.37"
@@ -155,8 +178,35 @@ def quarantined(lab: Any) -> dict[str, str]:
             for t in n.get("spec", {}).get("taints", []) if t["key"] == "gpuk8s.io/quarantine"}
 
 
+def behind_mirrors(lab: Any, run_cli: Any, inv: str) -> None:
+    """A site that reaches none of the public sources (tests/labtests/test_mirrors.py: PUBLIC), its inventory
+    pointing at a registry mirror and at package mirrors, the registry holding what `gpuk8s images` names."""
+    for h in lab.hosts.values():
+        h.update_state(unreachable_hosts=mirrors_test.PUBLIC)
+    doc = yaml.safe_load(Path(inv).read_text())
+    # the patch pinned, as docs/mirrors.md advises: the images to mirror are then exactly kubeadm's
+    doc["cluster"]["kubernetes_version"] = versions.kubernetes_or_default(doc["cluster"]["kubernetes_version"]
+                                                                          ).latest_patch
+    doc["install"].update(toolkit_repo="https://pkgs.lab.example/libnvidia-container",
+                          kubernetes_repo="https://pkgs.lab.example/kubernetes/core:/stable:",
+                          containerd_repo="https://pkgs.lab.example/docker-ce/linux")
+    doc["registry"] = {"mirror": f"{mirrors_test.MIRROR}/k8s",
+                       "overrides": {"nvcr.io": f"{mirrors_test.MIRROR}/nvcr"}, "manifests": mirrors_test.FILES}
+    Path(inv).write_text(yaml.safe_dump(doc, sort_keys=False))
+    held = mirrors_test.fill_mirror(lab, run_cli, Path(inv))
+    assert all(i.startswith(f"{mirrors_test.MIRROR}/") for i in held)
+
+
+def all_from_the_mirror(lab: Any) -> None:
+    """Every container of every pod (the DaemonSets', Deployments' and gpuk8s's own) runs an image of the mirror."""
+    pods = invariants.kubectl_json(lab, "get pods -A")["items"]
+    images = {c["image"] for p in pods for k in ("containers", "initContainers") for c in p["spec"].get(k) or []}
+    assert images and all(i.startswith(f"{mirrors_test.MIRROR}/") for i in images), sorted(images)
+
+
 def test_alinux_newest(lab_up, run_cli, tmp_path):
     lab, inv = with_monitoring(lab_up, ALINUX_NEWEST)
+    behind_mirrors(lab, run_cli, inv)
     kc = tmp_path / "kc"
     seconds: dict[str, float] = {}
 
@@ -173,6 +223,7 @@ def test_alinux_newest(lab_up, run_cli, tmp_path):
     st = invariants.status_matches(run_cli, inv, totals)
     assert {n["node"]: n["quarantine"] for n in st["nodes"] if n["quarantine"]} == \
         {"fell": "health.xid", "remap": "health.row-remap-pending"}
+    all_from_the_mirror(lab)  # HAMi's, the exporter's, Prometheus's and the CNI's too
 
     rc, rep, seconds["re-run"] = timed(run_cli, "install", "-i", inv, "--kubeconfig-out", str(kc))
     assert rc == 0 and not rep["changed"], what_changed(rep)
@@ -185,11 +236,20 @@ def test_alinux_newest(lab_up, run_cli, tmp_path):
     assert quarantined(lab) == {}
     planned["fell"] = {"nvidia.com/gpu": 2}
     totals = {"nvidia.com/gpu": 24}
-    invariants.all_hold(lab, run_cli, inv, planned, set(), totals)
-    # fell's GPU back on the bus: the next install gives the node its count (the only change), then none
+    invariants.offered_once(lab, planned, set())
+    invariants.none_cordoned(lab)
+    invariants.lock_free(lab)
+    invariants.status_matches(run_cli, inv, totals)
+    # fell's GPU back on the bus, its count label still install's from when one was lost: doctor names that alone
+    rc, rep, seconds["doctor, a stale label"] = timed(run_cli, "doctor", "-i", inv, "--all")
+    assert rc == 1 and [(f["id"], f["subject"]["name"]) for f in rep["findings"]] == [("gpu.labels-stale", "fell")], \
+        rep["findings"]
+    assert "nvidia.com/gpu.count=1 (plan: 2)" in rep["findings"][0]["message"]
+    # the next install gives the node its count (the only change), then none
     rc, rep, seconds["install after the release"] = timed(run_cli, "install", "-i", inv, "--kubeconfig-out", str(kc))
     assert rc == 0 and what_changed(rep) == [("lock", "held on cp-1 until this run ends"), ("gpu", "labels on fell")], \
         what_changed(rep)
+    invariants.all_hold(lab, run_cli, inv, planned, set(), totals)
 
     # monitoring removed, then deployed again
     for args in (("monitoring", "--remove"), ("monitoring",)):
@@ -198,6 +258,7 @@ def test_alinux_newest(lab_up, run_cli, tmp_path):
         invariants.all_hold(lab, run_cli, inv, planned, set(), totals)
     rc, rep, seconds["install again"] = timed(run_cli, "install", "-i", inv, "--kubeconfig-out", str(kc))
     assert rc == 0 and not rep["changed"], what_changed(rep)
+    all_from_the_mirror(lab)
 
     # reset --all killed after each phase in turn, then run to its end
     t0 = time.monotonic()

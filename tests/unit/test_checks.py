@@ -18,7 +18,7 @@ from gpuk8s.facts.model import (
     Runtime,
 )
 from gpuk8s.facts.parse import Section, parse_containerd_config
-from gpuk8s.inventory.model import Cluster, Host, SSHSettings
+from gpuk8s.inventory.model import Cluster, Host, InstallSettings, SSHSettings
 from gpuk8s.preflight.cluster_checks import check_cluster
 from gpuk8s.preflight.host_checks import check_host
 from gpuk8s.preflight.result import apply_ignores
@@ -126,6 +126,11 @@ def test_containerd_17_with_a_minor_that_needs_containerd_2_is_upgraded_by_insta
         assert bad.remedy.startswith("gpuk8s install upgrades containerd only on Ubuntu 22.04 and Alibaba Cloud "
                                      "Linux 3: upgrade it by hand")
         assert "containerd config default > /etc/containerd/config.toml" in bad.remedy
+        # the inventory pins a containerd.io below the floor: install would not upgrade, and preflight says so
+        pinned = by_id(check_host(HOST, facts(containerd=CONTAINERD_17), Cluster(kubernetes_version=k.minor),
+                                  today=TODAY, install=InstallSettings(containerd_version="1.7.29-1")))
+        assert pinned["runtime.kubernetes-compat"].status == "fail" and pinned["runtime.kubernetes-compat"].message \
+            .endswith("and install.containerd_version 1.7.29-1 (containerd 1.7.29) is below it too"), pinned
     # the same host suits 1.35, and the message names what containerd recommends for it
     ok = by_id(check_host(HOST, facts(containerd=CONTAINERD_17), Cluster(kubernetes_version="1.35"), today=TODAY))
     assert ok["runtime.kubernetes-compat"].status == "pass"

@@ -374,6 +374,27 @@ def test_a_healthy_node_and_pod_have_no_cause() -> None:
     assert not classify.troubled(ok) and classify.pod_causes(ok, ev) == []
 
 
+def test_a_label_gpuk8s_keeps_that_differs_from_the_plan_is_named_and_fixed_by_the_gpu_phase() -> None:
+    """A node offering its GPUs as planned, with the GPU count label of an earlier state (a GPU lost when install
+    labelled it, back since): gpu.labels-stale names the label, its value and the plan's; --fix re-runs the gpu
+    phase. A label the plan leaves undecided (no facts) is not compared; a user's own label never."""
+    p = plan("gpu-1", 2, labels={gpuplan.GPU_PRESENT: "true", gpuplan.COUNT_LABEL: "2", gpuplan.PRODUCT_LABEL: "X"},
+             undecided=(gpuplan.PRODUCT_LABEL,))
+    labels = {gpuplan.GPU_PRESENT: "true", gpuplan.COUNT_LABEL: "1", gpuplan.PRODUCT_LABEL: "Y", "team": "a"}
+    ev = ClusterEvidence({"gpu-1": node("gpu-1", 2, labels)}, [plugin_pod("gpu-1")], plans={"gpu-1": p},
+                         plugin=PLUGIN)
+    [f] = classify.node_causes("gpu-1", ev)
+    assert (f.id, f.status) == ("gpu.labels-stale", "warn")
+    assert f.message == "1 label(s) gpuk8s keeps on gpu-1 differ from its GPU plan: nvidia.com/gpu.count=1 (plan: 2)"
+    assert classify.fixable(f, ev) == "gpu"
+    ev.nodes["gpu-1"]["metadata"]["labels"][gpuplan.COUNT_LABEL] = "2"
+    assert classify.node_causes("gpu-1", ev) == []
+    # a hostile label value is shown capped, never whole
+    ev.nodes["gpu-1"]["metadata"]["labels"][gpuplan.COUNT_LABEL] = "9" * 5000
+    [f] = classify.node_causes("gpu-1", ev)
+    assert len(f.message) < 1000
+
+
 def test_the_json_follows_the_schema() -> None:
     from gpuk8s.doctor.diagnose import Diagnosis
 
@@ -462,7 +483,7 @@ def test_doctor_reads_only_pods_not_done_and_pod_warnings() -> None:
     k = EventfulKube([normal, warn, node_event], {})
     kube = k.kube
     kube.add_node("cp-1")
-    kube.add_node("gpu-1", 2, {gpuplan.GPU_PRESENT: "true"})
+    kube.add_node("gpu-1", 2, dict(gpuplan.plans(inv, {})["gpu-1"].labels))  # as install labelled it
     for p in (big, done, plugin_pod("gpu-1")):
         kube.objects[("pod", p["metadata"]["namespace"], p["metadata"]["name"])] = p
     d = diagnose(inv, kube, None, True, False, {})  # type: ignore[arg-type]

@@ -283,7 +283,7 @@ def _with(facts: Any, containerd: str | None, config: str = "") -> Any:
 
 def _checks(i: Any, host: str, facts: Any) -> dict[str, Any]:
     h = next(x for x in i.hosts if x.name == host)
-    return {r.id: r for r in dra_checks(h, facts, i.cluster)}
+    return {r.id: r for r in dra_checks(h, facts, i.cluster, i.install)}
 
 
 def test_preflight_checks_the_driver_floor_on_dra_hosts_only() -> None:
@@ -337,6 +337,25 @@ def test_install_brings_containerd_2_to_a_dra_node_whose_containerd_has_cdi_off(
     on = 'version = 2\n[plugins."io.containerd.grpc.v1.cri"]\n  enable_cdi = true\n'
     assert containerd_plan(i, _with(jammy, "1.7.28", on), dra=True)["upgrade"] is False
     assert containerd_plan(i, _with(jammy, "1.6.20", on), dra=True)["upgrade"] is True  # 1.6 has no CDI at all
+
+
+def test_preflight_promises_the_containerd_the_inventory_pins_not_the_matrixs() -> None:
+    """With install.containerd_version at a 1.7 release, install does not upgrade a 1.7 without CDI on a DRA node
+    (runtimeplan): preflight's dra.cdi says so instead of promising the matrix's containerd 2.x. A host without
+    containerd gets none from install: dra.cdi leaves it to runtime.installed."""
+    from gpuk8s.playbook.render import containerd_plan
+
+    i = mixed("1.34")
+    jammy = dataclasses.replace(H200, os=dataclasses.replace(H200.os, version_id="22.04"))
+    assert _checks(i, "w-dra", _with(jammy, "1.7.28"))["dra.cdi"].status == "pass"  # the matrix's 2.x pin
+    pinned = dataclasses.replace(i, install=dataclasses.replace(i.install, containerd_version="1.7.29-1"))
+    assert containerd_plan(pinned, _with(jammy, "1.7.28"), dra=True)["upgrade"] is False
+    r = _checks(pinned, "w-dra", _with(jammy, "1.7.28"))["dra.cdi"]
+    assert r.status == "fail" and "install.containerd_version 1.7.29-1 (containerd 1.7.29) would not turn CDI on" \
+        in r.message, r
+    none = _checks(i, "w-dra", _with(jammy, None))["dra.cdi"]
+    assert none.status == "skip" and "runtime.installed" in none.message, none
+    assert containerd_plan(i, _with(jammy, None), dra=True)["upgrade"] is False
 
 
 def test_the_loader_refuses_a_managed_driver_branch_below_the_floor() -> None:

@@ -257,7 +257,7 @@ def test_a_check_that_raises_fails_its_host(monkeypatch: pytest.MonkeyPatch) -> 
     facts = p.parse_probe(PROBE)
     reached = [passed("ssh.reachable", "root@10.0.0.11:22"), passed("ssh.sudo", "root")]
 
-    def boom(*_: object) -> list[object]:
+    def boom(*_: object, **__: object) -> list[object]:
         raise IndexError("tuple index out of range")
 
     records = _Records()
