@@ -37,6 +37,11 @@ LOG_CAP = 1 << 20
 RAW_CAP = 16 << 20
 
 
+# kubectl's answer for a kind the API server does not serve (k8s.io/cli-runtime resource builder, on a no-match
+# error: `the server doesn't have a resource type %q`; kubernetes/kubernetes PR 64493, kubernetes/kubectl issue 781)
+NOT_SERVED = "the server doesn't have a resource type"
+
+
 class KubeError(GpuK8sError):
     """kubectl failed or printed something unreadable; the message is safe to show (masked, cleaned)."""
 
@@ -77,8 +82,8 @@ class KubeClient(Protocol):
     def get_refs(self, refs: Sequence[ObjectRef]) -> dict[ObjectRef, dict[str, Any]]:
         """The objects `refs` name that exist, by their ref: one kubectl call per namespace, not one per
         object (`kubectl get KIND/NAME ... --ignore-not-found`). Where a batch fails (a kind the cluster does
-        not serve fails the whole call) its objects are read one by one, and one that cannot be read is not
-        there."""
+        not serve fails the whole call) its objects are read one by one: one of a kind the API server does not
+        serve is not there; any other failure to read one is a KubeError (never taken for absent)."""
         ...
 
     def apply(self, text: str) -> str:
@@ -218,8 +223,10 @@ class Kubectl:
                 for ref in group:
                     try:
                         objs = self.get(ref[0].lower(), ref[1], ref[2])
-                    except KubeError:
-                        continue
+                    except KubeError as e:
+                        if NOT_SERVED in e.message:
+                            continue  # a kind this API server does not serve: no such object
+                        raise  # unread is not absent: a caller would take over or keep what it could not see
                     if objs:
                         found[ref] = objs[0]
                 continue

@@ -115,7 +115,7 @@ def out_of_date(ctx: Context, wanted: list[Manifest]) -> list[Manifest]:
     the hash is read from the first object only)."""
     stale = manifests.out_of_date(ctx.kube, wanted)
     rest = [(m, ref) for m in wanted if m not in stale for ref in mon.objects([m])[1:]]
-    found = ctx.kube.get_refs([ref for _, ref in rest])  # one read for all (one that cannot be read is missing)
+    found = ctx.kube.get_refs([ref for _, ref in rest])  # one read for all (a kind not served: missing)
     stale += [m for m, ref in rest if ref not in found]
     return [m for m in wanted if m in stale]
 

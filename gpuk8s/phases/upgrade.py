@@ -40,8 +40,11 @@ log = logging.getLogger("gpuk8s.upgrade")
 
 APISERVER_MANIFEST = "/etc/kubernetes/manifests/kube-apiserver.yaml"
 # set on a node before the upgrade cordons it, removed after its uncordon: a node found cordoned without it was
-# cordoned by someone else (maintenance) and stays cordoned; with it, a resumed run knows to uncordon it
-CORDONED_BY_UPGRADE = "gpuk8s.io/cordoned-by-upgrade"
+# cordoned by someone else (maintenance) and stays cordoned; with it, a resumed run knows to uncordon it. Under
+# node-restriction.kubernetes.io: the NodeRestriction admission plugin (on in every kubeadm cluster) forbids a
+# kubelet to set such a label on its own Node, so a host cannot mark itself for gpuk8s to uncordon (gardener's
+# IsNodeLabelAllowedForKubelet states the rule; the former key, gpuk8s.io/cordoned-by-upgrade, was settable).
+CORDONED_BY_UPGRADE = "gpuk8s.io.node-restriction.kubernetes.io/cordoned-by"
 _VERSION = re.compile(r"^v?1\.(\d{1,3})\.(\d{1,3})")
 _IMAGE_TAG = re.compile(r":v?(1\.\d{1,3}\.\d{1,3})(?:[-+@].*)?$")
 MAX_MANIFEST = 256 << 10  # kubeadm's kube-apiserver.yaml is about 4 KiB; a larger one is not read

@@ -16,7 +16,7 @@ import json
 from typing import Any
 
 KUBECTL = "kubectl --kubeconfig /etc/kubernetes/admin.conf "
-CORDON_MARK = "gpuk8s.io/cordoned-by-upgrade"
+CORDON_MARK = "gpuk8s.io.node-restriction.kubernetes.io/cordoned-by"
 
 
 def kubectl_json(lab: Any, args: str) -> Any:

@@ -148,15 +148,17 @@ def _rtt(session: Session, n: int = 9) -> float:
     return statistics.median(samples)
 
 
-def _login(lab, host, n: int = 3) -> float:
-    """Median seconds of an OpenSSH login that runs `true`."""
+def _login(lab, host, n: int = 5) -> float:
+    """The fastest of `n` OpenSSH logins that run `true`, in seconds: a login is ~0.1 s of CPU, and under make test's
+    load the time it waits for a core varies by more than the 80 ms a delay adds; the fastest is the one that
+    waited least (the median of 3 failed the delay test once on a loaded 2-core machine)."""
     times = []
     for _ in range(n):
         t0 = time.perf_counter()
         rc, _, err = _ssh(lab, host, "true")
         assert rc == 0, err
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return min(times)
 
 
 def test_link_delay_adds_to_every_ssh_round_trip_and_goes_away(lab_up):

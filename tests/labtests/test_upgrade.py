@@ -89,7 +89,8 @@ def test_dry_run_changes_nothing_then_upgrade_with_a_gpu_pod_waited_for(lab_up, 
     assert all(v.startswith(f"v{NEXT}.") for v in after.values()), after
     cordoned = {k for k, n in nodes(lab).items() if n.get("spec", {}).get("unschedulable")}
     assert cordoned == {"gpu-2"}, cordoned
-    assert not any("gpuk8s.io/cordoned-by-upgrade" in n["metadata"].get("labels", {}) for n in nodes(lab).values())
+    mark = "gpuk8s.io.node-restriction.kubernetes.io/cordoned-by"
+    assert not any(mark in n["metadata"].get("labels", {}) for n in nodes(lab).values())
     workers = next(p for p in rep["phases"] if p["name"] == f"upgrade-workers@{NEXT}")
     assert "waited for GPU pods ml/train-0" in workers["hosts"]["gpu-1"], workers
     assert "left cordoned" in workers["hosts"]["gpu-2"], workers

@@ -200,6 +200,20 @@ def test_a_failed_batch_is_read_object_by_object() -> None:
                            "get clusterrole c -n kube-system -o json"]
 
 
+def test_an_object_that_cannot_be_read_is_an_error_not_absent() -> None:
+    """Unread is not absent: claimable would apply over a user's object it could not see (a timeout, a proxy error),
+    and reset would keep one. Only a kind the API server does not serve counts as no such object."""
+    timeout = client.Output(False, "", "Unable to connect to the server: dial tcp 10.0.0.1:6443: i/o timeout\n")
+    unserved = 'error: the server doesn\'t have a resource type "daemonset"'
+    k = Scripted({ONE_CALL: client.Output(False, "", unserved),
+                  "get configmap a -n kube-system -o json": timeout})
+    with pytest.raises(KubeError, match="i/o timeout"):
+        k.get_refs(REFS[:3])
+    k = Scripted({ONE_CALL: client.Output(False, "", unserved),
+                  "get daemonset b -n kube-system -o json": client.Output(False, "", unserved)})
+    assert k.get_refs(REFS[:3]) == {}
+
+
 def test_a_batch_answer_that_is_not_json_is_an_error() -> None:
     k = Scripted({ONE_CALL: client.Output(True, "<html>proxy error</html>", "")})
     with pytest.raises(KubeError, match="no JSON"):
