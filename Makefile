@@ -7,7 +7,7 @@ LAB_DIR ?= /var/tmp/gpuk8s-lab
 # the demo runs what users install: the wheel (built from the sdist) in a venv outside the checkout
 DIST_VENV ?= /var/tmp/gpuk8s-dist/venv
 DEMO    := $(DIST_VENV)/bin/gpuk8s
-LAB_PKGS := openssh-server openssh-client sudo iproute2 iperf3 iputils-ping containerd util-linux openssl procps \
+LAB_PKGS := openssh-server openssh-client sudo iproute2 iperf3 iputils-ping containerd util-linux openssl procps zstd \
             python3-yaml gcc libc6-dev
 
 

@@ -12,7 +12,7 @@ import typer
 
 # The order of `gpuk8s --help`: the main job, then day two, then what shows versions and images.
 MODULES = ("preflight", "install", "cluster", "status", "doctor", "health", "monitoring", "reset", "upgrade", "driver",
-           "allocator", "kubeconfig", "versions", "images")
+           "allocator", "kubeconfig", "versions", "images", "bundle")
 # Which module registers each command. `gpuk8s preflight` imports the preflight command's module only, not every
 # command's (Jinja, prometheus-client, the install phases): a run's start is most of a small fleet's client
 # cost (docs/performance.md). tests/unit/test_cli_startup.py checks this table against what the modules register.
@@ -20,7 +20,7 @@ COMMANDS = {"preflight": "preflight", "install": "install", "join": "cluster", "
             "render": "cluster", "status": "status", "doctor": "doctor", "health": "health", "monitoring": "monitoring",
             "reset": "reset", "upgrade": "upgrade", "driver": "driver", "allocator": "allocator",
             "kubeconfig": "kubeconfig",
-            "versions": "versions", "images": "images"}
+            "versions": "versions", "images": "images", "bundle": "bundle"}
 
 
 def command_named(argv: Sequence[str]) -> str | None:

@@ -1,0 +1,74 @@
+"""Whether a bundle covers an inventory's hosts: per host, a target of the bundle for its OS release, architecture
+and container runtime; where gpuk8s manages its driver, the driver branch the inventory asks for and kernel
+modules for the kernel the host runs; and the Kubernetes version the inventory asks for. Each gap names the host
+and what is missing, before any change (`gpuk8s bundle verify FILE -i INVENTORY`, and install's preflight once
+install reads bundles). Pure: the manifest, the inventory and the hosts' facts in, gaps out."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from gpuk8s import versions
+from gpuk8s.bundle.manifest import Manifest, Target
+from gpuk8s.facts.model import HostFacts
+from gpuk8s.gpuplan import is_gpu_node
+from gpuk8s.inventory.model import Host, Inventory
+
+
+@dataclass(frozen=True)
+class Gap:
+    host: str  # "" for the whole cluster
+    what: str  # "kubernetes", "target", "driver-branch", "kernel", "facts"
+    message: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"host": self.host, "what": self.what, "message": self.message}
+
+
+def os_name(f: HostFacts) -> str:
+    """The bundle's name for a host's OS release: ID-VERSION_ID of /etc/os-release ("ubuntu-22.04", "alinux-3")."""
+    return f"{f.os.id}-{f.os.version_id}"
+
+
+def target_for(m: Manifest, f: HostFacts, runtime: str) -> Target | None:
+    return next((t for t in m.targets if t.os == os_name(f) and t.arch == f.arch and t.runtime == runtime), None)
+
+
+def gaps(m: Manifest, inv: Inventory, facts: Mapping[str, HostFacts | None]) -> list[Gap]:
+    """Every gap, cluster first, then host by host in the inventory's order. `facts`: each host's, None for a host
+    that could not be read (its OS and kernel unknown: a gap, since nothing proves the bundle serves it)."""
+    out: list[Gap] = []
+    want = inv.cluster.kubernetes_version
+    if versions.minor_of(want) != m.minor or (want.count(".") == 2 and want != m.kubernetes):
+        out.append(Gap("", "kubernetes", f"the bundle holds Kubernetes {m.kubernetes}; the inventory asks for "
+                       f"{want}: build a bundle for it (gpuk8s bundle create -i INVENTORY)"))
+    runtime = inv.cluster.container_runtime
+    for h in inv.hosts:
+        f = facts.get(h.name)
+        if f is None:
+            out.append(Gap(h.name, "facts", f"{h.name}: its facts could not be read, so whether the bundle serves it "
+                           "is unknown"))
+            continue
+        t = target_for(m, f, runtime)
+        if t is None:
+            have = ", ".join(f"{x.os} {x.arch} {x.runtime}" for x in m.targets)
+            out.append(Gap(h.name, "target", f"{h.name}: {os_name(f)} {f.arch} with {runtime}: the bundle has no "
+                           f"packages for it (it serves {have})"))
+            continue
+        out += _driver(h, f, t)
+    return out
+
+
+def _driver(h: Host, f: HostFacts, t: Target) -> list[Gap]:
+    if not is_gpu_node(h) or not h.gpu.driver.manage:
+        return []  # the host's own driver: nothing of the bundle's is installed for it
+    branch = h.gpu.driver.branch or versions.drivers().default_branch
+    out = []
+    if branch not in t.driver_branches:
+        out.append(Gap(h.name, "driver-branch", f"{h.name}: driver branch {branch} (driver: manage): not in the "
+                       f"bundle (it holds {', '.join(t.driver_branches) or 'none'} for {t.os})"))
+    if f.kernel not in t.kernels:
+        out.append(Gap(h.name, "kernel", f"{h.name}: kernel {f.kernel}: the bundle has no driver modules for it "
+                       f"(it has them for {', '.join(t.kernels) or 'no kernel'} on {t.os})"))
+    return out

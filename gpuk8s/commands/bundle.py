@@ -1,0 +1,85 @@
+"""`gpuk8s bundle verify FILE [-i INVENTORY]`: an air-gapped bundle's integrity (docs/airgap.md): the manifest first,
+every file's sha256 and size against it, no member that is not a plain file or directory, within the caps of
+gpuk8s/bundle/archive.py; with an inventory, whether it covers every host (gpuk8s/bundle/coverage.py). Exit 0
+when the bundle is whole (and covers every host); 1 naming what differs or is missing, or why the file is no
+bundle."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from gpuk8s import ui
+from gpuk8s.bundle.archive import BundleError
+from gpuk8s.bundle.coverage import Gap, gaps
+from gpuk8s.bundle.manifest import ManifestError
+from gpuk8s.bundle.verify import Verified, verify
+from gpuk8s.commands.common import failed, passwords
+from gpuk8s.exitcodes import ExitCode
+from gpuk8s.options import Output, OutputOpt
+from gpuk8s.preflight.runner import run_preflight
+
+
+def register(app: typer.Typer, load_inventory: Any) -> None:
+    bundle_app = typer.Typer(help="Air-gapped bundles: everything a site's hosts need in one file (docs/airgap.md).",
+                             no_args_is_help=True)
+    app.add_typer(bundle_app, name="bundle")
+
+    @bundle_app.command(name="verify")
+    def verify_cmd(
+        file: Path = typer.Argument(..., help="The bundle file (.tar.zst)."),
+        inventory: Path | None = typer.Option(None, "--inventory", "-i", help="Also check that the bundle covers "  # noqa: UP007
+                                              "this inventory's hosts (their OS, architecture, kernel and driver "
+                                              "branch, read over SSH as preflight reads them)."),
+        output: Output = OutputOpt,
+    ) -> None:
+        """Check a bundle before it is used: its manifest, every file's sha256 and size against it, and with -i
+        whether it serves every host of the inventory."""
+        inv = load_inventory(inventory, output) if inventory is not None else None  # before reading a large file
+        try:
+            v = verify(file)
+        except (BundleError, ManifestError) as e:
+            failed(e, output)
+        found: list[Gap] | None = None
+        if inv is not None:
+            rep = run_preflight(inv, concurrency=16, ignore=set(), sudo_passwords=passwords(inv),
+                                measure_network=False)
+            found = gaps(v.manifest, inv, {h.host.name: h.facts for h in rep.hosts})
+        show(file, v, found, output)
+        raise typer.Exit(ExitCode.OK if v.ok and not found else ExitCode.FAILED)
+
+
+def to_json(file: Path, v: Verified, found: list[Gap] | None) -> dict[str, Any]:
+    m = v.manifest
+    return {"ok": v.ok and not found, "file": str(file), "kubernetes": m.kubernetes, "created_by": m.created_by,
+            "targets": m.to_json()["targets"], "images": len(m.images), "files": v.files, "bytes": v.bytes,
+            "problems": v.problems, "more_problems": v.more,
+            "coverage": None if found is None else [g.to_json() for g in found]}
+
+
+def show(file: Path, v: Verified, found: list[Gap] | None, output: Output) -> None:
+    if output == Output.json:
+        ui.emit_json(to_json(file, v, found))
+        return
+    m = v.manifest
+    ui.table(f"Bundle {file}: Kubernetes {m.kubernetes}, made by {m.created_by}",
+             ["os", "arch", "runtime", "kernels", "driver branches"],
+             [[t.os, t.arch, t.runtime, ", ".join(t.kernels) or "-", ", ".join(t.driver_branches) or "-"]
+              for t in m.targets])
+    con = ui.console()
+    for g in found or []:
+        ui.say(con, f"not covered: {g.message}", style="red")
+    if found == []:
+        ui.say(con, "covers every host of the inventory")
+    if v.ok:
+        ui.say(con, f"whole: {v.files} file(s), {v.bytes} bytes, {len(m.images)} image(s), every sha256 as its "
+                    "manifest says")
+        return
+    for p in v.problems:
+        ui.say(con, p, style="red")
+    if v.more:
+        ui.say(con, f"... and {v.more} more", style="red")
+    ui.say(con, "the bundle is not whole: copy it again from where it was built (gpuk8s bundle verify there "
+                "first), and do not install from this copy")
