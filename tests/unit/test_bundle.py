@@ -245,3 +245,26 @@ def test_coverage_names_each_host_and_what_the_bundle_lacks_for_it() -> None:
     got = [(g.host, g.what) for g in gaps(m, other, {**seen, "gpu-3": None})]
     assert got[0] == ("", "kubernetes") and ("gpu-3", "facts") in got
     assert [g.what for g in gaps(m, loads(COVER_INV.replace('"1.36"', '"1.36.4"')), seen)][0] == "kubernetes"
+
+
+def test_the_writer_makes_what_the_reader_takes_and_the_same_files_give_the_same_bytes(tmp_path: Path) -> None:
+    from gpuk8s.bundle import writer
+
+    src = tmp_path / "src"
+    files = {}
+    for name, data in FILES.items():
+        p = src / name.replace("/", "_")
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(data)
+        files[name] = p
+    base = manifest.parse(json.dumps(manifest_doc({})))
+    m = writer.write(tmp_path / "one.tar.zst", base, files)
+    assert m.files == manifest.parse(json.dumps(manifest_doc())).files  # every sha256 and size
+    v = verify(tmp_path / "one.tar.zst")
+    assert v.ok and v.manifest == m and v.files == 3
+    for p in files.values():
+        p.touch()  # another mtime: the bundle does not change
+    writer.write(tmp_path / "two.tar.zst", base, dict(reversed(list(files.items()))))
+    assert (tmp_path / "one.tar.zst").read_bytes() == (tmp_path / "two.tar.zst").read_bytes()
+    with pytest.raises(BundleError, match="not a plain relative path"):
+        writer.write(tmp_path / "three.tar.zst", base, {"../x": files[next(iter(files))]})
