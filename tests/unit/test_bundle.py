@@ -268,3 +268,27 @@ def test_the_writer_makes_what_the_reader_takes_and_the_same_files_give_the_same
     assert (tmp_path / "one.tar.zst").read_bytes() == (tmp_path / "two.tar.zst").read_bytes()
     with pytest.raises(BundleError, match="not a plain relative path"):
         writer.write(tmp_path / "three.tar.zst", base, {"../x": files[next(iter(files))]})
+
+
+def test_the_sbom_is_spdx_2_3_as_its_published_schema_says() -> None:
+    """The SPDX 2.3 JSON schema of spdx/spdx-spec (tests/fixtures/spdx/SOURCE.md) validates the document; every file of
+    the bundle is a package with its sha256; a purl where one is known; the same manifest gives the same document."""
+    import jsonschema
+
+    from gpuk8s.bundle import sbom
+
+    schema = json.loads((Path(__file__).parents[1] / "fixtures" / "spdx" / "spdx-2.3-schema.json").read_text())
+    m = manifest.parse(json.dumps(manifest_doc()))
+    deb = "packages/ubuntu-22.04/x86_64/kubeadm_1.36.5-1.1_amd64.deb"
+    doc = sbom.spdx(m, "2026-12-04T12:00:00Z", {deb: "pkg:deb/ubuntu/kubeadm@1.36.5-1.1?arch=amd64"})
+    jsonschema.validate(doc, schema)
+    by_path = {p["packageFileName"]: p for p in doc["packages"]}
+    assert set(by_path) == set(FILES)
+    assert by_path[deb]["checksums"] == [{"algorithm": "SHA256",
+                                          "checksumValue": hashlib.sha256(FILES[deb]).hexdigest()}]
+    assert by_path[deb]["externalRefs"][0]["referenceLocator"] == "pkg:deb/ubuntu/kubeadm@1.36.5-1.1?arch=amd64"
+    assert len({p["SPDXID"] for p in doc["packages"]}) == 3 and len(doc["relationships"]) == 3
+    assert sbom.spdx(m, "2026-12-04T12:00:00Z", {deb: "pkg:deb/ubuntu/kubeadm@1.36.5-1.1?arch=amd64"}) == doc
+    bad = {**doc, "packages": [{**doc["packages"][0], "checksums": [{"algorithm": "SHA-256", "checksumValue": "0"}]}]}
+    with pytest.raises(jsonschema.ValidationError, match="is not one of"):
+        jsonschema.validate(bad, schema)  # the schema is a real check
