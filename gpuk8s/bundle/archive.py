@@ -141,12 +141,12 @@ class TarReader:
                 what = {b"1": "a hard link", b"2": "a symbolic link", b"3": "a character device",
                         b"4": "a block device", b"6": "a FIFO"}.get(flag, f"a member of type {flag!r}")
                 raise BundleError(f"{self.what}: {shown!r} is {what}; a bundle holds files and directories only",
-                                  "do not use this file: it was not made by gpuk8s bundle create")
+                                  "do not use this file: gpuk8s never writes such a member")
             clean = safe_path(raw.rstrip("/") if kind == "dir" else raw)
             if clean is None:
                 raise BundleError(f"{self.what}: member name {shown!r} is not a plain relative path (absolute, "
                                   "'..', or characters a bundle never uses)",
-                                  "do not use this file: it was not made by gpuk8s bundle create")
+                                  "do not use this file: gpuk8s never writes such a member")
             if clean in self.seen:
                 raise BundleError(f"{self.what}: {clean!r} appears twice", "rebuild the bundle")
             self.count += 1
@@ -194,7 +194,7 @@ def open_tar(path: Path) -> Iterator[TarReader]:
         raise BundleError(f"{path}: {e.strerror}", "check the path") from None
     if magic != ZSTD_MAGIC:
         raise BundleError(f"{path} is not a zstd-compressed file, so not a bundle",
-                          "pass the file gpuk8s bundle create wrote")
+                          "pass a gpuk8s bundle (docs/airgap.md)")
     proc = subprocess.Popen([zstd(), "-dc", "--no-progress", "--", str(path)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
     assert proc.stdout is not None and proc.stderr is not None

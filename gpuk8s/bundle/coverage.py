@@ -42,7 +42,7 @@ def gaps(m: Manifest, inv: Inventory, facts: Mapping[str, HostFacts | None]) -> 
     want = inv.cluster.kubernetes_version
     if versions.minor_of(want) != m.minor or (want.count(".") == 2 and want != m.kubernetes):
         out.append(Gap("", "kubernetes", f"the bundle holds Kubernetes {m.kubernetes}; the inventory asks for "
-                       f"{want}: build a bundle for it (gpuk8s bundle create -i INVENTORY)"))
+                       f"{want}: build a bundle for it (docs/airgap.md)"))
     runtime = inv.cluster.container_runtime
     for h in inv.hosts:
         f = facts.get(h.name)

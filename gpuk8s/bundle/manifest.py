@@ -95,8 +95,7 @@ def safe_path(path: object) -> str | None:
 def _str(doc: dict[str, Any], key: str, pattern: re.Pattern[str], where: str) -> str:
     v = doc.get(key)
     if not isinstance(v, str) or not pattern.match(v):
-        raise ManifestError(f"{NAME}: {where}{key} is missing or not valid", "rebuild the bundle with gpuk8s "
-                            "bundle create")
+        raise ManifestError(f"{NAME}: {where}{key} is missing or not valid", "rebuild the bundle")
     return v
 
 
@@ -104,7 +103,7 @@ def _strs(doc: dict[str, Any], key: str, pattern: re.Pattern[str], where: str, c
     v = doc.get(key, [])
     if not isinstance(v, list) or len(v) > cap or not all(isinstance(x, str) and pattern.match(x) for x in v):
         raise ManifestError(f"{NAME}: {where}{key} is not a list of valid values (at most {cap})",
-                            "rebuild the bundle with gpuk8s bundle create")
+                            "rebuild the bundle")
     return tuple(v)
 
 
@@ -112,7 +111,7 @@ def _keys(doc: dict[str, Any], allowed: set[str], where: str) -> None:
     extra = sorted(k for k in doc if k not in allowed)
     if extra:
         raise ManifestError(f"{NAME}: {where}unknown key {str(extra[0])[:64]!r}",
-                            "rebuild the bundle with this gpuk8s version's bundle create")
+                            "rebuild the bundle with this gpuk8s version")
 
 
 def parse(text: str | bytes) -> Manifest:
@@ -124,7 +123,7 @@ def parse(text: str | bytes) -> Manifest:
     except (ValueError, RecursionError) as e:
         raise ManifestError(f"{NAME} is not JSON: {str(e)[:200]}", "rebuild the bundle") from None
     if not isinstance(doc, dict) or doc.get("kind") != KIND:
-        raise ManifestError(f"{NAME} is not a gpuk8s bundle's manifest", "pass a file made by gpuk8s bundle create")
+        raise ManifestError(f"{NAME} is not a gpuk8s bundle's manifest", "pass a gpuk8s bundle (docs/airgap.md)")
     if doc.get("schema_version") != SCHEMA_VERSION:
         raise ManifestError(f"{NAME}: schema_version {str(doc.get('schema_version'))[:16]!r}, this gpuk8s reads "
                             f"{SCHEMA_VERSION}", "build the bundle with the gpuk8s version that installs from it")

@@ -41,7 +41,7 @@ def verify(path: Path) -> Verified:
         first = next(members, None)
         if first is None or first.name != NAME or first.kind != "file":
             raise BundleError(f"{path}: its first member is not {NAME} (not a gpuk8s bundle)",
-                              "pass the file gpuk8s bundle create wrote")
+                              "pass a gpuk8s bundle (docs/airgap.md)")
         if first.size > MAX_MANIFEST:
             raise BundleError(f"{path}: {NAME} is {first.size} bytes (at most {MAX_MANIFEST >> 20} MiB)",
                               "rebuild the bundle")

@@ -1,7 +1,7 @@
-"""Bundles (issue 44): the manifest, and reading a bundle file as a hostile one: path traversal, links, devices, size
-bombs, a corrupted or truncated file, a member changed after the manifest was written. The bundles here are made
-as gpuk8s bundle create writes them (a pax tar, manifest.json first, zstd-compressed by the zstd program); the
-hostile ones with Python's tarfile, which writes whatever it is asked to."""
+"""Bundles (issue 44): the manifest, reading a bundle file as a hostile one (path traversal, links, devices, size
+bombs, a corrupted or truncated file, a member changed after the manifest was written), gpuk8s's writer, coverage
+and the SBOM. The bundles here are made in the writer's shape (a pax tar, manifest.json first, zstd-compressed by
+the zstd program) with Python's tarfile, which also writes the hostile ones: it writes whatever it is asked to."""
 
 from __future__ import annotations
 
