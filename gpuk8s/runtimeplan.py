@@ -33,24 +33,17 @@ class ContainerdPlan:
         """The containerd major the host has once install ran (1 without containerd: no config to write)."""
         return self.target[0] if self.upgrade else (self.have[0] if self.have else 1)
 
-    @property
-    def meets_floor(self) -> bool:
-        """Whether the node's containerd is at its floor once install ran."""
-        return self.upgrade or (self.have is not None and at_least(self.have, self.floor))
-
 
 def target_release(install: InstallSettings) -> Release:
     """The containerd release of install.containerd_version ("X.Y.Z-1" -> (X, Y, Z))."""
     return release(install.containerd_version.split("-")[0]) or (0,)
 
 
-def containerd_plan(cluster: Cluster, install: InstallSettings, facts: HostFacts, dra: bool = False,
-                    enable_cdi: bool | None = None) -> ContainerdPlan:
-    """`enable_cdi`: the node's containerd config's setting (default: as the facts read it)."""
+def containerd_plan(cluster: Cluster, install: InstallSettings, facts: HostFacts, dra: bool = False) -> ContainerdPlan:
+    """`dra`: the node is to serve GPUs through the DRA driver (its containerd must hand CDI devices over)."""
     cd = facts.containerd
     have = cd.release if cd is not None and cd.release else None
-    cdi = facts.containerd_config.enable_cdi if enable_cdi is None else enable_cdi
-    floor = versions.containerd_floor(cluster.kubernetes_version, dra, have, cdi)
+    floor = versions.containerd_floor(cluster.kubernetes_version, dra, have, facts.containerd_config.enable_cdi)
     target = target_release(install)
     os_upgrades = (facts.os.id, facts.os.version_id) in SUPPORTED_OS
     upgrade = (cluster.container_runtime == "containerd" and have is not None and not at_least(have, floor)

@@ -1152,6 +1152,7 @@ def _stale_labels(name: str, plan: gpuplan.GPUPlan, node: dict[str, Any] | None)
              if plan.decides(k) and labels.get(k) != v]
     if not stale:
         return []
+
     def shown(v: object) -> str:  # a label value is at most 63 characters; a node's labels are anyone's to write
         t = clean(str(v)[:64]) if isinstance(v, (str, int, float)) else "(not a string)"
         return t[:63] + "..." if len(t) > 63 else t
