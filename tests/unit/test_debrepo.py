@@ -115,3 +115,34 @@ def test_resolution_takes_the_newest_that_satisfies_and_what_the_host_lacks() ->
 def test_text_that_is_not_a_packages_index_is_refused(bad: str) -> None:
     with pytest.raises(RepoError):
         debrepo.parse(bad)
+
+
+REPOS = __import__("pathlib").Path(__file__).resolve().parents[1] / "fixtures" / "real" / "repos"
+
+
+def test_resolution_against_debian_bookworms_real_index_of_a_nodes_host_tools() -> None:
+    """A real Packages index (31 whole stanzas of Debian 12's main, amd64; the .meta sidecar gives the index's signed
+    sha256): what kubeadm's host tools need, with epochs, a versioned Provides and the netfilter libraries."""
+    idx = debrepo.Index(debrepo.parse((REPOS / "deb-packages-debian-bookworm-kubelet-host-deps.txt").read_text()),
+                        "amd64")
+    tools = [Rel(n) for n in ("conntrack", "ebtables", "socat", "iptables", "ethtool")]
+    r = debrepo.resolve(idx, tools)
+    got = {n: p.version for n, p in r.chosen.items()}
+    assert got["conntrack"] == "1:1.4.7-1+b2" and got["iptables"] == "1.8.9-2" and got["libc6"] == "2.36-9+deb12u14"
+    assert {"libnftnl11", "libnetfilter-conntrack3", "libxtables12", "libip4tc2", "libmnl0"} <= set(got)
+    assert all(p.sha256 and p.filename.startswith("pool/main/") for p in r.chosen.values())
+    # the excerpt holds no libtirpc3: named, with the package that needs it
+    assert r.missing == ["libtirpc3 (>= 1.0.2) (needed by libnsl2 1.3.0-2): not in the index"]
+    # a host that has libc6 and libtirpc3 already: neither is carried, nothing is missing
+    r = debrepo.resolve(idx, tools, installed={"libc6": "2.36-9+deb12u14", "libtirpc3": "1.3.3+ds-1"})
+    assert "libc6" not in r.chosen and r.missing == []
+    # a host whose libc6 is older than what iptables needs gets the index's
+    r = debrepo.resolve(idx, tools, installed={"libc6": "2.31-13", "libtirpc3": "1.3.3+ds-1"})
+    assert r.chosen["libc6"].version == "2.36-9+deb12u14"
+
+
+def test_the_real_pkgs_k8s_index_reads_with_its_comma_only_separators() -> None:
+    pk = debrepo.parse((REPOS / "deb-packages-pkgs-k8s-kubeadm-1.27-multiarch.txt").read_text())
+    kubeadm = [p for p in pk if p.name == "kubeadm" and p.arch == "amd64"]
+    assert sorted(p.version for p in kubeadm) == ["1.27.0-2.1", "1.27.1-1.1"]
+    assert any(g[0].name == "kubelet" and g[0].op == ">=" for g in kubeadm[0].depends)
