@@ -68,10 +68,11 @@ def test_dry_run_changes_nothing_then_upgrade_with_a_gpu_pod_waited_for(lab_up, 
         assert not any(c[:1] == ["kubeadm"] and "upgrade" in c for c in new), new
         assert not any(c[:1] in (["apt-get"], ["dnf"]) and "install" in c for c in new), (h, new)
 
-    # a GPU job on gpu-1 in its own namespace, running for a few seconds: named and waited for before the drain
+    # a GPU job on gpu-1 in its own namespace, running for 20 s: named and waited for before the drain (it ran 6 s,
+    # and under make test's 4 workers the control plane's upgrade before gpu-1's took longer once: the job had ended)
     job = {"apiVersion": "v1", "kind": "Pod",
            "metadata": {"name": "train-0", "namespace": "ml",
-                        "annotations": {"lab.gpuk8s.io/runs-seconds": "6", "lab.gpuk8s.io/created": str(time.time())},
+                        "annotations": {"lab.gpuk8s.io/runs-seconds": "20", "lab.gpuk8s.io/created": str(time.time())},
                         "ownerReferences": [{"kind": "Job", "name": "train"}]},
            "spec": {"nodeName": "gpu-1", "containers": [{"name": "c", "image": "cuda",
                                                           "resources": {"limits": {"nvidia.com/gpu": 1}}}]}}
