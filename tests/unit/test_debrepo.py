@@ -13,6 +13,9 @@ from hypothesis import strategies as st
 from gpuk8s.bundle import debrepo
 from gpuk8s.bundle.debrepo import Rel, RepoError
 
+# the order is checked against the real dpkg; .ci/run installs it
+NO_DPKG = "dpkg is not installed (apt-get install dpkg)"
+
 VERSIONS = ["1.0", "1.0~rc1", "1.0~~", "1.0~", "1.0-1", "1.0-1ubuntu1", "1.0-1~bpo1", "1:0.1", "2.0", "0:2.0",
             "1.30.2-1.1", "1.30.10-1.1", "1.30.2-150500.1.1", "2.2.6-1", "2.2.6~ubuntu.22.04~jammy",
             "2.2.6-1~ubuntu.22.04~jammy", "1.17.8-1", "1.17.8-1ubuntu1", "535.274.02-0ubuntu0.22.04.1",
@@ -24,7 +27,7 @@ def _dpkg(a: str, op: str, b: str) -> bool:
     return subprocess.run(["dpkg", "--compare-versions", a, op, b], capture_output=True).returncode == 0
 
 
-@pytest.mark.skipif(shutil.which("dpkg") is None, reason="dpkg is not installed")
+@pytest.mark.skipif(shutil.which("dpkg") is None, reason=NO_DPKG)
 def test_the_version_order_is_dpkgs() -> None:
     """A list of real-looking versions sorted by gpuk8s's order: the real dpkg --compare-versions agrees on each
     neighbouring pair (less, or equal where gpuk8s says equal), which, dpkg's order being total, is agreement on
@@ -41,7 +44,7 @@ def test_the_version_order_is_dpkgs() -> None:
             assert _dpkg(a, "lt", b), (a, b)
 
 
-@pytest.mark.skipif(shutil.which("dpkg") is None, reason="dpkg is not installed")
+@pytest.mark.skipif(shutil.which("dpkg") is None, reason=NO_DPKG)
 @settings(max_examples=40, deadline=None)
 @given(st.text("0123456789.~+-:ab", min_size=1, max_size=8), st.text("0123456789.~+-:ab", min_size=1, max_size=8))
 def test_any_two_versions_dpkg_accepts_order_as_dpkg_orders_them(a: str, b: str) -> None:

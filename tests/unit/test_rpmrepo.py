@@ -17,6 +17,8 @@ VERSIONS = ["1.0", "1.0~rc1", "1.0~rc2", "1.0~~", "1.0^", "1.0^git1", "1.0^git1~
             "1.00", "1.01", "1.1", "1.10", "1.9", "2.2.6", "2.2.10", "1.30.2", "1.30.10", "1.17.8", "535.274.02",
             "580.95.05", "a", "b", "A", "1_0", "1..0", "10", "9", "1.0.0.0", "2.0rc1", "2.0.rc1", "5.15.0"]
 RPM = shutil.which("rpm")
+# the order is checked against the real rpm; .ci/run installs it
+NO_RPM = "rpm is not installed (apt-get install rpm)"
 
 
 def _rpm(a: str, b: str) -> int:
@@ -24,7 +26,7 @@ def _rpm(a: str, b: str) -> int:
     return int(subprocess.run([RPM or "rpm", "--eval", code], capture_output=True, text=True, check=True).stdout)
 
 
-@pytest.mark.skipif(RPM is None, reason="rpm is not installed (the CI installs it)")
+@pytest.mark.skipif(RPM is None, reason=NO_RPM)
 def test_the_version_order_is_rpms() -> None:
     """Sorted by gpuk8s's order, each neighbouring pair is ordered so by the real rpm too (rpm's order being total
     on these, that is agreement on every pair)."""
@@ -33,7 +35,7 @@ def test_the_version_order_is_rpms() -> None:
         assert _rpm(a, b) == rpmrepo.vercmp(a, b) != 1, (a, b)
 
 
-@pytest.mark.skipif(RPM is None, reason="rpm is not installed (the CI installs it)")
+@pytest.mark.skipif(RPM is None, reason=NO_RPM)
 @settings(max_examples=40, deadline=None)
 @given(st.text("0123456789.~^_ab", min_size=1, max_size=8), st.text("0123456789.~^_ab", min_size=1, max_size=8))
 def test_any_two_versions_order_as_rpm_orders_them(a: str, b: str) -> None:
