@@ -8,6 +8,7 @@ LAB_DIR ?= /var/tmp/gpuk8s-lab
 DIST_VENV ?= /var/tmp/gpuk8s-dist/venv
 DEMO    := $(DIST_VENV)/bin/gpuk8s
 LAB_PKGS := openssh-server openssh-client sudo iproute2 iperf3 iputils-ping containerd util-linux openssl procps zstd \
+            apt-utils skopeo docker-registry gnupg dpkg \
             python3-yaml gcc libc6-dev
 
 
@@ -29,7 +30,7 @@ $(DEMO): $(VENV)/.installed $(shell git ls-files gpuk8s playbooks 2>/dev/null)
 
 # What the lab needs from the OS; installed only when missing, only as root on apt systems.
 lab-deps:
-	@missing=""; for c in /usr/sbin/sshd ssh sudo ip iperf3 ping containerd nsenter openssl gcc; do \
+	@missing=""; for c in /usr/sbin/sshd ssh sudo ip iperf3 ping containerd nsenter openssl gcc zstd skopeo docker-registry apt-ftparchive; do \
 	  command -v $$c >/dev/null 2>&1 || missing="$$missing $$c"; done; \
 	/usr/bin/python3 -c 'import yaml' 2>/dev/null || missing="$$missing python3-yaml"; \
 	if [ -n "$$missing" ]; then \

@@ -136,6 +136,21 @@ def cni_manifest_url(inv: Inventory, cni: str | None = None) -> str:
     return manifest_url(inv, getattr(inv.install, f"{name}_manifest"))
 
 
+def manifest_sha256(inv: Inventory, cni: str) -> str | None:
+    """The sha256 the `cni` ("calico" or "flannel") manifest must have, or None when nothing pins it.
+
+    The inventory's install.<cni>_manifest_sha256 wins; else the pin of the manifest's URL in
+    versions.DEFAULT_MANIFEST_SHA256 (for the default URL, or a mirror someone listed there).
+    """
+    if cni not in ("calico", "flannel"):
+        raise ValueError(f"unknown CNI {cni!r}")
+    pinned: str | None = getattr(inv.install, f"{cni}_manifest_sha256")
+    if pinned:
+        return pinned
+    url: str = getattr(inv.install, f"{cni}_manifest")
+    return versions.DEFAULT_MANIFEST_SHA256.get(url)
+
+
 def cni_images(inv: Inventory, cni: str | None = None) -> list[str]:
     """The images inside the cluster's CNI manifest as applied (version matrix: versions.cni_images)."""
     name = cni or inv.cluster.cni

@@ -31,6 +31,8 @@ _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _OS = re.compile(r"^[a-z][a-z0-9]{0,31}-[0-9][0-9.]{0,15}$")  # "ubuntu-22.04", "alinux-3"
 _WORD = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+~-]{0,127}$")  # an arch, a kernel release, a branch, a runtime
 _IMAGE = re.compile(r"^[a-z0-9][a-z0-9._:/@-]{0,511}$")
+_FINGERPRINT = re.compile(r"^[0-9A-F]{40}$")
+ROLES = ("containerd", "kubernetes", "toolkit")  # install.ROLE_repo
 _VERSION = re.compile(r"^1\.\d{1,3}\.\d{1,3}$")
 _PATH_PART = re.compile(r"^[A-Za-z0-9._+~-]{1,255}$")
 
@@ -58,12 +60,22 @@ class Target:
 
 
 @dataclass(frozen=True)
+class RepoKey:
+    """The key that signs a repository the bundle carries (install.ROLE_repo: kubernetes, toolkit, containerd):
+    install from the bundle pins it, so that apt on each host verifies the served copy as it would the original."""
+
+    role: str
+    fingerprint: str
+
+
+@dataclass(frozen=True)
 class Manifest:
     created_by: str
     kubernetes: str
     targets: tuple[Target, ...]
     images: tuple[str, ...]
     files: dict[str, FileEntry] = field(default_factory=dict)
+    repos: tuple[RepoKey, ...] = ()
 
     @property
     def minor(self) -> str:
@@ -75,6 +87,7 @@ class Manifest:
                 "targets": [{"os": t.os, "arch": t.arch, "runtime": t.runtime, "kernels": list(t.kernels),
                              "driver_branches": list(t.driver_branches)} for t in self.targets],
                 "images": list(self.images),
+                "repos": {r.role: {"fingerprint": r.fingerprint} for r in self.repos},
                 "files": {p: {"sha256": f.sha256, "size": f.size} for p, f in sorted(self.files.items())}}
 
     def dumps(self) -> str:
@@ -127,7 +140,7 @@ def parse(text: str | bytes) -> Manifest:
     if doc.get("schema_version") != SCHEMA_VERSION:
         raise ManifestError(f"{NAME}: schema_version {str(doc.get('schema_version'))[:16]!r}, this gpuk8s reads "
                             f"{SCHEMA_VERSION}", "build the bundle with the gpuk8s version that installs from it")
-    _keys(doc, {"schema_version", "kind", "created_by", "kubernetes", "targets", "images", "files"}, "")
+    _keys(doc, {"schema_version", "kind", "created_by", "kubernetes", "targets", "images", "files", "repos"}, "")
     created = doc.get("created_by")
     if not isinstance(created, str) or len(created) > 128:
         raise ManifestError(f"{NAME}: created_by is missing or too long", "rebuild the bundle")
@@ -160,4 +173,17 @@ def parse(text: str | bytes) -> Manifest:
                 or not 0 <= entry["size"] < 1 << 40:
             raise ManifestError(f"{NAME}: the entry of {shown!r} is not {{sha256, size}}", "rebuild the bundle")
         files[path] = FileEntry(entry["sha256"], entry["size"])
-    return Manifest(created, kube, tuple(targets), images, files)
+    return Manifest(created, kube, tuple(targets), images, files, _repos(doc.get("repos", {})))
+
+
+def _repos(raw: object) -> tuple[RepoKey, ...]:
+    if not isinstance(raw, dict) or len(raw) > len(ROLES):
+        raise ManifestError(f"{NAME}: repos must map a repository's role to its key", "rebuild the bundle")
+    out = []
+    for role, entry in raw.items():
+        if role not in ROLES or not isinstance(entry, dict) or set(entry) != {"fingerprint"} or not isinstance(
+                entry["fingerprint"], str) or not _FINGERPRINT.match(entry["fingerprint"]):
+            raise ManifestError(f"{NAME}: repos: the entry of {str(role)[:32]!r} is not {{fingerprint: 40 upper-case "
+                                "hex digits}} of a known repository", "rebuild the bundle")
+        out.append(RepoKey(role, entry["fingerprint"]))
+    return tuple(sorted(out, key=lambda r: r.role))

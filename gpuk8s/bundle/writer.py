@@ -38,13 +38,15 @@ def _info(name: str, size: int, directory: bool = False) -> tarfile.TarInfo:
     return i
 
 
-def write(out: Path, manifest: Manifest, files: Mapping[str, Path], level: int = 19) -> Manifest:
+def write(out: Path, manifest: Manifest, files: Mapping[str, Path], level: int = 19,
+          known: Mapping[str, FileEntry] | None = None) -> Manifest:
     """The bundle of `files` (bundle path -> a file here) at `out`, with `manifest`'s fields and the files' sha256
-    and size; returns the manifest written."""
+    and size (`known`: those already computed, by the caller that just wrote the files); returns the manifest
+    written."""
     for name in files:
         if safe_path(name) is None or name == NAME:
             raise BundleError(f"{name[:120]!r} is not a plain relative path for a bundle member", "a gpuk8s bug")
-    entries = {name: digest(files[name]) for name in sorted(files)}
+    entries = {name: (known or {}).get(name) or digest(files[name]) for name in sorted(files)}
     m = dataclasses.replace(manifest, files=entries)
     text = m.dumps().encode()
     proc = subprocess.Popen([zstd(), "-q", "-f", f"-{level}", "-T0", "-o", str(out)], stdin=subprocess.PIPE,

@@ -6,17 +6,20 @@ bundle."""
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import typer
 
 from gpuk8s import ui
+from gpuk8s.bundle import create as build
 from gpuk8s.bundle.archive import BundleError
 from gpuk8s.bundle.coverage import Gap, gaps
 from gpuk8s.bundle.manifest import ManifestError
 from gpuk8s.bundle.verify import Verified, verify
 from gpuk8s.commands.common import failed, passwords
+from gpuk8s.errors import GpuK8sError
 from gpuk8s.exitcodes import ExitCode
 from gpuk8s.options import Output, OutputOpt
 from gpuk8s.preflight.runner import run_preflight
@@ -26,6 +29,46 @@ def register(app: typer.Typer, load_inventory: Any) -> None:
     bundle_app = typer.Typer(help="Air-gapped bundles: everything a site's hosts need in one file (docs/airgap.md).",
                              no_args_is_help=True)
     app.add_typer(bundle_app, name="bundle")
+
+    @bundle_app.command(name="create")
+    def create_cmd(
+        inventory: Path = typer.Option(..., "--inventory", "-i", help="The site's inventory: its versions, pins "
+                                       "and sources, and its hosts (read over SSH for their OS and architecture "
+                                       "where this machine reaches them)."),
+        out: Path | None = typer.Argument(None, metavar="FILE", help="Where to write the bundle (default: "  # noqa: UP007
+                                          "gpuk8s-bundle-VERSION.tar.zst here)."),
+        target: list[str] = typer.Option([], "--target", help="A kind of host to build for, that this machine "
+                                         "cannot reach: OS-RELEASE/ARCH (ubuntu-22.04/x86_64); repeatable."),
+        no_hosts: bool = typer.Option(False, "--no-hosts", help="Contact no host: build for the --target kinds "
+                                      "only."),
+        level: int = typer.Option(19, "--level", min=1, max=19, help="zstd's compression level."),
+        output: Output = OutputOpt,
+    ) -> None:
+        """Build one bundle file with everything the inventory's hosts need to install without the internet:
+        packages (their repositories' signatures kept), every image, the CNI manifest, an SBOM (docs/airgap.md)."""
+        inv = load_inventory(inventory, output)
+        facts: dict[str, Any] = {}
+        try:
+            declared = [build.parse_target(t, inv.cluster.container_runtime) for t in target]
+            if not no_hosts:
+                rep = run_preflight(inv, concurrency=16, ignore=set(), sudo_passwords=passwords(inv),
+                                    measure_network=False)
+                facts = {h.host.name: h.facts for h in rep.hosts}
+            targets = build.merge([*build.targets_from(inv, facts), *declared])
+            con = ui.console()
+            for name, f in facts.items():
+                if f is None:
+                    ui.say(con, f"{name}: not reached; its kind of host is built only if --target names it",
+                           style="yellow")
+            dest = out or Path(f"gpuk8s-bundle-{inv.cluster.kubernetes_version}.tar.zst")
+            with tempfile.TemporaryDirectory(prefix=".gpuk8s-bundle-", dir=dest.resolve().parent) as tmp:
+                made = build.create(inv, targets, dest, Path(tmp), say=lambda s: ui.say(con, s) if output !=
+                                    Output.json else None, level=level)
+        except (BundleError, ManifestError, build.SourceError, GpuK8sError) as e:
+            failed(e, output)
+        found = gaps(made.manifest, inv, facts) if facts else None
+        show_created(made, found, output)
+        raise typer.Exit(ExitCode.OK)
 
     @bundle_app.command(name="verify")
     def verify_cmd(
@@ -49,6 +92,31 @@ def register(app: typer.Typer, load_inventory: Any) -> None:
             found = gaps(v.manifest, inv, {h.host.name: h.facts for h in rep.hosts})
         show(file, v, found, output)
         raise typer.Exit(ExitCode.OK if v.ok and not found else ExitCode.FAILED)
+
+
+def created_json(made: build.Created, found: list[Gap] | None) -> dict[str, Any]:
+    m = made.manifest
+    return {"ok": True, "file": str(made.path), "bytes": made.bytes, "seconds": round(made.seconds, 1),
+            "kubernetes": m.kubernetes, "targets": m.to_json()["targets"], "images": made.images,
+            "files": len(m.files), "os_packages": made.os_packages,
+            "coverage": None if found is None else [g.to_json() for g in found]}
+
+
+def show_created(made: build.Created, found: list[Gap] | None, output: Output) -> None:
+    if output == Output.json:
+        ui.emit_json(created_json(made, found))
+        return
+    con = ui.console()
+    m = made.manifest
+    ui.say(con, f"{made.path}: {made.bytes} bytes, {len(m.files)} files, {made.images} image(s), Kubernetes "
+                f"{m.kubernetes}, built in {made.seconds:.1f} s")
+    for label, names in made.os_packages.items():
+        if names:
+            ui.say(con, f"{label}: from the distribution's own repository (not in the bundle; every host of it "
+                        f"has them or its OS mirror serves them): {', '.join(names)}")
+    for g in found or []:
+        ui.say(con, f"not covered: {g.message}", style="yellow")
+    ui.say(con, f"next: copy it to the site, then gpuk8s bundle verify {made.path} -i INVENTORY there")
 
 
 def to_json(file: Path, v: Verified, found: list[Gap] | None) -> dict[str, Any]:

@@ -7,8 +7,7 @@ applied as cluster-admin (playbooks/cluster/cni-apply.sh).
 
 from __future__ import annotations
 
-from gpuk8s import mirrors, versions
-from gpuk8s.inventory.model import Inventory
+from gpuk8s import mirrors
 from gpuk8s.kube import state
 from gpuk8s.phases import shell
 from gpuk8s.phases.base import Change, Context, Phase, PhaseError, PhasePlan, PhaseResult
@@ -25,7 +24,7 @@ def manifest_url(ctx: Context) -> str:
 def cni_values(ctx: Context) -> dict[str, object]:
     """What playbooks/cluster/cni-apply.sh is rendered with."""
     c, url = ctx.inv.cluster, manifest_url(ctx)
-    pin = manifest_sha256(ctx.inv, c.cni) or ""
+    pin = mirrors.manifest_sha256(ctx.inv, c.cni) or ""
     if not url.startswith("https://") and not pin:  # the inventory refuses it; never applied unchecked
         raise PhaseError(f"{url} is plain http and has no sha256 pin", f"set install.{c.cni}_manifest_sha256")
     return {"url": url, "https": url.startswith("https://"), "sha256": pin,
@@ -34,20 +33,6 @@ def cni_values(ctx: Context) -> dict[str, object]:
             "rewrites": mirrors.sed_rewrites(ctx.inv)}
 
 
-
-def manifest_sha256(inv: Inventory, cni: str) -> str | None:
-    """The sha256 the `cni` ("calico" or "flannel") manifest must have, or None when nothing pins it.
-
-    The inventory's install.<cni>_manifest_sha256 wins; else the pin of the manifest's URL in
-    versions.DEFAULT_MANIFEST_SHA256 (for the default URL, or a mirror someone listed there).
-    """
-    if cni not in ("calico", "flannel"):
-        raise ValueError(f"unknown CNI {cni!r}")
-    pinned: str | None = getattr(inv.install, f"{cni}_manifest_sha256")
-    if pinned:
-        return pinned
-    url: str = getattr(inv.install, f"{cni}_manifest")
-    return versions.DEFAULT_MANIFEST_SHA256.get(url)
 
 class CNI(Phase):
     name = "cni"

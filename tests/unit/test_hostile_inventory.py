@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
+from gpuk8s import mirrors
 from gpuk8s.inventory import loader
-from gpuk8s.phases import cni
 
 CANARY = "/var/tmp/gpuk8s-canary"
 VALUES = [
@@ -213,12 +213,12 @@ def test_manifest_pin_comes_from_the_inventory_else_the_matrix(monkeypatch: pyte
     shipped = dict(versions.DEFAULT_MANIFEST_SHA256)
     assert all(len(v) == 64 and set(v) <= set("0123456789abcdef") for v in shipped.values())
     inv = install_ok({"calico_manifest_sha256": "sha256:" + SHA})
-    assert cni.manifest_sha256(inv, "calico") == SHA
+    assert mirrors.manifest_sha256(inv, "calico") == SHA
     default_flannel = inv.install.flannel_manifest
     monkeypatch.setattr(versions, "DEFAULT_MANIFEST_SHA256", {default_flannel: "f" * 64})
-    assert cni.manifest_sha256(inv, "flannel") == "f" * 64
+    assert mirrors.manifest_sha256(inv, "flannel") == "f" * 64
     mirrored = install_ok({"flannel_manifest": "https://mirror.lan/kube-flannel.yml"})
-    assert cni.manifest_sha256(mirrored, "flannel") is None
+    assert mirrors.manifest_sha256(mirrored, "flannel") is None
 
 
 def test_an_http_manifest_with_an_empty_sha256_is_refused():

@@ -30,7 +30,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("gpuk8s.inventory",),  # what the user asked for (with the ssh config it names)
     ("gpuk8s.credentials", "gpuk8s.gpuplan", "gpuk8s.runtimeplan", "gpuk8s.driver", "gpuk8s.findings",
      "gpuk8s.mirrors", "gpuk8s.remote", "gpuk8s.ui"),
-    ("gpuk8s.kube", "gpuk8s.bundle"),  # the cluster: kubectl seam, objects, manifests, images; air-gapped bundles
+    ("gpuk8s.kube",),  # the cluster: kubectl seam, objects, manifests, images
+    ("gpuk8s.bundle",),  # air-gapped bundles: the format, and building one (the images kube names)
     ("gpuk8s.playbook", "gpuk8s.preflight"),
     ("gpuk8s.doctor", "gpuk8s.install", "gpuk8s.health"),
     ("gpuk8s.phases",),

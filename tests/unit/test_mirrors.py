@@ -19,7 +19,6 @@ from gpuk8s import errors, gpuplan, logs, mirrors, versions
 from gpuk8s.facts.model import Runtime
 from gpuk8s.inventory.loader import InventoryError, loads
 from gpuk8s.kube import images
-from gpuk8s.phases import cni
 from gpuk8s.playbook.model import load_playbook
 from gpuk8s.playbook.render import context, render_playbook
 from gpuk8s.playbook.script import build_script, parse_output
@@ -140,7 +139,7 @@ def test_mistakes_are_reported_with_line_and_fix(block, where, words):
 def test_plain_http_manifests_mirror_is_accepted_for_a_pinned_manifest():
     i = inv(BASE + "registry: {mirror: r.example.cn, manifests: 'http://files.lan/m', insecure_http: true}\n")
     assert i.registry.manifests == "http://files.lan/m" and i.registry.insecure_http
-    assert cni.manifest_sha256(i, "calico")  # the default URL's pin still checks the mirrored file
+    assert mirrors.manifest_sha256(i, "calico")  # the default URL's pin still checks the mirrored file
 
 
 # -- credentials -----------------------------------------------------------------------------------------

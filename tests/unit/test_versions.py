@@ -12,11 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpuk8s import ui, versions
+from gpuk8s import mirrors, ui, versions
 from gpuk8s.commands import versions as versions_cmd
 from gpuk8s.inventory import loads
 from gpuk8s.options import Output
-from gpuk8s.phases import cni
 
 ROOT = Path(__file__).resolve().parents[2]
 MATRIX = ROOT / "gpuk8s" / "data" / "versions.yaml"
@@ -221,8 +220,8 @@ def test_every_minor_loads_with_its_pins_and_its_manifests_pinned(minor):
     p = versions.pins(minor)
     assert (inv.install.toolkit_version, inv.install.device_plugin_version) == (p.toolkit, p.device_plugin)
     assert (inv.install.calico_manifest, inv.install.flannel_manifest) == (p.calico.url, p.flannel.url)
-    assert cni.manifest_sha256(inv, "calico") == p.calico.sha256
-    assert cni.manifest_sha256(inv, "flannel") == p.flannel.sha256
+    assert mirrors.manifest_sha256(inv, "calico") == p.calico.sha256
+    assert mirrors.manifest_sha256(inv, "flannel") == p.flannel.sha256
 
 
 # --- gpuk8s versions ---------------------------------------------------------------------------------------------

@@ -1,0 +1,255 @@
+"""The apt repositories a Debian-family target needs, and copying what it needs of each into a bundle with the
+repository's own signature intact (a partial mirror): the signing key, InRelease (or Release and Release.gpg), the
+Packages indexes Release names for the target's architecture, and the .deb files resolution chose, each checked
+against the sha256 its signed index names. On the site, apt on each host verifies the same signature with the same
+key (pinned by its fingerprint), so the bundle's plain-http serving adds no trust: a changed file fails there as it
+would from the internet.
+
+The repositories and paths are the playbooks' own (playbooks/kubernetes-prerequisites.yaml,
+nvidia-container-toolkit.yaml, containerd.yaml): under `repos/ROLE/` the bundle holds what is under the inventory's
+URL for that role, at the same relative paths, so install points install.ROLE_repo at the served copy and changes
+nothing else.
+"""
+
+from __future__ import annotations
+
+import bz2
+import fnmatch
+import gzip
+import lzma
+import re
+import subprocess
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuk8s.bundle import debrepo, fetch
+from gpuk8s.bundle.manifest import safe_path
+from gpuk8s.errors import GpuK8sError
+from gpuk8s.inventory.model import Inventory
+
+MAX_KEY = 1 << 20
+MAX_RELEASE = 8 << 20
+_DEB_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}
+_CODENAMES = {"ubuntu-22.04": "jammy", "ubuntu-24.04": "noble", "ubuntu-20.04": "focal"}
+_KUBERNETES_PKGS = ("kubelet", "kubeadm", "kubectl")
+TOOLKIT_PKGS = ("nvidia-container-toolkit", "nvidia-container-toolkit-base", "libnvidia-container-tools",
+                "libnvidia-container1")
+_SHA_LINE = re.compile(r"^\s*([0-9a-f]{64})\s+(\d{1,15})\s+(\S+)\s*$")
+_DECOMPRESS: dict[str, Callable[[bytes], bytes]] = {"": bytes, ".gz": gzip.decompress, ".xz": lzma.decompress,
+                                                    ".bz2": bz2.decompress}
+
+
+class SourceError(GpuK8sError):
+    kind = "bundle"
+
+
+@dataclass(frozen=True)
+class AptRepo:
+    """One apt repository as a playbook writes its source line: `deb URL/DIST/ /` (flat: suite "") or
+    `deb URL/DIST SUITE COMPONENT`, signed by the key at URL/KEY."""
+
+    role: str  # kubernetes, toolkit, containerd: install.ROLE_repo in the inventory
+    base: str  # the inventory's install.ROLE_repo
+    dist: str  # "v1.NN/deb", "stable/deb/amd64", "ubuntu"
+    suite: str  # "" for a flat repository, else "jammy"
+    component: str  # "" for a flat repository, else "stable"
+    key: str  # the signing key's path under base
+    allow_http: bool
+    fingerprint: str | None  # the inventory's pin
+    wanted: tuple[tuple[str, str], ...]  # (package, the version as apt-get install asks for it: a glob)
+
+    @property
+    def url(self) -> str:
+        return f"{self.base.rstrip('/')}/{self.dist}"
+
+    def meta(self, name: str) -> str:
+        """The path of a metadata file under url: InRelease, Release, an index."""
+        return name if not self.suite else f"dists/{self.suite}/{name}"
+
+    def index(self, arch: str) -> str:
+        """Where Release lists this architecture's Packages (without the compression suffix)."""
+        return "Packages" if not self.suite else f"{self.component}/binary-{arch}/Packages"
+
+
+def deb_arch(arch: str) -> str:
+    return _DEB_ARCH.get(arch, arch)
+
+
+def repos_for(inv: Inventory, os: str, arch: str, runtime: str, gpu: bool) -> list[AptRepo]:
+    """The repositories install reads for hosts of this OS release and architecture, with what it installs from
+    each at the inventory's pins (the playbooks' apt-get install lines)."""
+    i, c = inv.install, inv.cluster
+    minor = ".".join(c.kubernetes_version.split(".")[:2])
+    patch = c.kubernetes_version if c.kubernetes_version.count(".") == 2 else ""
+    kube_glob = f"{patch}-*" if patch else "*"
+    out = [AptRepo("kubernetes", i.kubernetes_repo, f"v{minor}/deb", "", "", f"v{minor}/deb/Release.key",
+                   i.kubernetes_repo_insecure_http, i.kubernetes_repo_key_fingerprint,
+                   tuple((p, kube_glob) for p in _KUBERNETES_PKGS))]
+    if gpu:
+        out.append(AptRepo("toolkit", i.toolkit_repo, f"stable/deb/{deb_arch(arch)}", "", "", "gpgkey",
+                           i.toolkit_repo_insecure_http, i.toolkit_repo_key_fingerprint,
+                           tuple((p, i.toolkit_version) for p in TOOLKIT_PKGS)))
+    if runtime == "containerd":
+        if os not in _CODENAMES:
+            raise SourceError(f"{os}: no Docker repository codename known for it", "use Ubuntu 22.04 or 24.04")
+        out.append(AptRepo("containerd", i.containerd_repo, "ubuntu", _CODENAMES[os], "stable", "ubuntu/gpg",
+                           i.containerd_repo_insecure_http, i.containerd_repo_key_fingerprint,
+                           (("containerd.io", f"{i.containerd_version}*"),)))
+    return out
+
+
+def release_files(text: str) -> dict[str, tuple[str, int]]:
+    """The SHA256 section of a Release file: path -> (sha256, size). Linear, bounded by the caller's cap."""
+    out: dict[str, tuple[str, int]] = {}
+    inside = False
+    for line in text.splitlines():
+        if not line.startswith((" ", "\t")):
+            inside = line.rstrip() == "SHA256:"
+            continue
+        m = _SHA_LINE.match(line) if inside else None
+        if m:
+            out[m.group(3)] = (m.group(1), int(m.group(2)))
+    return out
+
+
+def release_field(text: str, name: str) -> str:
+    m = re.search(rf"^{re.escape(name)}:[ \t]*(.*)$", text[:1 << 16], re.M)
+    return m.group(1).strip() if m else ""
+
+
+def key_fingerprints(key: Path) -> list[str]:
+    """The primary keys' fingerprints of an OpenPGP key file, as the playbooks' repo-key step reads them
+    (gpg --show-keys --with-colons: the fpr record after each pub record, field 10)."""
+    r = subprocess.run(["gpg", "--no-keyring", "--trust-model", "always", "--show-keys", "--with-colons", str(key)],
+                       capture_output=True, text=True, timeout=60)
+    out, pub = [], False
+    for line in r.stdout.splitlines():
+        f = line.split(":")
+        if f[0] == "pub":
+            pub = True
+        elif pub and f[0] == "fpr" and len(f) > 9:
+            out.append(f[9])
+            pub = False
+    return out
+
+
+class RepoCopy:
+    """One repository copied into `staging/repos/ROLE/`: the key, the signed Release and the indexes once, then the
+    packages each target's resolution chose (a package two targets need, once)."""
+
+    def __init__(self, repo: AptRepo, staging: Path) -> None:
+        self.repo = repo
+        self.root = staging / "repos" / repo.role
+        self.files: dict[str, Path] = {}
+        self.fingerprint = ""
+        self.release = ""
+        self._work = Path(tempfile.mkdtemp(prefix="gpuk8s-gpg-", dir=staging))
+
+    def _add(self, rel: str, data: bytes) -> Path:
+        """`data` at `rel` under the inventory's URL (base), as a bundle file."""
+        path = self._path(rel)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        return path
+
+    def _path(self, rel: str) -> Path:
+        name = f"repos/{self.repo.role}/{rel}"
+        if safe_path(name) is None:
+            raise SourceError(f"{self.repo.url}: the repository names {rel[:120]!r}, which a bundle cannot hold "
+                              "as a plain path", "report it: gpuk8s cannot mirror this repository yet")
+        self.files[name] = self.root / rel
+        return self.root / rel
+
+    def signed(self) -> None:
+        """The key (checked against the pin) and Release, verified with it by gpgv."""
+        r = self.repo
+        key = self._add(r.key, fetch.get(f"{r.base.rstrip('/')}/{r.key}", MAX_KEY, r.allow_http))
+        fprs = key_fingerprints(key)
+        if len(fprs) != 1:
+            raise SourceError(f"{r.base}/{r.key} holds {len(fprs)} keys, not one",
+                              "mirror the repository with its one signing key")
+        if r.fingerprint and fprs[0] != r.fingerprint:
+            raise SourceError(f"{r.base}/{r.key} has fingerprint {fprs[0]}; the inventory pins {r.fingerprint}",
+                              f"check install.{r.role}_repo_key_fingerprint")
+        self.fingerprint = fprs[0]
+        keyring = self._work / "keyring.gpg"
+        data = key.read_bytes()
+        if data.lstrip().startswith(b"-----BEGIN"):
+            subprocess.run(["gpg", "--batch", "--yes", "--dearmor", "-o", str(keyring), str(key)], check=True,
+                           capture_output=True, timeout=60)
+        else:
+            keyring.write_bytes(data)
+        inrelease = f"{r.url}/{r.meta('InRelease')}"
+        plain = self._work / "Release"
+        if not fetch.missing(inrelease, r.allow_http):
+            signed = self._add(f"{r.dist}/{r.meta('InRelease')}", fetch.get(inrelease, MAX_RELEASE, r.allow_http))
+            argv = ["gpgv", "--keyring", str(keyring), "--output", str(plain), str(signed)]
+        else:
+            rel = self._add(f"{r.dist}/{r.meta('Release')}", fetch.get(f"{r.url}/{r.meta('Release')}", MAX_RELEASE,
+                                                                      r.allow_http))
+            sig = self._add(f"{r.dist}/{r.meta('Release.gpg')}", fetch.get(f"{r.url}/{r.meta('Release.gpg')}",
+                                                                          MAX_KEY, r.allow_http))
+            argv = ["gpgv", "--keyring", str(keyring), str(sig), str(rel)]
+            plain.write_bytes(rel.read_bytes())
+        v = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        if v.returncode != 0:
+            raise SourceError(f"{r.url}: its Release is not signed by the key at {r.base}/{r.key} "
+                              f"({v.stderr.strip().splitlines()[-1][:200] if v.stderr.strip() else 'gpgv failed'})",
+                              "check the repository URL and its key; do not build from an unsigned source")
+        self.release = plain.read_text(errors="replace")
+
+    def index(self, arch: str) -> debrepo.Index:
+        """This architecture's Packages index: every variant Release lists, each against its sha256 (apt on the
+        host may ask for any of them), the first readable one parsed."""
+        r, listed = self.repo, release_files(self.release)
+        by_hash = release_field(self.release, "Acquire-By-Hash").lower() == "yes"
+        text = None
+        for sfx in ("", ".xz", ".gz", ".bz2"):
+            name = r.index(arch) + sfx
+            if name not in listed:
+                continue
+            sha, size = listed[name]
+            if size > debrepo.MAX_INDEX:
+                raise SourceError(f"{r.url}: {name} is {size} bytes", "a repository index that large is refused")
+            dest = self._path(f"{r.dist}/{r.meta(name)}")
+            fetch.download(f"{r.url}/{r.meta(name)}", dest, size, sha, r.allow_http)
+            if by_hash:  # apt asks for .../by-hash/SHA256/HASH where Release says Acquire-By-Hash: yes
+                hashed = self._path(f"{r.dist}/" + r.meta(f"{name.rsplit('/', 1)[0] + '/' if '/' in name else ''}"
+                                                          f"by-hash/SHA256/{sha}"))
+                hashed.parent.mkdir(parents=True, exist_ok=True)
+                hashed.write_bytes(dest.read_bytes())
+            if text is None:
+                data = _DECOMPRESS[sfx](dest.read_bytes())
+                if len(data) > debrepo.MAX_INDEX:
+                    raise SourceError(f"{r.url}: {name} decompresses past {debrepo.MAX_INDEX} bytes",
+                                      "a repository index that large is refused")
+                text = data.decode("utf-8", errors="replace")
+        if text is None:
+            raise SourceError(f"{r.url}: its Release lists no {r.index(arch)} for {arch}",
+                              f"the repository has no packages for {arch}")
+        return debrepo.Index(debrepo.parse(text), arch)
+
+    def package(self, p: debrepo.DebPackage) -> str:
+        """The package into the copy (once); its bundle path."""
+        name = p.filename[2:] if p.filename.startswith("./") else p.filename
+        dest = self._path(f"{self.repo.dist}/{name}")
+        if not dest.is_file():
+            if not re.fullmatch(r"[0-9a-f]{64}", p.sha256):
+                raise SourceError(f"{self.repo.url}: {p.name} {p.version} has no SHA256 in its index",
+                                  "a package without its sha256 is not mirrored")
+            fetch.download(f"{self.repo.url}/{name}", dest, p.size, p.sha256, self.repo.allow_http)
+        return f"repos/{self.repo.role}/{self.repo.dist}/{name}"
+
+
+def wanted_rels(index: debrepo.Index, repo: AptRepo) -> list[debrepo.Rel]:
+    """What apt-get install NAME=GLOB picks: the newest version of NAME matching the glob."""
+    out = []
+    for name, glob in repo.wanted:
+        hits = [p for p in index.by_name.get(name, []) if fnmatch.fnmatchcase(p.version, glob)]
+        if not hits:
+            raise SourceError(f"{repo.url}: no {name} version matching {glob}",
+                              f"check the version the inventory pins (install.{repo.role}_repo and its version)")
+        out.append(debrepo.Rel(name, "=", hits[0].version))  # newest first
+    return out

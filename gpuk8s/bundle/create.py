@@ -1,0 +1,229 @@
+"""`gpuk8s bundle create`: everything an inventory's hosts need, in one file, built on a connected machine.
+
+For each target (a distinct OS release, architecture and container runtime among the hosts): the apt repositories
+install reads (gpuk8s/bundle/aptsource.py) copied with their signatures, only the packages the target needs
+(resolved against the target's own indexes, gpuk8s/bundle/debrepo.py); once for all targets: every image of
+`gpuk8s images` in one OCI layout (gpuk8s/bundle/images.py), the CNI manifest checked against its pin, the SBOM;
+then the manifest and the file (gpuk8s/bundle/writer.py). What the target's packages need from the distribution's
+own archive (libc6, iptables, conntrack: what every host of that OS has or its OS mirror serves) is named, not
+carried.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpuk8s import __version__, mirrors
+from gpuk8s.bundle import debrepo, fetch, images, sbom, writer
+from gpuk8s.bundle.aptsource import AptRepo, RepoCopy, SourceError, deb_arch, repos_for, wanted_rels
+from gpuk8s.bundle.coverage import os_name
+from gpuk8s.bundle.manifest import FileEntry, Manifest, RepoKey, Target
+from gpuk8s.facts.model import HostFacts
+from gpuk8s.gpuplan import is_gpu_node
+from gpuk8s.inventory.model import Inventory
+
+SBOM = "sbom.spdx.json"
+MAX_MANIFEST_FILE = 16 << 20  # a CNI manifest (calico's is ~0.3 MB)
+_REF = re.compile(r"^[a-z0-9][a-z0-9._/-]{0,200}(:[A-Za-z0-9._-]{1,128})?(@sha256:[0-9a-f]{64})?$")
+_TARGET = re.compile(r"^(?P<os>[a-z][a-z0-9]{0,31}-[0-9][0-9.]{0,15})/(?P<arch>x86_64|aarch64)$")
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """A kind of host to build for: its OS release, architecture and runtime, and whether any such host has GPUs."""
+
+    os: str
+    arch: str
+    runtime: str
+    gpu: bool
+
+
+@dataclass
+class Created:
+    manifest: Manifest
+    path: Path
+    bytes: int
+    seconds: float
+    os_packages: dict[str, list[str]] = field(default_factory=dict)  # target -> what its OS archive must serve
+    images: int = 0
+
+
+def parse_target(text: str, runtime: str, gpu: bool = True) -> TargetSpec:
+    """A target declared on the command line for hosts bundle create cannot read: OS-RELEASE/ARCH."""
+    m = _TARGET.match(text.strip())
+    if not m:
+        raise SourceError(f"--target {text[:80]!r} is not OS-RELEASE/ARCH",
+                          "write it as ubuntu-22.04/x86_64 (ID-VERSION_ID of /etc/os-release, then uname -m)")
+    return TargetSpec(m.group("os"), m.group("arch"), runtime, gpu)
+
+
+def targets_from(inv: Inventory, facts: Mapping[str, HostFacts | None]) -> list[TargetSpec]:
+    """The distinct targets among the inventory's hosts whose facts were read."""
+    gpu: dict[tuple[str, str], bool] = {}
+    for h in inv.hosts:
+        f = facts.get(h.name)
+        if f is not None:
+            key = (os_name(f), f.arch)
+            gpu[key] = gpu.get(key, False) or is_gpu_node(h)
+    return [TargetSpec(o, a, inv.cluster.container_runtime, g) for (o, a), g in sorted(gpu.items())]
+
+
+def merge(targets: Iterable[TargetSpec]) -> list[TargetSpec]:
+    out: dict[tuple[str, str, str], bool] = {}
+    for t in targets:
+        out[(t.os, t.arch, t.runtime)] = out.get((t.os, t.arch, t.runtime), False) or t.gpu
+    return [TargetSpec(o, a, r, g) for (o, a, r), g in sorted(out.items())]
+
+
+def _check(t: TargetSpec) -> None:
+    if not t.os.startswith(("ubuntu-", "debian-")):
+        raise SourceError(f"{t.os} {t.arch}: bundles for the RPM family are not built yet (Debian-family targets "
+                          "only: Ubuntu 22.04 and 24.04)", "install those hosts through mirrors: (docs/mirrors.md)")
+    if t.runtime != "containerd":
+        raise SourceError(f"{t.os} {t.arch} with {t.runtime}: bundles for Docker hosts are not built yet",
+                          "bundles serve containerd hosts; Docker hosts install through mirrors: (docs/mirrors.md)")
+
+
+def _cni_manifest(inv: Inventory, staging: Path) -> tuple[dict[str, Path], list[str]]:
+    """The CNI manifest (its pin proves it, over http too, as install checks it) and the images it names."""
+    cni = inv.cluster.cni
+    url: str = getattr(inv.install, f"{cni}_manifest")
+    pin = mirrors.manifest_sha256(inv, cni)
+    if not pin:
+        raise SourceError(f"install.{cni}_manifest ({url}) has no sha256 pin, so the bundle cannot prove what it "
+                          "carries", f"set install.{cni}_manifest_sha256")
+    data = fetch.get(url, MAX_MANIFEST_FILE, allow_http=True)
+    got = hashlib.sha256(data).hexdigest()
+    if got != pin:
+        raise SourceError(f"{url} has sha256 {got}; its pin is {pin}", f"check install.{cni}_manifest_sha256")
+    dest = staging / "manifests" / f"{cni}.yaml"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_bytes(data)
+    return {f"manifests/{cni}.yaml": dest}, mirrors.images_in(data.decode("utf-8", errors="replace"))
+
+
+def kubeadm_list(deb: Path, version: str, work: Path) -> list[str]:
+    """`kubeadm config images list` of the kubeadm in `deb` (the bundle's own, from its signed repository): pause,
+    etcd and coredns are kubeadm's choice per release, and only kubeadm says which (docs/mirrors.md)."""
+    root = work / "kubeadm"
+    r = subprocess.run(["dpkg-deb", "-x", str(deb), str(root)], capture_output=True, text=True, timeout=300)
+    binary = root / "usr" / "bin" / "kubeadm"
+    if r.returncode != 0 or not binary.is_file():
+        raise SourceError(f"{deb.name}: no usr/bin/kubeadm in it ({r.stderr.strip()[:200] or 'dpkg-deb -x'})",
+                          "check the Kubernetes repository the inventory names")
+    r = subprocess.run([str(binary), "config", "images", "list", "--kubernetes-version", f"v{version}"],
+                       capture_output=True, text=True, timeout=120, cwd=work, env={"PATH": "/usr/bin:/bin"})
+    refs = [line.strip() for line in r.stdout.splitlines()[:64] if line.strip()]
+    if r.returncode != 0 or not refs or not all(_REF.match(x) for x in refs):
+        raise SourceError(f"kubeadm {version} config images list failed: "
+                          f"{(r.stderr.strip().splitlines() or ['no image listed'])[-1][:200]}",
+                          "run bundle create on a machine of an architecture the bundle serves (kubeadm runs here)")
+    shutil.rmtree(root, ignore_errors=True)
+    return refs
+
+
+def create(inv: Inventory, targets: list[TargetSpec], out: Path, staging: Path,
+           say: Callable[[str], None] = lambda _: None, level: int = 19) -> Created:
+    """Build the bundle at `out`, with `staging` (an empty directory) for the files on their way in."""
+    start = time.monotonic()
+    if not targets:
+        raise SourceError("no target to build for: no host's facts could be read and none was declared",
+                          "pass --target OS-RELEASE/ARCH (ubuntu-22.04/x86_64) for hosts this machine cannot reach")
+    for t in targets:
+        _check(t)
+    copies: dict[tuple[str, str], RepoCopy] = {}
+    files: dict[str, Path] = {}
+    os_packages: dict[str, list[str]] = {}
+    kube_versions: set[str] = set()
+    keys: dict[str, str] = {}
+    purls: dict[str, str] = {}
+    kubeadm_deb: Path | None = None
+    for t in targets:
+        label = f"{t.os} {t.arch}"
+        pkgs: list[debrepo.DebPackage] = []
+        owner: dict[tuple[str, str, str], RepoCopy] = {}
+        wanted: list[debrepo.Rel] = []
+        for r in repos_for(inv, t.os, t.arch, t.runtime, t.gpu):
+            copy = copies.get((r.role, r.url))
+            if copy is None:
+                say(f"{r.role}: {r.url} (signature)")
+                copy = copies[(r.role, r.url)] = RepoCopy(r, staging)
+                copy.signed()
+            keys[r.role] = copy.fingerprint
+            idx = copy.index(deb_arch(t.arch))
+            wanted += wanted_rels(idx, r)
+            for ps in idx.by_name.values():
+                for p in ps:
+                    pkgs.append(p)
+                    owner.setdefault((p.name, p.version, p.arch), copy)
+        res = debrepo.resolve(debrepo.Index(pkgs, deb_arch(t.arch)), wanted)
+        os_packages[label] = sorted(m.split(" ", 1)[0] for m in res.missing)
+        for p in res.chosen.values():
+            say(f"{label}: {p.name} {p.version}")
+            name = owner[(p.name, p.version, p.arch)].package(p)
+            distro = t.os.split("-", 1)[0]
+            purls[name] = f"pkg:deb/{distro}/{p.name}@{p.version}?arch={p.arch}"
+            if p.name == "kubeadm":
+                kube_versions.add(p.version.split("-", 1)[0])
+                if deb_arch(t.arch) == deb_arch(platform.machine()):
+                    kubeadm_deb = staging / name
+    for copy in copies.values():
+        files.update(copy.files)
+    if len(kube_versions) != 1:
+        raise SourceError(f"the targets got Kubernetes {', '.join(sorted(kube_versions)) or 'none'}",
+                          "pin cluster.kubernetes_version to a patch release (1.33.2) so every target gets the same")
+    version = kube_versions.pop()
+    if kubeadm_deb is None:
+        raise SourceError(f"no target is of this machine's architecture ({platform.machine()}), so its kubeadm "
+                          "cannot list the images of its release", "run bundle create on a machine of an "
+                          "architecture the bundle serves")
+    cni_files, cni_images = _cni_manifest(inv, staging)
+    files.update(cni_files)
+    exact = dataclasses.replace(inv, cluster=dataclasses.replace(inv.cluster, kubernetes_version=version))
+    wanted_images = images.sources(exact)
+    named = {i.name for i in wanted_images}
+    for ref in dict.fromkeys([*kubeadm_list(kubeadm_deb, version, staging), *cni_images]):
+        if ref not in named:
+            named.add(ref)
+            wanted_images.append(images.ImageSource(ref, mirrors.image(inv, ref)))
+    say(f"images: {len(wanted_images)} into one OCI layout")
+    copied = images.copy(inv, wanted_images, staging / images.LAYOUT, {t.arch for t in targets})
+    files.update(images.layout_files(staging / images.LAYOUT))
+    m = Manifest(f"gpuk8s {__version__}", version,
+                 tuple(Target(t.os, t.arch, t.runtime) for t in targets), tuple(copied),
+                 repos=tuple(RepoKey(role, fpr) for role, fpr in sorted(keys.items())))
+    say(f"sha256 of {len(files)} files")
+    known = {n: writer.digest(p) for n, p in files.items()}
+    _sbom(m, known, purls, files, staging)
+    written = writer.write(out, m, files, level=level, known=known)
+    return Created(written, out, out.stat().st_size, time.monotonic() - start, os_packages, len(copied))
+
+
+def _sbom(m: Manifest, known: Mapping[str, FileEntry], purls: Mapping[str, str], files: dict[str, Path],
+          staging: Path) -> None:
+    """The SPDX document of every file but itself, as a file of the bundle (docs/airgap.md)."""
+    # SOURCE_DATE_EPOCH (reproducible-builds.org): the same inputs give the same bundle, SBOM included
+    epoch = os.environ.get("SOURCE_DATE_EPOCH", "")
+    when = time.gmtime(int(epoch) if epoch.isdigit() and len(epoch) < 12 else time.time())
+    doc = sbom.spdx(dataclasses.replace(m, files=dict(known)), time.strftime("%Y-%m-%dT%H:%M:%SZ", when), purls)
+    dest = staging / SBOM
+    dest.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    files[SBOM] = dest
+
+
+def clean(staging: Path) -> None:
+    shutil.rmtree(staging, ignore_errors=True)
+
+
+__all__ = ["AptRepo", "Created", "TargetSpec", "create", "merge", "parse_target", "targets_from"]

@@ -1,0 +1,287 @@
+"""The internet, as `gpuk8s bundle create` sees it, on this machine's loopback: the three apt repositories install
+reads (Kubernetes' flat repository with `amd64/` file names, NVIDIA's flat one with `./` names, Docker's with
+dists/ and pool/ and a detached Release.gpg) built by the real apt-ftparchive from stand-in .deb files (dpkg-deb),
+signed by a real gpg key each; a real OCI registry (Debian's docker-registry) holding a small real image under
+every name `gpuk8s images` lists, put there by the real skopeo; the CNI manifest. Only the packages' contents are
+stand-ins (empty packages with the real names, versions and dependency fields).
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import os
+import shutil
+import socket
+import subprocess
+import tarfile
+import threading
+import time
+import urllib.request
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from tests.lab.fakes.kube import kubeadm_images
+
+TOOLS = ("apt-ftparchive", "dpkg-deb", "gpg", "gpgv", "skopeo", "docker-registry", "zstd")
+# kubeadm's Depends as pkgs.k8s.io writes it (tests/fixtures/real/repos/deb-packages-pkgs-k8s-kubeadm-1.27-...)
+KUBEADM_DEPENDS = "kubelet (>= 1.19.0),kubectl (>= 1.19.0),kubernetes-cni (>= 1.1.1),cri-tools (>= 1.25.0)"
+# a stand-in's: what kubelet needs from the distribution's own archive
+KUBELET_DEPENDS = ("iptables (>= 1.4.21), kubernetes-cni (>= 1.1.1), iproute2, socat, util-linux, mount, ethtool, "
+                   "conntrack")
+CALICO = "docker.io/calico/node:v3.28.0"
+
+
+def missing_tools() -> list[str]:
+    return [t for t in TOOLS if shutil.which(t) is None]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class _Quiet(SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+        pass
+
+
+def _deb(out: Path, name: str, version: str, arch: str, depends: str = "", size: int = 2048,
+         script: str = "") -> Path:
+    root = out.parent / f".build-{name}-{version}-{arch}"
+    (root / "DEBIAN").mkdir(parents=True)
+    control = f"Package: {name}\nVersion: {version}\nArchitecture: {arch}\nMaintainer: lab <lab@lab.example>\n"
+    if depends:
+        control += f"Depends: {depends}\n"
+    control += f"Description: stand-in for {name}\n"
+    (root / "DEBIAN" / "control").write_text(control)
+    (root / "usr" / "share" / "doc" / name).mkdir(parents=True)
+    (root / "usr" / "share" / "doc" / name / "payload").write_bytes(os.urandom(size))  # incompressible: real sizes
+    if script:  # the package's command, a stand-in
+        (root / "usr" / "bin").mkdir(parents=True)
+        (root / "usr" / "bin" / name).write_text(script)
+        (root / "usr" / "bin" / name).chmod(0o755)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["dpkg-deb", "--root-owner-group", "-Zgzip", "--build", str(root), str(out)], check=True,
+                   capture_output=True)
+    shutil.rmtree(root)
+    return out
+
+
+def _kubeadm(version: str) -> str:
+    """A stand-in kubeadm that answers `config images list --kubernetes-version vX` as the lab's kubeadm does
+    (tests/lab/fakes/kube.py: the real command's lines, per release)."""
+    lines = "\n".join(kubeadm_images(f"v{version}"))
+    return (f"#!/bin/sh\n[ \"$1 $2 $3 $4 $5\" = \"config images list --kubernetes-version v{version}\" ] || "
+            f"{{ echo \"kubeadm stand-in: $*\" >&2; exit 1; }}\ncat <<'EOF'\n{lines}\nEOF\n")
+
+
+class Upstream:
+    """Built in `root`; `start()` serves it; `inventory(...)` points an inventory at it."""
+
+    def __init__(self, root: Path, arches: tuple[str, ...] = ("amd64",)) -> None:
+        self.root = root
+        self.www = root / "www"
+        self.gnupg = root / "gnupg"
+        self.arches = arches
+        self.fingerprints: dict[str, str] = {}
+        self.http: ThreadingHTTPServer | None = None
+        self.registry: subprocess.Popen[bytes] | None = None
+        self.port = 0
+        self.registry_port = 0
+
+    # -- building -------------------------------------------------------------------------------------------------
+
+    def _gpg(self, *args: str, **kw: Any) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(["gpg", "--batch", "--homedir", str(self.gnupg), *args], check=True,
+                              capture_output=True, **kw)
+
+    def _key(self, role: str) -> str:
+        uid = f"lab {role} repository <{role}@lab.example>"
+        self._gpg("--passphrase", "", "--quick-gen-key", uid, "ed25519", "sign", "never")
+        out = self._gpg("--with-colons", "--list-keys", uid).stdout.decode()
+        fpr = next(line.split(":")[9] for line in out.splitlines() if line.startswith("fpr:"))
+        self.fingerprints[role] = fpr
+        return fpr
+
+    def _sign(self, fpr: str, release: Path, inline: bool) -> None:
+        if inline:
+            self._gpg("--local-user", fpr, "--clearsign", "-o", str(release.with_name("InRelease")), str(release))
+            release.unlink()  # the flat repositories here serve InRelease only
+        else:
+            self._gpg("--local-user", fpr, "--armor", "--detach-sign", "-o", str(release.with_name("Release.gpg")),
+                      str(release))
+
+    def _export(self, fpr: str, dest: Path) -> None:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(self._gpg("--armor", "--export", fpr).stdout)
+
+    def build(self, kubernetes: str, toolkit: str, containerd: str, older_patch: str) -> None:
+        """The repositories at these versions (and an older Kubernetes patch beside them)."""
+        self.gnupg.mkdir(mode=0o700, parents=True)
+        minor = kubernetes.rsplit(".", 1)[0]
+        # Kubernetes: https://pkgs.k8s.io/core:/stable:/v1.NN/deb/ (flat; Filename amd64/NAME_VERSION_ARCH.deb)
+        kube = self.www / "kubernetes" / f"v{minor}" / "deb"
+        fpr = self._key("kubernetes")
+        for arch in self.arches:
+            for v in (older_patch, kubernetes):
+                _deb(kube / arch / f"kubelet_{v}-1.1_{arch}.deb", "kubelet", f"{v}-1.1", arch, KUBELET_DEPENDS)
+                _deb(kube / arch / f"kubeadm_{v}-1.1_{arch}.deb", "kubeadm", f"{v}-1.1", arch, KUBEADM_DEPENDS,
+                     script=_kubeadm(v))
+                _deb(kube / arch / f"kubectl_{v}-1.1_{arch}.deb", "kubectl", f"{v}-1.1", arch)
+            _deb(kube / arch / f"cri-tools_{minor}.0-1.1_{arch}.deb", "cri-tools", f"{minor}.0-1.1", arch)
+            _deb(kube / arch / f"kubernetes-cni_1.6.0-1.1_{arch}.deb", "kubernetes-cni", "1.6.0-1.1", arch)
+        self._flat(kube, fpr, ".")
+        self._export(fpr, kube / "Release.key")
+        # NVIDIA's toolkit: https://nvidia.github.io/libnvidia-container/stable/deb/$(ARCH)/ (flat; Filename ./NAME)
+        fpr = self._key("toolkit")
+        self._export(fpr, self.www / "nvidia" / "gpgkey")
+        for arch in self.arches:
+            d = self.www / "nvidia" / "stable" / "deb" / arch
+            base = f"nvidia-container-toolkit-base (= {toolkit})"
+            for name, dep in (("libnvidia-container1", ""), ("libnvidia-container-tools",
+                                                              f"libnvidia-container1 (>= {toolkit})"),
+                              ("nvidia-container-toolkit-base", ""),
+                              ("nvidia-container-toolkit", f"{base}, libnvidia-container-tools (>= {toolkit})")):
+                _deb(d / f"{name}_{toolkit}_{arch}.deb", name, toolkit, arch, dep)
+            self._flat(d, fpr, "")
+        # Docker: https://download.docker.com/linux/ubuntu jammy stable (dists/, pool/; Release.gpg beside Release)
+        fpr = self._key("containerd")
+        u = self.www / "docker" / "ubuntu"
+        self._export(fpr, u / "gpg")
+        for arch in self.arches:
+            v = f"{containerd}~ubuntu.22.04~jammy"  # containerd.io 2.2.6-1 is 2.2.6-1~ubuntu.22.04~jammy there
+            _deb(u / "pool" / "stable" / arch / f"containerd.io_{v}_{arch}.deb", "containerd.io", v, arch,
+                 "libc6 (>= 2.34), libseccomp2 (>= 2.5.0)", size=8192)
+            idx = u / "dists" / "jammy" / "stable" / f"binary-{arch}"
+            idx.mkdir(parents=True)
+            text = subprocess.run(["apt-ftparchive", "packages", f"pool/stable/{arch}"], cwd=u, check=True,
+                                  capture_output=True).stdout
+            (idx / "Packages").write_bytes(text)
+            (idx / "Packages.gz").write_bytes(gzip.compress(text, mtime=0))
+        rel = u / "dists" / "jammy" / "Release"
+        rel.write_bytes(subprocess.run(
+            ["apt-ftparchive", "-o", "APT::FTPArchive::Release::Suite=jammy", "-o",
+             "APT::FTPArchive::Release::Codename=jammy", "-o", "APT::FTPArchive::Release::Components=stable",
+             "-o", f"APT::FTPArchive::Release::Architectures={' '.join(self.arches)}", "release", "."],
+            cwd=rel.parent, check=True, capture_output=True).stdout)
+        self._sign(fpr, rel, inline=False)
+        # the CNI manifest
+        cni = self.www / "cni" / "calico.yaml"
+        cni.parent.mkdir(parents=True)
+        cni.write_text("apiVersion: apps/v1\nkind: DaemonSet\nmetadata: {name: calico-node, namespace: kube-system}\n"
+                       f"spec:\n  template:\n    spec:\n      containers:\n        - name: calico-node\n"
+                       f"          image: {CALICO}\n")
+
+    def _flat(self, d: Path, fpr: str, where: str) -> None:
+        text = subprocess.run(["apt-ftparchive", "packages", where or "."], cwd=d, check=True,
+                              capture_output=True).stdout
+        (d / "Packages").write_bytes(text)
+        (d / "Packages.gz").write_bytes(gzip.compress(text, mtime=0))
+        rel = d / "Release"
+        out = subprocess.run(["apt-ftparchive", "release", "."], cwd=d, check=True, capture_output=True).stdout
+        rel.write_bytes(out)
+        self._sign(fpr, rel, inline=True)
+
+    @property
+    def cni_sha256(self) -> str:
+        return hashlib.sha256((self.www / "cni" / "calico.yaml").read_bytes()).hexdigest()
+
+    # -- serving --------------------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.http = ThreadingHTTPServer(("127.0.0.1", 0), partial(_Quiet, directory=str(self.www)))
+        self.port = self.http.server_address[1]
+        threading.Thread(target=self.http.serve_forever, daemon=True).start()
+        self.registry_port = free_port()
+        store = self.root / "registry"
+        store.mkdir(exist_ok=True)
+        cfg = self.root / "registry.yml"
+        cfg.write_text(f"version: 0.1\nlog: {{level: error}}\nstorage: {{filesystem: {{rootdirectory: {store}}}}}\n"
+                       f"http: {{addr: 127.0.0.1:{self.registry_port}}}\n")
+        self.registry = subprocess.Popen(["docker-registry", "serve", str(cfg)], stdout=subprocess.DEVNULL,
+                                         stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{self.registry_port}/v2/", timeout=2).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+    def stop(self) -> None:
+        if self.http is not None:
+            self.http.shutdown()
+            self.http.server_close()
+        if self.registry is not None:
+            self.registry.terminate()
+            self.registry.wait(10)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def mirror(self) -> str:
+        return f"127.0.0.1:{self.registry_port}"
+
+    def push(self, names: list[str]) -> None:
+        """A small real image (one layer) under each name in the registry, for every architecture built."""
+        src = self.root / "oci-src"
+        if not src.exists():
+            oci_image(src, self.arches)
+        for name in names:
+            subprocess.run(["skopeo", "copy", "--quiet", "--multi-arch", "all", "--dest-tls-verify=false",
+                            f"oci:{src}:img", f"docker://{name}"], check=True, capture_output=True)
+
+    def install_section(self) -> dict[str, Any]:
+        """The inventory's install: block for these sources (plain http: each with its key's fingerprint)."""
+        def repo(role: str, path: str) -> dict[str, Any]:
+            return {"url": f"{self.url}/{path}", "insecure_http": True, "key_fingerprint": self.fingerprints[role]}
+
+        return {"kubernetes_repo": repo("kubernetes", "kubernetes"), "toolkit_repo": repo("toolkit", "nvidia"),
+                "containerd_repo": repo("containerd", "docker"),
+                "calico_manifest": f"{self.url}/cni/calico.yaml", "calico_manifest_sha256": self.cni_sha256}
+
+
+def oci_image(dest: Path, arches: tuple[str, ...]) -> None:
+    """A real OCI image layout at `dest`: one image (an index over one manifest per architecture, each a config and
+    one gzip'd tar layer), tagged `img`."""
+    blobs = dest / "blobs" / "sha256"
+    blobs.mkdir(parents=True)
+
+    def blob(data: bytes, media: str) -> dict[str, Any]:
+        d = hashlib.sha256(data).hexdigest()
+        (blobs / d).write_bytes(data)
+        return {"mediaType": media, "digest": f"sha256:{d}", "size": len(data)}
+
+    manifests = []
+    for arch in arches:
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as t:
+            data = f"stand-in image for {arch}\n".encode() + os.urandom(4096)
+            info = tarfile.TarInfo("payload")
+            info.size = len(data)
+            t.addfile(info, io.BytesIO(data))
+        raw = buf.getvalue()
+        layer = blob(gzip.compress(raw, mtime=0), "application/vnd.oci.image.layer.v1.tar+gzip")
+        config = blob(json.dumps({"architecture": arch, "os": "linux", "config": {},
+                                  "rootfs": {"type": "layers",
+                                             "diff_ids": [f"sha256:{hashlib.sha256(raw).hexdigest()}"]}}).encode(),
+                      "application/vnd.oci.image.config.v1+json")
+        man = blob(json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                               "config": config, "layers": [layer]}).encode(),
+                   "application/vnd.oci.image.manifest.v1+json")
+        manifests.append({**man, "platform": {"architecture": arch, "os": "linux"}})
+    index = blob(json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json",
+                             "manifests": manifests}).encode(), "application/vnd.oci.image.index.v1+json")
+    (dest / "index.json").write_text(json.dumps({"schemaVersion": 2, "manifests": [
+        {**index, "annotations": {"org.opencontainers.image.ref.name": "img"}}]}))
+    (dest / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')

@@ -1,0 +1,179 @@
+"""`gpuk8s bundle create` against the internet as this machine's loopback serves it (tests/bundleupstream.py: real
+apt-ftparchive repositories signed by real gpg keys, a real registry filled by the real skopeo): what it takes from
+each source, that the signatures stay verifiable in the bundle, that a source that lies is refused, and that what
+it writes `bundle verify` takes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpuk8s import mirrors, versions
+from gpuk8s.bundle import create as build
+from gpuk8s.bundle import fetch
+from gpuk8s.bundle.aptsource import SourceError
+from gpuk8s.bundle.verify import verify
+from gpuk8s.inventory.loader import loads
+from gpuk8s.inventory.model import Inventory
+from gpuk8s.kube import images
+from tests.bundleupstream import CALICO, Upstream, missing_tools
+from tests.lab.fakes.kube import kubeadm_images
+
+pytestmark = pytest.mark.skipif(bool(missing_tools()), reason=f"needs {', '.join(missing_tools())} "
+                                "(apt-get install apt-utils dpkg gnupg skopeo docker-registry zstd; .ci/run does)")
+
+KUBE = versions.kubernetes_or_default(versions.matrix().default).latest_patch
+OLDER = KUBE.rsplit(".", 1)[0] + "." + str(int(KUBE.rsplit(".", 1)[1]) - 1)
+TOOLKIT = versions.install_defaults()["toolkit_version"]
+CONTAINERD = versions.matrix().containerd_version
+
+
+@pytest.fixture(scope="module")
+def upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Upstream]:
+    u = Upstream(tmp_path_factory.mktemp("upstream"))
+    u.build(KUBE, TOOLKIT, CONTAINERD, OLDER)
+    u.start()
+    u.push(all_images(u))
+    yield u
+    u.stop()
+
+
+def all_images(u: Upstream) -> list[str]:
+    """What the registry must hold: `gpuk8s images`, kubeadm's list of the release, the CNI manifest's image; by
+    the names the inventory's mirror gives them."""
+    inv = inventory(u)
+    refs = [*kubeadm_images(f"v{KUBE}"), CALICO]
+    return list(dict.fromkeys([n.image for n in images.needed_images(inv)] + [mirrors.image(inv, r) for r in refs]))
+
+
+def inventory(u: Upstream, kubernetes: str = KUBE, **install: object) -> Inventory:
+    doc = {"cluster": {"kubernetes_version": kubernetes, "cni": "calico"},
+           "registry": {"mirror": u.mirror, "insecure_http": True},
+           "install": {**u.install_section(), **install},
+           "hosts": [{"name": "cp-1", "address": "10.0.0.1", "role": "control-plane"},
+                     {"name": "gpu-1", "address": "10.0.0.2", "gpus": 8}]}
+    return loads(json.dumps(doc))
+
+
+def make(u: Upstream, tmp: Path, inv: Inventory | None = None) -> build.Created:
+    staging = tmp / "staging"
+    staging.mkdir()
+    return build.create(inv or inventory(u), [build.TargetSpec("ubuntu-22.04", "x86_64", "containerd", True)],
+                        tmp / "b.tar.zst", staging, level=3)
+
+
+def test_a_bundle_holds_what_install_asks_for_with_the_repositories_signatures(upstream: Upstream,
+                                                                               tmp_path: Path) -> None:
+    made = make(upstream, tmp_path)
+    m = made.manifest
+    files = set(m.files)
+    minor = KUBE.rsplit(".", 1)[0]
+    # the pinned patch, not the older one beside it; what kubeadm depends on, from the same repository
+    for name in ("kubelet", "kubeadm", "kubectl"):
+        assert f"repos/kubernetes/v{minor}/deb/amd64/{name}_{KUBE}-1.1_amd64.deb" in files
+        assert f"repos/kubernetes/v{minor}/deb/amd64/{name}_{OLDER}-1.1_amd64.deb" not in files
+    assert f"repos/kubernetes/v{minor}/deb/amd64/cri-tools_{minor}.0-1.1_amd64.deb" in files
+    assert f"repos/kubernetes/v{minor}/deb/amd64/kubernetes-cni_1.6.0-1.1_amd64.deb" in files
+    # NVIDIA's ./ file names, Docker's pool/ under dists/, each repository's signed metadata and key
+    assert {f"repos/toolkit/stable/deb/amd64/{p}_{TOOLKIT}_amd64.deb" for p in
+            ("nvidia-container-toolkit", "nvidia-container-toolkit-base", "libnvidia-container-tools",
+             "libnvidia-container1")} <= files
+    assert f"repos/containerd/ubuntu/pool/stable/amd64/containerd.io_{CONTAINERD}~ubuntu.22.04~jammy_amd64.deb" in files
+    assert {f"repos/kubernetes/v{minor}/deb/InRelease", f"repos/kubernetes/v{minor}/deb/Release.key",
+            f"repos/kubernetes/v{minor}/deb/Packages", f"repos/kubernetes/v{minor}/deb/Packages.gz",
+            "repos/toolkit/gpgkey", "repos/containerd/ubuntu/gpg", "repos/containerd/ubuntu/dists/jammy/Release",
+            "repos/containerd/ubuntu/dists/jammy/Release.gpg",
+            "repos/containerd/ubuntu/dists/jammy/stable/binary-amd64/Packages.gz",
+            "manifests/calico.yaml", "sbom.spdx.json", "images/index.json", "images/oci-layout"} <= files
+    assert m.kubernetes == KUBE
+    assert {r.role: r.fingerprint for r in m.repos} == upstream.fingerprints
+    # what the distribution's archive serves is named, not carried
+    assert made.os_packages["ubuntu-22.04 x86_64"] == sorted(
+        ["conntrack", "ethtool", "iproute2", "iptables", "libc6", "libseccomp2", "mount", "socat", "util-linux"])
+    # every image of `gpuk8s images` under its upstream name, and the CNI manifest's own
+    wanted = {n.upstream for n in images.needed_images(inventory(upstream))} | {CALICO} | set(
+        kubeadm_images(f"v{KUBE}"))
+    assert "registry.k8s.io/pause:3.10.1" in wanted or any("/pause:" in w for w in wanted)
+    assert set(m.images) == wanted
+    # what it wrote bundle verify takes
+    v = verify(made.path)
+    assert v.ok, v.problems
+    assert v.files == len(m.files)
+
+
+def test_the_signatures_in_the_bundle_verify_with_the_pinned_keys(upstream: Upstream, tmp_path: Path) -> None:
+    """What apt on a site's host checks: InRelease (or Release and Release.gpg) against the key the manifest pins,
+    and each index against Release's sha256, as the bundle carries them."""
+    made = make(upstream, tmp_path)
+    out = tmp_path / "x"
+    out.mkdir()
+    subprocess.run(f"zstd -dc {made.path} | tar -x -C {out}", shell=True, check=True)
+    minor = KUBE.rsplit(".", 1)[0]
+    for key, signed in ((f"repos/kubernetes/v{minor}/deb/Release.key", [f"repos/kubernetes/v{minor}/deb/InRelease"]),
+                        ("repos/containerd/ubuntu/gpg", ["repos/containerd/ubuntu/dists/jammy/Release.gpg",
+                                                         "repos/containerd/ubuntu/dists/jammy/Release"])):
+        ring = tmp_path / "ring.gpg"
+        subprocess.run(["gpg", "--batch", "--yes", "--dearmor", "-o", str(ring), str(out / key)], check=True)
+        r = subprocess.run(["gpgv", "--keyring", str(ring), *[str(out / s) for s in signed]], capture_output=True)
+        assert r.returncode == 0, r.stderr
+    rel = (out / "repos/containerd/ubuntu/dists/jammy/Release").read_text()
+    import hashlib
+    gz = out / "repos/containerd/ubuntu/dists/jammy/stable/binary-amd64/Packages.gz"
+    assert hashlib.sha256(gz.read_bytes()).hexdigest() in rel
+
+
+def test_a_source_that_lies_is_refused(upstream: Upstream, tmp_path: Path) -> None:
+    # a key other than the pinned one
+    inv = inventory(upstream, kubernetes_repo={**upstream.install_section()["kubernetes_repo"],
+                                               "key_fingerprint": "0" * 40})
+    (tmp_path / "a").mkdir()
+    with pytest.raises(SourceError, match="the inventory pins 0000"):
+        make(upstream, tmp_path / "a", inv)
+    # a package whose bytes are not what the signed index says
+    minor = KUBE.rsplit(".", 1)[0]
+    deb = upstream.www / "kubernetes" / f"v{minor}" / "deb" / "amd64" / f"kubectl_{KUBE}-1.1_amd64.deb"
+    saved = deb.read_bytes()
+    try:
+        deb.write_bytes(saved[:-1] + bytes([saved[-1] ^ 1]))
+        (tmp_path / "b").mkdir()
+        with pytest.raises(fetch.FetchError, match="its index names"):
+            make(upstream, tmp_path / "b")
+    finally:
+        deb.write_bytes(saved)
+    # a version the repository does not have
+    (tmp_path / "c").mkdir()
+    with pytest.raises(SourceError, match="no kubelet version matching"):
+        make(upstream, tmp_path / "c", inventory(upstream, kubernetes=KUBE.rsplit(".", 1)[0] + ".99"))
+
+
+def test_the_same_sources_give_the_same_bundle(upstream: Upstream, tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1767225600")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a, b = make(upstream, tmp_path / "a"), make(upstream, tmp_path / "b")
+    assert a.path.read_bytes() == b.path.read_bytes()
+
+
+def test_targets_come_from_the_hosts_and_the_command_line() -> None:
+    from gpuk8s.facts.model import OSInfo
+    from tests.unit.test_checks import facts
+
+    inv = loads("cluster: {kubernetes_version: '1.36'}\nhosts:\n  - {name: cp-1, address: 10.0.0.1, role: "
+                "control-plane}\n  - {name: gpu-1, address: 10.0.0.2, gpus: 8}\n  - {name: gpu-2, address: 10.0.0.3,"
+                " gpus: 8}\n")
+    import dataclasses
+    noble = dataclasses.replace(facts(), os=OSInfo("ubuntu", ("debian",), "24.04", "Ubuntu 24.04", "debian"))
+    got = build.targets_from(inv, {"cp-1": facts(), "gpu-1": facts(), "gpu-2": None})
+    assert got == [build.TargetSpec("ubuntu-22.04", "x86_64", "containerd", True)]
+    got = build.merge([*build.targets_from(inv, {"cp-1": noble, "gpu-1": facts(), "gpu-2": None}),
+                       build.parse_target("ubuntu-22.04/aarch64", "containerd")])
+    assert [(t.os, t.arch, t.gpu) for t in got] == [("ubuntu-22.04", "aarch64", True), ("ubuntu-22.04", "x86_64", True),
+                                                    ("ubuntu-24.04", "x86_64", False)]
+    for bad in ("ubuntu", "ubuntu-22.04/x86_64;rm", "../x/x86_64", "ubuntu-22.04/sparc"):
+        with pytest.raises(SourceError, match="is not OS-RELEASE/ARCH"):
+            build.parse_target(bad, "containerd")
