@@ -31,6 +31,7 @@ from gpuk8s.phases.base import (
     run_phases,
     select,
 )
+from gpuk8s.phases.bundle import Bundle
 from gpuk8s.phases.cni import CNI
 from gpuk8s.phases.driver import Driver
 from gpuk8s.phases.driver_upgrade import DriverUpgrade
@@ -166,13 +167,22 @@ def select_upgrade(skip: Sequence[str], only: str | None) -> dict[str, Phase]:
     return {p.name: p for p in every if isinstance(p, Skipped)}
 
 
+def with_bundle(phases: list[Phase], options: Options | None) -> list[Phase]:
+    """With --bundle, the bundle phase right after the cluster lock: it serves the bundle and gives every later
+    phase the served inventory (gpuk8s/phases/bundle.py)."""
+    if options is None or options.bundle is None:
+        return phases
+    at = 1 if phases and isinstance(phases[0], Lock) else 0
+    return [*phases[:at], Bundle(), *phases[at:]]
+
+
 def install(inv: Inventory, *, concurrency: int, ignore: set[str], sudo_passwords: dict[str, str],
             options: Options | None = None, emit: Callable[[str], None] | None = None,
             on_event: Callable[[Event], None] | None = None, dry_run: bool = False,
             measure_network: bool = False, skip: Sequence[str] = (), only: str | None = None) -> ClusterReport:
     """Lock, prepare every host, kubeadm init, kubeconfig, CNI, join, GPU manifests and labels, verify; `skip` or
     `only` leave phases out (PhaseSelectionError, before any host is contacted, for a wrong name)."""
-    phases = select_install(inv, skip, only, on_event, measure_network)
+    phases = with_bundle(select_install(inv, skip, only, on_event, measure_network), options)
     ctx = Context(inv, options=options or Options(), concurrency=concurrency, emit=emit or (lambda line: None),
                   sudo_passwords=sudo_passwords, ignore=ignore)
     return _run(ctx, phases, dry_run)
@@ -186,7 +196,7 @@ def join(inv: Inventory, hosts: list[Host], *, concurrency: int, ignore: set[str
     opts.only = hosts
     ctx = Context(inv, options=opts, concurrency=concurrency, emit=emit or (lambda line: None),
                   sudo_passwords=sudo_passwords, ignore=ignore)
-    return _run(ctx, join_phases(), dry_run)
+    return _run(ctx, with_bundle(join_phases(), opts), dry_run)
 
 
 def verify(inv: Inventory, *, concurrency: int, sudo_passwords: dict[str, str], options: Options | None = None,

@@ -243,6 +243,13 @@ def mirrored_registries(inv: Inventory) -> list[str]:
     return [g for g in regs if g not in mine]
 
 
+def plain_http_toml(host: str) -> str:
+    """hosts.toml of a mirror that speaks plain http, for the images named after it (MIRROR/PATH:TAG): containerd
+    reaches a registry without a hosts.toml over https only (docs/hosts.md: `server` defaults to https://HOST)."""
+    return ("# written by gpuk8s (inventory registry: insecure_http, docs/mirrors.md)\n"
+            f"server = {_toml('http://' + host)}\n")
+
+
 def hosts_files(inv: Inventory, creds: str | None = None) -> dict[str, str]:
     """{path: content} of every hosts.toml gpuk8s writes on a host."""
     out = {}
@@ -250,6 +257,10 @@ def hosts_files(inv: Inventory, creds: str | None = None) -> dict[str, str]:
         text = hosts_toml(inv, reg, creds)
         if text:
             out[f"{CERTS_D}/{reg}/hosts.toml"] = text
+    r = registry_settings(inv)
+    if r.insecure_http:
+        for host in sorted(own_hosts(r)):
+            out[f"{CERTS_D}/{host}/hosts.toml"] = plain_http_toml(host)
     return out
 
 

@@ -21,6 +21,14 @@ OnlyPhaseOpt = typer.Option(None, "--only-phase", help="Run this phase alone (af
                             "prepare still reads every host (nothing applied) when it is left out.")
 
 
+# install, join and upgrade from an air-gapped bundle (docs/airgap.md)
+BundleOpt = typer.Option(None, "--bundle", help="Install from this bundle file (gpuk8s bundle create): it is "
+                         "verified here, copied to a serving host and served for the run; no host reaches out.")
+BundleHostOpt = typer.Option(None, "--bundle-host", help="The host that serves the bundle (default: the first "
+                             "control plane).")
+BundlePortOpt = typer.Option(5480, "--bundle-port", min=1024, max=65535, help="The port it is served on.")
+
+
 def phase_names(values: list[str]) -> list[str]:
     """--skip-phases a,b --skip-phases c -> [a, b, c]."""
     return [n.strip() for v in values for n in v.split(",") if n.strip()]

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import BinaryIO, TypeVar
 
 import paramiko
 from fabric import Config, Connection
@@ -33,6 +33,7 @@ from gpuk8s.text import clean
 log = logging.getLogger("gpuk8s.remote")
 
 MAX_OUTPUT = 1 << 20  # bytes kept per stream by default; the rest is counted and dropped (Result.truncated)
+SEND_CHUNK = 1 << 20  # bytes read from a streamed file at a time (Session.send)
 T = TypeVar("T")
 
 
@@ -322,6 +323,60 @@ class Session:
                   "    (output not logged)\n" if quiet else _indent(res.stdout), _indent(res.stderr))
         return res
 
+
+    def send(self, command: str, source: BinaryIO, *, display: str, timeout: float,
+             on_bytes: Callable[[int], None] | None = None) -> Result:
+        """Run `command` as root with `source` streamed to its stdin (a large file, never held in memory: the
+        bundle's copy to its serving host), then its result as run() gives it. `on_bytes` sees each chunk's size."""
+        self.connect()
+        assert self._conn is not None
+        line, gate = self.sudo_wrap(command)
+        if gate is not None:
+            gate.keep_stdin = True
+        shown = mask(display)
+        start = time.monotonic()
+        deadline = start + timeout
+        transport = self._conn.client.get_transport()
+        if transport is None or not transport.is_active():
+            raise RemoteError("cut", f"the connection to {self.host.name} was lost", "check the host and re-run")
+        try:
+            chan = transport.open_session(timeout=self.settings.connect_timeout)
+            chan.exec_command(line)
+            err = bytearray()
+            while gate is not None and not gate.open:  # sudo's prompt answered, the command started
+                if time.monotonic() > deadline or chan.exit_status_ready():
+                    break
+                select.select([chan.fileno()], [], [], 0.5)
+                while chan.recv_stderr_ready() and len(err) < 65536:
+                    err += chan.recv_stderr(4096)
+                gate.feed(chan, err)
+            while not chan.exit_status_ready():
+                chunk = source.read(SEND_CHUNK)
+                if not chunk:
+                    break
+                if time.monotonic() > deadline:
+                    chan.close()
+                    raise TimeoutError()
+                chan.sendall(chunk)
+                if on_bytes is not None:
+                    on_bytes(len(chunk))
+            chan.shutdown_write()
+            out, err2, truncated, total = _drain(chan, deadline)
+        except TimeoutError:
+            raise RemoteError("command-timeout", f"'{shown}' on {self.host.name} did not finish within {timeout:g} s",
+                              "check the link to the host and re-run: the copy goes on where it stopped") from None
+        except (paramiko.SSHException, OSError, EOFError) as e:
+            raise RemoteError("cut", f"the connection to {self.host.name} broke while running '{shown}': "
+                              f"{type(e).__name__}", "check the host and re-run; the copy goes on where it stopped"
+                              ) from None
+        self.round_trips += 1
+        status = chan.recv_exit_status() if chan.exit_status_ready() else -1
+        chan.close()
+        res = Result(shown, status, clean(out.decode("utf-8", "replace")),
+                     clean((bytes(err) + err2).decode("utf-8", "replace")), time.monotonic() - start, truncated, total)
+        log.debug("%s: $ %s (with %s streamed) -> %d in %.2fs\n%s", self.host.name, shown, "a file", status,
+                  res.seconds, _indent(res.stderr))
+        return res
 
     def hold(self, command: str, *, until: str, display: str, timeout: float = 30) -> tuple[Held | None, str]:
         """Start `command` as root and keep it running, its stdin open, until Held.release().

@@ -25,6 +25,7 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from tests.lab.fakes.fake import CNI_MANIFESTS
 from tests.lab.fakes.kube import kubeadm_images
 
 TOOLS = ("apt-ftparchive", "dpkg-deb", "gpg", "gpgv", "skopeo", "docker-registry", "zstd")
@@ -174,9 +175,7 @@ class Upstream:
         # the CNI manifest
         cni = self.www / "cni" / "calico.yaml"
         cni.parent.mkdir(parents=True)
-        cni.write_text("apiVersion: apps/v1\nkind: DaemonSet\nmetadata: {name: calico-node, namespace: kube-system}\n"
-                       f"spec:\n  template:\n    spec:\n      containers:\n        - name: calico-node\n"
-                       f"          image: {CALICO}\n")
+        cni.write_text(CNI_MANIFESTS["calico"])  # the lab's stand-in for calico's manifest (its image: CALICO)
 
     def _flat(self, d: Path, fpr: str, where: str) -> None:
         text = subprocess.run(["apt-ftparchive", "packages", where or "."], cwd=d, check=True,

@@ -38,26 +38,32 @@ def target_for(m: Manifest, f: HostFacts, runtime: str) -> Target | None:
 def gaps(m: Manifest, inv: Inventory, facts: Mapping[str, HostFacts | None]) -> list[Gap]:
     """Every gap, cluster first, then host by host in the inventory's order. `facts`: each host's, None for a host
     that could not be read (its OS and kernel unknown: a gap, since nothing proves the bundle serves it)."""
-    out: list[Gap] = []
+    out = kubernetes_gaps(m, inv)
+    for h in inv.hosts:
+        out += host_gaps(m, inv, h, facts.get(h.name))
+    return out
+
+
+def kubernetes_gaps(m: Manifest, inv: Inventory) -> list[Gap]:
     want = inv.cluster.kubernetes_version
     if versions.minor_of(want) != m.minor or (want.count(".") == 2 and want != m.kubernetes):
-        out.append(Gap("", "kubernetes", f"the bundle holds Kubernetes {m.kubernetes}; the inventory asks for "
-                       f"{want}: build a bundle for it (docs/airgap.md)"))
+        return [Gap("", "kubernetes", f"the bundle holds Kubernetes {m.kubernetes}; the inventory asks for "
+                    f"{want}: build a bundle for it (docs/airgap.md)")]
+    return []
+
+
+def host_gaps(m: Manifest, inv: Inventory, h: Host, f: HostFacts | None) -> list[Gap]:
+    """What the bundle lacks for one host (install's preflight check bundle.coverage)."""
+    if f is None:
+        return [Gap(h.name, "facts", f"{h.name}: its facts could not be read, so whether the bundle serves it "
+                    "is unknown")]
     runtime = inv.cluster.container_runtime
-    for h in inv.hosts:
-        f = facts.get(h.name)
-        if f is None:
-            out.append(Gap(h.name, "facts", f"{h.name}: its facts could not be read, so whether the bundle serves it "
-                           "is unknown"))
-            continue
-        t = target_for(m, f, runtime)
-        if t is None:
-            have = ", ".join(f"{x.os} {x.arch} {x.runtime}" for x in m.targets)
-            out.append(Gap(h.name, "target", f"{h.name}: {os_name(f)} {f.arch} with {runtime}: the bundle has no "
-                           f"packages for it (it serves {have})"))
-            continue
-        out += _driver(h, f, t)
-    return out
+    t = target_for(m, f, runtime)
+    if t is None:
+        have = ", ".join(f"{x.os} {x.arch} {x.runtime}" for x in m.targets)
+        return [Gap(h.name, "target", f"{h.name}: {os_name(f)} {f.arch} with {runtime}: the bundle has no "
+                    f"packages for it (it serves {have})")]
+    return _driver(h, f, t)
 
 
 def _driver(h: Host, f: HostFacts, t: Target) -> list[Gap]:

@@ -193,12 +193,18 @@ def create(inv: Inventory, targets: list[TargetSpec], out: Path, staging: Path,
     exact = dataclasses.replace(inv, cluster=dataclasses.replace(inv.cluster, kubernetes_version=version))
     wanted_images = images.sources(exact)
     named = {i.name for i in wanted_images}
-    for ref in dict.fromkeys([*kubeadm_list(kubeadm_deb, version, staging), *cni_images]):
+    listed = kubeadm_list(kubeadm_deb, version, staging)
+    for ref in dict.fromkeys([*listed, *cni_images]):
         if ref not in named:
             named.add(ref)
             wanted_images.append(images.ImageSource(ref, mirrors.image(inv, ref)))
     say(f"images: {len(wanted_images)} into one OCI layout")
     copied = images.copy(inv, wanted_images, staging / images.LAYOUT, {t.arch for t in targets})
+    for ref in listed:
+        other = images.kubeadm_alias(ref)
+        if other and other not in copied:
+            images.alias(staging / images.LAYOUT, ref, other)
+            copied.append(other)
     files.update(images.layout_files(staging / images.LAYOUT))
     m = Manifest(f"gpuk8s {__version__}", version,
                  tuple(Target(t.os, t.arch, t.runtime) for t in targets), tuple(copied),

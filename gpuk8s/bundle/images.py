@@ -86,6 +86,24 @@ def copy(inv: Inventory, wanted: Iterable[ImageSource], layout: Path, arches: It
     return done
 
 
+def alias(layout: Path, name: str, other: str) -> None:
+    """`name` in the layout also under `other` (the same manifest: no blob is copied twice)."""
+    r = subprocess.run([skopeo(), "copy", "--quiet", f"oci:{layout}:{name}", f"oci:{layout}:{other}"],
+                       capture_output=True, text=True, timeout=600)
+    if r.returncode != 0:
+        raise ImageCopyError(f"{name}: skopeo could not name it {other} in the layout: "
+                             f"{(r.stderr.strip().splitlines() or ['failed'])[-1][:300]}", "a gpuk8s bug: report it")
+
+
+def kubeadm_alias(ref: str) -> str | None:
+    """The name kubeadm pulls `ref` by from a repository of its own (imageRepository: the bundle's server): kubeadm
+    drops coredns' own path there (`REPO/coredns:TAG` for registry.k8s.io/coredns/coredns:TAG, docs/mirrors.md)."""
+    p = mirrors.parse(ref)
+    if p.registry == mirrors.KUBEADM_REGISTRY and p.path == "coredns/coredns":
+        return f"{p.registry}/coredns{p.tag}"
+    return None
+
+
 def layout_files(layout: Path) -> dict[str, Path]:
     """The layout's files as bundle members (images/oci-layout, images/index.json, images/blobs/sha256/...)."""
     out = {}

@@ -6,11 +6,11 @@ from typing import Any
 import typer
 
 from gpuk8s import flows, gpuplan, localfiles, ui
-from gpuk8s.commands.common import finish, ignored_checks, local_kubectl, passwords
+from gpuk8s.commands.common import finish, ignored_checks, load_bundle, local_kubectl, passwords
 from gpuk8s.errors import GpuK8sError
 from gpuk8s.exitcodes import ExitCode
 from gpuk8s.kube import monitoring, render
-from gpuk8s.options import InventoryOpt, Output, OutputOpt
+from gpuk8s.options import BundleHostOpt, BundleOpt, BundlePortOpt, InventoryOpt, Output, OutputOpt
 from gpuk8s.phases.base import Options
 from gpuk8s.report.cluster import phase_printer, render_cluster
 
@@ -27,9 +27,13 @@ def register(app: typer.Typer, load_inventory: Any) -> None:
         test_pods: bool = typer.Option(True, "--test-pods/--no-test-pods"),
         allow_reboot: bool = typer.Option(False, "--allow-reboot", help="Reboot a host whose MIG change needs it, "
                                           "wait for SSH and continue (docs/mig.md)."),
+        bundle: Path | None = BundleOpt,  # noqa: UP007
+        bundle_host: str | None = BundleHostOpt,  # noqa: UP007
+        bundle_port: int = BundlePortOpt,
     ) -> None:
         """Prepare and join hosts to the running cluster, with a fresh token minted on a control plane."""
         inv = load_inventory(inventory, output)
+        served = load_bundle(bundle, bundle_host, bundle_port, output)
         sudo = passwords(inv)
         con = ui.console(stderr=True)
         unknown = [n for n in hosts or [] if n not in {h.name for h in inv.hosts}]
@@ -54,7 +58,8 @@ def register(app: typer.Typer, load_inventory: Any) -> None:
                 ui.emit_json({"ok": True, "changed": False, "joined": []})
             raise typer.Exit(ExitCode.OK)
         rep = flows.join(inv, targets, concurrency=concurrency, ignore=ignored_checks(inv, ignore),
-                         sudo_passwords=sudo, options=Options(test_pods=test_pods, allow_reboot=allow_reboot),
+                         sudo_passwords=sudo, options=Options(test_pods=test_pods, allow_reboot=allow_reboot,
+                                                              bundle=served),
                          emit=phase_printer(output))
         finish(rep, output, lambda: render_cluster(rep, "join"))
 

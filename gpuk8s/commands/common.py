@@ -11,6 +11,8 @@ import typer
 from rich.text import Text
 
 from gpuk8s import ui
+from gpuk8s.bundle.site import BundleFile, bundle_file
+from gpuk8s.bundle.verify import verify
 from gpuk8s.credentials import CredentialError, sudo_passwords
 from gpuk8s.errors import GpuK8sError
 from gpuk8s.exitcodes import ExitCode
@@ -70,6 +72,21 @@ def failed(e: GpuK8sError, output: Output) -> NoReturn:
     else:
         ui.say(ui.console(stderr=True), f"{e.message}; {e.remedy}")
     raise typer.Exit(ExitCode.FAILED)
+
+
+def load_bundle(file: Path | None, host: str | None, port: int, output: Output) -> BundleFile | None:
+    """--bundle: the file verified here (every member against its manifest) before any host is contacted; exit 1
+    naming what differs."""
+    if file is None:
+        return None
+    try:
+        v = verify(file)
+    except GpuK8sError as e:
+        failed(e, output)
+    if not v.ok:
+        failed(GpuK8sError(f"{file}: the bundle is not whole: " + "; ".join(v.problems[:5]),
+                           "copy it again from where it was built (gpuk8s bundle verify there first)"), output)
+    return bundle_file(file, v, host, port)
 
 
 def usage_error(e: GpuK8sError, output: Output) -> NoReturn:

@@ -7,10 +7,21 @@ from typing import Any
 import typer
 
 from gpuk8s import flows, ui
-from gpuk8s.commands.common import finish, ignored_checks, passwords, usage_error
+from gpuk8s.commands.common import finish, ignored_checks, load_bundle, passwords, usage_error
+from gpuk8s.errors import GpuK8sError
 from gpuk8s.install.prepare import playbooks_for, prepare
 from gpuk8s.logs import log_path
-from gpuk8s.options import InventoryOpt, OnlyPhaseOpt, Output, OutputOpt, SkipPhasesOpt, phase_names
+from gpuk8s.options import (
+    BundleHostOpt,
+    BundleOpt,
+    BundlePortOpt,
+    InventoryOpt,
+    OnlyPhaseOpt,
+    Output,
+    OutputOpt,
+    SkipPhasesOpt,
+    phase_names,
+)
 from gpuk8s.phases.base import Options, PhaseSelectionError
 from gpuk8s.report import cluster as report
 from gpuk8s.report.live import LiveView
@@ -42,6 +53,9 @@ def register(app: typer.Typer, load_inventory: Callable[..., Any]) -> None:
                                        help="Run one GPU test pod per GPU node during verification."),
         allow_reboot: bool = typer.Option(False, "--allow-reboot", help="Reboot a host whose MIG change needs it "
                                           "(GPU reset refused), wait for SSH and continue (docs/mig.md)."),
+        bundle: Path | None = BundleOpt,  # noqa: UP007
+        bundle_host: str | None = BundleHostOpt,  # noqa: UP007
+        bundle_port: int = BundlePortOpt,
     ) -> None:
         """Preflight, prepare every host (toolkit, runtime, Kubernetes packages), then kubeadm init, CNI, join,
         the NVIDIA device plugin, and verification that every GPU is schedulable."""
@@ -51,6 +65,10 @@ def register(app: typer.Typer, load_inventory: Callable[..., Any]) -> None:
             flows.select_install(inv, skip, only_phase)
         except PhaseSelectionError as e:
             usage_error(e, output)
+        if bundle is not None and prepare_only:
+            usage_error(GpuK8sError("--prepare-only does not serve a bundle", "run install --bundle without it, "
+                                    "or --only-phase prepare"), output)
+        served = load_bundle(bundle, bundle_host, bundle_port, output)
         ignored = ignored_checks(inv, ignore)
         sudo = passwords(inv)
         view = LiveView(len(inv.hosts)) if output == Output.table and ui.is_terminal() else None
@@ -78,7 +96,7 @@ def register(app: typer.Typer, load_inventory: Callable[..., Any]) -> None:
         # on a terminal, phase lines go through the live view's console so they do not tear its display
         say = (lambda line: ui.say(view.live.console, line)) if view else report.phase_printer(output)
         options = Options(kubeconfig_out=kubeconfig_out, kubeconfig_force=force, kubeconfig_merge=kubeconfig_merge,
-                          test_pods=test_pods, allow_reboot=allow_reboot)
+                          test_pods=test_pods, allow_reboot=allow_reboot, bundle=served)
         try:
             rep = flows.install(inv, concurrency=concurrency, ignore=ignored, sudo_passwords=sudo, options=options,
                                 emit=say, on_event=on_event, dry_run=dry_run, measure_network=network, skip=skip,

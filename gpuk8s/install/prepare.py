@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuk8s.bundle.manifest import Manifest
 from gpuk8s.inventory.model import Host, Inventory
 from gpuk8s.lines import lines_that_matter
 from gpuk8s.playbook.model import load_playbook
@@ -155,7 +156,7 @@ def prepare(inv: Inventory, *, concurrency: int, ignore: set[str], sudo_password
             sessions: dict[str, Session] | None = None,
             wanted: Callable[[RenderedStep], bool] | None = None,
             extra: Callable[[Host], str] | None = None,
-            lenient: Callable[[Host], bool] | None = None) -> PrepareReport:
+            lenient: Callable[[Host], bool] | None = None, bundle: Manifest | None = None) -> PrepareReport:
     """Preflight, then the playbooks on every host that passed. With `sessions`, connections stay open
     for the caller (install part 2 goes on over them) and the caller closes them. `wanted`: the steps to run
     (upgrade leaves the Kubernetes packages to its node-by-node phases); default all. `extra`: sections preflight
@@ -176,7 +177,7 @@ def prepare(inv: Inventory, *, concurrency: int, ignore: set[str], sudo_password
     try:
         pre = run_preflight(inv, concurrency=concurrency, ignore=ignore, sudo_passwords=sudo_passwords,
                             measure_network=measure_network, on_host=after_preflight, keep_sessions=sessions,
-                            extra=extra)
+                            extra=extra, bundle=bundle)
         eligible = []
         for rep in pre.hosts:
             run = runs[rep.host.name]

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpuk8s.bundle.manifest import Manifest
+from gpuk8s.bundle.site import BundleFile
 from gpuk8s.errors import GpuK8sError
 from gpuk8s.facts.health import HealthFacts
 from gpuk8s.facts.model import HostFacts
@@ -88,6 +90,7 @@ class Options:
     only: list[Host] | None = None  # join: the hosts to join (else every host of the inventory)
     allow_reboot: bool = False  # the mig phase may reboot a host whose GPU reset was refused (--allow-reboot)
     reboot_timeout: float = 900  # how long a rebooted host may take to answer SSH again
+    bundle: BundleFile | None = None  # --bundle: the verified bundle to serve for the run (phases/bundle.py)
 
 
 @dataclass
@@ -126,6 +129,8 @@ class Context:
     quarantine: dict[str, str] = field(default_factory=dict)
     # hosts a phase left out of the cluster phases on purpose: host -> why (the health phase's skip)
     held: dict[str, str] = field(default_factory=dict)
+    # the bundle this run serves (phases/bundle.py): preflight names each host it does not cover
+    bundle: Manifest | None = None
     findings: list[Finding] = field(default_factory=list)  # per host, where a phase gives them (health): the report's
 
     def close(self) -> None:

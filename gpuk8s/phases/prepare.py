@@ -113,10 +113,11 @@ class Prepare(Phase):
         rep = prepare(self._target(ctx), concurrency=ctx.concurrency, ignore=ctx.ignore,
                       sudo_passwords=ctx.sudo_passwords, dry_run=dry_run, measure_network=self.measure_network,
                       on_event=self.on_event, sessions=ctx.sessions, extra=extra,
-                      lenient=lenient(extra, quarantined))
+                      lenient=lenient(extra, quarantined), bundle=ctx.bundle)
         ctx.prepare_report = rep
         done = {h.host.name for h in rep.hosts if h.status == "done"}
-        for name in [n for n in ctx.sessions if n not in done and n != ctx.cp.name]:
+        serving = ctx.options.bundle.host if ctx.options.bundle is not None else None  # the bundle server's
+        for name in [n for n in ctx.sessions if n not in done and n not in (ctx.cp.name, serving)]:
             ctx.sessions.pop(name).close()
         changed = {h.host.name for h in rep.hosts if h.count("changed")}
         facts = {r.host.name: r.facts for r in rep.preflight

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
+from gpuk8s.bundle.coverage import host_gaps
+from gpuk8s.bundle.manifest import Manifest
 from gpuk8s.facts.health import HealthFacts, read_health
 from gpuk8s.facts.model import HostFacts
 from gpuk8s.facts.parse import ParseError, parse_probe
@@ -145,15 +147,26 @@ def _sudo_remedy(stderr: str, s: Session) -> str:
     return f"give {s.settings.user} sudo rights on the host, or connect as root"
 
 
+def bundle_check(m: Manifest, inv: Inventory, host: Host, facts: HostFacts) -> CheckResult:
+    """bundle.coverage: the bundle the run installs from serves this host (gpuk8s/bundle/coverage.py)."""
+    gaps = host_gaps(m, inv, host, facts)
+    if gaps:
+        return failed("bundle.coverage", "; ".join(g.message for g in gaps),
+                      "build a bundle that covers it (gpuk8s bundle create -i INVENTORY, with --target for hosts "
+                      "that machine cannot reach), or leave the host out of this run")
+    return passed("bundle.coverage", f"the bundle serves {host.name} (Kubernetes {m.kubernetes})")
+
+
 def run_preflight(inv: Inventory, *, concurrency: int, ignore: set[str], sudo_passwords: dict[str, str],
                   network_seconds: float | None = None, measure_network: bool = True,
                   on_host: Callable[[HostReport], None] | None = None,
                   keep_sessions: dict[str, Session] | None = None,
-                  extra: Callable[[Host], str] | None = None) -> Report:
+                  extra: Callable[[Host], str] | None = None, bundle: Manifest | None = None) -> Report:
     """Preflight of every host. With `keep_sessions`, the open connections are handed over there
     (the caller closes them) so that install goes on over the same connection. `extra`: sections to run after the
     probe's on a host, in the same round trip (install's GPU health: gpuk8s/health/run.py EXTRA), read into
-    HostReport.health."""
+    HostReport.health. `bundle`: the bundle the run installs from (install --bundle): each host it does not cover
+    fails bundle.coverage."""
     start = time.monotonic()
     reports = {h.name: HostReport(h) for h in inv.hosts}
     sessions: dict[str, Session] = {} if keep_sessions is None else keep_sessions
@@ -190,6 +203,8 @@ def run_preflight(inv: Inventory, *, concurrency: int, ignore: set[str], sudo_pa
             stage = "checking its facts"
             rep.checks = checks + check_host(host, facts, inv.cluster, install=inv.install) + [
                 sources_check(plan.for_host(host), facts)]
+            if bundle is not None:
+                rep.checks.append(bundle_check(bundle, inv, host, facts))
         except RemoteError as e:
             if mine:
                 s.close()

@@ -569,11 +569,14 @@ class Lab:
         self._start_fake_server()
         (self.root / "cluster").mkdir()
         (self.root / "real").mkdir()
-        if Path("/usr/bin/containerd").exists():  # the real binary, for hosts whose containerd is faked
-            try:
-                os.link("/usr/bin/containerd", self.root / "real" / "containerd")
-            except OSError:
-                shutil.copy2("/usr/bin/containerd", self.root / "real" / "containerd")
+        # the real binaries, for hosts whose command is faked: containerd (config checks), gpg and gpgv (the real keys
+        # and signatures of a repository served from a bundle, tests/lab/fakes/fake.py: _real_index)
+        for tool in ("containerd", "gpg", "gpgv"):
+            if Path(f"/usr/bin/{tool}").exists():
+                try:
+                    os.link(f"/usr/bin/{tool}", self.root / "real" / tool)
+                except OSError:
+                    shutil.copy2(f"/usr/bin/{tool}", self.root / "real" / tool)
         _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "gpuk8s-lab", "-f", str(self.key)])
         (self.root / "lab.json").write_text(json.dumps(
             {"fleet": str(Path(fleet_path).resolve()), "subnet": str(fleet.subnet), "created": time.time()}))

@@ -1,16 +1,24 @@
-"""`gpuk8s bundle verify FILE -i INVENTORY` on the lab (issue 44): whether a bundle covers each host, read over SSH
-as preflight reads it: a host whose OS the bundle has no target for, a managed-driver host whose kernel it has no
-modules for, each named with what is missing; a bundle that covers every host passes. (Building bundles and
-installing from one are not built yet: docs/airgap.md.)"""
+"""Air-gapped bundles on the lab (issue 44). `bundle verify -i`: whether a bundle covers each host, read over SSH as
+preflight reads it. `bundle create` then `install --bundle` and `join --bundle` with every public source out of
+reach: the bundle built on this machine from the internet its loopback serves (tests/bundleupstream.py: real
+signed apt repositories, a real registry, skopeo), copied to the first control plane, served from there (the lab's
+apt and containerd speak to it for real: the real gpg and gpgv on the real keys and signatures, each .deb fetched
+and checked, each image's manifest asked for over HTTP), and every GPU schedulable."""
 
 from __future__ import annotations
 
 import json
+import socket
+import time
 
+import pytest
 import yaml
 
 from gpuk8s import versions
+from tests.bundleupstream import Upstream, missing_tools
+from tests.labtests.test_mirrors import PUBLIC
 from tests.unit.test_bundle import good
+from tests.unit.test_bundle_create import CONTAINERD, KUBE, OLDER, TOOLKIT, all_images
 
 FLEET = """
 hosts:
@@ -42,3 +50,143 @@ def test_bundle_verify_names_the_host_and_kernel_a_bundle_does_not_cover(lab_up,
     r = run_cli("bundle", "verify", str(whole), "-i", inv)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "covers every host of the inventory" in r.stdout and "whole: 3 file(s)" in r.stdout
+
+
+AIRGAP_FLEET = """
+hosts:
+  - {name: cp-1, role: control-plane}
+  - {name: gpu-1, gpus: 2}
+  - {name: gpu-2, gpus: 4}
+"""
+KUBECTL = "kubectl --kubeconfig /etc/kubernetes/admin.conf"
+
+
+def _listening(address: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(2)
+        return s.connect_ex((address, port)) == 0
+
+
+@pytest.mark.skipif(bool(missing_tools()), reason=f"needs {', '.join(missing_tools())} (.ci/run installs them)")
+def test_install_and_join_from_a_bundle_with_every_public_source_out_of_reach(lab_up, run_cli, tmp_path):
+    lab = lab_up(AIRGAP_FLEET)
+    site = yaml.safe_load(lab.inventory.read_text())
+    site["cluster"]["kubernetes_version"] = KUBE
+    site["hosts"] = [h for h in site["hosts"] if h["name"] != "gpu-2"]  # joined later
+    inv = tmp_path / "site.yaml"
+    inv.write_text(yaml.safe_dump(site, sort_keys=False))
+    full = dict(site, hosts=yaml.safe_load(lab.inventory.read_text())["hosts"])
+    full_inv = tmp_path / "site-full.yaml"
+    full_inv.write_text(yaml.safe_dump(full, sort_keys=False))
+
+    # the connected machine: the site's inventory, the internet as its loopback serves it
+    up = Upstream(tmp_path / "upstream")
+    up.build(KUBE, TOOLKIT, CONTAINERD, OLDER)
+    up.start()
+    try:
+        laptop = dict(full, install={**site.get("install", {}), **up.install_section()},
+                      registry={"mirror": up.mirror, "insecure_http": True})
+        laptop_inv = tmp_path / "laptop.yaml"
+        laptop_inv.write_text(yaml.safe_dump(laptop, sort_keys=False))
+        from gpuk8s.inventory.loader import load
+        up.push(all_images(up, load(laptop_inv)))
+        bundle = tmp_path / "site.tar.zst"
+        t0 = time.monotonic()
+        r = run_cli("bundle", "create", "-i", str(laptop_inv), str(bundle), "-o", "json", timeout=600)
+        built = time.monotonic() - t0
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        made = json.loads(r.stdout)
+        assert made["targets"] == [{"os": "ubuntu-22.04", "arch": "x86_64", "runtime": "containerd", "kernels": [],
+                                    "driver_branches": []}], made
+        assert made["coverage"] == [], made  # the hosts bring their own drivers
+    finally:
+        up.stop()
+    print(f"bundle: {made['bytes']} bytes, {made['files']} files, {made['images']} images, built in {built:.1f} s")
+
+    # the site: nothing public answers
+    for h in lab.hosts.values():
+        h.update_state(unreachable_hosts=PUBLIC)
+    r = run_cli("bundle", "verify", str(bundle), "-i", str(inv))
+    assert r.returncode == 0, r.stdout + r.stderr
+
+    # a corrupted copy is refused, the file named, before any host is contacted
+    bad = tmp_path / "bad.tar.zst"
+    data = bytearray(bundle.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    bad.write_bytes(bytes(data))
+    r = run_cli("install", "-i", str(inv), "--bundle", str(bad), "-o", "json")
+    assert r.returncode == 1 and "bad.tar.zst" in r.stdout, r.stdout + r.stderr
+    assert lab.host("cp-1").exec("test -e /var/lib/gpuk8s/bundle && echo there || echo none").stdout.strip() == "none"
+
+    t0 = time.monotonic()
+    r = run_cli("install", "-i", str(inv), "--bundle", str(bundle), "-o", "json", timeout=900)
+    seconds = time.monotonic() - t0
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-3000:]
+    rep = json.loads(r.stdout)
+    served = next(p for p in rep["phases"] if p["name"] == "bundle")
+    cp = lab.host("cp-1")
+    address = next(h["address"] for h in site["hosts"] if h["name"] == "cp-1")
+    assert served["status"] == "changed" and f"served from cp-1 at http://{address}:5480" in served["message"]
+    assert f"copied {bundle.stat().st_size} bytes" in served["message"], served
+    checks = {n["node"]: n for n in rep["nodes"]}
+    assert checks["gpu-1"]["allocatable_gpus"] == 2 and all(n["ok"] for n in checks.values()), checks
+    print(f"install from the bundle, 2 hosts: {seconds:.1f} s")
+
+    # what the hosts took came from the bundle: packages at its versions, fetched from the served copies
+    for name in ("cp-1", "gpu-1"):
+        h = lab.host(name)
+        srcs = h.exec("cat /etc/apt/sources.list.d/kubernetes.list").stdout
+        assert f"http://{address}:5480/repos/kubernetes/v{KUBE.rsplit('.', 1)[0]}/deb/ /" in srcs, srcs
+        pkgs = h.state()["packages"]
+        assert pkgs["kubeadm"] == f"{KUBE}-1.1" and pkgs["kubelet"] == f"{KUBE}-1.1", pkgs
+        fetched = " ".join(" ".join(a) for a in h.commands())
+        assert "apt-get" in fetched
+    assert lab.host("gpu-1").state()["packages"]["nvidia-container-toolkit"] == TOOLKIT
+    state = json.loads((lab.root / "cluster" / "state.json").read_text())
+    images = set()
+    for o in state["objects"].values():
+        spec = o.get("spec", {})
+        spec = spec.get("template", {}).get("spec", spec)
+        images |= {c["image"] for k in ("containers", "initContainers") for c in spec.get(k) or []}
+    assert images and all(i.startswith(f"{address}:5480/") for i in images), images
+    # the server ended with the run; the unpacked bundle stays for the next run
+    assert not _listening(address, 5480)
+    assert cp.exec("test -s /var/lib/gpuk8s/bundle/*/manifest.json && echo kept").stdout.strip() == "kept"
+
+    # a re-run from the same bundle copies nothing and changes nothing
+    r = run_cli("install", "-i", str(inv), "--bundle", str(bundle), "-o", "json", timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    again = json.loads(r.stdout)
+    assert "copied" not in next(p for p in again["phases"] if p["name"] == "bundle")["message"]
+    assert not [p["name"] for p in again["phases"] if p["status"] == "changed"
+                and p["name"] not in ("lock", "bundle", "kubeconfig")], again["phases"]
+
+    # day two: a host joins from the same bundle
+    r = run_cli("join", "gpu-2", "-i", str(full_inv), "--bundle", str(bundle), "-o", "json", timeout=900)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-3000:]
+    nodes = json.loads(cp.exec(f"{KUBECTL} get nodes -o json").stdout)["items"]
+    gpus = {n["metadata"]["name"]: n["status"]["allocatable"].get("nvidia.com/gpu") for n in nodes}
+    assert gpus.get("gpu-2") == "4", gpus
+    assert lab.host("gpu-2").state()["packages"]["kubeadm"] == f"{KUBE}-1.1"
+
+
+def test_install_preflight_refuses_a_bundle_that_lacks_a_hosts_kernel(lab_up, run_cli, tmp_path):
+    """A managed-driver host whose kernel the bundle has no modules for: install's preflight names it and its
+    kernel (bundle.coverage), before anything of the host changes; a whole bundle file stands in (its packages
+    are never reached: the host is refused first)."""
+    lab = lab_up(FLEET)
+    kernel = lab.host("gpu-1").exec("uname -r").stdout.strip()
+    site = yaml.safe_load(lab.inventory.read_text())
+    site["hosts"] = [h for h in site["hosts"] if h["name"] != "al-1"]
+    inv = tmp_path / "site.yaml"
+    inv.write_text(yaml.safe_dump(site, sort_keys=False))
+    minor = versions.kubernetes_or_default(site["cluster"]["kubernetes_version"])
+    ubuntu = {"os": "ubuntu-22.04", "arch": "x86_64", "runtime": "containerd", "kernels": ["5.4.0-1-generic"],
+              "driver_branches": [versions.drivers().default_branch]}
+    bundle = good(tmp_path, kubernetes=minor.latest_patch, targets=[ubuntu])
+    r = run_cli("install", "-i", str(inv), "--bundle", str(bundle), "--dry-run", "-o", "json", timeout=600)
+    rep = json.loads(r.stdout)
+    hosts = {h["name"]: h for h in rep["prepare"]["hosts"]}
+    assert hosts["gpu-1"]["status"] == "blocked", hosts["gpu-1"]
+    assert "bundle.coverage" in hosts["gpu-1"]["message"] and f"kernel {kernel}" in hosts["gpu-1"]["message"]
+    assert hosts["cp-1"]["status"] != "blocked", hosts["cp-1"]

@@ -1354,6 +1354,41 @@ def _unreachable(h: Host, url: str) -> bool:
     return _url_host(url) in h.state.get("unreachable_hosts", [])
 
 
+# A source at an IP address is real: a bundle served from a lab host (gpuk8s/data/bundle_serve.py). curl, gpg and apt
+# speak to it for real (HTTP over the lab's network, the real gpg and gpgv on its real keys and signatures).
+_IPV4 = re.compile(r"^[0-9]{1,3}(\.[0-9]{1,3}){3}$")
+
+
+def _real_source(url: str) -> bool:
+    return bool(_IPV4.match(_url_host(url)))
+
+
+def _http_get(url: str, limit: int = 256 << 20) -> bytes:
+    """GET `url` (a real source), at most `limit` bytes; urllib's HTTPError or URLError/OSError when it fails."""
+    import urllib.request
+    with urllib.request.urlopen(url, timeout=20) as r:
+        return r.read(limit)
+
+
+def _connect_error(url: str, e: BaseException) -> str:
+    """curl 7.81's words (Ubuntu 22.04) for a request that got no answer."""
+    netloc = re.sub(r"^[a-z]+://", "", url).split("/", 1)[0]
+    host, _, port = netloc.partition(":")
+    return f"curl: (7) Failed to connect to {host} port {port or 80} after 0 ms: Connection refused\n"
+
+
+def _real_tool(name: str, args: list[str], data: bytes | None = None) -> int:
+    """The real gpg or gpgv (LAB_ROOT/real), in a throwaway home, its output passed through."""
+    import tempfile
+    with tempfile.TemporaryDirectory() as home:
+        os.chmod(home, 0o700)
+        p = subprocess.run([str(LAB_ROOT / "real" / name), "--homedir", home, *args], input=data,
+                           capture_output=True)
+    sys.stdout.buffer.write(p.stdout)
+    sys.stderr.buffer.write(p.stderr)
+    return p.returncode
+
+
 def _nvidia_rhel8() -> dict[str, list[str]]:
     """NVIDIA's RHEL 8 repository: per branch its open driver (the nvidia-open meta package, the DKMS modules, the
     libraries) and fabric manager (nvidia-fabricmanager from R580 on, nvidia-fabric-manager before), as EL8 names
@@ -1477,6 +1512,109 @@ def _apt_sources() -> list[tuple[str, str]]:
                 key = re.search(r"signed-by=(\S+)", m.group(1) or "")
                 out.append((m.group(2), key.group(1) if key else ""))
     return out
+
+
+def _apt_lines() -> list[tuple[str, str, list[str], str]]:
+    """(url, suite, components, signed-by) of every one-line deb source in sources.list.d."""
+    out = []
+    d = Path("/etc/apt/sources.list.d")
+    for f in sorted(d.glob("*.list")) if d.is_dir() else []:
+        for line in f.read_text().splitlines():
+            m = re.match(r"^deb\s+(?:\[([^]]*)\]\s+)?(\S+)\s+(\S+)((?:\s+\S+)*)", line.split("#", 1)[0].strip())
+            if m:
+                key = re.search(r"signed-by=(\S+)", m.group(1) or "")
+                out.append((m.group(2), m.group(3), m.group(4).split(), key.group(1) if key else ""))
+    return out
+
+
+def _release_sha256(text: str) -> dict[str, tuple[str, int]]:
+    out, inside = {}, False
+    for line in text.splitlines():
+        if not line.startswith(" "):
+            inside = line.strip() == "SHA256:"
+            continue
+        f = line.split()
+        if inside and len(f) == 3:
+            out[f[2]] = (f[0], int(f[1]))
+    return out
+
+
+def _real_index(h: Host, url: str, suite: str, comps: list[str], keyring: str, n: int
+                ) -> tuple[dict[str, list[str]], dict[str, list[str]]] | None:
+    """apt-get update of a real source: InRelease (or Release and Release.gpg) verified by the real gpgv against
+    the signed-by keyring, the architecture's Packages against Release's sha256. (versions by package, where each
+    version's file is: URL, size, sha256), or None after apt's error is printed."""
+    import urllib.error
+    arch = {"x86_64": "amd64", "aarch64": "arm64"}.get(str(h.spec.get("arch", "x86_64")), "amd64")
+    url = url.replace("$(ARCH)", arch)  # apt's own substitution in a source line
+    flat = suite.endswith("/")
+    base = url.rstrip("/") + ("/" + suite.rstrip("/") if flat and suite != "/" else "")
+    meta = base if flat else f"{base}/dists/{suite}"
+    import tempfile
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            try:
+                signed = [Path(tmp, "InRelease")]
+                signed[0].write_bytes(_http_get(f"{meta}/InRelease"))
+            except urllib.error.HTTPError:
+                signed = [Path(tmp, "Release.gpg"), Path(tmp, "Release")]
+                signed[0].write_bytes(_http_get(f"{meta}/Release.gpg"))
+                signed[1].write_bytes(_http_get(f"{meta}/Release"))
+            v = subprocess.run([str(LAB_ROOT / "real" / "gpgv"), "--keyring", keyring, "--output", f"{tmp}/plain",
+                                *map(str, signed)], capture_output=True, text=True) if len(signed) == 1 else \
+                subprocess.run([str(LAB_ROOT / "real" / "gpgv"), "--keyring", keyring, *map(str, signed)],
+                               capture_output=True, text=True)
+            if v.returncode != 0:
+                err(f"W: GPG error: {meta} InRelease: The following signatures couldn't be verified because the "
+                    "public key is not available: NO_PUBKEY 0123456789ABCDEF\n")
+                return None
+            release = Path(tmp, "plain" if len(signed) == 1 else "Release").read_text()
+    except (urllib.error.URLError, OSError) as e:
+        out(f"Err:{n} {meta} InRelease\n  Could not connect to {_url_host(url)} ({e})\n")
+        err(f"W: Failed to fetch {meta}/InRelease  Could not connect to {_url_host(url)}\n")
+        return None
+    listed = _release_sha256(release)
+    out(f"Get:{n} {meta} InRelease [{len(release)} B]\n")
+    versions: dict[str, list[str]] = {}
+    files: dict[str, list[str]] = {}
+    for comp in ([""] if flat else comps):
+        name = "Packages" if flat else f"{comp}/binary-{arch}/Packages"
+        got = next(((n_, listed[n_]) for n_ in (name, name + ".gz") if n_ in listed), None)
+        if got is None:
+            continue
+        data = _http_get(f"{meta}/{got[0]}")
+        if hashlib.sha256(data).hexdigest() != got[1][0]:
+            err(f"E: Failed to fetch {meta}/{got[0]}  Hash Sum mismatch\n")
+            return None
+        text = (gzip.decompress(data) if got[0].endswith(".gz") else data).decode()
+        for stanza in text.split("\n\n"):
+            f = dict(re.findall(r"^([A-Za-z0-9-]+): (.*)$", stanza, re.M))
+            if f.get("Package") and f.get("Version") and f.get("Architecture") in (arch, "all"):
+                versions.setdefault(f["Package"], []).append(f["Version"])
+                files[f"{f['Package']}={f['Version']}"] = [f"{base}/{f.get('Filename', '').removeprefix('./')}",
+                                                           f.get("Size", "0"), f.get("SHA256", "")]
+    return versions, files
+
+
+def _fetch_debs(h: Host, chosen: dict[str, str]) -> bool:
+    """The .deb of each chosen package that a real source serves, fetched and checked as apt does."""
+    import urllib.error
+    files = h.state.get("apt_files", {})
+    for name, v in chosen.items():
+        where = files.get(f"{name}={v}")
+        if not where:
+            continue
+        url, size, sha = where
+        try:
+            data = _http_get(url)
+        except (urllib.error.URLError, OSError):
+            err(f"E: Failed to fetch {url}  Could not connect to {_url_host(url)}\n")
+            return False
+        if len(data) != int(size) or hashlib.sha256(data).hexdigest() != sha:
+            err(f"E: Failed to fetch {url}  Hash Sum mismatch\n")
+            return False
+        out(f"Get: {url} {name} {v} [{len(data)} B]\n")
+    return True
 
 
 def _apt_conflict() -> str:
@@ -1632,7 +1770,14 @@ def apt_get(h: Host, args: list[str]) -> int:
         return 100
     if verb == "update":
         index: dict[str, dict[str, list[str]]] = {}
-        for n, (url, key) in enumerate(_apt_sources(), 1):
+        h.state["apt_files"] = {}
+        for n, (url, suite, comps, key) in enumerate(_apt_lines(), 1):
+            if _real_source(url) and not _unreachable(h, url):
+                got = _real_index(h, url, suite, comps, key, n)
+                if got is not None:
+                    index[url] = got[0]
+                    h.state["apt_files"].update(got[1])
+                continue
             if _unreachable(h, url):
                 out(f"Err:{n} {url} InRelease\n  Could not resolve '{_url_host(url)}'\n")
                 err(f"W: Failed to fetch {url}/InRelease  Could not resolve '{_url_host(url)}'\n")
@@ -1678,6 +1823,8 @@ def apt_get(h: Host, args: list[str]) -> int:
         for name, v in chosen.items():
             out(f"Inst {name} ({v} lab [amd64])\n")
         return 0
+    if not _fetch_debs(h, chosen):
+        return 100
     if taken:
         out("The following packages will be REMOVED:\n  " + " ".join(taken) + "\n")
         for p in taken:
@@ -1981,6 +2128,25 @@ def curl(h: Host, args: list[str]) -> int:
     if _unreachable(h, url):
         err(f"curl: (6) Could not resolve host: {_url_host(url)}\n")
         return 6
+    if _real_source(url):
+        import urllib.error
+        try:
+            data, code = _http_get(url), 200
+        except urllib.error.HTTPError as e:
+            if "-f" in args or "--fail" in args or any(re.match(r"^-[a-zA-Z]*f", a) for a in args):
+                err(f"curl: (22) The requested URL returned error: {e.code}\n")
+                return 22
+            data, code = b"", e.code
+        except OSError as e:
+            err(_connect_error(url, e))
+            return 7
+        if dest:
+            Path(dest).write_bytes(data)
+        elif _opt(args, "-w") != "%{http_code}":
+            sys.stdout.buffer.write(data)
+        if _opt(args, "-w") == "%{http_code}":
+            out(str(code))
+        return 0
     # the state's "redirects" ({url host: base URL}): that host answers 302 to the same path under the base
     to = h.state.get("redirects", {}).get(_url_host(url))
     if to:
@@ -2069,6 +2235,8 @@ def gpg(h: Host, args: list[str]) -> int:
     h.release()  # gpg needs no state; holding its lock while reading a `curl | gpg` pipe would deadlock
     if "--dearmor" in args:
         data = sys.stdin.buffer.read()
+        if data.startswith(b"-----BEGIN PGP PUBLIC KEY BLOCK-----") and b"lab-fingerprint:" not in data:
+            return _real_tool("gpg", ["--batch", *args], data)  # a real key (a repository served from a bundle)
         if not data.startswith(b"-----BEGIN PGP"):
             err("gpg: no valid OpenPGP data found.\n")
             return 2
@@ -2085,6 +2253,9 @@ def gpg(h: Host, args: list[str]) -> int:
             err(f"gpg: can't open '{f}': {e.strerror}\n")
             return 2
     fprs = [m.decode() for d in datas for m in KEY_FPR.findall(d)]
+    if not fprs and datas and all(d.startswith((b"-----BEGIN PGP", b"\x98", b"\x99", b"\xc6")) for d in datas) \
+            and not any(d.startswith(b"\x99\x01lab-keyring") for d in datas):
+        return _real_tool("gpg", ["--batch", *args], datas[0] if files in ([], ["-"]) else None)
     if not fprs:
         err("gpg: no valid OpenPGP data found.\n")
         return 2

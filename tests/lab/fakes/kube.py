@@ -761,6 +761,26 @@ def _endpoints(host: str, registry: str) -> list[tuple[str, bool]]:
     return [*out, (str(cfg.get("server", server)), False)]
 
 
+_IPV4 = re.compile(r"^[0-9]{1,3}(\.[0-9]{1,3}){3}$")
+_ACCEPT = ", ".join(["application/vnd.oci.image.index.v1+json", "application/vnd.oci.image.manifest.v1+json",
+                     "application/vnd.docker.distribution.manifest.list.v2+json",
+                     "application/vnd.docker.distribution.manifest.v2+json"])
+
+
+def _real_head(url: str, full: str, netloc: str) -> str | None:
+    """containerd's resolve of a real registry: HEAD of the manifest; its error's words, None when found."""
+    import urllib.error
+    import urllib.request
+    try:
+        urllib.request.urlopen(urllib.request.Request(url, method="HEAD", headers={"Accept": _ACCEPT}),
+                               timeout=10).close()
+        return None
+    except urllib.error.HTTPError as e:
+        return f"{full}: not found" if e.code == 404 else f"unexpected status from HEAD request to {url}: {e.code}"
+    except (urllib.error.URLError, OSError):
+        return f'failed to do request: Head "{url}": dial tcp {netloc}: connect: connection refused'
+
+
 def pull_error(host: str, ref: str) -> str | None:
     """containerd's error pulling `ref` on the node of lab host `host`, or None when the pull succeeds."""
     return _memo(("pull", host, ref), lambda: _pull_error(host, ref))  # type: ignore[no-any-return]
@@ -790,6 +810,20 @@ def _pull_error(host: str, ref: str) -> str | None:
         if netloc in held and f"{netloc}/{repo}{tag}" not in held[netloc]:
             problem = f"{full}: not found"  # containerd's resolver: "<ref>: not found" (errdefs.ErrNotFound)
             continue
+        if _IPV4.match(name):  # a real registry (a bundle served from a lab host): asked for real, once: the
+            # node's containerd keeps what it pulled (its image store), so a pod of it starts again when the
+            # registry is gone (the bundle's server ends with the run that served it)
+            store = Path(_hp(host, "var_lib/gpuk8s-lab/pulled.json"))
+            with contextlib.suppress(OSError, ValueError):
+                if full in json.loads(store.read_text()):
+                    problem = None
+                    break
+            problem = _real_head(manifest + ("" if netloc == registry else f"?ns={registry}"), full, netloc)
+            if problem:
+                continue
+            with contextlib.suppress(OSError, ValueError):
+                have = json.loads(store.read_text()) if store.exists() else []
+                store.write_text(json.dumps(sorted({*have, full})))
         problem = None
         break
     return (f'failed to pull and unpack image "{full}": failed to resolve reference "{full}": {problem}'

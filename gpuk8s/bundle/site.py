@@ -1,0 +1,73 @@
+"""The inventory as a run from a bundle sees it (pure): every source install reads is the serving host's copy.
+
+`gpuk8s install --bundle` serves the unpacked bundle from one host of the cluster (gpuk8s/data/bundle_serve.py) and
+runs with this inventory instead of the user's: install.ROLE_repo at http://HOST:PORT/repos/ROLE (plain http,
+with the key the bundle records pinned: apt verifies the repository's own signature as it would from the
+internet), the registry mirror at HOST:PORT (every image gpuk8s names, kubeadm's imageRepository, containerd's
+hosts.toml for each upstream registry), the CNI manifest at http://HOST:PORT/manifests/CNI.yaml with the sha256
+the bundle records, and the exact Kubernetes patch the bundle holds. Nothing else of the inventory changes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpuk8s.bundle.manifest import Manifest
+from gpuk8s.bundle.verify import Verified
+from gpuk8s.inventory.model import Inventory, RegistrySettings
+
+DEFAULT_PORT = 5480
+CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class BundleFile:
+    """A bundle a run serves: the file, its sha256 and size (what the serving host's copy must be), its manifest
+    (verified: every member as it says), and where it is served (None: the first control plane)."""
+
+    path: Path
+    sha256: str
+    size: int
+    manifest: Manifest
+    host: str | None = None
+    port: int = DEFAULT_PORT
+
+
+def bundle_file(path: Path, v: Verified, host: str | None = None, port: int = DEFAULT_PORT) -> BundleFile:
+    """The file `v` verified, with its own sha256 (a second read: the copy on the serving host is checked
+    against it)."""
+    h = hashlib.sha256()
+    size = 0
+    with path.open("rb") as f:
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+            size += len(chunk)
+    return BundleFile(path, h.hexdigest(), size, v.manifest, host, port)
+
+
+def endpoint(address: str, port: int) -> str:
+    """host:port, an IPv6 address in brackets."""
+    return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+
+
+def served(inv: Inventory, m: Manifest, address: str, port: int = DEFAULT_PORT) -> Inventory:
+    base = f"http://{endpoint(address, port)}"
+    install = inv.install
+    changes: dict[str, Any] = {}
+    for r in m.repos:
+        changes[f"{r.role}_repo"] = f"{base}/repos/{r.role}"
+        changes[f"{r.role}_repo_insecure_http"] = True
+        changes[f"{r.role}_repo_key_fingerprint"] = r.fingerprint
+    cni = inv.cluster.cni
+    entry = m.files.get(f"manifests/{cni}.yaml")
+    if entry is not None:
+        changes[f"{cni}_manifest"] = f"{base}/manifests/{cni}.yaml"
+        changes[f"{cni}_manifest_sha256"] = entry.sha256
+    registry = RegistrySettings(mirror=endpoint(address, port), insecure_http=True)
+    cluster = dataclasses.replace(inv.cluster, kubernetes_version=m.kubernetes)
+    return dataclasses.replace(inv, install=dataclasses.replace(install, **changes), registry=registry,
+                               cluster=cluster)

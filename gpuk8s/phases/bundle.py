@@ -1,0 +1,129 @@
+"""Phase bundle (`--bundle FILE`): the bundle copied to its serving host, unpacked and served for the run; every
+later phase reads the served inventory (gpuk8s/bundle/site.py), so that no host reaches out.
+
+The copy goes once per bundle, and on from where it stopped when a run was cut (playbooks/cluster/bundle-*.sh);
+the host checks it against the sha256 of the file gpuk8s verified here before anything of it is used. The server
+(gpuk8s/data/bundle_serve.py) is held over gpuk8s's SSH connection, as the cluster lock is: it ends with the run,
+also when gpuk8s is killed or loses the connection. Preflight then names every host the bundle does not cover
+(bundle.coverage), before any change to it.
+"""
+
+from __future__ import annotations
+
+import time
+from importlib import resources
+
+from gpuk8s.bundle.coverage import kubernetes_gaps
+from gpuk8s.bundle.site import BundleFile, endpoint, served
+from gpuk8s.inventory.model import Host
+from gpuk8s.phases import shell
+from gpuk8s.phases.base import Change, Context, Phase, PhaseError, PhasePlan, PhaseResult
+from gpuk8s.phases.hostfiles import tail
+from gpuk8s.remote import Held, RemoteError, Session
+
+READY = "gpuk8s-bundle-serving"  # what the server prints once it listens (bundle_serve.py READY)
+COPY_SECONDS_PER_GB = 60  # the copy's timeout: 1 GB a minute at least (a 10 Gbit/s link moves ~1 GB a second)
+
+
+def server_source() -> str:
+    return resources.files("gpuk8s.data").joinpath("bundle_serve.py").read_text()
+
+
+class Bundle(Phase):
+    name = "bundle"
+    title = "serve the bundle to the hosts"
+
+    def __init__(self) -> None:
+        self.held: Held | None = None
+
+    def _where(self, ctx: Context, b: BundleFile) -> Host:
+        if b.host is None:
+            return ctx.cp
+        try:
+            return ctx.inv.host(b.host)
+        except KeyError:
+            raise PhaseError(f"--bundle-host {b.host}: no such host in the inventory",
+                             "name a host of the inventory (default: the first control plane)") from None
+
+    def _decide(self, ctx: Context) -> tuple[BundleFile, Host]:
+        b = ctx.options.bundle
+        assert b is not None
+        gaps = kubernetes_gaps(b.manifest, ctx.inv)
+        if gaps:
+            raise PhaseError(gaps[0].message, "build a bundle for the inventory's version: gpuk8s bundle create")
+        return b, self._where(ctx, b)
+
+    def _serve(self, ctx: Context, b: BundleFile, host: Host) -> None:
+        ctx.bundle = b.manifest
+        ctx.inv = served(ctx.inv, b.manifest, host.address, b.port)
+
+    def plan(self, ctx: Context) -> PhasePlan:
+        b, host = self._decide(ctx)
+        cmds = [Change(f"copy {b.path} ({b.size} bytes, sha256 {b.sha256}) to {host.name} where it is not whole "
+                       "yet, from where an earlier copy stopped", host.name,
+                       shell.command("bundle-append", sha256=b.sha256, offset=0)),
+                Change(f"check it and unpack it into /var/lib/gpuk8s/bundle/{b.sha256}", host.name,
+                       shell.command("bundle-unpack", sha256=b.sha256)),
+                Change(f"serve it on http://{endpoint(host.address, b.port)} until this run ends", host.name,
+                       f"bundle_serve.py /var/lib/gpuk8s/bundle/{b.sha256} {host.address} {b.port}")]
+        self._serve(ctx, b, host)
+        return self.planned("would-change", "every host installs from the bundle, nothing reaches out", cmds)
+
+    def _session(self, ctx: Context, host: Host) -> Session:
+        s = ctx.sessions.get(host.name)
+        if s is None:
+            s = Session(host, ctx.sudo_passwords.get(host.name))
+            ctx.sessions[host.name] = s
+        return s
+
+    def run(self, ctx: Context) -> PhaseResult:
+        b, host = self._decide(ctx)
+        s = self._session(ctx, host)
+        start = time.monotonic()
+        sent = 0
+        try:
+            res = s.run(shell.command("bundle-state", sha256=b.sha256), sudo=True, display="the bundle's state")
+            state = res.stdout.strip().split()
+            if not res.ok or not state or state[0] not in ("unpacked", "part"):
+                raise PhaseError(f"cannot read the bundle's state on {host.name}: {tail(res)}", "check the host")
+            if state[0] == "part":
+                have = int(state[1]) if len(state) > 1 and state[1].isdigit() else 0
+                if have > b.size:
+                    have = -1  # longer than the bundle: not this bundle's copy; unpack removes it
+                if 0 <= have < b.size:
+                    ctx.emit(f"bundle: copying {b.size - have} bytes to {host.name}"
+                             + (f" (from byte {have}: an earlier copy stopped there)" if have else ""))
+                    with b.path.open("rb") as f:
+                        f.seek(have)
+                        res = s.send(shell.command("bundle-append", sha256=b.sha256, offset=have), f,
+                                     display=f"copy the bundle to {host.name}",
+                                     timeout=120 + COPY_SECONDS_PER_GB * (b.size - have) / 1e9)
+                    if not res.ok:
+                        raise PhaseError(f"the bundle could not be copied to {host.name}: {tail(res)}",
+                                         "check the host's disk under /var/lib/gpuk8s; a re-run goes on from where "
+                                         "the copy stopped")
+                    sent = b.size - have
+                res = s.run(shell.command("bundle-unpack", sha256=b.sha256), sudo=True, timeout=1800,
+                            display="check and unpack the bundle")
+                if not res.ok:
+                    raise PhaseError(f"the bundle could not be unpacked on {host.name}: {tail(res)}",
+                                     "check the host's disk under /var/lib/gpuk8s, then re-run")
+            copied = time.monotonic() - start
+            self.held, out = s.hold(shell.command("bundle-serve", sha256=b.sha256, address=host.address,
+                                                  port=b.port, server=server_source()),
+                                    until=READY, display=f"serve the bundle on {host.name}")
+        except RemoteError as e:
+            raise PhaseError(f"the bundle cannot be served from {host.name}: {e.message}", e.remedy) from None
+        if self.held is None:
+            raise PhaseError(f"the bundle server did not start on {host.name}: {out.strip()[-300:]}",
+                             f"check that port {b.port} is free there (--bundle-port) and that it has python3")
+        ctx.on_exit.append(self.release)
+        self._serve(ctx, b, host)
+        where = f"http://{endpoint(host.address, b.port)}"
+        how = f"copied {sent} bytes in {copied:.1f} s, " if sent else ""
+        return self.result("changed", f"served from {host.name} at {where} ({how}Kubernetes {b.manifest.kubernetes})")
+
+    def release(self) -> None:
+        if self.held is not None:
+            self.held.release()
+            self.held = None

@@ -1,0 +1,11 @@
+# Append stdin to the bundle's copy, which must be {{ offset }} bytes long now (what bundle-state said).
+d=/var/lib/gpuk8s/bundle
+s={{ sha256 }}
+umask 022
+mkdir -p "$d" || exit 1
+have=$(stat -c %s "$d/$s.tar.zst.part" 2>/dev/null || echo 0)
+if [ "$have" != {{ offset }} ]; then
+  echo "the partial copy is $have bytes, not {{ offset }}: another run is copying it; re-run when it ended" >&2
+  exit 1
+fi
+cat >> "$d/$s.tar.zst.part"

@@ -1,0 +1,22 @@
+# The copy checked against the bundle's sha256 (the file gpuk8s verified on this machine, byte for byte), then
+# unpacked into a directory of its own, whole or not at all, and the copy removed. Every member is a plain file
+# or directory with a plain relative name (gpuk8s/bundle/archive.py checked each before the copy).
+d=/var/lib/gpuk8s/bundle
+s={{ sha256 }}
+cd "$d" || exit 1
+[ -s "$s/manifest.json" ] && exit 0
+got=$(sha256sum "$s.tar.zst.part" | cut -d' ' -f1)
+if [ "$got" != "$s" ]; then
+  rm -f "$s.tar.zst.part"
+  echo "the copy on this host has sha256 $got, not $s: it was removed, the next run copies it again" >&2
+  exit 1
+fi
+command -v zstd >/dev/null || { echo "zstd not found on this host (apt-get install zstd, dnf install zstd)" >&2; exit 127; }
+umask 022
+rm -rf "$s.tmp" && mkdir "$s.tmp" || exit 1
+if ! zstd -dcq "$s.tar.zst.part" | tar -x --no-same-owner --no-same-permissions -C "$s.tmp"; then
+  rm -rf "$s.tmp"
+  echo "the bundle could not be unpacked (is the disk full?)" >&2
+  exit 1
+fi
+mv "$s.tmp" "$s" && rm -f "$s.tar.zst.part"
