@@ -122,10 +122,12 @@ class Handler(BaseHTTPRequestHandler):
 
     def static(self, rel, head):
         root = self.server.root
-        parts = rel.split("/")
-        if any(p in ("", ".", "..") for p in parts[:-1]) or parts[-1] in (".", ".."):
+        # apt asks a flat repository for BASE/./FILE (`deb URL /` and its Filename): "." and empty parts are
+        # dropped as any web server drops them; ".." is never followed
+        parts = [p for p in rel.split("/") if p not in ("", ".")]
+        if not parts or ".." in parts:
             return self.fail(404, head)
-        path = os.path.realpath(os.path.join(root, *[p for p in parts if p]))
+        path = os.path.realpath(os.path.join(root, *parts))
         if not path.startswith(root + os.sep):
             return self.fail(404, head)
         return self.send_file(path, "application/octet-stream", head)
@@ -146,7 +148,6 @@ class Handler(BaseHTTPRequestHandler):
             self.send_response(200)
             self.send_header("Content-Type", ctype)
             self.send_header("Content-Length", str(size))
-            self.send_header("Docker-Distribution-API-Version", "registry/2.0")
             if digest:
                 self.send_header("Docker-Content-Digest", digest)
             self.end_headers()

@@ -474,3 +474,41 @@ def test_preflight_decides_the_sources_once_per_run_not_per_host(monkeypatch):
     assert preludes["w-0"] == preludes[f"w-{n - 1}"] == sources.SourcePlan(i).prelude(i.host("w-0"))
     assert preludes["cp-1"] == sources.SourcePlan(i).prelude(i.host("cp-1")) != preludes["w-0"]
     assert all(any(c.id == "net.sources" for c in h.checks) for h in rep.hosts)
+
+
+def test_a_plain_http_mirror_gets_a_hosts_toml_of_its_own() -> None:
+    """Images named after the mirror (MIRROR/PATH:TAG) are pulled from the mirror itself: containerd reaches a
+    registry that has no hosts.toml over https only, so a plain-http mirror's own host gets `server = http://...`
+    (and an https mirror none)."""
+    files = mirrors.hosts_files(inv(BASE + "registry: {mirror: '10.0.0.5:5480', insecure_http: true}\n"))
+    assert files["/etc/containerd/certs.d/10.0.0.5:5480/hosts.toml"].endswith('server = "http://10.0.0.5:5480"\n')
+    assert '[host."http://10.0.0.5:5480"]' in files["/etc/containerd/certs.d/registry.k8s.io/hosts.toml"]
+    tls = mirrors.hosts_files(inv(BASE + "registry: {mirror: 'r.example.cn'}\n"))
+    assert not any("r.example.cn/hosts.toml" in p for p in tls)
+
+
+def test_a_run_from_a_bundle_reads_every_source_from_the_serving_host() -> None:
+    import json as _json
+
+    from gpuk8s.bundle import manifest, site
+
+    m = manifest.parse(_json.dumps({
+        "schema_version": 1, "kind": "gpuk8s-bundle", "created_by": "t", "kubernetes": "1.30.5",
+        "targets": [{"os": "ubuntu-22.04", "arch": "x86_64", "runtime": "containerd"}], "images": [],
+        "repos": {"kubernetes": {"fingerprint": "A" * 40}, "toolkit": {"fingerprint": "B" * 40}},
+        "files": {"manifests/calico.yaml": {"sha256": "c" * 64, "size": 3}}}))
+    i = inv(BASE + "registry: {mirror: r.example.cn, credentials: {env: X}}\n")
+    s = site.served(i, m, "10.0.0.1")
+    assert s.install.kubernetes_repo == "http://10.0.0.1:5480/repos/kubernetes"
+    assert s.install.kubernetes_repo_insecure_http and s.install.kubernetes_repo_key_fingerprint == "A" * 40
+    assert s.install.toolkit_repo == "http://10.0.0.1:5480/repos/toolkit"
+    assert s.install.containerd_repo == i.install.containerd_repo  # the bundle carries none: unchanged
+    assert (s.install.calico_manifest, s.install.calico_manifest_sha256) == (
+        "http://10.0.0.1:5480/manifests/calico.yaml", "c" * 64)
+    assert s.registry.mirror == "10.0.0.1:5480" and s.registry.insecure_http
+    assert s.registry.credentials_env is None  # the site mirror's credentials never go to the bundle's server
+    assert s.cluster.kubernetes_version == "1.30.5" and s.hosts == i.hosts
+    plugin = "nvidia/k8s-device-plugin:v0.17.0"
+    assert mirrors.image(s, f"nvcr.io/{plugin}") == f"10.0.0.1:5480/{plugin}"
+    assert site.endpoint("fd00::1", 5480) == "[fd00::1]:5480"
+    assert i.registry.mirror == "r.example.cn" and i.install.kubernetes_repo.startswith("https://")  # unchanged

@@ -1,0 +1,129 @@
+"""The bundle server (gpuk8s/data/bundle_serve.py) with real clients on loopback: the real apt-get reads every
+repository the bundle carries (flat ones and Docker's dists/ with a detached signature), verifies their
+signatures with the keys the manifest pins and downloads the packages; the real skopeo pulls images through the
+OCI distribution API (kubeadm's names without a registry, containerd's `ns`); nothing outside the repositories
+and the manifests is served; the server ends when its stdin ends."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpuk8s.bundle import create as build
+from gpuk8s.bundle.aptsource import TOOLKIT_PKGS
+from gpuk8s.phases.bundle import READY, server_source
+from tests.bundleupstream import Upstream, free_port, missing_tools
+from tests.unit.test_bundle_create import CONTAINERD, KUBE, OLDER, TOOLKIT, all_images, make
+
+pytestmark = pytest.mark.skipif(bool(missing_tools()) or not Path("/usr/bin/apt-get").exists(),
+                                reason=f"needs apt-get and {', '.join(missing_tools()) or 'nothing else'} (.ci/run)")
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path, build.Created]]:
+    root = tmp_path_factory.mktemp("served")
+    u = Upstream(root / "upstream")
+    u.build(KUBE, TOOLKIT, CONTAINERD, OLDER)
+    u.start()
+    try:
+        u.push(all_images(u))
+        (root / "b").mkdir()
+        made = make(u, root / "b")
+    finally:
+        u.stop()
+    unpacked = root / "unpacked"
+    unpacked.mkdir()
+    subprocess.run(f"zstd -dcq {made.path} | tar -x -C {unpacked}", shell=True, check=True)
+    port = free_port()
+    p = subprocess.Popen([sys.executable, "-c", server_source(), str(unpacked), "127.0.0.1", str(port)],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert p.stdout is not None and p.stdout.readline().decode().strip() == READY
+    yield f"127.0.0.1:{port}", root, made
+    assert p.stdin is not None
+    p.stdin.close()
+    assert p.wait(10) == 0  # its stdin ended: so did it
+
+
+def _apt(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    for d in ("state/lists/partial", "cache/archives/partial", "etc/preferences.d", "etc/apt.conf.d", "dl"):
+        (root / d).mkdir(parents=True, exist_ok=True)
+    (root / "status").touch()
+    opts = [f"Dir::Etc={root}/etc", f"Dir::Etc::SourceList={root}/sources.list", "Dir::Etc::SourceParts=-",
+            f"Dir::State={root}/state", f"Dir::State::status={root}/status", f"Dir::Cache={root}/cache",
+            "APT::Architecture=amd64", "Debug::NoLocking=1", "Acquire::Retries=0", "APT::Sandbox::User=root"]
+    return subprocess.run(["apt-get", "-q", *[x for o in opts for x in ("-o", o)], *args], capture_output=True,
+                          text=True, cwd=root / "dl", timeout=120)
+
+
+def test_the_real_apt_reads_verifies_and_downloads_from_the_served_repositories(served: tuple[str, Path,
+                                                                                         build.Created]) -> None:
+    where, root, made = served
+    apt = root / "apt"
+    keys = {"kubernetes": f"v{KUBE.rsplit('.', 1)[0]}/deb/Release.key", "toolkit": "gpgkey",
+            "containerd": "ubuntu/gpg"}
+    rings = {}
+    for role, key in keys.items():
+        rings[role] = apt / f"{role}.gpg"
+        apt.mkdir(exist_ok=True)
+        data = urllib.request.urlopen(f"http://{where}/repos/{role}/{key}").read()
+        subprocess.run(["gpg", "--batch", "--yes", "--dearmor", "-o", str(rings[role])], input=data, check=True)
+    base = f"http://{where}/repos"
+    minor = KUBE.rsplit(".", 1)[0]
+    # the playbooks' own source lines (playbooks/kubernetes-prerequisites.yaml, nvidia-container-toolkit.yaml,
+    # _shared.yaml docker-apt-source), with the served URLs
+    (apt / "sources.list").write_text(
+        f"deb [signed-by={rings['kubernetes']}] {base}/kubernetes/v{minor}/deb/ /\n"
+        f"deb [signed-by={rings['toolkit']}] {base}/toolkit/stable/deb/$(ARCH) /\n"
+        f"deb [signed-by={rings['containerd']}] {base}/containerd/ubuntu jammy stable\n")
+    r = _apt(apt, "update")
+    assert r.returncode == 0 and "W:" not in r.stderr and "E:" not in r.stderr, r.stdout + r.stderr
+    want = [f"kubeadm={KUBE}-1.1", f"kubelet={KUBE}-1.1", f"containerd.io={CONTAINERD}~ubuntu.22.04~jammy",
+            *[f"{p}={TOOLKIT}" for p in TOOLKIT_PKGS]]
+    r = _apt(apt, "download", *want)
+    assert r.returncode == 0, r.stdout + r.stderr
+    got = sorted(p.name for p in (apt / "dl").glob("*.deb"))
+    assert len(got) == len(want) and f"kubeadm_{KUBE}-1.1_amd64.deb" in got, got
+    # a key other than the repository's: apt refuses the repository
+    (apt / "sources.list").write_text(f"deb [signed-by={rings['toolkit']}] {base}/kubernetes/v{minor}/deb/ /\n")
+    r = _apt(apt, "update")
+    assert "NO_PUBKEY" in r.stdout + r.stderr or "not signed" in r.stdout + r.stderr, r.stdout + r.stderr
+
+
+def test_the_real_skopeo_pulls_every_image_by_the_names_the_cluster_asks_for(served: tuple[str, Path,
+                                                                                        build.Created]) -> None:
+    where, root, made = served
+    # kubeadm's (imageRepository: the server), coredns by kubeadm's name for it; gpuk8s's (the mirror's names);
+    # through containerd's mirror request (?ns=) the registry's name is kept
+    for ref in (f"kube-apiserver:v{KUBE}", "coredns:v1.11.3", "nvidia/k8s-device-plugin:" +
+                next(i for i in made.manifest.images if "k8s-device-plugin" in i).rsplit(":", 1)[1],
+                "calico/node:v3.28.0"):
+        r = subprocess.run(["skopeo", "inspect", "--raw", "--tls-verify=false", f"docker://{where}/{ref}"],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, (ref, r.stderr)
+        assert '"schemaVersion": 2' in r.stdout or '"schemaVersion":2' in r.stdout
+    r = subprocess.run(["skopeo", "copy", "--quiet", "--src-tls-verify=false", f"docker://{where}/pause:3.10.1",
+                        f"oci:{root}/pulled:pause"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    req = urllib.request.Request(f"http://{where}/v2/pause/manifests/3.10.1?ns=registry.k8s.io", method="HEAD")
+    assert urllib.request.urlopen(req).status == 200
+    for missing in ("pause/manifests/9.9", "nothere/manifests/v1", "pause/blobs/sha256:" + "0" * 64):
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(f"http://{where}/v2/{missing}")
+        assert e.value.code == 404
+
+
+@pytest.mark.parametrize("path", ["/manifest.json", "/images/index.json", "/repos/../manifest.json",
+                                  "/repos/kubernetes/%2e%2e/%2e%2e/manifest.json", "/repos/", "/sbom.spdx.json",
+                                  "/repos/kubernetes/..%2f..%2fmanifest.json", "/etc/passwd", "/v2/../manifest.json"])
+def test_nothing_but_the_repositories_and_manifests_is_served(served: tuple[str, Path, build.Created],
+                                                              path: str) -> None:
+    where, _, _ = served
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(f"http://{where}{path}")
+    assert e.value.code in (400, 404)
