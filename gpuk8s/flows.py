@@ -384,11 +384,17 @@ def upgrade(inv: Inventory, *, to: str | None, concurrency: int, ignore: set[str
         report.steps = up.steps(current, to, versions.supported_minors())
         if not report.steps:
             return report
+        # --bundle: one minor per bundle; it is served right after the lock, for every step's packages and images
+        bundle: list[Phase] = [Bundle(upgrade_to=report.steps[-1])] if ctx.options.bundle is not None else []
+        if bundle and len(report.steps) > 1:
+            raise up.UpgradeRefused(f"the cluster runs 1.{current}; a bundle holds one minor, "
+                                    f"{report.steps[-1]}, and the upgrade goes through {', '.join(report.steps)}",
+                                    "upgrade one minor at a time, each from its own bundle (--to 1.N)")
         if dry_run:
             first = up.UpgradeOptions(report.steps[0], max_unavailable, gpu_pod_timeout, drain_timeout)
-            report.plans = plan_phases(selected(up.step_phases(first)), ctx)
+            report.plans = plan_phases([*bundle, *selected(up.step_phases(first))], ctx)
             return report
-        if not run_phases([Lock()], ctx, report.phases):
+        if not run_phases([Lock(), *bundle], ctx, report.phases):
             return report
         for to_minor in report.steps:
             ctx.emit(f"==> Upgrading to Kubernetes {to_minor}")
@@ -403,7 +409,7 @@ def upgrade(inv: Inventory, *, to: str | None, concurrency: int, ignore: set[str
             report.phases += step_results
             if not ok or any(r.status == "failed" for r in step_results):
                 return report
-        ctx.inv = up.target_inventory(inv, report.steps[-1])
+        ctx.inv = up.target_inventory(ctx.inv if bundle else inv, report.steps[-1])  # a bundle's: its served one
         run_phases(selected([Verify()]), ctx, report.phases)
     finally:
         ctx.close()

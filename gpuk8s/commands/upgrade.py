@@ -9,10 +9,13 @@ from typing import Any
 import typer
 
 from gpuk8s import findings, flows, ui
-from gpuk8s.commands.common import confirm, failed, finish, ignored_checks, passwords, usage_error
+from gpuk8s.commands.common import confirm, failed, finish, ignored_checks, load_bundle, passwords, usage_error
 from gpuk8s.errors import GpuK8sError
 from gpuk8s.exitcodes import ExitCode
 from gpuk8s.options import (
+    BundleHostOpt,
+    BundleOpt,
+    BundlePortOpt,
     DrainTimeoutOpt,
     GpuPodTimeoutOpt,
     InventoryOpt,
@@ -47,9 +50,15 @@ def register(app: typer.Typer, load_inventory: Any) -> None:
         test_pods: bool = typer.Option(True, "--test-pods/--no-test-pods"),
         skip_phases: list[str] = SkipPhasesOpt,
         only_phase: str | None = OnlyPhaseOpt,  # noqa: UP007
+        bundle: Path | None = BundleOpt,  # noqa: UP007
+        bundle_host: str | None = BundleHostOpt,  # noqa: UP007
+        bundle_port: int = BundlePortOpt,
     ) -> None:
         """Upgrade Kubernetes one minor at a time: control planes, then workers drained one by one."""
         inv = load_inventory(inventory, output)
+        served = load_bundle(bundle, bundle_host, bundle_port, output)
+        if served is not None and to is None:
+            to = served.manifest.minor  # a bundle holds one minor: the one to reach
         skip = phase_names(skip_phases)
         try:  # a wrong phase name is told before anything is asked or contacted
             flows.select_upgrade(skip, only_phase)
@@ -63,7 +72,8 @@ def register(app: typer.Typer, load_inventory: Any) -> None:
             rep = flows.upgrade(inv, to=to, concurrency=concurrency, ignore=ignored_checks(inv, ignore),
                                 sudo_passwords=sudo, max_unavailable=max_unavailable,
                                 gpu_pod_timeout=gpu_pod_timeout, drain_timeout=drain_timeout,
-                                options=Options(test_pods=test_pods), emit=phase_printer(output), dry_run=dry_run,
+                                options=Options(test_pods=test_pods, bundle=served), emit=phase_printer(output),
+                                dry_run=dry_run,
                                 skip=skip, only=only_phase)
         except UpgradeRefused as e:
             if output == Output.json:

@@ -33,8 +33,9 @@ class Bundle(Phase):
     name = "bundle"
     title = "serve the bundle to the hosts"
 
-    def __init__(self) -> None:
+    def __init__(self, upgrade_to: str | None = None) -> None:
         self.held: Held | None = None
+        self.upgrade_to = upgrade_to  # upgrade: the one minor the bundle must hold (the cluster runs another)
 
     def _where(self, ctx: Context, b: BundleFile) -> Host:
         if b.host is None:
@@ -48,6 +49,12 @@ class Bundle(Phase):
     def _decide(self, ctx: Context) -> tuple[BundleFile, Host]:
         b = ctx.options.bundle
         assert b is not None
+        if self.upgrade_to is not None:
+            if b.manifest.minor != self.upgrade_to:
+                raise PhaseError(f"the bundle holds Kubernetes {b.manifest.kubernetes}; this upgrade goes to "
+                                 f"{self.upgrade_to}", "upgrade one minor per bundle: --to the bundle's minor, "
+                                 "or build a bundle for it (gpuk8s bundle create)")
+            return b, self._where(ctx, b)
         gaps = kubernetes_gaps(b.manifest, ctx.inv)
         if gaps:
             raise PhaseError(gaps[0].message, "build a bundle for the inventory's version: gpuk8s bundle create")

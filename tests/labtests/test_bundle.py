@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import socket
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -18,7 +19,7 @@ from gpuk8s import versions
 from tests.bundleupstream import Upstream, missing_tools
 from tests.labtests.test_mirrors import PUBLIC
 from tests.unit.test_bundle import good
-from tests.unit.test_bundle_create import CONTAINERD, KUBE, OLDER, TOOLKIT, all_images
+from tests.unit.test_bundle_create import CONTAINERD, KUBE, TOOLKIT, all_images
 
 FLEET = """
 hosts:
@@ -61,6 +62,33 @@ hosts:
 KUBECTL = "kubectl --kubeconfig /etc/kubernetes/admin.conf"
 
 
+def _create(run_cli, tmp_path, site: dict, kube: str, name: str) -> tuple[Path, dict, float]:
+    """`bundle create` on the connected machine for Kubernetes `kube`: the site's inventory with its sources
+    pointed at the internet as this machine's loopback serves it (tests/bundleupstream.py)."""
+    minor = kube.rsplit(".", 1)[0]
+    up = Upstream(tmp_path / f"upstream-{name}")
+    older = f"{minor}.{int(kube.rsplit('.', 1)[1]) - 1}"
+    toolkit = versions.install_defaults(minor)["toolkit_version"]
+    up.build(kube, toolkit, CONTAINERD, older)
+    up.start()
+    try:
+        laptop = dict(site, cluster={**site["cluster"], "kubernetes_version": kube},
+                      install={**site.get("install", {}), **up.install_section()},
+                      registry={"mirror": up.mirror, "insecure_http": True})
+        laptop_inv = tmp_path / f"laptop-{name}.yaml"
+        laptop_inv.write_text(yaml.safe_dump(laptop, sort_keys=False))
+        from gpuk8s.inventory.loader import load
+        up.push(all_images(up, load(laptop_inv), kube))
+        bundle = tmp_path / f"{name}.tar.zst"
+        t0 = time.monotonic()
+        r = run_cli("bundle", "create", "-i", str(laptop_inv), str(bundle), "-o", "json", timeout=600)
+        built = time.monotonic() - t0
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        return bundle, json.loads(r.stdout), built
+    finally:
+        up.stop()
+
+
 def _listening(address: str, port: int) -> bool:
     with socket.socket() as s:
         s.settimeout(2)
@@ -80,27 +108,10 @@ def test_install_and_join_from_a_bundle_with_every_public_source_out_of_reach(la
     full_inv.write_text(yaml.safe_dump(full, sort_keys=False))
 
     # the connected machine: the site's inventory, the internet as its loopback serves it
-    up = Upstream(tmp_path / "upstream")
-    up.build(KUBE, TOOLKIT, CONTAINERD, OLDER)
-    up.start()
-    try:
-        laptop = dict(full, install={**site.get("install", {}), **up.install_section()},
-                      registry={"mirror": up.mirror, "insecure_http": True})
-        laptop_inv = tmp_path / "laptop.yaml"
-        laptop_inv.write_text(yaml.safe_dump(laptop, sort_keys=False))
-        from gpuk8s.inventory.loader import load
-        up.push(all_images(up, load(laptop_inv)))
-        bundle = tmp_path / "site.tar.zst"
-        t0 = time.monotonic()
-        r = run_cli("bundle", "create", "-i", str(laptop_inv), str(bundle), "-o", "json", timeout=600)
-        built = time.monotonic() - t0
-        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-        made = json.loads(r.stdout)
-        assert made["targets"] == [{"os": "ubuntu-22.04", "arch": "x86_64", "runtime": "containerd", "kernels": [],
-                                    "driver_branches": []}], made
-        assert made["coverage"] == [], made  # the hosts bring their own drivers
-    finally:
-        up.stop()
+    bundle, made, built = _create(run_cli, tmp_path, full, KUBE, "site")
+    assert made["targets"] == [{"os": "ubuntu-22.04", "arch": "x86_64", "runtime": "containerd", "kernels": [],
+                                "driver_branches": []}], made
+    assert made["coverage"] == [], made  # the hosts bring their own drivers
     print(f"bundle: {made['bytes']} bytes, {made['files']} files, {made['images']} images, built in {built:.1f} s")
 
     # the site: nothing public answers
@@ -168,6 +179,24 @@ def test_install_and_join_from_a_bundle_with_every_public_source_out_of_reach(la
     gpus = {n["metadata"]["name"]: n["status"]["allocatable"].get("nvidia.com/gpu") for n in nodes}
     assert gpus.get("gpu-2") == "4", gpus
     assert lab.host("gpu-2").state()["packages"]["kubeadm"] == f"{KUBE}-1.1"
+
+    # an upgrade of one minor from a second bundle (the next minor's, built the same way)
+    nxt = versions.kubernetes_or_default(
+        f"1.{int(KUBE.split('.')[1]) + 1}").latest_patch if f"1.{int(KUBE.split('.')[1]) + 1}" in \
+        versions.supported_minors() else None
+    if nxt is None:
+        return  # the matrix's newest minor: nothing to upgrade to (said in docs/airgap.md)
+    second, _, _ = _create(run_cli, tmp_path, full, nxt, "next")
+    r = run_cli("upgrade", "-i", str(full_inv), "--bundle", str(second), "--yes", "-o", "json", timeout=900)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-3000:]
+    rep = json.loads(r.stdout)
+    assert any(p["name"] == "bundle" and p["status"] == "changed" for p in rep["phases"]), rep["phases"]
+    for name in ("cp-1", "gpu-1", "gpu-2"):
+        assert lab.host(name).state()["packages"]["kubelet"] == f"{nxt}-1.1", name
+    nodes = json.loads(cp.exec(f"{KUBECTL} get nodes -o json").stdout)["items"]
+    assert {n["metadata"]["name"]: n["status"]["nodeInfo"]["kubeletVersion"] for n in nodes} == {
+        n: f"v{nxt}" for n in ("cp-1", "gpu-1", "gpu-2")}
+    assert all(not n["spec"].get("unschedulable") for n in nodes)
 
 
 def test_install_preflight_refuses_a_bundle_that_lacks_a_hosts_kernel(lab_up, run_cli, tmp_path):

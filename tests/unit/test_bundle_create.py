@@ -42,11 +42,11 @@ def upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Upstream]:
     u.stop()
 
 
-def all_images(u: Upstream, inv: Inventory | None = None) -> list[str]:
+def all_images(u: Upstream, inv: Inventory | None = None, kube: str = KUBE) -> list[str]:
     """What the registry must hold: `gpuk8s images`, kubeadm's list of the release, the CNI manifest's image; by
     the names the inventory's mirror gives them."""
     inv = inv or inventory(u)
-    refs = [*kubeadm_images(f"v{KUBE}"), CALICO]
+    refs = [*kubeadm_images(f"v{kube}"), CALICO]
     return list(dict.fromkeys([n.image for n in images.needed_images(inv)] + [mirrors.image(inv, r) for r in refs]))
 
 
