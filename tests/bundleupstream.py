@@ -17,6 +17,7 @@ import shutil
 import socket
 import subprocess
 import tarfile
+import tempfile
 import threading
 import time
 import urllib.request
@@ -88,7 +89,9 @@ class Upstream:
     def __init__(self, root: Path, arches: tuple[str, ...] = ("amd64",)) -> None:
         self.root = root
         self.www = root / "www"
-        self.gnupg = root / "gnupg"
+        # a short home of its own: gpg-agent's socket lives in it, and a Unix socket's path is at most 107 bytes
+        # (a pytest worker's tmp_path alone can be longer)
+        self.gnupg = Path(tempfile.mkdtemp(prefix="gk-gpg-"))
         self.arches = arches
         self.fingerprints: dict[str, str] = {}
         self.http: ThreadingHTTPServer | None = None
@@ -99,8 +102,10 @@ class Upstream:
     # -- building -------------------------------------------------------------------------------------------------
 
     def _gpg(self, *args: str, **kw: Any) -> subprocess.CompletedProcess[bytes]:
-        return subprocess.run(["gpg", "--batch", "--homedir", str(self.gnupg), *args], check=True,
-                              capture_output=True, **kw)
+        r = subprocess.run(["gpg", "--batch", "--homedir", str(self.gnupg), *args], capture_output=True, **kw)
+        if r.returncode != 0:
+            raise RuntimeError(f"gpg {' '.join(args[:3])}: {r.stderr.decode(errors='replace')[-500:]}")
+        return r
 
     def _key(self, role: str) -> str:
         uid = f"lab {role} repository <{role}@lab.example>"
@@ -124,7 +129,7 @@ class Upstream:
 
     def build(self, kubernetes: str, toolkit: str, containerd: str, older_patch: str) -> None:
         """The repositories at these versions (and an older Kubernetes patch beside them)."""
-        self.gnupg.mkdir(mode=0o700, parents=True)
+        self.gnupg.chmod(0o700)
         minor = kubernetes.rsplit(".", 1)[0]
         # Kubernetes: https://pkgs.k8s.io/core:/stable:/v1.NN/deb/ (flat; Filename amd64/NAME_VERSION_ARCH.deb)
         kube = self.www / "kubernetes" / f"v{minor}" / "deb"
@@ -216,6 +221,8 @@ class Upstream:
                 time.sleep(0.1)
 
     def stop(self) -> None:
+        subprocess.run(["gpgconf", "--homedir", str(self.gnupg), "--kill", "all"], capture_output=True)
+        shutil.rmtree(self.gnupg, ignore_errors=True)
         if self.http is not None:
             self.http.shutdown()
             self.http.server_close()

@@ -94,9 +94,12 @@ class Bundle(Phase):
             if not res.ok or not state or state[0] not in ("unpacked", "part"):
                 raise PhaseError(f"cannot read the bundle's state on {host.name}: {tail(res)}", "check the host")
             if state[0] == "part":
-                have = int(state[1]) if len(state) > 1 and state[1].isdigit() else 0
-                if have > b.size:
-                    have = -1  # longer than the bundle: not this bundle's copy; unpack removes it
+                # the host's answer is data: digits only, and no longer than a size can be
+                have = int(state[1]) if len(state) > 1 and state[1].isdigit() and len(state[1]) <= 15 else -1
+                if have > b.size or have < 0:
+                    said = state[1][:20] if len(state) > 1 else "?"
+                    raise PhaseError(f"the bundle's partial copy on {host.name} is not a part of it ({said} bytes)",
+                                     f"remove /var/lib/gpuk8s/bundle/{b.sha256}.tar.zst.part there, then re-run")
                 if 0 <= have < b.size:
                     ctx.emit(f"bundle: copying {b.size - have} bytes to {host.name}"
                              + (f" (from byte {have}: an earlier copy stopped there)" if have else ""))

@@ -2,6 +2,7 @@
 d=/var/lib/gpuk8s/bundle
 s={{ sha256 }}
 umask 022
+chmod o+x /var/lib/gpuk8s 2>/dev/null  # the server runs as nobody: it may pass through, not list, gpuk8s's own dir
 mkdir -p "$d" || exit 1
 have=$(stat -c %s "$d/$s.tar.zst.part" 2>/dev/null || echo 0)
 if [ "$have" != {{ offset }} ]; then

@@ -13,6 +13,7 @@ if [ "$got" != "$s" ]; then
 fi
 command -v zstd >/dev/null || { echo "zstd not found on this host (apt-get install zstd, dnf install zstd)" >&2; exit 127; }
 umask 022
+chmod o+x /var/lib/gpuk8s 2>/dev/null  # the server runs as nobody: it may pass through, not list, gpuk8s's own dir
 rm -rf "$s.tmp" && mkdir "$s.tmp" || exit 1
 if ! zstd -dcq "$s.tar.zst.part" | tar -x --no-same-owner --no-same-permissions -C "$s.tmp"; then
   rm -rf "$s.tmp"

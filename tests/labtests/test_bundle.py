@@ -129,6 +129,23 @@ def test_install_and_join_from_a_bundle_with_every_public_source_out_of_reach(la
     assert r.returncode == 1 and "bad.tar.zst" in r.stdout, r.stdout + r.stderr
     assert lab.host("cp-1").exec("test -e /var/lib/gpuk8s/bundle && echo there || echo none").stdout.strip() == "none"
 
+    # a copy cut half-way by an earlier run: a part whose bytes are not the bundle's is removed and the run stops,
+    # naming it; a part that is the bundle's beginning is gone on from (the first run below sends the rest only)
+    import hashlib
+    sha = hashlib.sha256(bundle.read_bytes()).hexdigest()
+    lab.host("cp-1").exec("mkdir -p /var/lib/gpuk8s/bundle")  # through the host's mount, so its overlay sees it
+    part = lab.host("cp-1").upper(f"/var/lib/gpuk8s/bundle/{sha}.tar.zst.part")
+    half = bundle.stat().st_size // 2
+    wrong = bytearray(bundle.read_bytes()[:half])
+    wrong[10] ^= 1
+    part.write_bytes(bytes(wrong))
+    r = run_cli("install", "-i", str(inv), "--bundle", str(bundle), "-o", "json", timeout=900)
+    assert r.returncode == 1, r.stdout[-3000:]
+    failed = next(p for p in json.loads(r.stdout)["phases"] if p["name"] == "bundle")
+    assert f"not {sha}: it was removed, the next run copies it again" in failed["message"], failed
+    assert not part.exists()
+    part.write_bytes(bundle.read_bytes()[:half])
+
     t0 = time.monotonic()
     r = run_cli("install", "-i", str(inv), "--bundle", str(bundle), "-o", "json", timeout=900)
     seconds = time.monotonic() - t0
@@ -138,7 +155,7 @@ def test_install_and_join_from_a_bundle_with_every_public_source_out_of_reach(la
     cp = lab.host("cp-1")
     address = next(h["address"] for h in site["hosts"] if h["name"] == "cp-1")
     assert served["status"] == "changed" and f"served from cp-1 at http://{address}:5480" in served["message"]
-    assert f"copied {bundle.stat().st_size} bytes" in served["message"], served
+    assert f"copied {bundle.stat().st_size - half} bytes" in served["message"], served
     checks = {n["node"]: n for n in rep["nodes"]}
     assert checks["gpu-1"]["allocatable_gpus"] == 2 and all(n["ok"] for n in checks.values()), checks
     print(f"install from the bundle, 2 hosts: {seconds:.1f} s")
