@@ -7,6 +7,7 @@ becomes a RemoteError with a stable `kind` and a message that never contains a s
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import logging
 import os
@@ -350,17 +351,24 @@ class Session:
                 while chan.recv_stderr_ready() and len(err) < 65536:
                     err += chan.recv_stderr(4096)
                 gate.feed(chan, err)
-            while not chan.exit_status_ready():
+            # a remote that stops reading blocks sendall: the channel's own timeout ends that wait
+            chan.settimeout(max(1.0, min(120.0, deadline - time.monotonic())))
+            while not chan.exit_status_ready() and (gate is None or gate.ready_seen):
                 chunk = source.read(SEND_CHUNK)
                 if not chunk:
                     break
                 if time.monotonic() > deadline:
                     chan.close()
                     raise TimeoutError()
-                chan.sendall(chunk)
+                try:
+                    chan.sendall(chunk)
+                except OSError:
+                    break  # the command ended early (its stderr, below, says why)
                 if on_bytes is not None:
                     on_bytes(len(chunk))
-            chan.shutdown_write()
+            with contextlib.suppress(OSError, paramiko.SSHException):
+                chan.shutdown_write()
+            chan.settimeout(None)
             out, err2, truncated, total = _drain(chan, deadline)
         except TimeoutError:
             raise RemoteError("command-timeout", f"'{shown}' on {self.host.name} did not finish within {timeout:g} s",
@@ -457,6 +465,7 @@ class SudoGate:
         self.payload = b""
         self.answered = False
         self.open = False
+        self.ready_seen = False  # the command started (not: sudo gave up on a wrong password)
 
     def feed(self, chan: paramiko.Channel, err: bytearray) -> None:
         """Look at the stderr seen so far; answer the prompt or open the gate. Markers are cut out of `err`."""
@@ -475,6 +484,7 @@ class SudoGate:
         if ready in err:
             del err[err.index(ready):err.index(ready) + len(ready)]
             self.open = True
+            self.ready_seen = True
             if self.payload:
                 chan.sendall(self.payload)
             if not self.keep_stdin:

@@ -172,7 +172,9 @@ class Upstream:
             (idx / "Packages.gz").write_bytes(gzip.compress(text, mtime=0))
         rel = u / "dists" / "jammy" / "Release"
         rel.write_bytes(subprocess.run(
-            ["apt-ftparchive", "-o", "APT::FTPArchive::Release::Suite=jammy", "-o",
+            # Acquire-By-Hash: yes, as Docker's and Ubuntu's archives say: apt then asks for by-hash/SHA512/HASH
+            ["apt-ftparchive", "-o", "APT::FTPArchive::Release::Acquire-By-Hash=yes",
+             "-o", "APT::FTPArchive::Release::Suite=jammy", "-o",
              "APT::FTPArchive::Release::Codename=jammy", "-o", "APT::FTPArchive::Release::Components=stable",
              "-o", f"APT::FTPArchive::Release::Architectures={' '.join(self.arches)}", "release", "."],
             cwd=rel.parent, check=True, capture_output=True).stdout)

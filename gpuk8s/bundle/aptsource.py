@@ -15,14 +15,15 @@ from __future__ import annotations
 
 import bz2
 import fnmatch
-import gzip
 import lzma
 import re
 import subprocess
 import tempfile
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from gpuk8s.bundle import debrepo, fetch
 from gpuk8s.bundle.manifest import safe_path
@@ -37,8 +38,22 @@ _KUBERNETES_PKGS = ("kubelet", "kubeadm", "kubectl")
 TOOLKIT_PKGS = ("nvidia-container-toolkit", "nvidia-container-toolkit-base", "libnvidia-container-tools",
                 "libnvidia-container1")
 _SHA_LINE = re.compile(r"^\s*([0-9a-f]{64})\s+(\d{1,15})\s+(\S+)\s*$")
-_DECOMPRESS: dict[str, Callable[[bytes], bytes]] = {"": bytes, ".gz": gzip.decompress, ".xz": lzma.decompress,
-                                                    ".bz2": bz2.decompress}
+def _bounded(make: Callable[[], Any]) -> Callable[[bytes], bytes]:
+    """A decompressor that stops past debrepo.MAX_INDEX bytes (an index is only as trustworthy as its key, and a
+    few MB can expand to gigabytes)."""
+    def run(data: bytes) -> bytes:
+        d = make()
+        out = d.decompress(data, debrepo.MAX_INDEX + 1)
+        if len(out) > debrepo.MAX_INDEX:
+            raise SourceError(f"a repository index decompresses past {debrepo.MAX_INDEX} bytes",
+                              "a repository index that large is refused")
+        return bytes(out)
+    return run
+
+
+_DECOMPRESS: dict[str, Callable[[bytes], bytes]] = {
+    "": bytes, ".gz": _bounded(lambda: zlib.decompressobj(wbits=47)), ".xz": _bounded(lzma.LZMADecompressor),
+    ".bz2": _bounded(bz2.BZ2Decompressor)}
 
 
 class SourceError(GpuK8sError):
@@ -111,6 +126,25 @@ def release_files(text: str) -> dict[str, tuple[str, int]]:
         m = _SHA_LINE.match(line) if inside else None
         if m:
             out[m.group(3)] = (m.group(1), int(m.group(2)))
+    return out
+
+
+_HASHES = ("MD5Sum", "SHA1", "SHA256", "SHA512")  # Release's sections, and apt's by-hash directory names
+_ANY_LINE = re.compile(r"^\s*([0-9a-f]{32,128})\s+(\d{1,15})\s+(\S+)\s*$")
+
+
+def release_hashes(text: str) -> dict[str, dict[str, str]]:
+    """Every hash section of a Release file: algorithm -> path -> hash (apt asks by-hash for the strongest)."""
+    out: dict[str, dict[str, str]] = {}
+    section = ""
+    for line in text.splitlines():
+        if not line.startswith((" ", "\t")):
+            name = line.rstrip().rstrip(":")
+            section = name if name in _HASHES and line.rstrip().endswith(":") else ""
+            continue
+        m = _ANY_LINE.match(line) if section else None
+        if m:
+            out.setdefault(section, {})[m.group(3)] = m.group(1)
     return out
 
 
@@ -215,11 +249,14 @@ class RepoCopy:
                 raise SourceError(f"{r.url}: {name} is {size} bytes", "a repository index that large is refused")
             dest = self._path(f"{r.dist}/{r.meta(name)}")
             fetch.download(f"{r.url}/{r.meta(name)}", dest, size, sha, r.allow_http)
-            if by_hash:  # apt asks for .../by-hash/SHA256/HASH where Release says Acquire-By-Hash: yes
-                hashed = self._path(f"{r.dist}/" + r.meta(f"{name.rsplit('/', 1)[0] + '/' if '/' in name else ''}"
-                                                          f"by-hash/SHA256/{sha}"))
-                hashed.parent.mkdir(parents=True, exist_ok=True)
-                hashed.write_bytes(dest.read_bytes())
+            if by_hash:  # apt asks for .../by-hash/ALGO/HASH where Release says Acquire-By-Hash: yes, by the
+                # strongest hash Release lists: a copy under every algorithm Release names
+                where = name.rsplit("/", 1)[0] + "/" if "/" in name else ""
+                for algo, hashes in release_hashes(self.release).items():
+                    if name in hashes:
+                        hashed = self._path(f"{r.dist}/" + r.meta(f"{where}by-hash/{algo}/{hashes[name]}"))
+                        hashed.parent.mkdir(parents=True, exist_ok=True)
+                        hashed.write_bytes(dest.read_bytes())
             if text is None:
                 data = _DECOMPRESS[sfx](dest.read_bytes())
                 if len(data) > debrepo.MAX_INDEX:

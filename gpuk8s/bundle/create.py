@@ -142,7 +142,7 @@ def create(inv: Inventory, targets: list[TargetSpec], out: Path, staging: Path,
                           "pass --target OS-RELEASE/ARCH (ubuntu-22.04/x86_64) for hosts this machine cannot reach")
     for t in targets:
         _check(t)
-    copies: dict[tuple[str, str], RepoCopy] = {}
+    copies: dict[tuple[str, str, str], RepoCopy] = {}  # (role, url, suite): jammy and noble share Docker's URL
     files: dict[str, Path] = {}
     os_packages: dict[str, list[str]] = {}
     kube_versions: set[str] = set()
@@ -155,10 +155,10 @@ def create(inv: Inventory, targets: list[TargetSpec], out: Path, staging: Path,
         owner: dict[tuple[str, str, str], RepoCopy] = {}
         wanted: list[debrepo.Rel] = []
         for r in repos_for(inv, t.os, t.arch, t.runtime, t.gpu):
-            copy = copies.get((r.role, r.url))
+            copy = copies.get((r.role, r.url, r.suite))
             if copy is None:
-                say(f"{r.role}: {r.url} (signature)")
-                copy = copies[(r.role, r.url)] = RepoCopy(r, staging)
+                say(f"{r.role}: {r.url} {r.suite} (signature)".replace("  ", " "))
+                copy = copies[(r.role, r.url, r.suite)] = RepoCopy(r, staging)
                 copy.signed()
             keys[r.role] = copy.fingerprint
             idx = copy.index(deb_arch(t.arch))

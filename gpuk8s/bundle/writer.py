@@ -49,7 +49,10 @@ def write(out: Path, manifest: Manifest, files: Mapping[str, Path], level: int =
     entries = {name: (known or {}).get(name) or digest(files[name]) for name in sorted(files)}
     m = dataclasses.replace(manifest, files=entries)
     text = m.dumps().encode()
-    proc = subprocess.Popen([zstd(), "-q", "-f", f"-{level}", "-T0", "-o", str(out)], stdin=subprocess.PIPE,
+    # written beside `out` and renamed once whole: a build that fails or is killed never leaves a truncated file
+    # under the bundle's name, nor replaces a good one there
+    part = out.with_name(out.name + ".part")
+    proc = subprocess.Popen([zstd(), "-q", "-f", f"-{level}", "-T0", "-o", str(part)], stdin=subprocess.PIPE,
                             stderr=subprocess.PIPE)
     assert proc.stdin is not None
     try:
@@ -58,10 +61,17 @@ def write(out: Path, manifest: Manifest, files: Mapping[str, Path], level: int =
             for name, entry in entries.items():
                 with files[name].open("rb") as f:
                     t.addfile(_info(name, entry.size), f)
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        part.unlink(missing_ok=True)
+        raise
     finally:
         proc.stdin.close()
         err = proc.stderr.read(2000).decode(errors="replace").strip() if proc.stderr else ""
         proc.wait()
     if proc.returncode != 0:
+        part.unlink(missing_ok=True)
         raise BundleError(f"zstd could not write {out}: {err[:300]}", "check the disk and the path")
+    part.replace(out)
     return m

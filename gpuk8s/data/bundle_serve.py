@@ -18,16 +18,18 @@ usage: bundle_serve.py ROOT ADDRESS PORT
 import json
 import os
 import re
+import socket
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
-from socketserver import ThreadingMixIn
+from socketserver import TCPServer, ThreadingMixIn
 from urllib.parse import parse_qs, unquote, urlsplit
 
 READY = "gpuk8s-bundle-serving"
 STATIC = ("repos/", "manifests/")
 CHUNK = 1 << 20
 MAX_MANIFEST = 4 << 20
+MAX_CONNECTIONS = 64  # clients served at once (a node pulls a few images at a time; apt one file at a time)
 _DIGEST = re.compile(r"^sha256:([0-9a-f]{64})$")
 _NAME = re.compile(r"^[a-z0-9]+(?:[._-]+[a-z0-9]+)*(?:/[a-z0-9]+(?:[._-]+[a-z0-9]+)*){0,15}$")
 _TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
@@ -56,6 +58,7 @@ class Handler(BaseHTTPRequestHandler):
     server_version = "gpuk8s-bundle"
     sys_version = ""
     protocol_version = "HTTP/1.1"
+    timeout = 120  # seconds a connection may stay silent (keep-alive included) before it is closed
 
     def log_message(self, format, *args):  # noqa: A002 - nothing is logged: the held channel has no reader
         pass
@@ -105,9 +108,12 @@ class Handler(BaseHTTPRequestHandler):
             if not m:
                 return self.fail(404, head, [{"code": "DIGEST_INVALID", "message": "invalid digest"}])
             return self.send_file(os.path.join(blobs, m.group(1)), "application/octet-stream", head, ref)
-        if m:
+        if m:  # a manifest by its digest: only a blob that is one (small, JSON, schemaVersion 2)
             path = os.path.join(blobs, m.group(1))
-            return self.send_file(path, media_type(path), head, ref)
+            mt = media_type(path)
+            if mt is None:
+                return self.fail(404, head, [{"code": "MANIFEST_UNKNOWN", "message": "manifest unknown"}])
+            return self.send_file(path, mt, head, ref)
         if not _TAG.match(ref):
             return self.fail(404, head, [{"code": "TAG_INVALID", "message": "invalid tag"}])
         by_registry = self.server.refs.get(name + ":" + ref, {})
@@ -118,7 +124,7 @@ class Handler(BaseHTTPRequestHandler):
             return self.fail(404, head, [{"code": "MANIFEST_UNKNOWN", "message": "manifest unknown"}])
         digest = d["digest"]
         path = os.path.join(blobs, digest.split(":", 1)[1])
-        return self.send_file(path, str(d.get("mediaType") or media_type(path)), head, digest)
+        return self.send_file(path, str(d.get("mediaType") or media_type(path) or OCI_MANIFEST), head, digest)
 
     def static(self, rel, head):
         root = self.server.root
@@ -168,14 +174,19 @@ class Handler(BaseHTTPRequestHandler):
 
 
 def media_type(path):
-    """A manifest's own mediaType field (an index or a manifest), for a manifest asked for by its digest."""
+    """A manifest's own mediaType (an index or a manifest) for a manifest asked for by its digest; None when the
+    blob is no manifest (a layer: larger than a manifest may be, or not a JSON document of schemaVersion 2)."""
     try:
+        if os.path.getsize(path) > MAX_MANIFEST:
+            return None
         with open(path, "rb") as f:
             doc = json.loads(f.read(MAX_MANIFEST).decode("utf-8"))
-        mt = doc.get("mediaType") if isinstance(doc, dict) else None
-        return mt if isinstance(mt, str) and len(mt) < 128 else OCI_MANIFEST
     except (OSError, ValueError):
-        return OCI_MANIFEST
+        return None
+    if not isinstance(doc, dict) or doc.get("schemaVersion") != 2:
+        return None
+    mt = doc.get("mediaType")
+    return mt if isinstance(mt, str) and len(mt) < 128 else OCI_MANIFEST
 
 
 class Server(ThreadingMixIn, HTTPServer):
@@ -183,6 +194,34 @@ class Server(ThreadingMixIn, HTTPServer):
     allow_reuse_address = True
     root = ""  # the unpacked bundle
     refs = {}  # type: dict  # load_refs(root)
+    slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+
+    def server_bind(self):
+        # HTTPServer.server_bind asks reverse DNS for the address (socket.getfqdn): an isolated site's resolver may
+        # not answer for long; the name is never used
+        TCPServer.server_bind(self)
+        self.server_name, self.server_port = str(self.server_address[0]), int(self.server_address[1])
+
+    def process_request(self, request, client_address):
+        self.slots.acquire()  # at most MAX_CONNECTIONS at once: the accept loop waits for a free one
+        try:
+            super().process_request(request, client_address)
+        except Exception:
+            self.slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address):
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
+
+    def handle_error(self, request, client_address):
+        pass  # a client gone mid-download: nothing to say, and nobody reads this process's stderr
+
+
+class Server6(Server):
+    address_family = socket.AF_INET6
 
 
 def _until_stdin_ends():
@@ -199,7 +238,7 @@ def main(argv):
         return 2
     root, address, port = os.path.realpath(argv[1]), argv[2], int(argv[3])
     try:
-        server = Server((address, port), Handler)
+        server = (Server6 if ":" in address else Server)((address, port), Handler)
     except OSError as e:
         sys.stderr.write(f"gpuk8s bundle server: cannot listen on {address}:{port}: {e.strerror}\n")
         return 1

@@ -118,6 +118,9 @@ class Context:
     # config-manager applies a config, and a new plugin pod registers, a while later
     relabelled: set[str] = field(default_factory=set)
     on_exit: list[Callable[[], None]] = field(default_factory=list)
+    # what must start again on a host that came back from a reboot (phases/reboot.py): the bundle's server; each
+    # returns "" or why it could not (the run stops)
+    after_reboot: list[Callable[[Host], str]] = field(default_factory=list)
     initialized_cache: bool | None = None
     api_problem: str = ""  # admin.conf exists but the API server did not answer (initialized())
     prepare_report: Any = None  # install.prepare.PrepareReport, when the flow prepared hosts

@@ -35,6 +35,9 @@ class Bundle(Phase):
 
     def __init__(self, upgrade_to: str | None = None) -> None:
         self.held: Held | None = None
+        # a connection of its own to the serving host: phases close a failed host's connection in ctx.sessions
+        # (its driver failed, health held it back), and the server must outlive that for the other hosts
+        self.session: Session | None = None
         self.upgrade_to = upgrade_to  # upgrade: the one minor the bundle must hold (the cluster runs another)
 
     def _where(self, ctx: Context, b: BundleFile) -> Host:
@@ -74,14 +77,14 @@ class Bundle(Phase):
                 Change(f"serve it on http://{endpoint(host.address, b.port)} until this run ends", host.name,
                        f"bundle_serve.py /var/lib/gpuk8s/bundle/{b.sha256} {host.address} {b.port}")]
         self._serve(ctx, b, host)
+        # nothing is served in a dry run: preflight would find the served sources unreachable on every host
+        ctx.ignore = ctx.ignore | {"net.sources"}
         return self.planned("would-change", "every host installs from the bundle, nothing reaches out", cmds)
 
     def _session(self, ctx: Context, host: Host) -> Session:
-        s = ctx.sessions.get(host.name)
-        if s is None:
-            s = Session(host, ctx.sudo_passwords.get(host.name))
-            ctx.sessions[host.name] = s
-        return s
+        if self.session is None:
+            self.session = Session(host, ctx.sudo_passwords.get(host.name))
+        return self.session
 
     def run(self, ctx: Context) -> PhaseResult:
         b, host = self._decide(ctx)
@@ -89,14 +92,15 @@ class Bundle(Phase):
         start = time.monotonic()
         sent = 0
         try:
-            res = s.run(shell.command("bundle-state", sha256=b.sha256), sudo=True, display="the bundle's state")
+            res = s.run(shell.command("bundle-state", sha256=b.sha256, size=b.size), sudo=True,
+                        display="the bundle's state")
             state = res.stdout.strip().split()
             if not res.ok or not state or state[0] not in ("unpacked", "part"):
                 raise PhaseError(f"cannot read the bundle's state on {host.name}: {tail(res)}", "check the host")
             if state[0] == "part":
                 # the host's answer is data: digits only, and no longer than a size can be
                 have = int(state[1]) if len(state) > 1 and state[1].isdigit() and len(state[1]) <= 15 else -1
-                if have > b.size or have < 0:
+                if have < 0:
                     said = state[1][:20] if len(state) > 1 else "?"
                     raise PhaseError(f"the bundle's partial copy on {host.name} is not a part of it ({said} bytes)",
                                      f"remove /var/lib/gpuk8s/bundle/{b.sha256}.tar.zst.part there, then re-run")
@@ -119,21 +123,41 @@ class Bundle(Phase):
                     raise PhaseError(f"the bundle could not be unpacked on {host.name}: {tail(res)}",
                                      "check the host's disk under /var/lib/gpuk8s, then re-run")
             copied = time.monotonic() - start
-            self.held, out = s.hold(shell.command("bundle-serve", sha256=b.sha256, address=host.address,
-                                                  port=b.port, server=server_source()),
-                                    until=READY, display=f"serve the bundle on {host.name}")
         except RemoteError as e:
-            raise PhaseError(f"the bundle cannot be served from {host.name}: {e.message}", e.remedy) from None
-        if self.held is None:
-            raise PhaseError(f"the bundle server did not start on {host.name}: {out.strip()[-300:]}",
-                             f"check that port {b.port} is free there (--bundle-port) and that it has python3")
+            raise PhaseError(f"the bundle cannot be copied to {host.name}: {e.message}", e.remedy) from None
         ctx.on_exit.append(self.release)
+        problem = self._start(s, b, host)
+        if problem:
+            raise PhaseError(problem, f"check that port {b.port} is free there (--bundle-port) and that it has python3")
+        ctx.after_reboot.append(lambda h: self._again(ctx, b, host) if h.name == host.name else "")
         self._serve(ctx, b, host)
         where = f"http://{endpoint(host.address, b.port)}"
         how = f"copied {sent} bytes in {copied:.1f} s, " if sent else ""
         return self.result("changed", f"served from {host.name} at {where} ({how}Kubernetes {b.manifest.kubernetes})")
 
+    def _start(self, s: Session, b: BundleFile, host: Host) -> str:
+        """The server held on `s`: "" once it listens, else why not."""
+        try:
+            self.held, out = s.hold(shell.command("bundle-serve", sha256=b.sha256, address=host.address,
+                                                  port=b.port, server=server_source()),
+                                    until=READY, display=f"serve the bundle on {host.name}")
+        except RemoteError as e:
+            return f"the bundle cannot be served from {host.name}: {e.message}"
+        return "" if self.held is not None else f"the bundle server did not start on {host.name}: {out.strip()[-300:]}"
+
+    def _again(self, ctx: Context, b: BundleFile, host: Host) -> str:
+        """After the serving host rebooted (the driver or MIG phase): the server again, on a new connection."""
+        self.release()
+        self.session = Session(host, ctx.sudo_passwords.get(host.name))
+        problem = self._start(self.session, b, host)
+        if not problem:
+            ctx.emit(f"bundle: served again from {host.name} after its reboot")
+        return problem
+
     def release(self) -> None:
         if self.held is not None:
             self.held.release()
             self.held = None
+        if self.session is not None:
+            self.session.close()
+            self.session = None

@@ -116,8 +116,7 @@ class Prepare(Phase):
                       lenient=lenient(extra, quarantined), bundle=ctx.bundle)
         ctx.prepare_report = rep
         done = {h.host.name for h in rep.hosts if h.status == "done"}
-        serving = ctx.options.bundle.host if ctx.options.bundle is not None else None  # the bundle server's
-        for name in [n for n in ctx.sessions if n not in done and n not in (ctx.cp.name, serving)]:
+        for name in [n for n in ctx.sessions if n not in done and n != ctx.cp.name]:
             ctx.sessions.pop(name).close()
         changed = {h.host.name for h in rep.hosts if h.count("changed")}
         facts = {r.host.name: r.facts for r in rep.preflight

@@ -48,6 +48,10 @@ def reboot(ctx: Context, host: Host, why: str) -> tuple[Session | None, str]:
             ctx.lock_lost = (f"{host.name} is back after the reboot, but the cluster lock could not be taken again: "
                              f"{e.message}; this run stops here ({e.remedy})")
             return None, ctx.lock_lost
+    for again in ctx.after_reboot:
+        problem = again(host)
+        if problem:
+            return None, problem
     return fresh, ""
 
 

@@ -93,6 +93,7 @@ fi
 rm -rf "$b"
 rmdir /etc/containerd/conf.d 2>/dev/null
 rm -f /var/lib/gpuk8s/restart-containerd /var/lib/gpuk8s/restart-docker
+rm -rf /var/lib/gpuk8s/bundle  # the bundles gpuk8s copied here to serve (install --bundle)
 case "$restarted" in *containerd*) systemctl is-active -q containerd && systemctl restart containerd && echo "restarted containerd" ;; esac
 case "$restarted" in *docker*) systemctl is-active -q docker && systemctl restart docker && echo "restarted docker" ;; esac
 echo "@@gpuk8s-purge-done"

@@ -53,12 +53,8 @@ def test_bundle_verify_names_the_host_and_kernel_a_bundle_does_not_cover(lab_up,
     assert "covers every host of the inventory" in r.stdout and "whole: 3 file(s)" in r.stdout
 
 
-AIRGAP_FLEET = """
-hosts:
-  - {name: cp-1, role: control-plane}
-  - {name: gpu-1, gpus: 2}
-  - {name: gpu-2, gpus: 4}
-"""
+# the demo fleet (tests/lab/fleets/demo.yaml: one control plane, three GPU workers, Ubuntu 22.04, containerd)
+AIRGAP_FLEET = (Path(__file__).resolve().parents[1] / "lab" / "fleets" / "demo.yaml").read_text()
 KUBECTL = "kubectl --kubeconfig /etc/kubernetes/admin.conf"
 
 
@@ -100,7 +96,7 @@ def test_install_and_join_from_a_bundle_with_every_public_source_out_of_reach(la
     lab = lab_up(AIRGAP_FLEET)
     site = yaml.safe_load(lab.inventory.read_text())
     site["cluster"]["kubernetes_version"] = KUBE
-    site["hosts"] = [h for h in site["hosts"] if h["name"] != "gpu-2"]  # joined later
+    site["hosts"] = [h for h in site["hosts"] if h["name"] != "gpu-3"]  # joined later
     inv = tmp_path / "site.yaml"
     inv.write_text(yaml.safe_dump(site, sort_keys=False))
     full = dict(site, hosts=yaml.safe_load(lab.inventory.read_text())["hosts"])
@@ -157,11 +153,12 @@ def test_install_and_join_from_a_bundle_with_every_public_source_out_of_reach(la
     assert served["status"] == "changed" and f"served from cp-1 at http://{address}:5480" in served["message"]
     assert f"copied {bundle.stat().st_size - half} bytes" in served["message"], served
     checks = {n["node"]: n for n in rep["nodes"]}
-    assert checks["gpu-1"]["allocatable_gpus"] == 2 and all(n["ok"] for n in checks.values()), checks
-    print(f"install from the bundle, 2 hosts: {seconds:.1f} s")
+    assert checks["gpu-1"]["allocatable_gpus"] == 8 and checks["gpu-2"]["allocatable_gpus"] == 8, checks
+    assert all(n["ok"] for n in checks.values()), checks
+    print(f"install from the bundle, 3 hosts: {seconds:.1f} s")
 
     # what the hosts took came from the bundle: packages at its versions, fetched from the served copies
-    for name in ("cp-1", "gpu-1"):
+    for name in ("cp-1", "gpu-1", "gpu-2"):
         h = lab.host(name)
         srcs = h.exec("cat /etc/apt/sources.list.d/kubernetes.list").stdout
         assert f"http://{address}:5480/repos/kubernetes/v{KUBE.rsplit('.', 1)[0]}/deb/ /" in srcs, srcs
@@ -190,12 +187,12 @@ def test_install_and_join_from_a_bundle_with_every_public_source_out_of_reach(la
                 and p["name"] not in ("lock", "bundle", "kubeconfig")], again["phases"]
 
     # day two: a host joins from the same bundle
-    r = run_cli("join", "gpu-2", "-i", str(full_inv), "--bundle", str(bundle), "-o", "json", timeout=900)
+    r = run_cli("join", "gpu-3", "-i", str(full_inv), "--bundle", str(bundle), "-o", "json", timeout=900)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-3000:]
     nodes = json.loads(cp.exec(f"{KUBECTL} get nodes -o json").stdout)["items"]
     gpus = {n["metadata"]["name"]: n["status"]["allocatable"].get("nvidia.com/gpu") for n in nodes}
-    assert gpus.get("gpu-2") == "4", gpus
-    assert lab.host("gpu-2").state()["packages"]["kubeadm"] == f"{KUBE}-1.1"
+    assert gpus.get("gpu-3") == "4", gpus
+    assert lab.host("gpu-3").state()["packages"]["kubeadm"] == f"{KUBE}-1.1"
 
     # an upgrade of one minor from a second bundle (the next minor's, built the same way)
     nxt = versions.kubernetes_or_default(
@@ -208,11 +205,11 @@ def test_install_and_join_from_a_bundle_with_every_public_source_out_of_reach(la
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-3000:]
     rep = json.loads(r.stdout)
     assert any(p["name"] == "bundle" and p["status"] == "changed" for p in rep["phases"]), rep["phases"]
-    for name in ("cp-1", "gpu-1", "gpu-2"):
+    for name in ("cp-1", "gpu-1", "gpu-2", "gpu-3"):
         assert lab.host(name).state()["packages"]["kubelet"] == f"{nxt}-1.1", name
     nodes = json.loads(cp.exec(f"{KUBECTL} get nodes -o json").stdout)["items"]
     assert {n["metadata"]["name"]: n["status"]["nodeInfo"]["kubeletVersion"] for n in nodes} == {
-        n: f"v{nxt}" for n in ("cp-1", "gpu-1", "gpu-2")}
+        n: f"v{nxt}" for n in ("cp-1", "gpu-1", "gpu-2", "gpu-3")}
     assert all(not n["spec"].get("unschedulable") for n in nodes)
 
 

@@ -179,3 +179,21 @@ def test_targets_come_from_the_hosts_and_the_command_line() -> None:
     for bad in ("ubuntu", "ubuntu-22.04/x86_64;rm", "../x/x86_64", "ubuntu-22.04/sparc"):
         with pytest.raises(SourceError, match="is not OS-RELEASE/ARCH"):
             build.parse_target(bad, "containerd")
+
+
+def test_an_index_that_decompresses_past_the_cap_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    import gzip
+    import lzma
+
+    from gpuk8s.bundle import aptsource, debrepo
+
+    monkeypatch.setattr(debrepo, "MAX_INDEX", 1 << 16)
+    bomb = b"Package: x\n" + b"0" * (1 << 20)  # 1 MiB of zeros: a few KB compressed
+    for sfx, data in ((".gz", gzip.compress(bomb)), (".xz", lzma.compress(bomb))):
+        assert len(data) < 1 << 16
+        with pytest.raises(SourceError, match="decompresses past"):
+            aptsource._DECOMPRESS[sfx](data)
+    assert aptsource._DECOMPRESS[".gz"](gzip.compress(b"small")) == b"small"
+    # every hash section Release lists, for apt's by-hash (the strongest one it asks for)
+    text = "Acquire-By-Hash: yes\nMD5Sum:\n " + "a" * 32 + " 3 Packages\nSHA512:\n " + "b" * 128 + " 3 Packages\n"
+    assert aptsource.release_hashes(text) == {"MD5Sum": {"Packages": "a" * 32}, "SHA512": {"Packages": "b" * 128}}

@@ -83,6 +83,10 @@ def test_the_real_apt_reads_verifies_and_downloads_from_the_served_repositories(
         f"deb [signed-by={rings['containerd']}] {base}/containerd/ubuntu jammy stable\n")
     r = _apt(apt, "update")
     assert r.returncode == 0 and "W:" not in r.stderr and "E:" not in r.stderr, r.stdout + r.stderr
+    # Docker's Release says Acquire-By-Hash: the bundle holds its indexes by every hash Release lists (apt asks
+    # by the strongest: SHA512)
+    assert any(f.startswith("repos/containerd/ubuntu/dists/jammy/stable/binary-amd64/by-hash/SHA512/")
+               for f in made.manifest.files), sorted(made.manifest.files)
     want = [f"kubeadm={KUBE}-1.1", f"kubelet={KUBE}-1.1", f"containerd.io={CONTAINERD}~ubuntu.22.04~jammy",
             *[f"{p}={TOOLKIT}" for p in TOOLKIT_PKGS]]
     r = _apt(apt, "download", *want)
@@ -112,7 +116,10 @@ def test_the_real_skopeo_pulls_every_image_by_the_names_the_cluster_asks_for(ser
     assert r.returncode == 0, r.stderr
     req = urllib.request.Request(f"http://{where}/v2/pause/manifests/3.10.1?ns=registry.k8s.io", method="HEAD")
     assert urllib.request.urlopen(req).status == 200
-    for missing in ("pause/manifests/9.9", "nothere/manifests/v1", "pause/blobs/sha256:" + "0" * 64):
+    layer = next(f.rsplit("/", 1)[1] for f, e in made.manifest.files.items()
+                 if f.startswith("images/blobs/") and e.size > 4000)  # a layer (the stand-in's: 4 KB of noise)
+    for missing in ("pause/manifests/9.9", "nothere/manifests/v1", "pause/blobs/sha256:" + "0" * 64,
+                    f"pause/manifests/sha256:{layer}"):  # a blob that is no manifest is not served as one
         with pytest.raises(urllib.error.HTTPError) as e:
             urllib.request.urlopen(f"http://{where}/v2/{missing}")
         assert e.value.code == 404
