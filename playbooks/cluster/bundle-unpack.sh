@@ -30,7 +30,7 @@ for o in *; do
     "$s"|"$s.lock") ;;
     [0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f]*)
       n=${o%%.*}
-      [ ${#n} = 64 ] && [ -z "$(printf %s "$n" | tr -d 0-9a-f)" ] && rm -rf -- "$o" ;;
+      [ "$(printf %s "$n" | wc -c)" -eq 64 ] && [ -z "$(printf %s "$n" | tr -d 0-9a-f)" ] && rm -rf -- "$o" ;;
   esac
 done
 exit 0

@@ -137,6 +137,7 @@ def test_install_and_join_from_a_bundle_with_every_public_source_out_of_reach(la
     part.write_bytes(bytes(wrong))
     r = run_cli("install", "-i", str(inv), "--bundle", str(bundle), "-o", "json", timeout=900)
     assert r.returncode == 1, r.stdout[-3000:]
+    assert r.stdout.strip(), r.stderr[-3000:]
     failed = next(p for p in json.loads(r.stdout)["phases"] if p["name"] == "bundle")
     assert f"not {sha}: it was removed, the next run copies it again" in failed["message"], failed
     assert not part.exists()
@@ -211,6 +212,10 @@ def test_install_and_join_from_a_bundle_with_every_public_source_out_of_reach(la
     assert {n["metadata"]["name"]: n["status"]["nodeInfo"]["kubeletVersion"] for n in nodes} == {
         n: f"v{nxt}" for n in ("cp-1", "gpu-1", "gpu-2", "gpu-3")}
     assert all(not n["spec"].get("unschedulable") for n in nodes)
+    # the serving host keeps one bundle: the first one's unpacked copy went when the second was unpacked
+    second_sha = hashlib.sha256(second.read_bytes()).hexdigest()
+    kept = set(cp.exec("ls /var/lib/gpuk8s/bundle").stdout.split())
+    assert kept == {second_sha, f"{second_sha}.lock"}, kept
 
 
 def test_install_preflight_refuses_a_bundle_that_lacks_a_hosts_kernel(lab_up, run_cli, tmp_path):

@@ -134,3 +134,18 @@ def test_nothing_but_the_repositories_and_manifests_is_served(served: tuple[str,
     with pytest.raises(urllib.error.HTTPError) as e:
         urllib.request.urlopen(f"http://{where}{path}")
     assert e.value.code in (400, 404)
+
+
+def test_the_bundle_scripts_render_and_parse() -> None:
+    """The serving host's commands (playbooks/cluster/bundle-*.sh): rendered with hostile-looking values, each
+    value one quoted word, and `sh -n` takes them."""
+    from gpuk8s.phases import shell
+
+    values = {"sha256": "a" * 64, "size": 123, "offset": 0, "address": "10.0.0.1", "port": 5480,
+              "server": "print('x'); $(reboot) `id`"}
+    for name in ("bundle-state", "bundle-append", "bundle-unpack", "bundle-serve"):
+        text = shell.command(name, **values)
+        r = subprocess.run(["sh", "-n"], input=text, capture_output=True, text=True)
+        assert r.returncode == 0, (name, r.stderr)
+    serve = shell.command("bundle-serve", **values)
+    assert "'print('\"'\"'x'\"'\"'); $(reboot) `id`'" in serve  # one single-quoted word
