@@ -38,8 +38,11 @@ KUBELET_DEPENDS = ("iptables (>= 1.4.21), kubernetes-cni (>= 1.1.1), iproute2, s
 CALICO = "docker.io/calico/node:v3.28.0"
 
 
-def missing_tools() -> list[str]:
-    return [t for t in TOOLS if shutil.which(t) is None]
+RPM_TOOLS = ("rpmbuild", "createrepo_c", "rpm2cpio", "cpio")
+
+
+def missing_tools(rpm: bool = False) -> list[str]:
+    return [t for t in (*TOOLS, *(RPM_TOOLS if rpm else ())) if shutil.which(t) is None]
 
 
 def free_port() -> int:
@@ -73,6 +76,36 @@ def _deb(out: Path, name: str, version: str, arch: str, depends: str = "", size:
                    capture_output=True)
     shutil.rmtree(root)
     return out
+
+
+def _rpm(out: Path, name: str, version: str, release: str, arch: str, requires: str = "", size: int = 2048,
+         script: str = "") -> Path:
+    """A stand-in .rpm built by the real rpmbuild: the real name, version, release and Requires, `size` bytes of
+    noise, and the package's command where `script` gives one."""
+    top = out.parent / f".rpmbuild-{name}-{version}"
+    for sub in ("SPECS", "SOURCES", "BUILD", "RPMS", "SRPMS", "BUILDROOT"):
+        (top / sub).mkdir(parents=True, exist_ok=True)
+    (top / "SOURCES" / "payload").write_bytes(os.urandom(size))
+    (top / "SOURCES" / "cmd").write_text(script or "#!/bin/sh\n")
+    spec = (f"Name: {name}\nVersion: {version}\nRelease: {release}\nSummary: stand-in for {name}\nLicense: none\n"
+            + (f"Requires: {requires}\n" if requires else "")
+            + "%description\nstand-in\n%install\n"
+            + "mkdir -p %{buildroot}/usr/share/doc/" + name + " %{buildroot}/usr/bin\n"
+            + "cp %{_sourcedir}/payload %{buildroot}/usr/share/doc/" + name + "/\n"
+            + ("install -m 755 %{_sourcedir}/cmd %{buildroot}/usr/bin/" + name + "\n" if script else "")
+            + "%files\n/usr/share/doc/" + name + "/payload\n" + ("/usr/bin/" + name + "\n" if script else ""))
+    (top / "SPECS" / f"{name}.spec").write_text(spec)
+    r = subprocess.run(["rpmbuild", "-bb", "--quiet", "--define", f"_topdir {top}", "--target", arch,
+                        "--define", "_build_id_links none", "--nodeps", str(top / "SPECS" / f"{name}.spec")],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"rpmbuild {name}: {r.stderr[-500:]}")
+    built = next((top / "RPMS").rglob("*.rpm"))
+    out.mkdir(parents=True, exist_ok=True)
+    dest = out / built.name
+    shutil.move(str(built), dest)
+    shutil.rmtree(top)
+    return dest
 
 
 def _kubeadm(version: str) -> str:
@@ -184,6 +217,44 @@ class Upstream:
         cni.parent.mkdir(parents=True)
         cni.write_text(CNI_MANIFESTS["calico"])  # the lab's stand-in for calico's manifest (its image: CALICO)
 
+    def build_rpm(self, kubernetes: str, toolkit: str, containerd: str, older_patch: str, arch: str = "x86_64") -> None:
+        """The three dnf repositories (after build(): the same keys), built by the real rpmbuild and createrepo_c,
+        repomd.xml signed (repomd.xml.asc) as pkgs.k8s.io's and NVIDIA's are: Kubernetes' v1.NN/rpm/ (its key at
+        repodata/repomd.xml.key), NVIDIA's stable/rpm/ARCH/, Docker's rhel/8/ARCH/stable (its key at rhel/gpg)."""
+        minor = kubernetes.rsplit(".", 1)[0]
+        kube = self.www / "kubernetes" / f"v{minor}" / "rpm"
+        rel = "150500.1.1"  # pkgs.k8s.io's OBS release of every package
+        for v in (older_patch, kubernetes):
+            _rpm(kube / arch, "kubelet", v, rel, arch, "iptables >= 1.4.21, kubernetes-cni >= 1.1.1, conntrack, socat")
+            _rpm(kube / arch, "kubeadm", v, rel, arch, "kubelet >= 1.19.0, kubectl >= 1.19.0, kubernetes-cni >= "
+                 "1.1.1, cri-tools >= 1.25.0", script=_kubeadm(v))
+            _rpm(kube / arch, "kubectl", v, rel, arch)
+        _rpm(kube / arch, "cri-tools", f"{minor}.0", rel, arch)
+        _rpm(kube / arch, "kubernetes-cni", "1.6.0", rel, arch)
+        self._repodata(kube, self.fingerprints["kubernetes"])
+        self._export(self.fingerprints["kubernetes"], kube / "repodata" / "repomd.xml.key")
+        tk = self.www / "nvidia" / "stable" / "rpm" / arch
+        version, _, release = toolkit.partition("-")
+        for name, dep in (("libnvidia-container1", ""), ("libnvidia-container-tools", f"libnvidia-container1 >= "
+                                                                                      f"{version}"),
+                          ("nvidia-container-toolkit-base", ""),
+                          ("nvidia-container-toolkit", f"nvidia-container-toolkit-base = {version}-{release}, "
+                                                       f"libnvidia-container-tools >= {version}")):
+            _rpm(tk, name, version, release, arch, dep)
+        self._repodata(tk, self.fingerprints["toolkit"])
+        d = self.www / "docker" / "rhel" / "8" / arch / "stable"
+        cv = containerd.split("-")[0]
+        _rpm(d / "Packages", "containerd.io", cv, "3.1.el8", arch, "container-selinux >= 2:2.74, libseccomp",
+             size=8192)
+        self._repodata(d, self.fingerprints["containerd"], sign=False)  # Docker's: packages signed, metadata not
+        self._export(self.fingerprints["containerd"], self.www / "docker" / "rhel" / "gpg")
+
+    def _repodata(self, d: Path, fpr: str, sign: bool = True) -> None:
+        subprocess.run(["createrepo_c", "-q", "--simple-md-filenames", str(d)], check=True, capture_output=True)
+        if sign:
+            self._gpg("--local-user", fpr, "--armor", "--detach-sign", "-o", str(d / "repodata" / "repomd.xml.asc"),
+                      str(d / "repodata" / "repomd.xml"))
+
     def _flat(self, d: Path, fpr: str, where: str) -> None:
         text = subprocess.run(["apt-ftparchive", "packages", where or "."], cwd=d, check=True,
                               capture_output=True).stdout
@@ -251,7 +322,7 @@ class Upstream:
 
     def install_section(self) -> dict[str, Any]:
         """The inventory's install: block for these sources (plain http: each with its key's fingerprint)."""
-        def repo(role: str, path: str) -> dict[str, Any]:
+        def repo(role: str, path: str) -> dict[str, Any]:  # the same URLs serve the deb and the rpm layouts
             return {"url": f"{self.url}/{path}", "insecure_http": True, "key_fingerprint": self.fingerprints[role]}
 
         return {"kubernetes_repo": repo("kubernetes", "kubernetes"), "toolkit_repo": repo("toolkit", "nvidia"),

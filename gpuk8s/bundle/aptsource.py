@@ -196,10 +196,9 @@ class RepoCopy:
         self.files[name] = self.root / rel
         return self.root / rel
 
-    def signed(self) -> None:
-        """The key (checked against the pin) and Release, verified with it by gpgv."""
+    def _keyring(self, key: Path) -> Path:
+        """The repository's key, checked against the inventory's pin, as a keyring gpgv reads."""
         r = self.repo
-        key = self._add(r.key, fetch.get(f"{r.base.rstrip('/')}/{r.key}", MAX_KEY, r.allow_http))
         fprs = key_fingerprints(key)
         if len(fprs) != 1:
             raise SourceError(f"{r.base}/{r.key} holds {len(fprs)} keys, not one",
@@ -215,23 +214,34 @@ class RepoCopy:
                            capture_output=True, timeout=60)
         else:
             keyring.write_bytes(data)
+        return keyring
+
+    def _gpgv(self, keyring: Path, argv: list[Path], what: str, output: Path | None = None) -> None:
+        v = subprocess.run(["gpgv", "--keyring", str(keyring), *(["--output", str(output)] if output else []),
+                            *map(str, argv)], capture_output=True, text=True, timeout=60)
+        if v.returncode != 0:
+            said = v.stderr.strip().splitlines()[-1][:200] if v.stderr.strip() else "gpgv failed"
+            raise SourceError(f"{self.repo.url}: its {what} is not signed by the key at {self.repo.base}/"
+                              f"{self.repo.key} ({said})",
+                              "check the repository URL and its key; do not build from an unsigned source")
+
+    def signed(self) -> None:
+        """The key (checked against the pin) and Release, verified with it by gpgv."""
+        r = self.repo
+        key = self._add(r.key, fetch.get(f"{r.base.rstrip('/')}/{r.key}", MAX_KEY, r.allow_http))
+        keyring = self._keyring(key)
         inrelease = f"{r.url}/{r.meta('InRelease')}"
         plain = self._work / "Release"
         if not fetch.missing(inrelease, r.allow_http):
             signed = self._add(f"{r.dist}/{r.meta('InRelease')}", fetch.get(inrelease, MAX_RELEASE, r.allow_http))
-            argv = ["gpgv", "--keyring", str(keyring), "--output", str(plain), str(signed)]
+            self._gpgv(keyring, [signed], "Release", output=plain)
         else:
             rel = self._add(f"{r.dist}/{r.meta('Release')}", fetch.get(f"{r.url}/{r.meta('Release')}", MAX_RELEASE,
                                                                       r.allow_http))
             sig = self._add(f"{r.dist}/{r.meta('Release.gpg')}", fetch.get(f"{r.url}/{r.meta('Release.gpg')}",
                                                                           MAX_KEY, r.allow_http))
-            argv = ["gpgv", "--keyring", str(keyring), str(sig), str(rel)]
+            self._gpgv(keyring, [sig, rel], "Release")
             plain.write_bytes(rel.read_bytes())
-        v = subprocess.run(argv, capture_output=True, text=True, timeout=60)
-        if v.returncode != 0:
-            raise SourceError(f"{r.url}: its Release is not signed by the key at {r.base}/{r.key} "
-                              f"({v.stderr.strip().splitlines()[-1][:200] if v.stderr.strip() else 'gpgv failed'})",
-                              "check the repository URL and its key; do not build from an unsigned source")
         self.release = plain.read_text(errors="replace")
 
     def index(self, arch: str) -> debrepo.Index:

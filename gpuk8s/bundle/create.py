@@ -17,6 +17,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import shutil
 import subprocess
 import time
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpuk8s import __version__, mirrors
-from gpuk8s.bundle import debrepo, fetch, images, sbom, writer
+from gpuk8s.bundle import debrepo, fetch, images, rpmrepo, rpmsource, sbom, writer
 from gpuk8s.bundle.aptsource import AptRepo, RepoCopy, SourceError, deb_arch, repos_for, wanted_rels
 from gpuk8s.bundle.coverage import os_name
 from gpuk8s.bundle.manifest import FileEntry, Manifest, RepoKey, Target
@@ -86,10 +87,17 @@ def merge(targets: Iterable[TargetSpec]) -> list[TargetSpec]:
     return [TargetSpec(o, a, r, g) for (o, a, r), g in sorted(out.items())]
 
 
+_EL8 = re.compile(r"^(alinux-3|(rhel|rocky|almalinux|centos|anolis|ol)-8(\.[0-9]+)?)$")
+
+
+def rpm_family(os_release: str) -> bool:
+    return not os_release.startswith(("ubuntu-", "debian-"))
+
+
 def _check(t: TargetSpec) -> None:
-    if not t.os.startswith(("ubuntu-", "debian-")):
-        raise SourceError(f"{t.os} {t.arch}: bundles for the RPM family are not built yet (Debian-family targets "
-                          "only: Ubuntu 22.04 and 24.04)", "install those hosts through mirrors: (docs/mirrors.md)")
+    if rpm_family(t.os) and not _EL8.match(t.os):
+        raise SourceError(f"{t.os} {t.arch}: bundles serve Ubuntu and the RHEL 8 family (Alibaba Cloud Linux 3)",
+                          "install those hosts through mirrors: (docs/mirrors.md)")
     if t.runtime != "containerd":
         raise SourceError(f"{t.os} {t.arch} with {t.runtime}: bundles for Docker hosts are not built yet",
                           "bundles serve containerd hosts; Docker hosts install through mirrors: (docs/mirrors.md)")
@@ -113,11 +121,47 @@ def _cni_manifest(inv: Inventory, staging: Path) -> tuple[dict[str, Path], list[
     return {f"manifests/{cni}.yaml": dest}, mirrors.images_in(data.decode("utf-8", errors="replace"))
 
 
+def _rpm_target(inv: Inventory, t: TargetSpec, staging: Path, copies: dict[tuple[str, str, str], RepoCopy],
+                keys: dict[str, str], purls: dict[str, str], os_packages: dict[str, list[str]],
+                kube_versions: set[str], say: Callable[[str], None]) -> None:
+    """An RPM-family target: its dnf repositories copied (gpuk8s/bundle/rpmsource.py), resolution against them."""
+    label = f"{t.os} {t.arch}"
+    pkgs: list[rpmrepo.RpmPackage] = []
+    owner: dict[tuple[str, str, str], rpmsource.RpmCopy] = {}
+    wanted: list[rpmrepo.RpmPackage] = []
+    for r in rpmsource.repos_for(inv, t.arch, t.runtime, t.gpu):
+        copy = copies.get((r.role, r.url, ""))
+        if copy is None:
+            say(f"{r.role}: {r.url} (signature)")
+            copy = copies[(r.role, r.url, "")] = rpmsource.RpmCopy(r, staging)
+            copy.signed()
+        assert isinstance(copy, rpmsource.RpmCopy)
+        keys[r.role] = copy.fingerprint
+        wanted += rpmsource.wanted_packages(rpmrepo.RpmIndex(copy.packages, t.arch), r)
+        for p in copy.packages:
+            pkgs.append(p)
+            owner.setdefault((p.name, p.evr, p.arch), copy)
+    res = rpmrepo.resolve(rpmrepo.RpmIndex(pkgs, t.arch), wanted)
+    os_packages[label] = sorted(m.split(" ", 1)[0] for m in res.missing)
+    for p in res.chosen.values():
+        say(f"{label}: {p.name} {p.evr}")
+        name = owner[(p.name, p.evr, p.arch)].rpm_package(p)
+        purls[name] = f"pkg:rpm/{t.os.split('-', 1)[0]}/{p.name}@{p.evr}?arch={p.arch}"
+        if p.name == "kubeadm":
+            kube_versions.add(p.version)
+
+
 def kubeadm_list(deb: Path, version: str, work: Path) -> list[str]:
     """`kubeadm config images list` of the kubeadm in `deb` (the bundle's own, from its signed repository): pause,
-    etcd and coredns are kubeadm's choice per release, and only kubeadm says which (docs/mirrors.md)."""
+    etcd and coredns are kubeadm's choice per release, and only kubeadm says which (docs/mirrors.md). An .rpm
+    (a bundle for the RPM family only) is unpacked by rpm2cpio and cpio."""
     root = work / "kubeadm"
-    r = subprocess.run(["dpkg-deb", "-x", str(deb), str(root)], capture_output=True, text=True, timeout=300)
+    if deb.suffix == ".rpm":
+        root.mkdir(parents=True, exist_ok=True)
+        r = subprocess.run(f"rpm2cpio {shlex.quote(str(deb))} | cpio -idm --quiet", shell=True, cwd=root,
+                           capture_output=True, text=True, timeout=300)
+    else:
+        r = subprocess.run(["dpkg-deb", "-x", str(deb), str(root)], capture_output=True, text=True, timeout=300)
     binary = root / "usr" / "bin" / "kubeadm"
     if r.returncode != 0 or not binary.is_file():
         raise SourceError(f"{deb.name}: no usr/bin/kubeadm in it ({r.stderr.strip()[:200] or 'dpkg-deb -x'})",
@@ -150,6 +194,9 @@ def create(inv: Inventory, targets: list[TargetSpec], out: Path, staging: Path,
     purls: dict[str, str] = {}
     kubeadm_deb: Path | None = None
     for t in targets:
+        if rpm_family(t.os):
+            _rpm_target(inv, t, staging, copies, keys, purls, os_packages, kube_versions, say)
+            continue
         label = f"{t.os} {t.arch}"
         pkgs: list[debrepo.DebPackage] = []
         owner: dict[tuple[str, str, str], RepoCopy] = {}
@@ -183,6 +230,9 @@ def create(inv: Inventory, targets: list[TargetSpec], out: Path, staging: Path,
     if len(kube_versions) != 1:
         raise SourceError(f"the targets got Kubernetes {', '.join(sorted(kube_versions)) or 'none'}",
                           "pin cluster.kubernetes_version to a patch release (1.33.2) so every target gets the same")
+    if kubeadm_deb is None:
+        kubeadm_deb = next((f for f in files.values() if f.name.startswith("kubeadm-") and f.suffix == ".rpm"
+                            and platform.machine() in f.name), None)
     version = kube_versions.pop()
     if kubeadm_deb is None:
         raise SourceError(f"no target is of this machine's architecture ({platform.machine()}), so its kubeadm "

@@ -197,3 +197,73 @@ def test_an_index_that_decompresses_past_the_cap_is_refused(monkeypatch: pytest.
     # every hash section Release lists, for apt's by-hash (the strongest one it asks for)
     text = "Acquire-By-Hash: yes\nMD5Sum:\n " + "a" * 32 + " 3 Packages\nSHA512:\n " + "b" * 128 + " 3 Packages\n"
     assert aptsource.release_hashes(text) == {"MD5Sum": {"Packages": "a" * 32}, "SHA512": {"Packages": "b" * 128}}
+
+
+@pytest.fixture(scope="module")
+def rpm_upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Upstream]:
+    from tests.bundleupstream import missing_tools as missing
+
+    if missing(rpm=True):
+        pytest.skip(f"needs {', '.join(missing(rpm=True))} (apt-get install rpm createrepo-c cpio; .ci/run does)")
+    u = Upstream(tmp_path_factory.mktemp("rpm-upstream"))
+    u.build(KUBE, TOOLKIT, CONTAINERD, OLDER)
+    u.build_rpm(KUBE, TOOLKIT, CONTAINERD, OLDER)
+    u.start()
+    u.push(all_images(u))
+    yield u
+    u.stop()
+
+
+def test_an_alibaba_cloud_linux_target_gets_its_dnf_repositories(rpm_upstream: Upstream, tmp_path: Path) -> None:
+    """An RPM-family target beside an Ubuntu one: each repository's repodata as published (repomd.xml verified
+    against its signature where it has one, every file it lists against its sha256), the packages dnf install asks
+    for and what they require from the same repositories, the rest named."""
+    u = rpm_upstream
+    (tmp_path / "s").mkdir()
+    made = build.create(inventory(u), [build.TargetSpec("alinux-3", "x86_64", "containerd", True),
+                                       build.TargetSpec("ubuntu-22.04", "x86_64", "containerd", True)],
+                        tmp_path / "b.tar.zst", tmp_path / "s", level=3)
+    files = set(made.manifest.files)
+    minor = KUBE.rsplit(".", 1)[0]
+    rel = "150500.1.1"
+    for name in ("kubelet", "kubeadm", "kubectl"):
+        assert f"repos/kubernetes/v{minor}/rpm/x86_64/{name}-{KUBE}-{rel}.x86_64.rpm" in files
+        assert f"repos/kubernetes/v{minor}/rpm/x86_64/{name}-{OLDER}-{rel}.x86_64.rpm" not in files
+    assert f"repos/kubernetes/v{minor}/rpm/x86_64/cri-tools-{minor}.0-{rel}.x86_64.rpm" in files
+    v, _, r = TOOLKIT.partition("-")
+    assert f"repos/toolkit/stable/rpm/x86_64/nvidia-container-toolkit-{v}-{r}.x86_64.rpm" in files
+    cv = CONTAINERD.split("-")[0]
+    assert f"repos/containerd/rhel/8/x86_64/stable/Packages/containerd.io-{cv}-3.1.el8.x86_64.rpm" in files
+    for d in (f"kubernetes/v{minor}/rpm", "toolkit/stable/rpm/x86_64", "containerd/rhel/8/x86_64/stable"):
+        assert {f"repos/{d}/repodata/repomd.xml", f"repos/{d}/repodata/primary.xml.gz",
+                f"repos/{d}/repodata/filelists.xml.gz", f"repos/{d}/repodata/other.xml.gz"} <= files, d
+    assert f"repos/kubernetes/v{minor}/rpm/repodata/repomd.xml.asc" in files  # signed: verified, kept
+    assert "repos/containerd/rhel/gpg" in files and "repos/toolkit/gpgkey" in files
+    # the Ubuntu target's from the same bundle; one Kubernetes version for both
+    assert f"repos/kubernetes/v{minor}/deb/amd64/kubeadm_{KUBE}-1.1_amd64.deb" in files
+    assert made.manifest.kubernetes == KUBE
+    # (/bin/sh: rpmbuild's own requirement of a package with a shell script in it, as real packages have)
+    assert made.os_packages["alinux-3 x86_64"] == sorted(
+        ["/bin/sh", "conntrack", "container-selinux", "iptables", "libseccomp", "socat"]), made.os_packages
+    assert verify(made.path).ok
+    # the SBOM names each rpm by its purl
+    sbom = json.loads(subprocess.run(f"zstd -dcq {made.path} | tar -xO sbom.spdx.json", shell=True, check=True,
+                                     capture_output=True).stdout)
+    purls = {r["referenceLocator"] for p in sbom["packages"] for r in p.get("externalRefs", [])}
+    assert f"pkg:rpm/alinux/kubeadm@{KUBE}-{rel}?arch=x86_64" in purls, sorted(purls)[:5]
+
+
+def test_a_repomd_its_key_did_not_sign_is_refused(rpm_upstream: Upstream, tmp_path: Path) -> None:
+    u = rpm_upstream
+    minor = KUBE.rsplit(".", 1)[0]
+    asc = u.www / "kubernetes" / f"v{minor}" / "rpm" / "repodata" / "repomd.xml.asc"
+    md = asc.with_name("repomd.xml")
+    saved = md.read_bytes()
+    try:
+        md.write_bytes(saved.replace(b"<revision>", b"<revision>1"))
+        (tmp_path / "s").mkdir()
+        with pytest.raises(SourceError, match="its repomd.xml is not signed by the key"):
+            build.create(inventory(u), [build.TargetSpec("alinux-3", "x86_64", "containerd", True)],
+                         tmp_path / "b.tar.zst", tmp_path / "s", level=3)
+    finally:
+        md.write_bytes(saved)
