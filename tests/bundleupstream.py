@@ -244,7 +244,9 @@ class Upstream:
         self._repodata(tk, self.fingerprints["toolkit"])
         d = self.www / "docker" / "rhel" / "8" / arch / "stable"
         cv = containerd.split("-")[0]
-        _rpm(d / "Packages", "containerd.io", cv, "3.1.el8", arch, "container-selinux >= 2:2.74, libseccomp",
+        # Docker names it containerd.io-2.2.6-1.el8 for the matrix's 2.2.6-1 (gpuk8s/data/versions.yaml)
+        _rpm(d / "Packages", "containerd.io", cv, containerd.split("-")[1] + ".el8", arch,
+             "container-selinux >= 2:2.74, libseccomp",
              size=8192)
         self._repodata(d, self.fingerprints["containerd"], sign=False)  # Docker's: packages signed, metadata not
         self._export(self.fingerprints["containerd"], self.www / "docker" / "rhel" / "gpg")

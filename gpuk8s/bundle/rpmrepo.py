@@ -126,7 +126,7 @@ _HEX = re.compile(r"^[0-9a-f]{32,128}$")
 
 @dataclass(frozen=True)
 class Dep:
-    """A requires or provides entry: `name`, and where versioned its relation and EVR ("1:2.2.6-1.el8")."""
+    """A requires or provides entry: `name`, and where versioned its relation and EVR ("2:2.74-1.el8")."""
 
     name: str
     op: str = ""  # "", "=", "<", "<=", ">", ">="

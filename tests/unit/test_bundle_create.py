@@ -232,8 +232,7 @@ def test_an_alibaba_cloud_linux_target_gets_its_dnf_repositories(rpm_upstream: U
     assert f"repos/kubernetes/v{minor}/rpm/x86_64/cri-tools-{minor}.0-{rel}.x86_64.rpm" in files
     v, _, r = TOOLKIT.partition("-")
     assert f"repos/toolkit/stable/rpm/x86_64/nvidia-container-toolkit-{v}-{r}.x86_64.rpm" in files
-    cv = CONTAINERD.split("-")[0]
-    assert f"repos/containerd/rhel/8/x86_64/stable/Packages/containerd.io-{cv}-3.1.el8.x86_64.rpm" in files
+    assert f"repos/containerd/rhel/8/x86_64/stable/Packages/containerd.io-{CONTAINERD}.el8.x86_64.rpm" in files
     for d in (f"kubernetes/v{minor}/rpm", "toolkit/stable/rpm/x86_64", "containerd/rhel/8/x86_64/stable"):
         assert {f"repos/{d}/repodata/repomd.xml", f"repos/{d}/repodata/primary.xml.gz",
                 f"repos/{d}/repodata/filelists.xml.gz", f"repos/{d}/repodata/other.xml.gz"} <= files, d

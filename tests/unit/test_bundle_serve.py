@@ -19,7 +19,7 @@ from gpuk8s.bundle import create as build
 from gpuk8s.bundle.aptsource import TOOLKIT_PKGS
 from gpuk8s.phases.bundle import READY, server_source
 from tests.bundleupstream import Upstream, free_port, missing_tools
-from tests.unit.test_bundle_create import CONTAINERD, KUBE, OLDER, TOOLKIT, all_images, make
+from tests.unit.test_bundle_create import CONTAINERD, KUBE, OLDER, TOOLKIT, all_images, inventory, make
 
 pytestmark = pytest.mark.skipif(bool(missing_tools()) or not Path("/usr/bin/apt-get").exists(),
                                 reason=f"needs apt-get and {', '.join(missing_tools()) or 'nothing else'} (.ci/run)")
@@ -149,3 +149,61 @@ def test_the_bundle_scripts_render_and_parse() -> None:
         assert r.returncode == 0, (name, r.stderr)
     serve = shell.command("bundle-serve", **values)
     assert "'print('\"'\"'x'\"'\"'); $(reboot) `id`'" in serve  # one single-quoted word
+
+
+@pytest.mark.skipif(not Path("/usr/bin/dnf").exists() or bool(missing_tools(rpm=True)),
+                    reason="needs dnf, rpmbuild, createrepo_c, cpio (apt-get install dnf rpm createrepo-c cpio; "
+                           ".ci/run does)")
+def test_the_real_dnf_reads_and_verifies_a_served_rpm_repository(tmp_path: Path) -> None:
+    """An Alibaba Cloud Linux target's Kubernetes repository, served: the real dnf imports the key the bundle
+    carries, verifies repomd.xml against its signature (repo_gpgcheck=1), reads primary.xml and names the
+    package's location, which the server serves; a package the bundle does not carry is not there."""
+    u = Upstream(tmp_path / "up")
+    u.build(KUBE, TOOLKIT, CONTAINERD, OLDER)
+    u.build_rpm(KUBE, TOOLKIT, CONTAINERD, OLDER)
+    u.start()
+    try:
+        u.push(all_images(u))
+        (tmp_path / "s").mkdir()
+        made = build.create(inventory(u), [build.TargetSpec("alinux-3", "x86_64", "containerd", True)],
+                            tmp_path / "b.tar.zst", tmp_path / "s", level=3)
+    finally:
+        u.stop()
+    x = tmp_path / "x"
+    x.mkdir()
+    subprocess.run(f"zstd -dcq {made.path} | tar -x -C {x}", shell=True, check=True)
+    port = free_port()
+    p = subprocess.Popen([sys.executable, "-c", server_source(), str(x), "127.0.0.1", str(port)],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert p.stdout is not None and p.stdout.readline().decode().strip() == READY
+        minor = KUBE.rsplit(".", 1)[0]
+        base = f"http://127.0.0.1:{port}/repos/kubernetes/v{minor}/rpm"
+        root = tmp_path / "root"
+        (root / "etc" / "yum.repos.d").mkdir(parents=True)
+        key = x / f"repos/kubernetes/v{minor}/rpm/repodata/repomd.xml.key"
+        (root / "etc" / "yum.repos.d" / "kubernetes.repo").write_text(
+            f"[kubernetes]\nname=Kubernetes\nbaseurl={base}/\nenabled=1\ngpgcheck=1\nrepo_gpgcheck=1\n"
+            f"gpgkey=file://{key}\n")
+        r = subprocess.run(["dnf", "-y", "-q", "--installroot", str(root), "--releasever", "8", "--forcearch", "x86_64",
+                            f"--setopt=reposdir={root / 'etc' / 'yum.repos.d'}", "repoquery", "--qf",
+                            "%{name}-%{version}-%{release} %{location}", "kubeadm"],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stdout + r.stderr
+        where = dict(line.split(" ", 1) for line in r.stdout.splitlines() if line.startswith("kubeadm-"))
+        rel = "150500.1.1"
+        assert set(where) == {f"kubeadm-{KUBE}-{rel}", f"kubeadm-{OLDER}-{rel}"}, r.stdout
+        assert urllib.request.urlopen(f"{base}/{where[f'kubeadm-{KUBE}-{rel}']}").status == 200
+        with pytest.raises(urllib.error.HTTPError):  # the publisher's index names it; the bundle need not carry it
+            urllib.request.urlopen(f"{base}/{where[f'kubeadm-{OLDER}-{rel}']}")
+        # a repomd.xml its key did not sign: dnf refuses the repository
+        md = x / f"repos/kubernetes/v{minor}/rpm/repodata/repomd.xml"
+        md.write_bytes(md.read_bytes().replace(b"<revision>", b"<revision>9"))
+        r = subprocess.run(["dnf", "-y", "-q", "--installroot", str(root), "--releasever", "8", "--forcearch", "x86_64",
+                            f"--setopt=reposdir={root / 'etc' / 'yum.repos.d'}", "--refresh", "repoquery", "kubeadm"],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode != 0 or f"kubeadm-{KUBE}" not in r.stdout, r.stdout + r.stderr
+    finally:
+        assert p.stdin is not None
+        p.stdin.close()
+        p.wait(10)
