@@ -53,8 +53,13 @@ def test_bundle_verify_names_the_host_and_kernel_a_bundle_does_not_cover(lab_up,
     assert "covers every host of the inventory" in r.stdout and "whole: 3 file(s)" in r.stdout
 
 
-# the demo fleet (tests/lab/fleets/demo.yaml: one control plane, three GPU workers, Ubuntu 22.04, containerd)
-AIRGAP_FLEET = (Path(__file__).resolve().parents[1] / "lab" / "fleets" / "demo.yaml").read_text()
+# the demo fleet (tests/lab/fleets/demo.yaml: one control plane, three GPU workers, Ubuntu 22.04, containerd), and
+# an Alibaba Cloud Linux 3 GPU host that joins later with gpu-3
+AIRGAP_FLEET = (Path(__file__).resolve().parents[1] / "lab" / "fleets" / "demo.yaml").read_text() + """
+  - name: al-1
+    os: alinux-3
+    gpus: 2
+"""
 KUBECTL = "kubectl --kubeconfig /etc/kubernetes/admin.conf"
 
 
@@ -66,6 +71,7 @@ def _create(run_cli, tmp_path, site: dict, kube: str, name: str) -> tuple[Path, 
     older = f"{minor}.{int(kube.rsplit('.', 1)[1]) - 1}"
     toolkit = versions.install_defaults(minor)["toolkit_version"]
     up.build(kube, toolkit, CONTAINERD, older)
+    up.build_rpm(kube, toolkit, CONTAINERD, older)
     up.start()
     try:
         laptop = dict(site, cluster={**site["cluster"], "kubernetes_version": kube},
@@ -96,7 +102,7 @@ def test_install_and_join_from_a_bundle_with_every_public_source_out_of_reach(la
     lab = lab_up(AIRGAP_FLEET)
     site = yaml.safe_load(lab.inventory.read_text())
     site["cluster"]["kubernetes_version"] = KUBE
-    site["hosts"] = [h for h in site["hosts"] if h["name"] != "gpu-3"]  # joined later
+    site["hosts"] = [h for h in site["hosts"] if h["name"] not in ("gpu-3", "al-1")]  # joined later
     inv = tmp_path / "site.yaml"
     inv.write_text(yaml.safe_dump(site, sort_keys=False))
     full = dict(site, hosts=yaml.safe_load(lab.inventory.read_text())["hosts"])
@@ -105,8 +111,8 @@ def test_install_and_join_from_a_bundle_with_every_public_source_out_of_reach(la
 
     # the connected machine: the site's inventory, the internet as its loopback serves it
     bundle, made, built = _create(run_cli, tmp_path, full, KUBE, "site")
-    assert made["targets"] == [{"os": "ubuntu-22.04", "arch": "x86_64", "runtime": "containerd", "kernels": [],
-                                "driver_branches": []}], made
+    assert made["targets"] == [{"os": os_, "arch": "x86_64", "runtime": "containerd", "kernels": [],
+                                "driver_branches": []} for os_ in ("alinux-3", "ubuntu-22.04")], made
     assert made["coverage"] == [], made  # the hosts bring their own drivers
     print(f"bundle: {made['bytes']} bytes, {made['files']} files, {made['images']} images, built in {built:.1f} s")
 
@@ -187,13 +193,19 @@ def test_install_and_join_from_a_bundle_with_every_public_source_out_of_reach(la
     assert not [p["name"] for p in again["phases"] if p["status"] == "changed"
                 and p["name"] not in ("lock", "bundle", "kubeconfig")], again["phases"]
 
-    # day two: a host joins from the same bundle
-    r = run_cli("join", "gpu-3", "-i", str(full_inv), "--bundle", str(bundle), "-o", "json", timeout=900)
+    # day two: an Ubuntu and an Alibaba Cloud Linux host join from the same bundle (dnf reads its served copy)
+    r = run_cli("join", "gpu-3", "al-1", "-i", str(full_inv), "--bundle", str(bundle), "-o", "json", timeout=900)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-3000:]
     nodes = json.loads(cp.exec(f"{KUBECTL} get nodes -o json").stdout)["items"]
     gpus = {n["metadata"]["name"]: n["status"]["allocatable"].get("nvidia.com/gpu") for n in nodes}
-    assert gpus.get("gpu-3") == "4", gpus
+    assert gpus.get("gpu-3") == "4" and gpus.get("al-1") == "2", gpus
     assert lab.host("gpu-3").state()["packages"]["kubeadm"] == f"{KUBE}-1.1"
+    al = lab.host("al-1")
+    assert al.state()["packages"]["kubeadm"] == f"{KUBE}-150500.1.1", al.state()["packages"]
+    # read from the served repodata, each .rpm located there (the lab's dnf fetched and checked it)
+    located = al.state()["dnf_files"][f"kubeadm={KUBE}-150500.1.1"][0]
+    assert located.startswith(f"http://{address}:5480/repos/kubernetes/"), located
+    assert f"baseurl=http://{address}:5480/repos/kubernetes/" in al.exec("cat /etc/yum.repos.d/kubernetes.repo").stdout
 
     # an upgrade of one minor from a second bundle (the next minor's, built the same way)
     nxt = versions.kubernetes_or_default(
@@ -208,9 +220,10 @@ def test_install_and_join_from_a_bundle_with_every_public_source_out_of_reach(la
     assert any(p["name"] == "bundle" and p["status"] == "changed" for p in rep["phases"]), rep["phases"]
     for name in ("cp-1", "gpu-1", "gpu-2", "gpu-3"):
         assert lab.host(name).state()["packages"]["kubelet"] == f"{nxt}-1.1", name
+    assert lab.host("al-1").state()["packages"]["kubelet"] == f"{nxt}-150500.1.1"
     nodes = json.loads(cp.exec(f"{KUBECTL} get nodes -o json").stdout)["items"]
     assert {n["metadata"]["name"]: n["status"]["nodeInfo"]["kubeletVersion"] for n in nodes} == {
-        n: f"v{nxt}" for n in ("cp-1", "gpu-1", "gpu-2", "gpu-3")}
+        n: f"v{nxt}" for n in ("cp-1", "gpu-1", "gpu-2", "gpu-3", "al-1")}
     assert all(not n["spec"].get("unschedulable") for n in nodes)
     # the serving host keeps one bundle: the first one's unpacked copy went when the second was unpacked
     second_sha = hashlib.sha256(second.read_bytes()).hexdigest()

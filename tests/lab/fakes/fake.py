@@ -1617,6 +1617,27 @@ def _fetch_debs(h: Host, chosen: dict[str, str]) -> bool:
     return True
 
 
+def _fetch_rpms(h: Host, chosen: dict[str, str]) -> bool:
+    """The .rpm of each chosen package a real source serves, fetched and checked against primary.xml's sha256."""
+    import urllib.error
+    for name, v in chosen.items():
+        where = h.state.get("dnf_files", {}).get(f"{name}={v}")
+        if not where:
+            continue
+        url, size, sha = where
+        try:
+            data = _http_get(url)
+        except (urllib.error.URLError, OSError):
+            err(f"Error: Error downloading packages:\n  {name}-{v}.x86_64: Cannot download {url}: All mirrors were "
+                "tried\n")
+            return False
+        if len(data) != int(size) or hashlib.sha256(data).hexdigest() != sha:
+            err(f"Error: Error downloading packages:\n  {name}-{v}.x86_64: Downloading successful, but checksum "
+                "doesn't match.\n")
+            return False
+    return True
+
+
 def _apt_conflict() -> str:
     """apt's refusal of two entries for the same URI and suite with different signed-by keyrings (one-line .list
     files and deb822 .sources), in apt's words (apt 2.6, Debian 12, run on such files):
@@ -1668,6 +1689,80 @@ def _taken_by(h: Host, chosen: dict[str, str]) -> list[str]:
             taken += [p for p in pkgs if (o := _DRIVER_FAMILIES.match(p)) and o.group(1) == m.group(1)
                       and o.group(2) != m.group(2) and p not in taken]
     return taken
+
+
+def _yum_gpgkeys() -> dict[str, str]:
+    """repo name -> the gpgkey= of its .repo file."""
+    out, name = {}, ""
+    d = Path("/etc/yum.repos.d")
+    for f in sorted(d.glob("*.repo")) if d.is_dir() else []:
+        for line in f.read_text().splitlines():
+            line = line.strip()
+            if line.startswith("[") and line.endswith("]"):
+                name = line[1:-1]
+            elif line.startswith("gpgkey="):
+                out[name] = line.split("=", 1)[1]
+    return out
+
+
+def _real_rpm_index(h: Host, name: str, url: str) -> dict[str, list[str]] | None:
+    """dnf's metadata download from a real source: repodata/repomd.xml (verified by the real gpgv against the
+    repository's gpgkey where repomd.xml.asc exists), primary.xml against repomd's sha256, read for versions
+    (VERSION-RELEASE) and each package's location, size and sha256 (kept for the install's download). None after
+    dnf's error is printed."""
+    import tempfile
+    import urllib.error
+    import xml.etree.ElementTree as ET
+    base = url.replace("$basearch", "x86_64").rstrip("/")
+    try:
+        md = _http_get(f"{base}/repodata/repomd.xml")
+        try:
+            asc = _http_get(f"{base}/repodata/repomd.xml.asc")
+        except urllib.error.HTTPError:
+            asc = None
+        if asc is not None:
+            key = _yum_gpgkeys().get(name, "").removeprefix("file://")
+            with tempfile.TemporaryDirectory() as tmp:
+                os.chmod(tmp, 0o700)
+                ring = Path(tmp, "ring.gpg")
+                subprocess.run([str(LAB_ROOT / "real" / "gpg"), "--homedir", tmp, "--batch", "--dearmor", "-o",
+                                str(ring), key], capture_output=True)
+                Path(tmp, "repomd.xml").write_bytes(md)
+                Path(tmp, "repomd.xml.asc").write_bytes(asc)
+                v = subprocess.run([str(LAB_ROOT / "real" / "gpgv"), "--keyring", str(ring),
+                                    f"{tmp}/repomd.xml.asc", f"{tmp}/repomd.xml"], capture_output=True)
+            if v.returncode != 0:
+                err(f"Error: Failed to download metadata for repo '{name}': repomd.xml GPG signature "
+                    "verification error: Bad GPG signature\n")
+                return None
+        ns = {"r": "http://linux.duke.edu/metadata/repo", "c": "http://linux.duke.edu/metadata/common"}
+        data = ET.fromstring(md).find("r:data[@type='primary']", ns)
+        href = data.find("r:location", ns).get("href")  # type: ignore[union-attr]
+        sha = (data.find("r:checksum", ns).text or "").strip()  # type: ignore[union-attr]
+        primary = _http_get(f"{base}/{href}")
+    except (urllib.error.URLError, OSError, AttributeError) as e:
+        err(f"Errors during downloading metadata for repository '{name}':\n  - Curl error (7): Couldn't connect to "
+            f"server for {base}/repodata/repomd.xml ({e})\nError: Failed to download metadata for repo '{name}'\n")
+        return None
+    if hashlib.sha256(primary).hexdigest() != sha:
+        err(f"Error: Failed to download metadata for repo '{name}': primary.xml: checksum doesn't match\n")
+        return None
+    versions: dict[str, list[str]] = {}
+    files = h.state.setdefault("dnf_files", {})
+    for pkg in ET.fromstring(gzip.decompress(primary) if href.endswith(".gz") else primary).findall("c:package", ns):
+        n = pkg.findtext("c:name", "", ns)
+        ver = pkg.find("c:version", ns)
+        arch = pkg.findtext("c:arch", "", ns)
+        if ver is None or arch not in ("x86_64", "noarch"):
+            continue
+        vr = f"{ver.get('ver')}-{ver.get('rel')}"
+        versions.setdefault(n, []).append(vr)
+        loc = pkg.find("c:location", ns)
+        size = pkg.find("c:size", ns)
+        files[f"{n}={vr}"] = [f"{base}/{loc.get('href') if loc is not None else ''}",
+                              size.get("package", "0") if size is not None else "0",
+                              (pkg.findtext("c:checksum", "", ns) or "").strip()]
+    return versions
 
 
 def _yum_repos() -> list[tuple[str, str]]:
@@ -1940,7 +2035,15 @@ def dnf(h: Host, args: list[str]) -> int:
             time.sleep(0.2)
         h = Host()
     available: dict[str, list[str]] = {}
+    h.state["dnf_files"] = {}
     for name, url in _yum_repos():
+        if _real_source(url) and not _unreachable(h, url):
+            got = _real_rpm_index(h, name, url)
+            if got is None:
+                return 1
+            for p, vs in got.items():
+                available.setdefault(p, []).extend(vs)
+            continue
         if _unreachable(h, url):
             err(f"Errors during downloading metadata for repository '{name}':\n"
                 f"  - Curl error (6): Couldn't resolve host name for {url}repodata/repomd.xml\n"
@@ -1986,6 +2089,8 @@ def dnf(h: Host, args: list[str]) -> int:
             for p in dependents:
                 out(f" {p}  x86_64  {h.state['packages'][p]}  @AppStream  1 M\n")
         out("\nTransaction Summary\n" + "=" * 80 + "\n\nOperation aborted.\n")
+        return 1
+    if not _fetch_rpms(h, chosen):
         return 1
     for p in taken:
         h.state["packages"].pop(p, None)
