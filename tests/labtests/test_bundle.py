@@ -17,6 +17,7 @@ import yaml
 
 from gpuk8s import versions
 from tests.bundleupstream import Upstream, missing_tools
+from tests.labtests import invariants
 from tests.labtests.test_mirrors import PUBLIC
 from tests.unit.test_bundle import good
 from tests.unit.test_bundle_create import CONTAINERD, KUBE, TOOLKIT, all_images
@@ -181,6 +182,10 @@ def test_install_and_join_from_a_bundle_with_every_public_source_out_of_reach(la
         spec = spec.get("template", {}).get("spec", spec)
         images |= {c["image"] for k in ("containers", "initContainers") for c in spec.get(k) or []}
     assert images and all(i.startswith(f"{address}:5480/") for i in images), images
+    # the invariants of the scenarios (tests/labtests/invariants.py), doctor included, on the inventory as the user
+    # wrote it (doctor and status need no bundle: they read)
+    invariants.all_hold(lab, run_cli, str(inv), {"gpu-1": {"nvidia.com/gpu": 8}, "gpu-2": {"nvidia.com/gpu": 8}},
+                        set(), {"nvidia.com/gpu": 16})
     # the server ended with the run; the unpacked bundle stays for the next run
     assert not _listening(address, 5480)
     assert cp.exec("test -s /var/lib/gpuk8s/bundle/*/manifest.json && echo kept").stdout.strip() == "kept"
@@ -205,6 +210,9 @@ def test_install_and_join_from_a_bundle_with_every_public_source_out_of_reach(la
     # read from the served repodata, each .rpm located there (the lab's dnf fetched and checked it)
     located = al.state()["dnf_files"][f"kubeadm={KUBE}-150500.1.1"][0]
     assert located.startswith(f"http://{address}:5480/repos/kubernetes/"), located
+    planned = {"gpu-1": {"nvidia.com/gpu": 8}, "gpu-2": {"nvidia.com/gpu": 8}, "gpu-3": {"nvidia.com/gpu": 4},
+               "al-1": {"nvidia.com/gpu": 2}}
+    invariants.all_hold(lab, run_cli, str(full_inv), planned, set(), {"nvidia.com/gpu": 22})
     assert f"baseurl=http://{address}:5480/repos/kubernetes/" in al.exec("cat /etc/yum.repos.d/kubernetes.repo").stdout
 
     # an upgrade of one minor from a second bundle (the next minor's, built the same way)
@@ -225,6 +233,7 @@ def test_install_and_join_from_a_bundle_with_every_public_source_out_of_reach(la
     assert {n["metadata"]["name"]: n["status"]["nodeInfo"]["kubeletVersion"] for n in nodes} == {
         n: f"v{nxt}" for n in ("cp-1", "gpu-1", "gpu-2", "gpu-3", "al-1")}
     assert all(not n["spec"].get("unschedulable") for n in nodes)
+    invariants.all_hold(lab, run_cli, str(full_inv), planned, set(), {"nvidia.com/gpu": 22})
     # the serving host keeps one bundle: the first one's unpacked copy went when the second was unpacked
     second_sha = hashlib.sha256(second.read_bytes()).hexdigest()
     kept = set(cp.exec("ls /var/lib/gpuk8s/bundle").stdout.split())
