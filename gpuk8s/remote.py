@@ -16,7 +16,7 @@ import shlex
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
@@ -295,7 +295,8 @@ class Session:
         transport = self._conn.client.get_transport()
         if transport is None or not transport.is_active():
             raise RemoteError("cut", f"the connection to {self.host.name} was lost", "check the host and re-run")
-        try:
+        with self._remote_errors(shown, timeout, "raise ssh.command_timeout if the step is legitimately slow",
+                                 "check the host and re-run; gpuk8s continues where it stopped"):
             chan = transport.open_session(timeout=self.settings.connect_timeout)
             chan.exec_command(line)
             if gate is not None:
@@ -305,13 +306,6 @@ class Session:
                     chan.sendall(stdin)
                 chan.shutdown_write()
             out, err, truncated, total = _drain(chan, start + timeout, on_line, gate, max_output)
-        except TimeoutError:
-            raise RemoteError("command-timeout", f"'{shown}' on {self.host.name} did not finish within {timeout:g} s",
-                              "raise ssh.command_timeout if the step is legitimately slow") from None
-        except (paramiko.SSHException, OSError, EOFError) as e:
-            raise RemoteError("cut", f"the connection to {self.host.name} broke while running '{shown}': "
-                              f"{type(e).__name__}", "check the host and re-run; gpuk8s continues where it stopped"
-                              ) from None
         self.round_trips += 1
         status = chan.recv_exit_status() if chan.exit_status_ready() else -1
         chan.close()
@@ -324,6 +318,18 @@ class Session:
                   "    (output not logged)\n" if quiet else _indent(res.stdout), _indent(res.stderr))
         return res
 
+
+    @contextlib.contextmanager
+    def _remote_errors(self, shown: str, timeout: float, slow: str, cut: str) -> Iterator[None]:
+        """A command's timeout and a broken connection as RemoteError, naming the host and the command."""
+        try:
+            yield
+        except TimeoutError:
+            raise RemoteError("command-timeout", f"'{shown}' on {self.host.name} did not finish within {timeout:g} s",
+                              slow) from None
+        except (paramiko.SSHException, OSError, EOFError) as e:
+            raise RemoteError("cut", f"the connection to {self.host.name} broke while running '{shown}': "
+                              f"{type(e).__name__}", cut) from None
 
     def send(self, command: str, source: BinaryIO, *, display: str, timeout: float,
              on_bytes: Callable[[int], None] | None = None) -> Result:
@@ -340,7 +346,8 @@ class Session:
         transport = self._conn.client.get_transport()
         if transport is None or not transport.is_active():
             raise RemoteError("cut", f"the connection to {self.host.name} was lost", "check the host and re-run")
-        try:
+        with self._remote_errors(shown, timeout, "check the link to the host and re-run: the copy goes on where it "
+                                 "stopped", "check the host and re-run; the copy goes on where it stopped"):
             chan = transport.open_session(timeout=self.settings.connect_timeout)
             chan.exec_command(line)
             err = bytearray()
@@ -370,13 +377,6 @@ class Session:
                 chan.shutdown_write()
             chan.settimeout(None)
             out, err2, truncated, total = _drain(chan, deadline)
-        except TimeoutError:
-            raise RemoteError("command-timeout", f"'{shown}' on {self.host.name} did not finish within {timeout:g} s",
-                              "check the link to the host and re-run: the copy goes on where it stopped") from None
-        except (paramiko.SSHException, OSError, EOFError) as e:
-            raise RemoteError("cut", f"the connection to {self.host.name} broke while running '{shown}': "
-                              f"{type(e).__name__}", "check the host and re-run; the copy goes on where it stopped"
-                              ) from None
         self.round_trips += 1
         status = chan.recv_exit_status() if chan.exit_status_ready() else -1
         chan.close()

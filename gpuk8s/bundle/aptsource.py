@@ -278,16 +278,21 @@ class RepoCopy:
                               f"the repository has no packages for {arch}")
         return debrepo.Index(debrepo.parse(text), arch)
 
+    def fetch_file(self, rel: str, size: int, sha256: str, what: str) -> str:
+        """A package file at `rel` under the repository's URL into the copy (once), checked against the size and
+        sha256 its index names; its bundle path."""
+        rel = rel[2:] if rel.startswith("./") else rel
+        dest = self._path(f"{self.repo.dist}/{rel}")
+        if not dest.is_file():
+            if not re.fullmatch(r"[0-9a-f]{64}", sha256):
+                raise SourceError(f"{self.repo.url}: {what} has no sha256 in its index",
+                                  "a package without its sha256 is not mirrored")
+            fetch.download(f"{self.repo.url}/{rel}", dest, size, sha256, self.repo.allow_http)
+        return f"repos/{self.repo.role}/{self.repo.dist}/{rel}"
+
     def package(self, p: debrepo.DebPackage) -> str:
         """The package into the copy (once); its bundle path."""
-        name = p.filename[2:] if p.filename.startswith("./") else p.filename
-        dest = self._path(f"{self.repo.dist}/{name}")
-        if not dest.is_file():
-            if not re.fullmatch(r"[0-9a-f]{64}", p.sha256):
-                raise SourceError(f"{self.repo.url}: {p.name} {p.version} has no SHA256 in its index",
-                                  "a package without its sha256 is not mirrored")
-            fetch.download(f"{self.repo.url}/{name}", dest, p.size, p.sha256, self.repo.allow_http)
-        return f"repos/{self.repo.role}/{self.repo.dist}/{name}"
+        return self.fetch_file(p.filename, p.size, p.sha256, f"{p.name} {p.version}")
 
 
 def wanted_rels(index: debrepo.Index, repo: AptRepo) -> list[debrepo.Rel]:

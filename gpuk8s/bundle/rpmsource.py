@@ -121,13 +121,7 @@ class RpmCopy(RepoCopy):
 
     def rpm_package(self, p: rpmrepo.RpmPackage) -> str:
         """The package into the copy (once); its bundle path."""
-        dest = self._path(f"{self.rpm.dist}/{p.href}")
-        if not dest.is_file():
-            if not p.sha256 or len(p.sha256) != 64:
-                raise SourceError(f"{self.rpm.url}: {p.name}-{p.evr} has no sha256 in primary.xml",
-                                  "a package without its sha256 is not mirrored")
-            fetch.download(f"{self.rpm.url}/{p.href}", dest, p.size, p.sha256, self.rpm.allow_http)
-        return f"repos/{self.rpm.role}/{self.rpm.dist}/{p.href}"
+        return self.fetch_file(p.href, p.size, p.sha256, f"{p.name}-{p.evr}")
 
 
 def wanted_packages(index: rpmrepo.RpmIndex, repo: RpmRepo) -> list[rpmrepo.RpmPackage]:

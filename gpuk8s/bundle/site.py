@@ -11,17 +11,16 @@ the bundle records, and the exact Kubernetes patch the bundle holds. Nothing els
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gpuk8s.bundle.manifest import Manifest
 from gpuk8s.bundle.verify import Verified
+from gpuk8s.bundle.writer import digest
 from gpuk8s.inventory.model import Inventory, RegistrySettings
 
 DEFAULT_PORT = 5480
-CHUNK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -40,13 +39,8 @@ class BundleFile:
 def bundle_file(path: Path, v: Verified, host: str | None = None, port: int = DEFAULT_PORT) -> BundleFile:
     """The file `v` verified, with its own sha256 (a second read: the copy on the serving host is checked
     against it)."""
-    h = hashlib.sha256()
-    size = 0
-    with path.open("rb") as f:
-        while chunk := f.read(CHUNK):
-            h.update(chunk)
-            size += len(chunk)
-    return BundleFile(path, h.hexdigest(), size, v.manifest, host, port)
+    whole = digest(path)
+    return BundleFile(path, whole.sha256, whole.size, v.manifest, host, port)
 
 
 def endpoint(address: str, port: int) -> str:

@@ -25,6 +25,17 @@ def kubectl_json(lab: Any, args: str) -> Any:
     return json.loads(r.stdout)
 
 
+def images_of(lab: Any) -> set[str]:
+    """Every image the cluster's objects run (their containers and init containers, in the simulated API's state)."""
+    state = json.loads((lab.root / "cluster" / "state.json").read_text())
+    images: set[str] = set()
+    for o in state["objects"].values():
+        spec = o.get("spec", {})
+        spec = spec.get("template", {}).get("spec", spec)
+        images |= {c["image"] for k in ("containers", "initContainers") for c in spec.get(k) or []}
+    return images
+
+
 def offered_once(lab: Any, planned: dict[str, dict[str, int]], dra_nodes: set[str]) -> None:
     """planned: node -> {resource: count} the plan offers there (device-plugin nodes: nvidia.com/...; dra nodes:
     {"gpu": n} or {"mig": n}, the devices of its ResourceSlice)."""

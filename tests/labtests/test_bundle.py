@@ -175,12 +175,7 @@ def test_install_and_join_from_a_bundle_with_every_public_source_out_of_reach(la
         fetched = " ".join(" ".join(a) for a in h.commands())
         assert "apt-get" in fetched
     assert lab.host("gpu-1").state()["packages"]["nvidia-container-toolkit"] == TOOLKIT
-    state = json.loads((lab.root / "cluster" / "state.json").read_text())
-    images = set()
-    for o in state["objects"].values():
-        spec = o.get("spec", {})
-        spec = spec.get("template", {}).get("spec", spec)
-        images |= {c["image"] for k in ("containers", "initContainers") for c in spec.get(k) or []}
+    images = invariants.images_of(lab)
     assert images and all(i.startswith(f"{address}:5480/") for i in images), images
     # the invariants of the scenarios (tests/labtests/invariants.py), doctor included, on the inventory as the user
     # wrote it (doctor and status need no bundle: they read)

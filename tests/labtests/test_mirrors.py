@@ -14,6 +14,8 @@ from typing import Any
 
 import yaml
 
+from tests.labtests import invariants
+
 FLEET = """
 hosts:
   - name: cp-1
@@ -122,11 +124,7 @@ def test_install_with_every_public_source_unreachable_ends_with_every_gpu_schedu
 
     # every pod runs from the mirror; kubeadm's configuration and containerd's name only the mirror
     state = json.loads((lab.root / "cluster" / "state.json").read_text())
-    images = set()
-    for o in state["objects"].values():
-        spec = o.get("spec", {})
-        spec = spec.get("template", {}).get("spec", spec)
-        images |= {c["image"] for k in ("containers", "initContainers") for c in spec.get(k) or []}
+    images = invariants.images_of(lab)
     # the CNI's (rewritten on the control plane after its sha256 check) and the device plugin's
     assert any("/calico/node:" in i for i in images) and any("/k8s-device-plugin:" in i for i in images), images
     assert all(i.startswith(f"{MIRROR}/") for i in images), images

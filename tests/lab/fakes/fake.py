@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tarfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import tomllib
@@ -1596,46 +1597,40 @@ def _real_index(h: Host, url: str, suite: str, comps: list[str], keyring: str, n
     return versions, files
 
 
-def _fetch_debs(h: Host, chosen: dict[str, str]) -> bool:
-    """The .deb of each chosen package that a real source serves, fetched and checked as apt does."""
+def _fetch_packages(h: Host, chosen: dict[str, str], files_key: str,
+                    fail: Callable[[str, str, str, str], None]) -> bool:
+    """The package file of each chosen package a real source serves (h.state[files_key]: "NAME=VERSION" -> [URL,
+    size, sha256]), fetched and checked as apt and dnf do; fail(name, version, url, why) prints their error."""
     import urllib.error
-    files = h.state.get("apt_files", {})
     for name, v in chosen.items():
-        where = files.get(f"{name}={v}")
+        where = h.state.get(files_key, {}).get(f"{name}={v}")
         if not where:
             continue
         url, size, sha = where
         try:
             data = _http_get(url)
         except (urllib.error.URLError, OSError):
-            err(f"E: Failed to fetch {url}  Could not connect to {_url_host(url)}\n")
+            fail(name, v, url, "connect")
             return False
         if len(data) != int(size) or hashlib.sha256(data).hexdigest() != sha:
-            err(f"E: Failed to fetch {url}  Hash Sum mismatch\n")
+            fail(name, v, url, "checksum")
             return False
-        out(f"Get: {url} {name} {v} [{len(data)} B]\n")
     return True
+
+
+def _fetch_debs(h: Host, chosen: dict[str, str]) -> bool:
+    def fail(name: str, v: str, url: str, why: str) -> None:
+        err(f"E: Failed to fetch {url}  " + (f"Could not connect to {_url_host(url)}\n" if why == "connect"
+                                              else "Hash Sum mismatch\n"))
+    return _fetch_packages(h, chosen, "apt_files", fail)
 
 
 def _fetch_rpms(h: Host, chosen: dict[str, str]) -> bool:
-    """The .rpm of each chosen package a real source serves, fetched and checked against primary.xml's sha256."""
-    import urllib.error
-    for name, v in chosen.items():
-        where = h.state.get("dnf_files", {}).get(f"{name}={v}")
-        if not where:
-            continue
-        url, size, sha = where
-        try:
-            data = _http_get(url)
-        except (urllib.error.URLError, OSError):
-            err(f"Error: Error downloading packages:\n  {name}-{v}.x86_64: Cannot download {url}: All mirrors were "
-                "tried\n")
-            return False
-        if len(data) != int(size) or hashlib.sha256(data).hexdigest() != sha:
-            err(f"Error: Error downloading packages:\n  {name}-{v}.x86_64: Downloading successful, but checksum "
-                "doesn't match.\n")
-            return False
-    return True
+    def fail(name: str, v: str, url: str, why: str) -> None:
+        err(f"Error: Error downloading packages:\n  {name}-{v}.x86_64: " + (
+            f"Cannot download {url}: All mirrors were tried\n" if why == "connect"
+            else "Downloading successful, but checksum doesn't match.\n"))
+    return _fetch_packages(h, chosen, "dnf_files", fail)
 
 
 def _apt_conflict() -> str:
