@@ -45,11 +45,18 @@ def gaps(m: Manifest, inv: Inventory, facts: Mapping[str, HostFacts | None]) -> 
 
 
 def kubernetes_gaps(m: Manifest, inv: Inventory) -> list[Gap]:
+    """The cluster's own: the Kubernetes version, and the CNI manifest of the inventory's CNI."""
+    out = []
     want = inv.cluster.kubernetes_version
     if versions.minor_of(want) != m.minor or (want.count(".") == 2 and want != m.kubernetes):
-        return [Gap("", "kubernetes", f"the bundle holds Kubernetes {m.kubernetes}; the inventory asks for "
-                    f"{want}: build a bundle for it (docs/airgap.md)")]
-    return []
+        out.append(Gap("", "kubernetes", f"the bundle holds Kubernetes {m.kubernetes}; the inventory asks for "
+                       f"{want}: build a bundle for it (docs/airgap.md)"))
+    cni = inv.cluster.cni
+    carried = [p for p in m.files if p.startswith("manifests/")]  # bundle create carries the CNI's manifest
+    if carried and f"manifests/{cni}.yaml" not in m.files:
+        out.append(Gap("", "cni", f"the bundle holds no {cni} manifest (the inventory's CNI): build the bundle "
+                       "with this inventory"))
+    return out
 
 
 def host_gaps(m: Manifest, inv: Inventory, h: Host, f: HostFacts | None) -> list[Gap]:

@@ -89,6 +89,7 @@ class Bundle(Phase):
     def run(self, ctx: Context) -> PhaseResult:
         b, host = self._decide(ctx)
         s = self._session(ctx, host)
+        ctx.on_exit.append(self.release)  # its connection closed (and the server ended) whatever happens below
         start = time.monotonic()
         sent = 0
         try:
@@ -125,7 +126,6 @@ class Bundle(Phase):
             copied = time.monotonic() - start
         except RemoteError as e:
             raise PhaseError(f"the bundle cannot be copied to {host.name}: {e.message}", e.remedy) from None
-        ctx.on_exit.append(self.release)
         problem = self._start(s, b, host)
         if problem:
             raise PhaseError(problem, f"check that port {b.port} is free there (--bundle-port) and that it has python3")

@@ -247,6 +247,12 @@ def test_coverage_names_each_host_and_what_the_bundle_lacks_for_it() -> None:
     got = [(g.host, g.what) for g in gaps(m, other, {**seen, "gpu-3": None})]
     assert got[0] == ("", "kubernetes") and ("gpu-3", "facts") in got
     assert [g.what for g in gaps(m, loads(COVER_INV.replace('"1.36"', '"1.36.4"')), seen)][0] == "kubernetes"
+    # a bundle built for another CNI
+    flannel = loads(COVER_INV.replace('kubernetes_version: "1.36"', 'kubernetes_version: "1.36", cni: flannel'))
+    m = manifest.parse(json.dumps(manifest_doc({**FILES, "manifests/calico.yaml": b"kind: DaemonSet\n"})))
+    assert not [g for g in gaps(m, inv, seen) if not g.host]
+    assert [(g.what, g.message) for g in gaps(m, flannel, seen) if not g.host] == [
+        ("cni", "the bundle holds no flannel manifest (the inventory's CNI): build the bundle with this inventory")]
 
 
 def test_the_writer_makes_what_the_reader_takes_and_the_same_files_give_the_same_bytes(tmp_path: Path) -> None:
