@@ -26,6 +26,8 @@ BundleOpt = typer.Option(None, "--bundle", help="Install from this bundle file (
                          "verified here, copied to a serving host and served for the run; no host reaches out.")
 BundleHostOpt = typer.Option(None, "--bundle-host", help="The host that serves the bundle (default: the first "
                              "control plane).")
+BundleKeyOpt = typer.Option(None, "--bundle-key", help="The builder's public key: the bundle must carry a good "
+                            "signature by it (FILE.asc beside it, bundle create --sign-with).")
 BundlePortOpt = typer.Option(5480, "--bundle-port", min=1024, max=65535, help="The port it is served on.")
 
 

@@ -58,6 +58,7 @@ class Created:
     seconds: float
     os_packages: dict[str, list[str]] = field(default_factory=dict)  # target -> what its OS archive must serve
     images: int = 0
+    signature: Path | None = None  # FILE.asc, where bundle create signed it
 
 
 def parse_target(text: str, runtime: str, gpu: bool = True) -> TargetSpec:

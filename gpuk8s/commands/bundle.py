@@ -14,6 +14,7 @@ import typer
 
 from gpuk8s import ui
 from gpuk8s.bundle import create as build
+from gpuk8s.bundle import signature
 from gpuk8s.bundle.archive import BundleError
 from gpuk8s.bundle.coverage import Gap, gaps
 from gpuk8s.bundle.manifest import ManifestError
@@ -42,6 +43,9 @@ def register(app: typer.Typer, load_inventory: Any) -> None:
         no_hosts: bool = typer.Option(False, "--no-hosts", help="Contact no host: build for the --target kinds "
                                       "only."),
         level: int = typer.Option(19, "--level", min=1, max=19, help="zstd's compression level."),
+        sign_with: str | None = typer.Option(None, "--sign-with", help="Sign the bundle with this gpg secret "  # noqa: UP007
+                                             "key of this machine (FILE.asc beside it; the site checks it with "
+                                             "--bundle-key)."),
         output: Output = OutputOpt,
     ) -> None:
         """Build one bundle file with everything the inventory's hosts need to install without the internet:
@@ -64,6 +68,8 @@ def register(app: typer.Typer, load_inventory: Any) -> None:
             with tempfile.TemporaryDirectory(prefix=".gpuk8s-bundle-", dir=dest.resolve().parent) as tmp:
                 made = build.create(inv, targets, dest, Path(tmp), say=lambda s: ui.say(con, s) if output !=
                                     Output.json else None, level=level)
+            if sign_with:
+                made.signature = signature.sign(dest, sign_with)
         except (BundleError, ManifestError, build.SourceError, GpuK8sError) as e:
             failed(e, output)
         found = gaps(made.manifest, inv, facts) if facts else None
@@ -76,27 +82,33 @@ def register(app: typer.Typer, load_inventory: Any) -> None:
         inventory: Path | None = typer.Option(None, "--inventory", "-i", help="Also check that the bundle covers "  # noqa: UP007
                                               "this inventory's hosts (their OS, architecture, kernel and driver "
                                               "branch, read over SSH as preflight reads them)."),
+        key: Path | None = typer.Option(None, "--key", help="The builder's public key: the bundle must carry a "  # noqa: UP007
+                                        "good signature by it (FILE.asc beside it)."),
         output: Output = OutputOpt,
     ) -> None:
-        """Check a bundle before it is used: its manifest, every file's sha256 and size against it, and with -i
-        whether it serves every host of the inventory."""
+        """Check a bundle before it is used: its manifest, every file's sha256 and size against it, with --key its
+        signature, and with -i whether it serves every host of the inventory."""
         inv = load_inventory(inventory, output) if inventory is not None else None  # before reading a large file
         try:
+            signer = signature.check(file, key) if key is not None else None
             v = verify(file)
-        except (BundleError, ManifestError) as e:
+        except (BundleError, ManifestError, signature.SignatureError) as e:
             failed(e, output)
         found: list[Gap] | None = None
         if inv is not None:
             rep = run_preflight(inv, concurrency=16, ignore=set(), sudo_passwords=passwords(inv),
                                 measure_network=False)
             found = gaps(v.manifest, inv, {h.host.name: h.facts for h in rep.hosts})
+        if signer and output != Output.json:
+            ui.say(ui.console(), f"signed by {signer} ({key})")
         show(file, v, found, output)
         raise typer.Exit(ExitCode.OK if v.ok and not found else ExitCode.FAILED)
 
 
 def created_json(made: build.Created, found: list[Gap] | None) -> dict[str, Any]:
     m = made.manifest
-    return {"ok": True, "file": str(made.path), "bytes": made.bytes, "seconds": round(made.seconds, 1),
+    return {"ok": True, "file": str(made.path), "signature": str(made.signature) if made.signature else None,
+            "bytes": made.bytes, "seconds": round(made.seconds, 1),
             "kubernetes": m.kubernetes, "targets": m.to_json()["targets"], "images": made.images,
             "files": len(m.files), "os_packages": made.os_packages,
             "coverage": None if found is None else [g.to_json() for g in found]}

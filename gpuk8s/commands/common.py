@@ -11,6 +11,7 @@ import typer
 from rich.text import Text
 
 from gpuk8s import ui
+from gpuk8s.bundle import signature
 from gpuk8s.bundle.site import BundleFile, bundle_file
 from gpuk8s.bundle.verify import verify
 from gpuk8s.credentials import CredentialError, sudo_passwords
@@ -74,12 +75,15 @@ def failed(e: GpuK8sError, output: Output) -> NoReturn:
     raise typer.Exit(ExitCode.FAILED)
 
 
-def load_bundle(file: Path | None, host: str | None, port: int, output: Output) -> BundleFile | None:
-    """--bundle: the file verified here (every member against its manifest) before any host is contacted; exit 1
-    naming what differs."""
+def load_bundle(file: Path | None, host: str | None, port: int, output: Output,
+                key: Path | None = None) -> BundleFile | None:
+    """--bundle: the file verified here (with --bundle-key, its signature first; then every member against its
+    manifest) before any host is contacted; exit 1 naming what differs."""
     if file is None:
         return None
     try:
+        if key is not None:
+            signature.check(file, key)
         v = verify(file)
     except GpuK8sError as e:
         failed(e, output)

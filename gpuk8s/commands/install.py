@@ -13,6 +13,7 @@ from gpuk8s.install.prepare import playbooks_for, prepare
 from gpuk8s.logs import log_path
 from gpuk8s.options import (
     BundleHostOpt,
+    BundleKeyOpt,
     BundleOpt,
     BundlePortOpt,
     InventoryOpt,
@@ -56,6 +57,7 @@ def register(app: typer.Typer, load_inventory: Callable[..., Any]) -> None:
         bundle: Path | None = BundleOpt,  # noqa: UP007
         bundle_host: str | None = BundleHostOpt,  # noqa: UP007
         bundle_port: int = BundlePortOpt,
+        bundle_key: Path | None = BundleKeyOpt,  # noqa: UP007
     ) -> None:
         """Preflight, prepare every host (toolkit, runtime, Kubernetes packages), then kubeadm init, CNI, join,
         the NVIDIA device plugin, and verification that every GPU is schedulable."""
@@ -68,7 +70,7 @@ def register(app: typer.Typer, load_inventory: Callable[..., Any]) -> None:
         if bundle is not None and prepare_only:
             usage_error(GpuK8sError("--prepare-only does not serve a bundle", "run install --bundle without it, "
                                     "or --only-phase prepare"), output)
-        served = load_bundle(bundle, bundle_host, bundle_port, output)
+        served = load_bundle(bundle, bundle_host, bundle_port, output, bundle_key)
         ignored = ignored_checks(inv, ignore)
         sudo = passwords(inv)
         view = LiveView(len(inv.hosts)) if output == Output.table and ui.is_terminal() else None

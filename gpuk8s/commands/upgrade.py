@@ -14,6 +14,7 @@ from gpuk8s.errors import GpuK8sError
 from gpuk8s.exitcodes import ExitCode
 from gpuk8s.options import (
     BundleHostOpt,
+    BundleKeyOpt,
     BundleOpt,
     BundlePortOpt,
     DrainTimeoutOpt,
@@ -53,10 +54,11 @@ def register(app: typer.Typer, load_inventory: Any) -> None:
         bundle: Path | None = BundleOpt,  # noqa: UP007
         bundle_host: str | None = BundleHostOpt,  # noqa: UP007
         bundle_port: int = BundlePortOpt,
+        bundle_key: Path | None = BundleKeyOpt,  # noqa: UP007
     ) -> None:
         """Upgrade Kubernetes one minor at a time: control planes, then workers drained one by one."""
         inv = load_inventory(inventory, output)
-        served = load_bundle(bundle, bundle_host, bundle_port, output)
+        served = load_bundle(bundle, bundle_host, bundle_port, output, bundle_key)
         if served is not None and to is None:
             to = served.manifest.minor  # a bundle holds one minor: the one to reach
         skip = phase_names(skip_phases)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import shutil
 import subprocess
 import tarfile
@@ -300,3 +301,59 @@ def test_the_sbom_is_spdx_2_3_as_its_published_schema_says() -> None:
     bad = {**doc, "packages": [{**doc["packages"][0], "checksums": [{"algorithm": "SHA-256", "checksumValue": "0"}]}]}
     with pytest.raises(jsonschema.ValidationError, match="is not one of"):
         jsonschema.validate(bad, schema)  # the schema is a real check
+
+
+def test_a_signed_bundle_is_checked_against_the_builders_key(tmp_path: Path) -> None:
+    """bundle create --sign-with KEY writes FILE.asc; bundle verify --key and install --bundle-key refuse a bundle
+    without it, with a signature of another key, or changed after it was signed (the real gpg and gpgv)."""
+    import tempfile
+
+    from typer.testing import CliRunner
+
+    from gpuk8s import cli
+    from gpuk8s.bundle import signature
+
+    cli._register_commands()
+    app = cli.app
+    home = Path(tempfile.mkdtemp(prefix="gk-sig-"))  # short: gpg-agent's socket lives in it
+    try:
+        env = {"GNUPGHOME": str(home)}
+        for uid in ("builder <b@lab.example>", "someone else <x@lab.example>"):
+            subprocess.run(["gpg", "--batch", "--passphrase", "", "--quick-gen-key", uid, "ed25519", "sign", "never"],
+                           check=True, capture_output=True, env={**os.environ, **env})
+        keys = {}
+        for name, uid in (("builder", "b@lab.example"), ("other", "x@lab.example")):
+            keys[name] = tmp_path / f"{name}.asc"
+            keys[name].write_bytes(subprocess.run(["gpg", "--armor", "--export", uid], check=True, capture_output=True,
+                                                  env={**os.environ, **env}).stdout)
+        bundle = good(tmp_path)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("GNUPGHOME", str(home))
+            signature.sign(bundle, "b@lab.example")
+        assert signature.signature_path(bundle).read_text().startswith("-----BEGIN PGP SIGNATURE-----")
+        assert len(signature.check(bundle, keys["builder"])) == 40  # the signer's fingerprint
+        with pytest.raises(signature.SignatureError, match="not a good one by the key other.asc"):
+            signature.check(bundle, keys["other"])
+        r = CliRunner().invoke(app, ["bundle", "verify", str(bundle), "--key", str(keys["builder"])])
+        assert r.exit_code == 0 and "signed by " in r.output, r.output
+        r = CliRunner().invoke(app, ["bundle", "verify", str(bundle), "--key", str(keys["other"]), "-o", "json"])
+        assert r.exit_code == 1 and "its signature is not a good one" in r.output, r.output
+        # install refuses it before any host is contacted (TEST-NET addresses: nothing would answer anyway)
+        inv = tmp_path / "inventory.yaml"
+        inv.write_text("cluster: {kubernetes_version: '1.36'}\nhosts:\n  - {name: cp-1, address: 192.0.2.1, role: "
+                       "control-plane}\n")
+        r = CliRunner().invoke(app, ["install", "-i", str(inv), "--bundle", str(bundle), "--bundle-key",
+                                     str(keys["other"]), "-o", "json"])
+        assert r.exit_code == 1 and "its signature is not a good one" in r.output, r.output
+        # changed after it was signed
+        data = bytearray(bundle.read_bytes())
+        data[-1] ^= 1
+        bundle.write_bytes(bytes(data))
+        with pytest.raises(signature.SignatureError, match="not a good one"):
+            signature.check(bundle, keys["builder"])
+        signature.signature_path(bundle).unlink()
+        with pytest.raises(signature.SignatureError, match="no signature beside it"):
+            signature.check(bundle, keys["builder"])
+    finally:
+        subprocess.run(["gpgconf", "--homedir", str(home), "--kill", "all"], capture_output=True)
+        shutil.rmtree(home, ignore_errors=True)
