@@ -6,6 +6,7 @@ bundle."""
 
 from __future__ import annotations
 
+import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -59,7 +60,7 @@ def register(app: typer.Typer, load_inventory: Any) -> None:
                                     measure_network=False)
                 facts = {h.host.name: h.facts for h in rep.hosts}
             targets = build.merge([*build.targets_from(inv, facts), *declared])
-            con = ui.console()
+            con = ui.console(stderr=True)  # progress: stdout is the result's (JSON with -o json)
             for name, f in facts.items():
                 if f is None:
                     ui.say(con, f"{name}: not reached; its kind of host is built only if --target names it",
@@ -72,6 +73,9 @@ def register(app: typer.Typer, load_inventory: Any) -> None:
                 made.signature = signature.sign(dest, sign_with)
         except (BundleError, ManifestError, build.SourceError, GpuK8sError) as e:
             failed(e, output)
+        except (subprocess.SubprocessError, OSError) as e:  # a tool this machine runs (gpg, zstd, skopeo) failed
+            failed(GpuK8sError(f"bundle create stopped: {type(e).__name__}: {str(e)[:300]}",
+                               "check the tools it names (gpg, gpgv, zstd, skopeo) and the disk"), output)
         found = gaps(made.manifest, inv, facts) if facts else None
         show_created(made, found, output)
         raise typer.Exit(ExitCode.OK)
