@@ -54,13 +54,17 @@ def test_bundle_verify_names_the_host_and_kernel_a_bundle_does_not_cover(lab_up,
     assert "covers every host of the inventory" in r.stdout and "whole: 3 file(s)" in r.stdout
 
 
-# the demo fleet (tests/lab/fleets/demo.yaml: one control plane, three GPU workers, Ubuntu 22.04, containerd), and
-# an Alibaba Cloud Linux 3 GPU host that joins later with gpu-3
-AIRGAP_FLEET = (Path(__file__).resolve().parents[1] / "lab" / "fleets" / "demo.yaml").read_text() + """
-  - name: al-1
-    os: alinux-3
-    gpus: 2
-"""
+# the demo fleet (tests/lab/fleets/demo.yaml: one control plane, three GPU workers, Ubuntu 22.04, containerd), its
+# control plane (the serving host) reached as a user whose sudo asks for a password (the bundle's copy streams
+# through sudo's prompt), and an Alibaba Cloud Linux 3 GPU host that joins later with gpu-3
+SUDO_PW = "Air-sudo-pw-57"
+ENV = {"GPUK8S_LAB_SUDO_PASSWORD": SUDO_PW}
+_DEMO = yaml.safe_load((Path(__file__).resolve().parents[1] / "lab" / "fleets" / "demo.yaml").read_text())
+for _h in _DEMO["hosts"]:
+    if _h["name"] == "cp-1":
+        _h.update(sudo="password", sudo_password=SUDO_PW)
+_DEMO["hosts"].append({"name": "al-1", "os": "alinux-3", "gpus": 2})
+AIRGAP_FLEET = yaml.safe_dump(_DEMO, sort_keys=False)
 KUBECTL = "kubectl --kubeconfig /etc/kubernetes/admin.conf"
 
 
@@ -100,6 +104,11 @@ def _listening(address: str, port: int) -> bool:
 
 @pytest.mark.skipif(bool(missing_tools()), reason=f"needs {', '.join(missing_tools())} (.ci/run installs them)")
 def test_install_and_join_from_a_bundle_with_every_public_source_out_of_reach(lab_up, run_cli, tmp_path):
+    cli = run_cli
+
+    def run_cli(*args, **kw):  # noqa: F811 - every run with cp-1's sudo password
+        return cli(*args, env=ENV, **kw)
+
     lab = lab_up(AIRGAP_FLEET)
     site = yaml.safe_load(lab.inventory.read_text())
     site["cluster"]["kubernetes_version"] = KUBE
