@@ -6,6 +6,7 @@ and the manifests is served; the server ends when its stdin ends."""
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import urllib.error
@@ -25,6 +26,24 @@ pytestmark = pytest.mark.skipif(bool(missing_tools()) or not Path("/usr/bin/apt-
                                 reason=f"needs apt-get and {', '.join(missing_tools()) or 'nothing else'} (.ci/run)")
 
 
+@contextlib.contextmanager
+def serving(bundle: Path, into: Path) -> Iterator[int]:
+    """`bundle` unpacked into `into` and served on loopback by the bundle server, as the serving host runs it: its
+    port; the server ends when its stdin does (checked)."""
+    into.mkdir()
+    subprocess.run(f"zstd -dcq {bundle} | tar -x -C {into}", shell=True, check=True)
+    port = free_port()
+    p = subprocess.Popen([sys.executable, "-c", server_source(), str(into), "127.0.0.1", str(port)],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert p.stdout is not None and p.stdout.readline().decode().strip() == READY
+        yield port
+    finally:
+        assert p.stdin is not None
+        p.stdin.close()
+        assert p.wait(10) == 0  # its stdin ended: so did it
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path, build.Created]]:
     root = tmp_path_factory.mktemp("served")
@@ -37,17 +56,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path
         made = make(u, root / "b")
     finally:
         u.stop()
-    unpacked = root / "unpacked"
-    unpacked.mkdir()
-    subprocess.run(f"zstd -dcq {made.path} | tar -x -C {unpacked}", shell=True, check=True)
-    port = free_port()
-    p = subprocess.Popen([sys.executable, "-c", server_source(), str(unpacked), "127.0.0.1", str(port)],
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-    assert p.stdout is not None and p.stdout.readline().decode().strip() == READY
-    yield f"127.0.0.1:{port}", root, made
-    assert p.stdin is not None
-    p.stdin.close()
-    assert p.wait(10) == 0  # its stdin ended: so did it
+    with serving(made.path, root / "unpacked") as port:
+        yield f"127.0.0.1:{port}", root, made
 
 
 def _apt(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -170,13 +180,7 @@ def test_the_real_dnf_reads_and_verifies_a_served_rpm_repository(tmp_path: Path)
     finally:
         u.stop()
     x = tmp_path / "x"
-    x.mkdir()
-    subprocess.run(f"zstd -dcq {made.path} | tar -x -C {x}", shell=True, check=True)
-    port = free_port()
-    p = subprocess.Popen([sys.executable, "-c", server_source(), str(x), "127.0.0.1", str(port)],
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-    try:
-        assert p.stdout is not None and p.stdout.readline().decode().strip() == READY
+    with serving(made.path, x) as port:
         minor = KUBE.rsplit(".", 1)[0]
         base = f"http://127.0.0.1:{port}/repos/kubernetes/v{minor}/rpm"
         root = tmp_path / "root"
@@ -203,7 +207,3 @@ def test_the_real_dnf_reads_and_verifies_a_served_rpm_repository(tmp_path: Path)
                             f"--setopt=reposdir={root / 'etc' / 'yum.repos.d'}", "--refresh", "repoquery", "kubeadm"],
                            capture_output=True, text=True, timeout=120)
         assert r.returncode != 0 or f"kubeadm-{KUBE}" not in r.stdout, r.stdout + r.stderr
-    finally:
-        assert p.stdin is not None
-        p.stdin.close()
-        p.wait(10)
