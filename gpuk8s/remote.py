@@ -304,7 +304,7 @@ class Session:
             else:
                 if stdin:
                     chan.sendall(stdin)
-                chan.shutdown_write()
+                send_eof(chan)
             out, err, truncated, total = _drain(chan, start + timeout, on_line, gate, max_output)
         self.round_trips += 1
         status = chan.recv_exit_status() if chan.exit_status_ready() else -1
@@ -374,7 +374,7 @@ class Session:
                 if on_bytes is not None:
                     on_bytes(len(chunk))
             with contextlib.suppress(OSError, paramiko.SSHException):
-                chan.shutdown_write()
+                send_eof(chan)
             chan.settimeout(None)
             out, err2, truncated, total = _drain(chan, deadline)
         self.round_trips += 1
@@ -439,7 +439,7 @@ class Held:
 
     def release(self, wait: float = 5.0) -> None:
         try:
-            self.chan.shutdown_write()
+            send_eof(self.chan)
             deadline = time.monotonic() + wait
             while not self.chan.exit_status_ready() and time.monotonic() < deadline:
                 time.sleep(0.02)
@@ -476,7 +476,7 @@ class SudoGate:
             del err[err.index(prompt):err.index(prompt) + len(prompt)]
             if self.answered:
                 # asked again: the password was wrong; end-of-file makes sudo give up instead of waiting
-                chan.shutdown_write()
+                send_eof(chan)
                 self.open = True
                 return
             chan.sendall(self.password.encode() + b"\n")
@@ -488,7 +488,7 @@ class SudoGate:
             if self.payload:
                 chan.sendall(self.payload)
             if not self.keep_stdin:
-                chan.shutdown_write()
+                send_eof(chan)
 
 
 def in_one_piece(script: str) -> str:
@@ -506,6 +506,23 @@ def in_one_piece(script: str) -> str:
     return (f"gk_out=$(\n{script}\n)\ngk_rc=$?\n"
             "if dd if=/dev/null bs=4M iflag=fullblock status=none 2>/dev/null; then printf '%s\\n' \"$gk_out\" | "
             "dd bs=4M iflag=fullblock status=none\nelse printf '%s\\n' \"$gk_out\"\nfi\nexit $gk_rc\n")
+
+
+def send_eof(chan: paramiko.Channel) -> None:
+    """End the channel's stdin (SSH_MSG_CHANNEL_EOF), never after the channel's close.
+
+    paramiko's shutdown_write() builds the EOF under the channel's lock but sends it after releasing it; a
+    command that ends at that moment has its close answered by paramiko's own thread in between, and the EOF
+    then follows the CLOSE: OpenSSH's sshd has freed the channel and drops the whole connection ("ieof packet
+    referred to nonexistent channel"; paramiko issues 1115, 1705, still open). Sent under the lock, the close
+    waits for it. The send is bounded by the transport's clear_to_send_timeout (a key exchange in progress).
+    """
+    with chan.lock:
+        if chan.closed or chan.eof_sent:
+            return
+        m = chan._send_eof()  # type: ignore[attr-defined]  # paramiko's own EOF message and state
+        if m is not None and chan.transport is not None:
+            chan.transport._send_user_message(m)  # type: ignore[attr-defined]
 
 
 def _drain(chan: paramiko.Channel, deadline: float, on_line: Callable[[str], None] | None = None,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 
 import pytest
 
@@ -114,7 +115,10 @@ def test_join_fails_when_the_api_server_port_is_unreachable(prepared):
     endpoint, token, ca = join_parts(cp.exec("kubeadm init").stdout)
     # this lab's API server only: the labs of make test's other workers share the PID namespace (a bare pattern
     # stopped theirs too, and their next kubectl was refused)
-    cp.exec(f"pkill -f '{lab.root}/fakes/[f]ake.py kube-apiserver {cp.address}$'")
+    pattern = shlex.quote(f"{lab.root}/fakes/[f]ake.py kube-apiserver {cp.address}$")
+    # gone, not only signalled: a server still shutting down holds its socket and the join times out instead
+    cp.exec(f"pkill -f {pattern}; for i in $(seq 100); do pgrep -f {pattern} >/dev/null || exit 0; sleep 0.1; done;"
+            " exit 1")
     r = w1.exec(f"kubeadm join {endpoint} --token {token} --discovery-token-ca-cert-hash {ca}", check=False)
     assert r.returncode == 1 and f"dial tcp {endpoint}: connect: connection refused" in r.stderr
     r = cp.exec("kubectl get nodes", check=False)
