@@ -41,10 +41,11 @@ lab-deps:
 	fi
 
 # pytest workers (pytest-xdist): each lab test's worker drives its own lab (tests/lab/lab.py: INSTANCE, with its own
-# directory, bridge, subnet and names); a test file stays on one worker (--dist loadfile: module fixtures shared)
+# directory, bridge, subnet and names); a test file stays on one worker (--dist loadfile: module fixtures shared).
+# The 25 slowest tests are listed at the end: where the 12-minute budget goes (docs/testing.md)
 TEST_WORKERS ?= 4
 test: install lab-deps
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25
 
 # The interruption matrix at every phase boundary, and SIGINT in every phase of install (make test meets a rotating
 # half of each: docs/testing.md)
