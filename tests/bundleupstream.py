@@ -26,7 +26,9 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from tests.lab.fakes.fake import CNI_MANIFESTS
+from gpuk8s import versions
+from gpuk8s.driver import rules
+from tests.lab.fakes.fake import CNI_MANIFESTS, UBUNTU_DRIVERS
 from tests.lab.fakes.kube import kubeadm_images
 
 TOOLS = ("apt-ftparchive", "dpkg-deb", "gpg", "gpgv", "skopeo", "docker-registry", "zstd")
@@ -38,7 +40,9 @@ KUBELET_DEPENDS = ("iptables (>= 1.4.21), kubernetes-cni (>= 1.1.1), iproute2, s
 CALICO = "docker.io/calico/node:v3.28.0"
 
 
-RPM_TOOLS = ("rpmbuild", "createrepo_c", "rpm2cpio", "cpio")
+RPM_TOOLS = ("rpmbuild", "createrepo_c", "modifyrepo_c", "rpm2cpio", "cpio")
+# NVIDIA's RHEL 8 repository's driver branches: the default and the lab's newest, at the lab's releases
+DRIVER_RELEASES = {b: UBUNTU_DRIVERS[b] for b in sorted({versions.drivers().default_branch, max(UBUNTU_DRIVERS)})}
 
 
 def missing_tools(rpm: bool = False) -> list[str]:
@@ -79,7 +83,7 @@ def _deb(out: Path, name: str, version: str, arch: str, depends: str = "", size:
 
 
 def _rpm(out: Path, name: str, version: str, release: str, arch: str, requires: str = "", size: int = 2048,
-         script: str = "") -> Path:
+         script: str = "", epoch: int = 0) -> Path:
     """A stand-in .rpm built by the real rpmbuild: the real name, version, release and Requires, `size` bytes of
     noise, and the package's command where `script` gives one."""
     top = out.parent / f".rpmbuild-{name}-{version}"
@@ -88,6 +92,7 @@ def _rpm(out: Path, name: str, version: str, release: str, arch: str, requires: 
     (top / "SOURCES" / "payload").write_bytes(os.urandom(size))
     (top / "SOURCES" / "cmd").write_text(script or "#!/bin/sh\n")
     spec = (f"Name: {name}\nVersion: {version}\nRelease: {release}\nSummary: stand-in for {name}\nLicense: none\n"
+            + (f"Epoch: {epoch}\n" if epoch else "")
             + (f"Requires: {requires}\n" if requires else "")
             + "%description\nstand-in\n%install\n"
             + "mkdir -p %{buildroot}/usr/share/doc/" + name + " %{buildroot}/usr/bin\n"
@@ -250,6 +255,39 @@ class Upstream:
              size=8192)
         self._repodata(d, self.fingerprints["containerd"], sign=False)  # Docker's: packages signed, metadata not
         self._export(self.fingerprints["containerd"], self.www / "docker" / "rhel" / "gpg")
+        self._cuda_rhel8(arch)
+
+    def _cuda_rhel8(self, arch: str) -> None:
+        """NVIDIA's RHEL 8 repository (install.driver_repo: cuda/repos/rhel8/ARCH/, its key D42D0685.pub beside
+        repodata, as developer.download.nvidia.com lays it out): per branch of DRIVER_RELEASES the open driver as
+        NVIDIA packages it (epoch 3; NVIDIA/yum-packaging-nvidia-driver's nvidia-driver.spec: nvidia-driver requires
+        nvidia-driver-libs and nvidia-kmod-common of its own version; the DKMS modules need dkms, from EPEL),
+        fabric manager, an unrelated CUDA package of another version, and the modules.yaml of the
+        nvidia-driver:BRANCH-open streams. Unsigned metadata (NVIDIA signs the packages)."""
+        d = self.www / "cuda" / "rhel8" / ("sbsa" if arch == "aarch64" else arch)
+        fpr = self._key("driver")
+        docs = []
+        for branch, v in DRIVER_RELEASES.items():
+            rel = "1.el8"
+            same = f"3:{v}"
+            made = [("nvidia-driver-libs", "libglvnd >= 1.0"), ("nvidia-kmod-common", ""),
+                    ("kmod-nvidia-open-dkms", f"dkms, nvidia-kmod-common = {same}"),
+                    ("nvidia-driver", f"nvidia-driver-libs = {same}, nvidia-kmod-common = {same}"),
+                    ("nvidia-open", f"nvidia-driver = {same}, kmod-nvidia-open-dkms = {same}"),
+                    (rules.rhel_fabric_manager(branch), "")]
+            for name, req in made:
+                _rpm(d, name, v, rel, arch, req, epoch=3)
+            docs.append(f"---\ndocument: modulemd\nversion: 2\ndata:\n  name: nvidia-driver\n  stream: {branch}-open\n"
+                        f"  version: 1\n  context: 00000000\n  arch: {arch}\n  summary: stand-in\n"
+                        f"  description: stand-in\n  license:\n    module: [MIT]\n  artifacts:\n    rpms:\n"
+                        + "".join(f"      - {n}-3:{v}-{rel}.{arch}\n" for n, _ in made) + "...\n")
+        _rpm(d, "cuda-toolkit-12-8", "12.8.1", "1", arch)
+        subprocess.run(["createrepo_c", "-q", "--simple-md-filenames", str(d)], check=True, capture_output=True)
+        (d / "modules.yaml").write_text("".join(docs))
+        subprocess.run(["modifyrepo_c", "--mdtype=modules", "--simple-md-filenames", str(d / "modules.yaml"),
+                        str(d / "repodata")], check=True, capture_output=True)
+        (d / "modules.yaml").unlink()
+        self._export(fpr, d / rules.CUDA_KEY)
 
     def _repodata(self, d: Path, fpr: str, sign: bool = True) -> None:
         subprocess.run(["createrepo_c", "-q", "--simple-md-filenames", str(d)], check=True, capture_output=True)
@@ -327,9 +365,12 @@ class Upstream:
         def repo(role: str, path: str) -> dict[str, Any]:  # the same URLs serve the deb and the rpm layouts
             return {"url": f"{self.url}/{path}", "insecure_http": True, "key_fingerprint": self.fingerprints[role]}
 
-        return {"kubernetes_repo": repo("kubernetes", "kubernetes"), "toolkit_repo": repo("toolkit", "nvidia"),
-                "containerd_repo": repo("containerd", "docker"),
-                "calico_manifest": f"{self.url}/cni/calico.yaml", "calico_manifest_sha256": self.cni_sha256}
+        out = {"kubernetes_repo": repo("kubernetes", "kubernetes"), "toolkit_repo": repo("toolkit", "nvidia"),
+               "containerd_repo": repo("containerd", "docker"),
+               "calico_manifest": f"{self.url}/cni/calico.yaml", "calico_manifest_sha256": self.cni_sha256}
+        if "driver" in self.fingerprints:  # build_rpm() made NVIDIA's RHEL 8 repository
+            out["driver_repo"] = repo("driver", "cuda/rhel8")
+        return out
 
 
 def oci_image(dest: Path, arches: tuple[str, ...]) -> None:

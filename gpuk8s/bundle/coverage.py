@@ -26,6 +26,11 @@ class Gap:
         return {"host": self.host, "what": self.what, "message": self.message}
 
 
+def rpm_family(os_release: str) -> bool:
+    """Whether a target's OS release ("alinux-3", "ubuntu-22.04") installs from dnf repositories."""
+    return not os_release.startswith(("ubuntu-", "debian-"))
+
+
 def os_name(f: HostFacts) -> str:
     """The bundle's name for a host's OS release: ID-VERSION_ID of /etc/os-release ("ubuntu-22.04", "alinux-3")."""
     return f"{f.os.id}-{f.os.version_id}"
@@ -81,7 +86,9 @@ def _driver(h: Host, f: HostFacts, t: Target) -> list[Gap]:
     if branch not in t.driver_branches:
         out.append(Gap(h.name, "driver-branch", f"{h.name}: driver branch {branch} (driver: manage): not in the "
                        f"bundle (it holds {', '.join(t.driver_branches) or 'none'} for {t.os})"))
-    if f.kernel not in t.kernels:
+    # the RPM family builds the open modules by DKMS on the host (its OS archive serves the kernel's headers): no
+    # kernel of its own in the bundle
+    if not rpm_family(t.os) and f.kernel not in t.kernels:
         out.append(Gap(h.name, "kernel", f"{h.name}: kernel {f.kernel}: the bundle has no driver modules for it "
                        f"(it has them for {', '.join(t.kernels) or 'no kernel'} on {t.os})"))
     return out

@@ -25,14 +25,14 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpuk8s import __version__, mirrors
+from gpuk8s import __version__, mirrors, versions
 from gpuk8s.bundle import debrepo, fetch, images, rpmrepo, rpmsource, sbom, writer
 from gpuk8s.bundle.aptsource import AptRepo, RepoCopy, SourceError, deb_arch, repos_for, wanted_rels
-from gpuk8s.bundle.coverage import os_name
+from gpuk8s.bundle.coverage import os_name, rpm_family
 from gpuk8s.bundle.manifest import FileEntry, Manifest, RepoKey, Target
 from gpuk8s.facts.model import HostFacts
 from gpuk8s.gpuplan import is_gpu_node
-from gpuk8s.inventory.model import Inventory
+from gpuk8s.inventory.model import Host, Inventory
 
 SBOM = "sbom.spdx.json"
 MAX_MANIFEST_FILE = 16 << 20  # a CNI manifest (calico's is ~0.3 MB)
@@ -42,12 +42,15 @@ _TARGET = re.compile(r"^(?P<os>[a-z][a-z0-9]{0,31}-[0-9][0-9.]{0,15})/(?P<arch>x
 
 @dataclass(frozen=True)
 class TargetSpec:
-    """A kind of host to build for: its OS release, architecture and runtime, and whether any such host has GPUs."""
+    """A kind of host to build for: its OS release, architecture and runtime, whether any such host has GPUs, the
+    driver branches its managed-driver hosts ask for and the kernels they run (where known)."""
 
     os: str
     arch: str
     runtime: str
     gpu: bool
+    branches: tuple[str, ...] = ()
+    kernels: tuple[str, ...] = ()
 
 
 @dataclass
@@ -61,38 +64,52 @@ class Created:
     signature: Path | None = None  # FILE.asc, where bundle create signed it
 
 
-def parse_target(text: str, runtime: str, gpu: bool = True) -> TargetSpec:
+def branches_of(inv: Inventory) -> tuple[str, ...]:
+    """The driver branches the inventory's managed-driver GPU hosts ask for (a target declared on the command
+    line, whose hosts bundle create cannot tell apart, gets them all)."""
+    return tuple(sorted({managed_branch(h) for h in inv.hosts if managed_branch(h)}))
+
+
+def managed_branch(h: Host) -> str:
+    """The driver branch of a host whose driver gpuk8s manages, "" for any other host."""
+    if not is_gpu_node(h) or not h.gpu.driver.manage:
+        return ""
+    return h.gpu.driver.branch or versions.drivers().default_branch
+
+
+def parse_target(text: str, runtime: str, gpu: bool = True, branches: tuple[str, ...] = ()) -> TargetSpec:
     """A target declared on the command line for hosts bundle create cannot read: OS-RELEASE/ARCH."""
     m = _TARGET.match(text.strip())
     if not m:
         raise SourceError(f"--target {text[:80]!r} is not OS-RELEASE/ARCH",
                           "write it as ubuntu-22.04/x86_64 (ID-VERSION_ID of /etc/os-release, then uname -m)")
-    return TargetSpec(m.group("os"), m.group("arch"), runtime, gpu)
+    return TargetSpec(m.group("os"), m.group("arch"), runtime, gpu, branches)
 
 
 def targets_from(inv: Inventory, facts: Mapping[str, HostFacts | None]) -> list[TargetSpec]:
     """The distinct targets among the inventory's hosts whose facts were read."""
-    gpu: dict[tuple[str, str], bool] = {}
+    found = []
     for h in inv.hosts:
         f = facts.get(h.name)
         if f is not None:
-            key = (os_name(f), f.arch)
-            gpu[key] = gpu.get(key, False) or is_gpu_node(h)
-    return [TargetSpec(o, a, inv.cluster.container_runtime, g) for (o, a), g in sorted(gpu.items())]
+            b = managed_branch(h)
+            found.append(TargetSpec(os_name(f), f.arch, inv.cluster.container_runtime, is_gpu_node(h),
+                                    (b,) if b else (), (f.kernel,) if b else ()))
+    return merge(found)
 
 
 def merge(targets: Iterable[TargetSpec]) -> list[TargetSpec]:
-    out: dict[tuple[str, str, str], bool] = {}
+    """One target per OS release, architecture and runtime: GPUs where any has them, every branch and kernel."""
+    out: dict[tuple[str, str, str], TargetSpec] = {}
     for t in targets:
-        out[(t.os, t.arch, t.runtime)] = out.get((t.os, t.arch, t.runtime), False) or t.gpu
-    return [TargetSpec(o, a, r, g) for (o, a, r), g in sorted(out.items())]
+        k = (t.os, t.arch, t.runtime)
+        o = out.get(k)
+        out[k] = t if o is None else TargetSpec(*k, o.gpu or t.gpu, tuple(sorted({*o.branches, *t.branches})),
+                                                tuple(sorted({*o.kernels, *t.kernels})))
+    return [out[k] for k in sorted(out)]
 
 
 _EL8 = re.compile(r"^(alinux-3|(rhel|rocky|almalinux|centos|anolis|ol)-8(\.[0-9]+)?)$")
-
-
-def rpm_family(os_release: str) -> bool:
-    return not os_release.startswith(("ubuntu-", "debian-"))
 
 
 def _check(t: TargetSpec) -> None:
@@ -125,12 +142,14 @@ def _cni_manifest(inv: Inventory, staging: Path) -> tuple[dict[str, Path], list[
 def _rpm_target(inv: Inventory, t: TargetSpec, staging: Path, copies: dict[tuple[str, str, str], RepoCopy],
                 keys: dict[str, str], purls: dict[str, str], os_packages: dict[str, list[str]],
                 kube_versions: set[str], say: Callable[[str], None]) -> None:
-    """An RPM-family target: its dnf repositories copied (gpuk8s/bundle/rpmsource.py), resolution against them."""
+    """An RPM-family target: its dnf repositories copied (gpuk8s/bundle/rpmsource.py), resolution against them.
+    The driver (managed-driver hosts): each branch's open modules, built by DKMS on the host against the running
+    kernel's headers, which the OS archive serves (kernel-devel-KERNEL, named with the rest of the OS's)."""
     label = f"{t.os} {t.arch}"
     pkgs: list[rpmrepo.RpmPackage] = []
     owner: dict[tuple[str, str, str], rpmsource.RpmCopy] = {}
     wanted: list[rpmrepo.RpmPackage] = []
-    for r in rpmsource.repos_for(inv, t.arch, t.runtime, t.gpu):
+    for r in rpmsource.repos_for(inv, t.arch, t.runtime, t.gpu, t.branches):
         copy = copies.get((r.role, r.url, ""))
         if copy is None:
             say(f"{r.role}: {r.url} (signature)")
@@ -138,12 +157,14 @@ def _rpm_target(inv: Inventory, t: TargetSpec, staging: Path, copies: dict[tuple
             copy.signed()
         assert isinstance(copy, rpmsource.RpmCopy)
         keys[r.role] = copy.fingerprint
-        wanted += rpmsource.wanted_packages(rpmrepo.RpmIndex(copy.packages, t.arch), r)
-        for p in copy.packages:
+        seen = rpmsource.of_branches(copy.packages, t.branches) if r.role == "driver" else copy.packages
+        wanted += rpmsource.wanted_packages(rpmrepo.RpmIndex(seen, t.arch), r)
+        for p in seen:
             pkgs.append(p)
             owner.setdefault((p.name, p.evr, p.arch), copy)
     res = rpmrepo.resolve(rpmrepo.RpmIndex(pkgs, t.arch), wanted)
-    os_packages[label] = sorted(m.split(" ", 1)[0] for m in res.missing)
+    os_packages[label] = sorted({*(m.split(" ", 1)[0] for m in res.missing),
+                                 *(f"kernel-devel-{k}" for k in (t.kernels if t.gpu and t.branches else ()))})
     for p in res.chosen.values():
         say(f"{label}: {p.name} {p.evr}")
         name = owner[(p.name, p.evr, p.arch)].rpm_package(p)
@@ -257,8 +278,10 @@ def create(inv: Inventory, targets: list[TargetSpec], out: Path, staging: Path,
             images.alias(staging / images.LAYOUT, ref, other)
             copied.append(other)
     files.update(images.layout_files(staging / images.LAYOUT))
+    # driver branches carried: the RPM family's (Ubuntu's driver comes from Ubuntu's archive: not carried yet)
     m = Manifest(f"gpuk8s {__version__}", version,
-                 tuple(Target(t.os, t.arch, t.runtime) for t in targets), tuple(copied),
+                 tuple(Target(t.os, t.arch, t.runtime, driver_branches=t.branches if t.gpu and rpm_family(t.os)
+                              else ()) for t in targets), tuple(copied),
                  repos=tuple(RepoKey(role, fpr) for role, fpr in sorted(keys.items())))
     say(f"sha256 of {len(files)} files")
     known = {n: writer.digest(p) for n, p in files.items()}

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from gpuk8s.bundle import fetch, rpmrepo
 from gpuk8s.bundle.aptsource import MAX_KEY, TOOLKIT_PKGS, RepoCopy, SourceError
+from gpuk8s.driver import rules
 from gpuk8s.inventory.model import Inventory
 
 MAX_REPOMD = 8 << 20
@@ -38,7 +39,8 @@ class RpmRepo:
     key: str
     allow_http: bool
     fingerprint: str | None
-    wanted: tuple[tuple[str, str, str], ...]  # (name, version or "" for the newest, release or "" for any)
+    # (name, version or "" for the newest or "580.*" for a driver branch's newest, release or "" for any)
+    wanted: tuple[tuple[str, str, str], ...]
     suite: str = ""  # (none: one index per URL; kept for the bundle's cache key)
 
     @property
@@ -46,9 +48,11 @@ class RpmRepo:
         return f"{self.base.rstrip('/')}/{self.dist}"
 
 
-def repos_for(inv: Inventory, arch: str, runtime: str, gpu: bool) -> list[RpmRepo]:
+def repos_for(inv: Inventory, arch: str, runtime: str, gpu: bool, branches: tuple[str, ...] = ()) -> list[RpmRepo]:
     """The repositories install reads on an RPM-family host of `arch`, with what it installs from each (the
-    playbooks' dnf install lines: NAME-VERSION or NAME-VERSION-RELEASE)."""
+    playbooks' dnf install lines: NAME-VERSION or NAME-VERSION-RELEASE); with `branches` (the driver branches
+    of its managed-driver hosts) NVIDIA's RHEL 8 repository (install.driver_repo), each branch's open driver and
+    fabric manager (playbooks/nvidia-driver.yaml: the nvidia-driver:BRANCH-open stream's nvidia-open)."""
     i, c = inv.install, inv.cluster
     minor = ".".join(c.kubernetes_version.split(".")[:2])
     patch = c.kubernetes_version if c.kubernetes_version.count(".") == 2 else ""
@@ -63,7 +67,20 @@ def repos_for(inv: Inventory, arch: str, runtime: str, gpu: bool) -> list[RpmRep
         out.append(RpmRepo("containerd", i.containerd_repo, f"rhel/8/{arch}/stable", "rhel/gpg",
                            i.containerd_repo_insecure_http, i.containerd_repo_key_fingerprint,
                            (("containerd.io", i.containerd_version.split("-")[0], ""),)))
+    if gpu and branches:
+        d = rules.cuda_arch_dir(arch)
+        wanted = tuple(w for b in branches for w in (("nvidia-open", f"{b}.*", ""),
+                                                    (rules.rhel_fabric_manager(b), f"{b}.*", "")))
+        out.append(RpmRepo("driver", i.driver_repo, d, f"{d}/{rules.CUDA_KEY}", i.driver_repo_insecure_http,
+                           i.driver_repo_key_fingerprint, wanted))
     return out
+
+
+def of_branches(packages: list[rpmrepo.RpmPackage], branches: tuple[str, ...]) -> list[rpmrepo.RpmPackage]:
+    """The packages of these driver branches (VERSION 580.x for 580): what an enabled nvidia-driver:BRANCH-open
+    module stream lets dnf see of NVIDIA's repository, whose driver packages share the driver's version."""
+    prefixes = tuple(f"{b}." for b in branches)
+    return [p for p in packages if p.version.startswith(prefixes)]
 
 
 def _decompress(name: str, data: bytes) -> bytes:
@@ -125,11 +142,12 @@ class RpmCopy(RepoCopy):
 
 
 def wanted_packages(index: rpmrepo.RpmIndex, repo: RpmRepo) -> list[rpmrepo.RpmPackage]:
-    """What `dnf install NAME-VERSION[-RELEASE]` picks: the newest package of that name and version."""
+    """What `dnf install NAME-VERSION[-RELEASE]` picks: the newest package of that name and version (a branch,
+    "580.*": the newest of the branch)."""
     out = []
     for name, version, release in repo.wanted:
-        hits = [p for p in index.by_name.get(name, []) if (not version or p.version == version)
-                and (not release or p.release == release)]
+        hits = [p for p in index.by_name.get(name, []) if (not version or p.version == version or (
+            version.endswith(".*") and p.version.startswith(version[:-1]))) and (not release or p.release == release)]
         if not hits:
             want = "-".join(x for x in (name, version, release) if x)
             raise SourceError(f"{repo.url}: no {want} in its primary.xml",

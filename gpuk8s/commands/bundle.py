@@ -17,7 +17,7 @@ from gpuk8s import ui
 from gpuk8s.bundle import create as build
 from gpuk8s.bundle import signature
 from gpuk8s.bundle.archive import BundleError
-from gpuk8s.bundle.coverage import Gap, gaps
+from gpuk8s.bundle.coverage import Gap, gaps, rpm_family
 from gpuk8s.bundle.manifest import ManifestError
 from gpuk8s.bundle.verify import Verified, verify
 from gpuk8s.commands.common import failed, passwords
@@ -54,7 +54,8 @@ def register(app: typer.Typer, load_inventory: Any) -> None:
         inv = load_inventory(inventory, output)
         facts: dict[str, Any] = {}
         try:
-            declared = [build.parse_target(t, inv.cluster.container_runtime) for t in target]
+            branches = build.branches_of(inv)
+            declared = [build.parse_target(t, inv.cluster.container_runtime, branches=branches) for t in target]
             if not no_hosts:
                 rep = run_preflight(inv, concurrency=16, ignore=set(), sudo_passwords=passwords(inv),
                                     measure_network=False)
@@ -150,8 +151,9 @@ def show(file: Path, v: Verified, found: list[Gap] | None, output: Output) -> No
     m = v.manifest
     ui.table(f"Bundle {file}: Kubernetes {m.kubernetes}, made by {m.created_by}",
              ["os", "arch", "runtime", "kernels", "driver branches"],
-             [[t.os, t.arch, t.runtime, ", ".join(t.kernels) or "-", ", ".join(t.driver_branches) or "-"]
-              for t in m.targets])
+             [[t.os, t.arch, t.runtime,
+               ", ".join(t.kernels) or ("any (DKMS)" if rpm_family(t.os) and t.driver_branches else "-"),
+               ", ".join(t.driver_branches) or "-"] for t in m.targets])
     con = ui.console()
     for g in found or []:
         ui.say(con, f"not covered: {g.message}", style="red")

@@ -20,7 +20,7 @@ from typing import Literal
 from gpuk8s import versions
 from gpuk8s.errors import GpuK8sError
 from gpuk8s.facts.model import HostFacts, PciDevice
-from gpuk8s.inventory.model import DriverSettings
+from gpuk8s.inventory.model import DriverSettings, InstallSettings
 
 Modules = Literal["proprietary", "either", "open", "unknown"]
 Flavor = Literal["open", "proprietary"]
@@ -169,20 +169,33 @@ def plan_for(settings: DriverSettings, f: HostFacts, today: date | None = None) 
 
 
 # NVIDIA's RHEL 8 repository (NVIDIA/gpu-driver-container rhel8/install.sh: cuda-rhel8.repo; its key D42D0685.pub);
-# aarch64 hosts use the sbsa directory
-CUDA_RHEL8 = "https://developer.download.nvidia.com/compute/cuda/repos/rhel8"
+# aarch64 hosts use the sbsa directory. install.driver_repo names it (or a mirror, or a bundle's served copy).
+CUDA_RHEL8 = InstallSettings.driver_repo
+CUDA_KEY = "D42D0685.pub"
 
 
-def rhel_packages(c: DriverChoice, nvswitch: bool, arch: str) -> dict[str, object]:
+def cuda_arch_dir(arch: str) -> str:
+    """The directory of NVIDIA's RHEL 8 repository for a host's architecture (uname -m)."""
+    return "sbsa" if arch == "aarch64" else "x86_64"
+
+
+def rhel_fabric_manager(branch: str) -> str:
+    """Fabric manager's package in NVIDIA's RHEL 8 repository: nvidia-fabricmanager from R580 on, before it
+    nvidia-fabric-manager."""
+    return "nvidia-fabricmanager" if int(branch) >= 580 else "nvidia-fabric-manager"
+
+
+def rhel_packages(c: DriverChoice, nvswitch: bool, arch: str,
+                  repo: str = CUDA_RHEL8) -> dict[str, object]:
     """The driver on the RHEL 8 family from NVIDIA's repository (NVIDIA's driver installation guide, "Open GPU Kernel
     Modules Installation": `dnf module enable nvidia-driver:BRANCH-open`, `dnf install nvidia-open`): the module stream
     locks the branch, versionlock the release; the modules built by DKMS against the running kernel's headers
     (kernel-devel); fabric manager named nvidia-fabricmanager from R580 on, nvidia-fabric-manager before."""
-    fm = ("nvidia-fabricmanager" if int(c.branch) >= 580 else "nvidia-fabric-manager") if nvswitch else ""
+    fm = rhel_fabric_manager(c.branch) if nvswitch else ""
     return {"stream": f"{c.branch}-open", "packages": ["nvidia-open", *([fm] if fm else [])],
             "locked": ["nvidia-open", "kmod-nvidia-open-dkms", "nvidia-driver", "nvidia-driver-libs",
                        *([fm] if fm else [])],
-            "repo": f"{CUDA_RHEL8}/{'sbsa' if arch == 'aarch64' else 'x86_64'}"}
+            "repo": f"{repo.rstrip('/')}/{cuda_arch_dir(arch)}"}
 
 
 def ubuntu_packages(c: DriverChoice, nvswitch: bool) -> dict[str, object]:
@@ -197,9 +210,11 @@ def ubuntu_packages(c: DriverChoice, nvswitch: bool) -> dict[str, object]:
     return {"packages": pkgs, "modules_prefix": f"linux-modules-nvidia-{c.branch}{suffix}-"}
 
 
-def playbook_context(settings: DriverSettings, f: HostFacts, today: date | None = None) -> dict[str, object]:
+def playbook_context(settings: DriverSettings, f: HostFacts, today: date | None = None,
+                     repo: str = CUDA_RHEL8) -> dict[str, object]:
     """What playbooks/nvidia-driver.yaml sees as `driver`: manage false where gpuk8s leaves the driver alone (not
-    managed, or settings preflight refused: that host is blocked before any playbook runs)."""
+    managed, or settings preflight refused: that host is blocked before any playbook runs). `repo`: the inventory's
+    install.driver_repo (NVIDIA's RHEL 8 repository or a copy of it)."""
     if not settings.manage:
         return {"manage": False}
     try:
@@ -207,5 +222,5 @@ def playbook_context(settings: DriverSettings, f: HostFacts, today: date | None 
     except DriverRuleError:
         return {"manage": False}
     nvswitch = bool(f.driver.nvswitches)
-    own = rhel_packages(c, nvswitch, f.arch) if f.os.family == "rhel" else ubuntu_packages(c, nvswitch)
+    own = rhel_packages(c, nvswitch, f.arch, repo) if f.os.family == "rhel" else ubuntu_packages(c, nvswitch)
     return {"manage": True, "branch": c.branch, "flavor": c.flavor, "nvswitch": nvswitch, **own}

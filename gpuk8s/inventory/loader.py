@@ -95,10 +95,11 @@ _HOST_KEYS = ("name", "address", "role", "ssh", "labels", "taints", "gpus", "gpu
 _PREFLIGHT_KEYS = ("min_bandwidth_gbit", "max_rtt_ms", "max_clock_skew_s", "network_test_seconds", "ignore")
 _INSTALL_KEYS: tuple[str, ...] = ("toolkit_version", "toolkit_repo", "kubernetes_repo", "package_lock_timeout",
                  "device_plugin_version", "calico_manifest", "flannel_manifest", "calico_manifest_sha256",
-                 "flannel_manifest_sha256", "verify_image", "containerd_version", "containerd_repo")
+                 "flannel_manifest_sha256", "verify_image", "containerd_version", "containerd_repo",
+                 "driver_repo")
 # A repository written as a mapping: a mirror without TLS is allowed only with the signing key pinned.
 _REPO_KEYS = ("url", "insecure_http", "key_fingerprint")
-_REPOS = ("toolkit_repo", "kubernetes_repo", "containerd_repo")
+_REPOS = ("toolkit_repo", "kubernetes_repo", "containerd_repo", "driver_repo")
 _MANIFESTS = ("calico_manifest", "flannel_manifest")
 # cri-dockerd on Docker hosts: a mirror of its release directory (plain http too: the archive's sha256 is
 # always checked on the host) and the sha256 per architecture, {amd64: ..., arm64: ...}
@@ -587,6 +588,9 @@ class _Reader:
                 "package version"),
             "toolkit_repo": lambda n, k: self.repo(n, k, url_fix),
             "kubernetes_repo": lambda n, k: self.repo(n, k, "write e.g. https://pkgs.k8s.io/core:/stable:"),
+            "driver_repo": lambda n, k: self.repo(
+                n, k, "write e.g. https://developer.download.nvidia.com/compute/cuda/repos/rhel8 (a mirror with "
+                "x86_64/ and sbsa/ below it)"),
             "containerd_version": lambda n, k: self.string(
                 n, k, _PKG_VERSION,
                 f"a containerd.io package version, e.g. \"{versions.matrix().containerd_version}\"",

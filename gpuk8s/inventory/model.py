@@ -207,6 +207,11 @@ class InstallSettings:
     containerd_repo: str = "https://download.docker.com/linux"
     containerd_repo_insecure_http: bool = False
     containerd_repo_key_fingerprint: str | None = None
+    # NVIDIA's RHEL 8 repository, where a managed driver comes from on Alibaba Cloud Linux 3 (x86_64/ and sbsa/
+    # below it; a mirror of it, or the copy a bundle serves); Ubuntu's driver comes from the host's own archive
+    driver_repo: str = "https://developer.download.nvidia.com/compute/cuda/repos/rhel8"
+    driver_repo_insecure_http: bool = False
+    driver_repo_key_fingerprint: str | None = None
     # cri-dockerd (Docker hosts): the directory its release archives are downloaded from (the release's, or
     # a mirror of it) and their sha256 per architecture (amd64, arm64), checked on the host before the archive
     # is unpacked; both default to the version matrix's pin

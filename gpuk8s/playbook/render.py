@@ -76,7 +76,8 @@ def context(inv: Inventory, host: Host, facts: HostFacts) -> dict[str, Any]:
         "deb_arch": _DEB_ARCH.get(facts.arch, facts.arch),
         "gpu": is_gpu_node(host),  # the GPU plan decides (gpuk8s/gpuplan.py), nothing else
         # the NVIDIA driver where gpuk8s manages it (gpuk8s/driver/rules.py decides branch, modules, packages)
-        "driver": driver_rules.playbook_context(host.gpu.driver, facts) if is_gpu_node(host) else {"manage": False},
+        "driver": (driver_rules.playbook_context(host.gpu.driver, facts, repo=inv.install.driver_repo)
+                   if is_gpu_node(host) else {"manage": False}),
         "runtime": c.container_runtime,
         # containerd 2.x reads config version 3, where the CRI runtime plugin has another name (the containerd
         # the host will have: after the upgrade, where install upgrades it)
@@ -113,6 +114,8 @@ def context(inv: Inventory, host: Host, facts: HostFacts) -> dict[str, Any]:
             "containerd_repo": inv.install.containerd_repo,
             "containerd_repo_insecure_http": inv.install.containerd_repo_insecure_http,
             "containerd_repo_key_fingerprint": inv.install.containerd_repo_key_fingerprint or "",
+            "driver_repo_insecure_http": inv.install.driver_repo_insecure_http,
+            "driver_repo_key_fingerprint": inv.install.driver_repo_key_fingerprint or "",
         },
     }
 

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from gpuk8s import versions
-from tests.bundleupstream import Upstream, missing_tools
+from tests.bundleupstream import DRIVER_RELEASES, Upstream, missing_tools
 from tests.labtests import invariants
 from tests.labtests.test_mirrors import PUBLIC
 from tests.unit.test_bundle import good
@@ -63,7 +63,9 @@ _DEMO = yaml.safe_load((Path(__file__).resolve().parents[1] / "lab" / "fleets" /
 for _h in _DEMO["hosts"]:
     if _h["name"] == "cp-1":
         _h.update(sudo="password", sudo_password=SUDO_PW)
-_DEMO["hosts"].append({"name": "al-1", "os": "alinux-3", "gpus": 2})
+# al-1 is bare: gpuk8s installs its driver, from NVIDIA's RHEL 8 repository as the bundle carries it
+_DEMO["hosts"].append({"name": "al-1", "os": "alinux-3", "gpus": 2, "driver": None,
+                       "driver_inventory": {"manage": True}})
 AIRGAP_FLEET = yaml.safe_dump(_DEMO, sort_keys=False)
 KUBECTL = "kubectl --kubeconfig /etc/kubernetes/admin.conf"
 
@@ -121,9 +123,11 @@ def test_install_and_join_from_a_bundle_with_every_public_source_out_of_reach(la
 
     # the connected machine: the site's inventory, the internet as its loopback serves it
     bundle, made, built = _create(run_cli, tmp_path, full, KUBE, "site")
+    branch = versions.drivers().default_branch
     assert made["targets"] == [{"os": os_, "arch": "x86_64", "runtime": "containerd", "kernels": [],
-                                "driver_branches": []} for os_ in ("alinux-3", "ubuntu-22.04")], made
-    assert made["coverage"] == [], made  # the hosts bring their own drivers
+                                "driver_branches": [branch] if os_ == "alinux-3" else []}
+                               for os_ in ("alinux-3", "ubuntu-22.04")], made
+    assert made["coverage"] == [], made  # the Ubuntu hosts bring their own drivers; al-1's is in the bundle
     print(f"bundle: {made['bytes']} bytes, {made['files']} files, {made['images']} images, built in {built:.1f} s")
 
     # the site: nothing public answers
@@ -214,6 +218,14 @@ def test_install_and_join_from_a_bundle_with_every_public_source_out_of_reach(la
     # read from the served repodata, each .rpm located there (the lab's dnf fetched and checked it)
     located = al.state()["dnf_files"][f"kubeadm={KUBE}-150500.1.1"][0]
     assert located.startswith(f"http://{address}:5480/repos/kubernetes/"), located
+    # al-1's driver: NVIDIA's open driver of the inventory's branch, from the bundle's copy of NVIDIA's repository
+    # (its key fetched from there and checked against the fingerprint the bundle recorded), built and loaded
+    release = DRIVER_RELEASES[branch]
+    assert f"http://{address}:5480/repos/driver/x86_64/nvidia-open-{release}-1.el8.x86_64.rpm" in \
+        al.state()["fetched"], al.state()["fetched"]
+    assert f"baseurl=http://{address}:5480/repos/driver/x86_64" in al.read("/etc/yum.repos.d/gpuk8s-cuda-rhel8.repo")
+    assert al.read("/etc/pki/rpm-gpg/gpuk8s-cuda-rhel8.asc").startswith("-----BEGIN PGP PUBLIC KEY BLOCK-----")
+    assert f"Open Kernel Module for x86_64  {release}" in al.exec("cat /proc/driver/nvidia/version").stdout
     planned = {"gpu-1": {"nvidia.com/gpu": 8}, "gpu-2": {"nvidia.com/gpu": 8}, "gpu-3": {"nvidia.com/gpu": 4},
                "al-1": {"nvidia.com/gpu": 2}}
     invariants.all_hold(lab, run_cli, str(full_inv), planned, set(), {"nvidia.com/gpu": 22})

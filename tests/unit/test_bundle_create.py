@@ -266,3 +266,57 @@ def test_a_repomd_its_key_did_not_sign_is_refused(rpm_upstream: Upstream, tmp_pa
                          tmp_path / "b.tar.zst", tmp_path / "s", level=3)
     finally:
         md.write_bytes(saved)
+
+
+def test_alibaba_cloud_linux_hosts_whose_driver_gpuk8s_manages_get_nvidias_driver_of_their_branch(
+        rpm_upstream: Upstream, tmp_path: Path) -> None:
+    """NVIDIA's RHEL 8 repository (install.driver_repo) copied for the branch the managed-driver hosts ask for:
+    its open driver and what it requires of the same version (the module stream's view: another branch's packages
+    and unrelated CUDA packages are left), fabric manager, the repodata with the module streams' modules.yaml; the
+    DKMS modules' build needs (dkms from EPEL, the kernel's headers for each kernel the hosts run) named."""
+    from gpuk8s.bundle.coverage import gaps
+    from gpuk8s.driver import rules
+    from tests.bundleupstream import DRIVER_RELEASES
+
+    u = rpm_upstream
+    branch = versions.drivers().default_branch
+    other = next(b for b in DRIVER_RELEASES if b != branch)
+    kernel = "5.10.134-16.1.al8.x86_64"
+    inv_doc = json.loads(json.dumps({"cluster": {"kubernetes_version": KUBE, "cni": "calico"},
+                                     "registry": {"mirror": u.mirror, "insecure_http": True},
+                                     "install": u.install_section(),
+                                     "hosts": [{"name": "cp-1", "address": "10.0.0.1", "role": "control-plane"},
+                                               {"name": "gpu-1", "address": "10.0.0.2", "gpus": 8,
+                                                "driver": {"manage": True}}]}))
+    inv = loads(json.dumps(inv_doc))
+    assert build.branches_of(inv) == (branch,)
+    (tmp_path / "s").mkdir()
+    made = build.create(inv, [build.TargetSpec("alinux-3", "x86_64", "containerd", True, (branch,), (kernel,))],
+                        tmp_path / "b.tar.zst", tmp_path / "s", level=3)
+    files = set(made.manifest.files)
+    v = DRIVER_RELEASES[branch]
+    carried = {f.rsplit("/", 1)[1] for f in files if f.startswith("repos/driver/x86_64/") and f.endswith(".rpm")}
+    assert carried == {f"{n}-{v}-1.el8.x86_64.rpm" for n in (
+        "nvidia-open", "nvidia-driver", "nvidia-driver-libs", "nvidia-kmod-common", "kmod-nvidia-open-dkms",
+        rules.rhel_fabric_manager(branch))}, carried
+    assert not any(DRIVER_RELEASES[other] in f or "cuda-toolkit" in f for f in files)
+    assert f"repos/driver/x86_64/{rules.CUDA_KEY}" in files and "repos/driver/x86_64/repodata/repomd.xml" in files
+    assert any(f.startswith("repos/driver/x86_64/repodata/") and "modules" in f for f in files), sorted(files)
+    assert {"dkms", "libglvnd", f"kernel-devel-{kernel}"} <= set(made.os_packages["alinux-3 x86_64"])
+    target, = made.manifest.targets
+    assert target.driver_branches == (branch,) and target.kernels == ()
+    assert any(r.role == "driver" and r.fingerprint == u.fingerprints["driver"] for r in made.manifest.repos)
+    assert verify(made.path).ok
+
+    # coverage: the branch is the bundle's, any kernel (DKMS builds on the host); another branch is named
+    import dataclasses
+
+    from gpuk8s.facts.model import OSInfo
+    from tests.unit.test_checks import facts
+    alinux = OSInfo("alinux", ("rhel", "fedora", "centos", "anolis"), "3", "Alibaba Cloud Linux 3", "rhel")
+    f = dataclasses.replace(facts(kernel="5.10.999-1.al8.x86_64"), os=alinux)
+    assert gaps(made.manifest, inv, {"cp-1": f, "gpu-1": f}) == []
+    inv_doc["hosts"][1]["driver"]["branch"] = other
+    got = gaps(made.manifest, loads(json.dumps(inv_doc)), {"cp-1": f, "gpu-1": f})
+    assert [(g.host, g.what) for g in got] == [("gpu-1", "driver-branch")], got
+    assert f"driver branch {other}" in got[0].message

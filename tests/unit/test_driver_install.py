@@ -70,11 +70,37 @@ def test_alibaba_cloud_linux_gets_nvidias_rhel8_repository_the_open_stream_and_l
     assert not [n for n in got if n.endswith("-apt")]
     assert "baseurl=https://developer.download.nvidia.com/compute/cuda/repos/rhel8/x86_64" in \
         got["driver-cuda-repo"].file_content
+    assert "gpgkey=https://developer.download.nvidia.com/compute/cuda/repos/rhel8/x86_64/D42D0685.pub" in \
+        got["driver-cuda-repo"].file_content and "driver-rpm-key" not in got  # dnf imports it over https
     assert "dnf module enable -y -q nvidia-driver:580-open" in got["driver-module-stream"].run
     assert "dnf install -y -q nvidia-open nvidia-fabricmanager" in got["driver-packages-dnf"].run
     assert "dnf versionlock add nvidia-open kmod-nvidia-open-dkms nvidia-driver nvidia-driver-libs " \
            "nvidia-fabricmanager" in got["driver-hold-dnf"].run
     assert 'kernel-devel-$(uname -r)' in got["driver-kernel-devel"].run and "dracut -f" in got["driver-initramfs"].run
+    script = tmp_path / "s.sh"
+    script.write_text(build_script(list(got.values()), owner="test", dry_run=False))
+    assert subprocess.run(["sh", "-n", str(script)], capture_output=True, text=True).returncode == 0
+
+
+def test_a_mirror_of_nvidias_rhel8_repository_over_http_has_its_key_checked_against_the_pin(tmp_path) -> None:
+    """install.driver_repo (a mirror, or the copy a bundle serves): the repository file names it; over plain http
+    its key is fetched and checked against the pinned fingerprint (the shared repo-key step) and dnf reads that
+    local copy, never a key from the network."""
+    fp = "0123456789ABCDEF0123456789ABCDEF01234567"
+    inv = loads("install:\n  driver_repo: {url: 'http://10.0.0.10:5480/repos/driver', insecure_http: true, "
+                f"key_fingerprint: {fp}}}\n" + "hosts:\n  - {name: cp-1, address: 10.0.0.10, role: control-plane}\n"
+                "  - {name: gpu-1, address: 10.0.0.11, gpus: 8, "
+                "driver: {manage: true}}\n", "inv.yaml")
+    alinux = replace(BARE, os=replace(BARE.os, id="alinux", family="rhel", version_id="3"))
+    ctx = context(inv, inv.host("gpu-1"), alinux)
+    got = {s.name: s for n in playbooks_for(inv) for s in render_playbook(load_playbook(n), ctx)}
+    repo = got["driver-cuda-repo"].file_content
+    assert "baseurl=http://10.0.0.10:5480/repos/driver/x86_64\n" in repo
+    assert "gpgkey=file:///etc/pki/rpm-gpg/gpuk8s-cuda-rhel8.asc\n" in repo
+    key = got["driver-rpm-key"]
+    assert "url=http://10.0.0.10:5480/repos/driver/x86_64/D42D0685.pub" in key.run and f"pin={fp}" in key.run
+    assert "proto==http,https" in key.run.replace(" ", "").replace("'", "")
+    assert list(got).index("driver-rpm-key") < list(got).index("driver-cuda-repo")
     script = tmp_path / "s.sh"
     script.write_text(build_script(list(got.values()), owner="test", dry_run=False))
     assert subprocess.run(["sh", "-n", str(script)], capture_output=True, text=True).returncode == 0

@@ -495,7 +495,8 @@ def test_a_run_from_a_bundle_reads_every_source_from_the_serving_host() -> None:
     m = manifest.parse(_json.dumps({
         "schema_version": 1, "kind": "gpuk8s-bundle", "created_by": "t", "kubernetes": "1.30.5",
         "targets": [{"os": "ubuntu-22.04", "arch": "x86_64", "runtime": "containerd"}], "images": [],
-        "repos": {"kubernetes": {"fingerprint": "A" * 40}, "toolkit": {"fingerprint": "B" * 40}},
+        "repos": {"kubernetes": {"fingerprint": "A" * 40}, "toolkit": {"fingerprint": "B" * 40},
+                  "driver": {"fingerprint": "D" * 40}},
         "files": {"manifests/calico.yaml": {"sha256": "c" * 64, "size": 3}}}))
     i = inv(BASE + "registry: {mirror: r.example.cn, credentials: {env: X}}\n")
     s = site.served(i, m, "10.0.0.1")
@@ -503,6 +504,9 @@ def test_a_run_from_a_bundle_reads_every_source_from_the_serving_host() -> None:
     assert s.install.kubernetes_repo_insecure_http and s.install.kubernetes_repo_key_fingerprint == "A" * 40
     assert s.install.toolkit_repo == "http://10.0.0.1:5480/repos/toolkit"
     assert s.install.containerd_repo == i.install.containerd_repo  # the bundle carries none: unchanged
+    # NVIDIA's RHEL 8 repository (a managed driver on Alibaba Cloud Linux): the served copy, its key pinned
+    assert (s.install.driver_repo, s.install.driver_repo_insecure_http, s.install.driver_repo_key_fingerprint) == (
+        "http://10.0.0.1:5480/repos/driver", True, "D" * 40)
     assert (s.install.calico_manifest, s.install.calico_manifest_sha256) == (
         "http://10.0.0.1:5480/manifests/calico.yaml", "c" * 64)
     assert s.registry.mirror == "10.0.0.1:5480" and s.registry.insecure_http

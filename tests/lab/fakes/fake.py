@@ -1615,6 +1615,7 @@ def _fetch_packages(h: Host, chosen: dict[str, str], files_key: str,
         if len(data) != int(size) or hashlib.sha256(data).hexdigest() != sha:
             fail(name, v, url, "checksum")
             return False
+        h.state.setdefault("fetched", []).append(url)  # every package file fetched for real, for the tests
     return True
 
 
