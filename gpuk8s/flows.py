@@ -350,7 +350,8 @@ def driver_upgrade(inv: Inventory, *, concurrency: int, sudo_passwords: dict[str
     ctx.facts = refresh_facts(ctx.sessions, concurrency)
     ctx.plans = gpuplan.plans(inv, ctx.facts)
     opts = up.UpgradeOptions("driver", max_unavailable, gpu_pod_timeout, drain_timeout)
-    report = _run(ctx, [Lock(), DriverUpgrade(opts), Verify()], dry_run)
+    # --bundle: served right after the lock (NVIDIA's RHEL 8 repository as the bundle carries it)
+    report = _run(ctx, with_bundle([Lock(), DriverUpgrade(opts), Verify()], ctx.options), dry_run)
     report.findings = opts.findings
     return report
 

@@ -109,6 +109,22 @@ def merge(targets: Iterable[TargetSpec]) -> list[TargetSpec]:
     return [out[k] for k in sorted(out)]
 
 
+def with_branches(targets: list[TargetSpec], extra: tuple[str, ...]) -> list[TargetSpec]:
+    """`--driver-branch`: more branches for the targets whose hosts have a managed driver (to upgrade to later)."""
+    if not extra:
+        return targets
+    known = versions.drivers().branches
+    for b in extra:
+        if b not in known:
+            raise SourceError(f"--driver-branch {b[:20]!r}: not a driver branch gpuk8s installs",
+                              f"use one of {', '.join(known)} (gpuk8s versions)")
+    if not any(t.branches for t in targets):
+        raise SourceError("--driver-branch: no host of the inventory has driver: {manage: true}",
+                          "set driver.manage on the hosts whose driver gpuk8s installs (docs/driver.md)")
+    return [dataclasses.replace(t, branches=tuple(sorted({*t.branches, *extra}))) if t.branches else t
+            for t in targets]
+
+
 _EL8 = re.compile(r"^(alinux-3|(rhel|rocky|almalinux|centos|anolis|ol)-8(\.[0-9]+)?)$")
 
 
@@ -146,9 +162,10 @@ def _rpm_target(inv: Inventory, t: TargetSpec, staging: Path, copies: dict[tuple
     The driver (managed-driver hosts): each branch's open modules, built by DKMS on the host against the running
     kernel's headers, which the OS archive serves (kernel-devel-KERNEL, named with the rest of the OS's)."""
     label = f"{t.os} {t.arch}"
-    pkgs: list[rpmrepo.RpmPackage] = []
     owner: dict[tuple[str, str, str], rpmsource.RpmCopy] = {}
-    wanted: list[rpmrepo.RpmPackage] = []
+    # what is resolved together: every repository but the driver's; the driver's once per branch (one branch's
+    # packages at a time, as an enabled module stream shows them to dnf; each branch has the same names)
+    groups: dict[str, tuple[list[rpmrepo.RpmPackage], list[rpmrepo.RpmPackage]]] = {"": ([], [])}
     for r in rpmsource.repos_for(inv, t.arch, t.runtime, t.gpu, t.branches):
         copy = copies.get((r.role, r.url, ""))
         if copy is None:
@@ -157,20 +174,26 @@ def _rpm_target(inv: Inventory, t: TargetSpec, staging: Path, copies: dict[tuple
             copy.signed()
         assert isinstance(copy, rpmsource.RpmCopy)
         keys[r.role] = copy.fingerprint
-        seen = rpmsource.of_branches(copy.packages, t.branches) if r.role == "driver" else copy.packages
-        wanted += rpmsource.wanted_packages(rpmrepo.RpmIndex(seen, t.arch), r)
-        for p in seen:
-            pkgs.append(p)
-            owner.setdefault((p.name, p.evr, p.arch), copy)
-    res = rpmrepo.resolve(rpmrepo.RpmIndex(pkgs, t.arch), wanted)
-    os_packages[label] = sorted({*(m.split(" ", 1)[0] for m in res.missing),
-                                 *(f"kernel-devel-{k}" for k in (t.kernels if t.gpu and t.branches else ()))})
-    for p in res.chosen.values():
-        say(f"{label}: {p.name} {p.evr}")
-        name = owner[(p.name, p.evr, p.arch)].rpm_package(p)
-        purls[name] = f"pkg:rpm/{t.os.split('-', 1)[0]}/{p.name}@{p.evr}?arch={p.arch}"
-        if p.name == "kubeadm":
-            kube_versions.add(p.version)
+        parts = [(b, rpmsource.of_branches(copy.packages, (b,)),
+                  dataclasses.replace(r, wanted=tuple(w for w in r.wanted if w[1] == f"{b}.*")))
+                 for b in t.branches] if r.role == "driver" else [("", copy.packages, r)]
+        for group, seen, asked in parts:
+            pkgs, wanted = groups.setdefault(group, ([], []))
+            wanted += rpmsource.wanted_packages(rpmrepo.RpmIndex(seen, t.arch), asked)
+            for p in seen:
+                pkgs.append(p)
+                owner.setdefault((p.name, p.evr, p.arch), copy)
+    missing = {f"kernel-devel-{k}" for k in (t.kernels if t.gpu and t.branches else ())}
+    for pkgs, wanted in groups.values():
+        res = rpmrepo.resolve(rpmrepo.RpmIndex(pkgs, t.arch), wanted)
+        missing |= {m.split(" ", 1)[0] for m in res.missing}
+        for p in res.chosen.values():
+            say(f"{label}: {p.name} {p.evr}")
+            name = owner[(p.name, p.evr, p.arch)].rpm_package(p)
+            purls[name] = f"pkg:rpm/{t.os.split('-', 1)[0]}/{p.name}@{p.evr}?arch={p.arch}"
+            if p.name == "kubeadm":
+                kube_versions.add(p.version)
+    os_packages[label] = sorted(missing)
 
 
 def kubeadm_list(deb: Path, version: str, work: Path) -> list[str]:

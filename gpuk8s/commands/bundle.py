@@ -44,6 +44,9 @@ def register(app: typer.Typer, load_inventory: Any) -> None:
         no_hosts: bool = typer.Option(False, "--no-hosts", help="Contact no host: build for the --target kinds "
                                       "only."),
         level: int = typer.Option(19, "--level", min=1, max=19, help="zstd's compression level."),
+        driver_branch: list[str] = typer.Option([], "--driver-branch", help="Another driver branch to carry for "
+                                                "the managed-driver hosts (a later `driver upgrade --bundle` to it); "
+                                                "repeatable."),
         sign_with: str | None = typer.Option(None, "--sign-with", help="Sign the bundle with this gpg secret "  # noqa: UP007
                                              "key of this machine (FILE.asc beside it; the site checks it with "
                                              "--bundle-key)."),
@@ -60,7 +63,8 @@ def register(app: typer.Typer, load_inventory: Any) -> None:
                 rep = run_preflight(inv, concurrency=16, ignore=set(), sudo_passwords=passwords(inv),
                                     measure_network=False)
                 facts = {h.host.name: h.facts for h in rep.hosts}
-            targets = build.merge([*build.targets_from(inv, facts), *declared])
+            targets = build.with_branches(build.merge([*build.targets_from(inv, facts), *declared]),
+                                          tuple(driver_branch))
             con = ui.console(stderr=True)  # progress: stdout is the result's (JSON with -o json)
             for name, f in facts.items():
                 if f is None:

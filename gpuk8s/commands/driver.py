@@ -10,10 +10,21 @@ from typing import Any
 import typer
 
 from gpuk8s import flows, ui
-from gpuk8s.commands.common import confirm, failed, finish, passwords
+from gpuk8s.commands.common import confirm, failed, finish, load_bundle, passwords
 from gpuk8s.errors import GpuK8sError
 from gpuk8s.exitcodes import ExitCode
-from gpuk8s.options import DrainTimeoutOpt, GpuPodTimeoutOpt, InventoryOpt, MaxUnavailableOpt, Output, OutputOpt
+from gpuk8s.options import (
+    BundleHostOpt,
+    BundleKeyOpt,
+    BundleOpt,
+    BundlePortOpt,
+    DrainTimeoutOpt,
+    GpuPodTimeoutOpt,
+    InventoryOpt,
+    MaxUnavailableOpt,
+    Output,
+    OutputOpt,
+)
 from gpuk8s.phases.base import Options
 from gpuk8s.report import cluster as report
 
@@ -35,10 +46,15 @@ def register(app: typer.Typer, load_inventory: Any) -> None:
         drain_timeout: int = DrainTimeoutOpt,
         concurrency: int = typer.Option(16, "--concurrency", "-c", min=1, max=512),
         test_pods: bool = typer.Option(True, "--test-pods/--no-test-pods"),
+        bundle: Path | None = BundleOpt,  # noqa: UP007
+        bundle_host: str | None = BundleHostOpt,  # noqa: UP007
+        bundle_port: int = BundlePortOpt,
+        bundle_key: Path | None = BundleKeyOpt,  # noqa: UP007
     ) -> None:
         """Bring every managed node to the driver its inventory asks for (edit driver.branch or flavor, then run
         this): drained with GPU pods waited for, packages installed and held, rebooted, GPUs back, uncordoned."""
         inv = load_inventory(inventory, output)
+        served = load_bundle(bundle, bundle_host, bundle_port, output, bundle_key)
         con = ui.console(stderr=True)
         if not any(h.gpu.driver.manage for h in inv.hosts):
             ui.say(con, "no host has driver: {manage: true}: gpuk8s does not manage any node's driver "
@@ -49,7 +65,7 @@ def register(app: typer.Typer, load_inventory: Any) -> None:
         try:
             rep = flows.driver_upgrade(inv, concurrency=concurrency, sudo_passwords=passwords(inv),
                                        max_unavailable=max_unavailable, gpu_pod_timeout=gpu_pod_timeout,
-                                       drain_timeout=drain_timeout, options=Options(test_pods=test_pods),
+                                       drain_timeout=drain_timeout, options=Options(test_pods=test_pods, bundle=served),
                                        emit=report.phase_printer(output), dry_run=dry_run)
         except GpuK8sError as e:
             failed(e, output)

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 
 from gpuk8s import findings, gpuplan
+from gpuk8s.bundle.coverage import host_gaps
 from gpuk8s.driver import rules
 from gpuk8s.facts.model import HostFacts
 from gpuk8s.gpuplan import is_gpu_node
@@ -116,6 +117,12 @@ class DriverUpgrade(UpgradeStep):
         f = ctx.facts[h.name]
         want = wanted(h, f)
         have = f.driver.module_version or "none"
+        if ctx.bundle is not None:  # --bundle: the node's new driver must be in it, or the node is left as it is
+            gaps = host_gaps(ctx.bundle, ctx.inv, h, f)
+            if gaps:
+                raise NodeFailure("bundle.coverage", f"{gaps[0].message}: {h.name} was left as it was",
+                                  "build a bundle with this inventory (gpuk8s bundle create), then re-run "
+                                  f"{self.resume} with it")
         emit = ctx.emit
         mine, waited = self._vacate(ctx, h, emit, "driver.upgrade-failed")
         run = HostRun(h)

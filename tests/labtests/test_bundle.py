@@ -70,7 +70,7 @@ AIRGAP_FLEET = yaml.safe_dump(_DEMO, sort_keys=False)
 KUBECTL = "kubectl --kubeconfig /etc/kubernetes/admin.conf"
 
 
-def _create(run_cli, tmp_path, site: dict, kube: str, name: str) -> tuple[Path, dict, float]:
+def _create(run_cli, tmp_path, site: dict, kube: str, name: str, *extra: str) -> tuple[Path, dict, float]:
     """`bundle create` on the connected machine for Kubernetes `kube`: the site's inventory with its sources
     pointed at the internet as this machine's loopback serves it (tests/bundleupstream.py)."""
     minor = kube.rsplit(".", 1)[0]
@@ -90,7 +90,7 @@ def _create(run_cli, tmp_path, site: dict, kube: str, name: str) -> tuple[Path, 
         up.push(all_images(up, load(laptop_inv), kube))
         bundle = tmp_path / f"{name}.tar.zst"
         t0 = time.monotonic()
-        r = run_cli("bundle", "create", "-i", str(laptop_inv), str(bundle), "-o", "json", timeout=600)
+        r = run_cli("bundle", "create", "-i", str(laptop_inv), str(bundle), "-o", "json", *extra, timeout=600)
         built = time.monotonic() - t0
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
         return bundle, json.loads(r.stdout), built
@@ -121,11 +121,14 @@ def test_install_and_join_from_a_bundle_with_every_public_source_out_of_reach(la
     full_inv = tmp_path / "site-full.yaml"
     full_inv.write_text(yaml.safe_dump(full, sort_keys=False))
 
-    # the connected machine: the site's inventory, the internet as its loopback serves it
-    bundle, made, built = _create(run_cli, tmp_path, full, KUBE, "site")
+    # the connected machine: the site's inventory, the internet as its loopback serves it; al-1's driver branch
+    # and another one, for the driver upgrade planned below (--driver-branch)
     branch = versions.drivers().default_branch
+    later = max(DRIVER_RELEASES)
+    assert later != branch
+    bundle, made, built = _create(run_cli, tmp_path, full, KUBE, "site", "--driver-branch", later)
     assert made["targets"] == [{"os": os_, "arch": "x86_64", "runtime": "containerd", "kernels": [],
-                                "driver_branches": [branch] if os_ == "alinux-3" else []}
+                                "driver_branches": sorted([branch, later]) if os_ == "alinux-3" else []}
                                for os_ in ("alinux-3", "ubuntu-22.04")], made
     assert made["coverage"] == [], made  # the Ubuntu hosts bring their own drivers; al-1's is in the bundle
     print(f"bundle: {made['bytes']} bytes, {made['files']} files, {made['images']} images, built in {built:.1f} s")
@@ -230,6 +233,34 @@ def test_install_and_join_from_a_bundle_with_every_public_source_out_of_reach(la
                "al-1": {"nvidia.com/gpu": 2}}
     invariants.all_hold(lab, run_cli, str(full_inv), planned, set(), {"nvidia.com/gpu": 22})
     assert f"baseurl=http://{address}:5480/repos/kubernetes/" in al.exec("cat /etc/yum.repos.d/kubernetes.repo").stdout
+
+    # day two: al-1's driver moved to another branch from the bundle (`driver upgrade --bundle`). A branch the
+    # bundle does not hold is refused before the node is touched, naming it; the one it holds is installed
+    def on_branch(b: str) -> tuple[dict, Path]:
+        doc = dict(full, hosts=[dict(h, driver={"manage": True, "branch": b}) if h["name"] == "al-1" else h
+                                for h in full["hosts"]])
+        path = tmp_path / f"site-{b}.yaml"
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        return doc, path
+
+    missing = next(b for b in versions.drivers().branches if b not in (branch, later) and int(b) >= 535)
+    r = run_cli("driver", "upgrade", "-i", str(on_branch(missing)[1]), "--bundle", str(bundle), "--yes", "-o", "json",
+                timeout=900)
+    assert r.returncode != 0, r.stdout[-3000:]
+    assert f"driver branch {missing}" in r.stdout and "al-1 was left as it was" in r.stdout, r.stdout[-3000:]
+    assert release in al.exec("cat /proc/driver/nvidia/version").stdout
+    assert not next(n for n in json.loads(cp.exec(f"{KUBECTL} get nodes -o json").stdout)["items"]
+                    if n["metadata"]["name"] == "al-1")["spec"].get("unschedulable")
+    full, later_inv = on_branch(later)
+    r = run_cli("driver", "upgrade", "-i", str(later_inv), "--bundle", str(bundle), "--yes", "-o", "json",
+                "--no-test-pods", timeout=900)  # the GPUs proven by the invariants below
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-3000:]
+    loaded = al.exec("cat /proc/driver/nvidia/version").stdout
+    assert f"Open Kernel Module for x86_64  {DRIVER_RELEASES[later]}" in loaded, loaded
+    assert f"http://{address}:5480/repos/driver/x86_64/nvidia-open-{DRIVER_RELEASES[later]}-1.el8.x86_64.rpm" in \
+        al.state()["fetched"]
+    full_inv = later_inv
+    invariants.all_hold(lab, run_cli, str(full_inv), planned, set(), {"nvidia.com/gpu": 22})
 
     # an upgrade of one minor from a second bundle (the next minor's, built the same way)
     nxt = versions.kubernetes_or_default(

@@ -291,20 +291,21 @@ def test_alibaba_cloud_linux_hosts_whose_driver_gpuk8s_manages_get_nvidias_drive
     inv = loads(json.dumps(inv_doc))
     assert build.branches_of(inv) == (branch,)
     (tmp_path / "s").mkdir()
-    made = build.create(inv, [build.TargetSpec("alinux-3", "x86_64", "containerd", True, (branch,), (kernel,))],
-                        tmp_path / "b.tar.zst", tmp_path / "s", level=3)
+    # the inventory's branch, and another one for a later driver upgrade (bundle create --driver-branch)
+    targets = build.with_branches(
+        [build.TargetSpec("alinux-3", "x86_64", "containerd", True, (branch,), (kernel,))], (other,))
+    made = build.create(inv, targets, tmp_path / "b.tar.zst", tmp_path / "s", level=3)
     files = set(made.manifest.files)
-    v = DRIVER_RELEASES[branch]
     carried = {f.rsplit("/", 1)[1] for f in files if f.startswith("repos/driver/x86_64/") and f.endswith(".rpm")}
-    assert carried == {f"{n}-{v}-1.el8.x86_64.rpm" for n in (
+    assert carried == {f"{n}-{DRIVER_RELEASES[b]}-1.el8.x86_64.rpm" for b in (branch, other) for n in (
         "nvidia-open", "nvidia-driver", "nvidia-driver-libs", "nvidia-kmod-common", "kmod-nvidia-open-dkms",
-        rules.rhel_fabric_manager(branch))}, carried
-    assert not any(DRIVER_RELEASES[other] in f or "cuda-toolkit" in f for f in files)
+        rules.rhel_fabric_manager(b))}, carried
+    assert not any("cuda-toolkit" in f for f in files)
     assert f"repos/driver/x86_64/{rules.CUDA_KEY}" in files and "repos/driver/x86_64/repodata/repomd.xml" in files
     assert any(f.startswith("repos/driver/x86_64/repodata/") and "modules" in f for f in files), sorted(files)
     assert {"dkms", "libglvnd", f"kernel-devel-{kernel}"} <= set(made.os_packages["alinux-3 x86_64"])
     target, = made.manifest.targets
-    assert target.driver_branches == (branch,) and target.kernels == ()
+    assert target.driver_branches == tuple(sorted((branch, other))) and target.kernels == ()
     assert any(r.role == "driver" and r.fingerprint == u.fingerprints["driver"] for r in made.manifest.repos)
     assert verify(made.path).ok
 
@@ -317,6 +318,11 @@ def test_alibaba_cloud_linux_hosts_whose_driver_gpuk8s_manages_get_nvidias_drive
     f = dataclasses.replace(facts(kernel="5.10.999-1.al8.x86_64"), os=alinux)
     assert gaps(made.manifest, inv, {"cp-1": f, "gpu-1": f}) == []
     inv_doc["hosts"][1]["driver"]["branch"] = other
+    assert gaps(made.manifest, loads(json.dumps(inv_doc)), {"cp-1": f, "gpu-1": f}) == []
+    absent = next(b for b in versions.drivers().branches if b not in DRIVER_RELEASES)
+    inv_doc["hosts"][1]["driver"]["branch"] = absent
     got = gaps(made.manifest, loads(json.dumps(inv_doc)), {"cp-1": f, "gpu-1": f})
     assert [(g.host, g.what) for g in got] == [("gpu-1", "driver-branch")], got
-    assert f"driver branch {other}" in got[0].message
+    assert f"driver branch {absent}" in got[0].message
+    with pytest.raises(SourceError, match="not a driver branch gpuk8s installs"):
+        build.with_branches(targets, ("999",))

@@ -1970,6 +1970,29 @@ VERSIONLOCK = Path("/etc/dnf/plugins/versionlock.list")
 _NVIDIA_RHEL8_DEPS = ("kmod-nvidia-open-dkms", "nvidia-driver", "nvidia-driver-libs")  # what nvidia-open pulls in
 
 
+def _dnf_available(h: Host) -> dict[str, list[str]] | None:
+    """What the enabled repositories serve (package -> versions), each real source's metadata read and verified as
+    dnf does (h.state["dnf_files"]: where each version's file is); None after dnf's error is printed."""
+    available: dict[str, list[str]] = {}
+    h.state["dnf_files"] = {}
+    for name, url in _yum_repos():
+        if _real_source(url) and not _unreachable(h, url):
+            got = _real_rpm_index(h, name, url)
+            if got is None:
+                return None
+            for p, vs in got.items():
+                available.setdefault(p, []).extend(vs)
+            continue
+        if _unreachable(h, url):
+            err(f"Errors during downloading metadata for repository '{name}':\n"
+                f"  - Curl error (6): Couldn't resolve host name for {url}repodata/repomd.xml\n"
+                f"Error: Failed to download metadata for repo '{name}': Cannot download repomd.xml\n")
+            return None
+        for p, vs in _serves(url).items():
+            available.setdefault(p, []).extend(vs)
+    return available
+
+
 def _dnf_module(h: Host, words: list[str]) -> int:
     """dnf module reset NAME / enable NAME:STREAM: the enabled stream in the state; switch-to NAME:STREAM also moves
     the installed packages of the module to the stream's newest, except those a version lock holds (the versionlock
@@ -1987,12 +2010,21 @@ def _dnf_module(h: Host, words: list[str]) -> int:
             locks = VERSIONLOCK.read_text().splitlines() if VERSIONLOCK.exists() else []
             pkgs = h.state.setdefault("packages", {})
             branch = stream.split("-")[0]
-            for p, versions in _nvidia_rhel8().items():
+            available = _dnf_available(h)  # the stream's packages as the enabled repositories serve them
+            if available is None:
+                return 1
+            moved = {}
+            for p in _nvidia_rhel8():
                 if p in pkgs and not any(ln.startswith(p + "-") for ln in locks):
-                    newest = [v for v in versions if v.startswith(branch + ".")]
+                    newest = sorted((v for v in available.get(p, []) if v.startswith(branch + ".")),
+                                    key=lambda v: [int(x) for x in re.findall(r"\d+", v)])
                     if newest:
-                        pkgs[p] = newest[-1]
-                        _driver_package(h, p, newest[-1])
+                        moved[p] = newest[-1]
+            if not _fetch_rpms(h, moved):
+                return 1
+            for p, v in moved.items():
+                pkgs[p] = v
+                _driver_package(h, p, v)
     h.save()
     return 0
 
@@ -2030,23 +2062,10 @@ def dnf(h: Host, args: list[str]) -> int:
         while _dnf_lock_holder() is not None:
             time.sleep(0.2)
         h = Host()
-    available: dict[str, list[str]] = {}
-    h.state["dnf_files"] = {}
-    for name, url in _yum_repos():
-        if _real_source(url) and not _unreachable(h, url):
-            got = _real_rpm_index(h, name, url)
-            if got is None:
-                return 1
-            for p, vs in got.items():
-                available.setdefault(p, []).extend(vs)
-            continue
-        if _unreachable(h, url):
-            err(f"Errors during downloading metadata for repository '{name}':\n"
-                f"  - Curl error (6): Couldn't resolve host name for {url}repodata/repomd.xml\n"
-                f"Error: Failed to download metadata for repo '{name}': Cannot download repomd.xml\n")
-            return 1
-        for p, vs in _serves(url).items():
-            available.setdefault(p, []).extend(vs)
+    got = _dnf_available(h)
+    if got is None:
+        return 1
+    available = got
     # the OS's own repositories (BaseOS, AppStream): the running kernel's headers, the versionlock plugin
     available.setdefault(f"kernel-devel-{h.spec['kernel']}", [h.spec["kernel"].rsplit(".", 1)[0]])
     available.setdefault("python3-dnf-plugin-versionlock", ["4.0.21-4.al8"])
