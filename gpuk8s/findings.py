@@ -93,8 +93,10 @@ FINDINGS: dict[str, Spec] = {
     "cluster.reachable": _p("error", "every host answered"),
     "net.rtt": _p("warning", "round-trip time to each worker within max_rtt_ms"),
     "net.bandwidth": _p("warning", "bandwidth to each worker at least min_bandwidth_gbit"),
-    "bundle.coverage": _p("error", "install --bundle: the bundle serves the host (its OS release, architecture, "
-                          "container runtime and, where gpuk8s manages the driver, its branch and kernel)"),
+    "bundle.coverage": Spec("error", "install --bundle: the bundle serves the host (its OS release, architecture, "
+                            "container runtime and, where gpuk8s manages the driver, its branch and kernel); driver "
+                            "upgrade --bundle: a node whose new branch it lacks is left as it was",
+                            ("preflight", "upgrade")),
     "net.sources": _p("warning", "the host reaches every source install fetches from: package repositories, "
                       "image registries (or the inventory's mirror) and the CNI manifest"),
     # verify: one verdict per node (gpuk8s/kube/state.py, gpuk8s/phases/verify.py)
