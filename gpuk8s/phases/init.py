@@ -7,6 +7,7 @@ which the host removes when kubeadm ends. A copy of the configuration without th
 
 from __future__ import annotations
 
+from gpuk8s.inventory.model import Inventory
 from gpuk8s.kube import render
 from gpuk8s.kube.client import ADMIN
 from gpuk8s.logs import register_secret
@@ -23,6 +24,19 @@ def kubeadm_version(s: Session, fallback: str) -> str:
     return ver.stdout.strip() if ver.ok and ver.stdout.strip().startswith("v") else fallback
 
 
+def init_version(inv: Inventory, installed: str | None) -> str | None:
+    """The Kubernetes version kubeadm init gets, decided once for the plan (--dry-run) and the run: a pinned patch
+    is the version prepare installs kubeadm at; with a minor alone, the installed kubeadm's own patch (prepare keeps
+    a kubeadm of that minor, else installs the newest one the repository has). `installed`: `kubeadm version -o
+    short` of the first control plane (its facts for the plan, read again after prepare for the run). None: not
+    known until prepare has installed kubeadm (the plan says so)."""
+    if inv.cluster.kubernetes_version.count(".") == 2:
+        return render.full_version(inv)
+    if installed and installed.startswith(f"v{inv.cluster.kubernetes_version}."):
+        return installed
+    return None
+
+
 class Init(Phase):
     name = "init"
     title = "kubeadm init"
@@ -34,7 +48,9 @@ class Init(Phase):
         if ctx.initialized():
             return self.planned("unchanged", f"{ctx.cp.name} already runs a control plane ({ADMIN} exists)")
         inv, cp = ctx.inv, ctx.cp
-        version = render.full_version(inv)
+        f = ctx.facts.get(cp.name)
+        version = init_version(inv, f.kubeadm if f is not None else None) or \
+            f"v{inv.cluster.kubernetes_version}.<the patch of the kubeadm prepare installs>"
         several = len(inv.control_planes) > 1
         placeholder = render.kubeadm_init_config(inv, cp, version, "<token minted at run time>",
                                                  "<certificate key minted at run time>" if several else None,
@@ -58,7 +74,9 @@ class Init(Phase):
         if ctx.initialized():
             return self.result("unchanged", f"{cp.name} already runs a control plane ({ADMIN} exists)")
         s = ctx.cp_session()
-        version = kubeadm_version(s, render.full_version(ctx.inv))
+        # the one decision the plan showed (init_version); the installed kubeadm is read only where it decides
+        version = (init_version(ctx.inv, None) or init_version(ctx.inv, kubeadm_version(s, ""))
+                   or render.full_version(ctx.inv))
         token = render.new_token()
         key = render.new_certificate_key() if len(ctx.inv.control_planes) > 1 else None
         register_secret(token)

@@ -24,13 +24,14 @@ from tests.unit.fakekube import FakeKube
 from tests.unit.test_gpuplan import facts_with
 from tests.unit.test_localfiles import ADMIN
 
-INV = loads("""
+INV_TEXT = """
 cluster: {name: ml, kubernetes_version: "1.30"}
 hosts:
   - {name: cp-1, address: 10.0.0.10, role: control-plane}
   - {name: gpu-1, address: 10.0.0.21, labels: {team: vision}}
   - {name: gpu-2, address: 10.0.0.22, taints: ["nvidia.com/gpu=present:NoSchedule"]}
-""")
+"""
+INV = loads(INV_TEXT)
 ADMIN_CONF = yaml.safe_dump(ADMIN, sort_keys=False)  # what kubeadm writes (tests/unit/test_localfiles.py)
 FACTS = {"cp-1": facts_with(0), "gpu-1": facts_with(8), "gpu-2": facts_with(4)}
 
@@ -304,3 +305,30 @@ def test_join_finishes_a_gpu_node_whose_join_stopped_before_the_gpu_phase(monkey
     nodes.pop()  # not a node at all: to join, not to finish
     missing, unfinished = flows.not_joined(INV, {})
     assert [h.name for h in missing] == ["gpu-2"] and unfinished == []
+
+
+def test_kubeadm_inits_version_is_decided_once_for_the_plan_and_the_run(tmp_path) -> None:
+    """init's --dry-run showed v1.30.0 for a minor alone while the run gave kubeadm init the installed kubeadm's
+    patch (issue 45): the plan now shows what the run will use."""
+    from gpuk8s.phases.init import init_version
+
+    minor = INV
+    assert init_version(minor, "v1.30.6") == "v1.30.6"  # the installed kubeadm of the minor, kept by prepare
+    assert init_version(minor, "v1.29.9") is None and init_version(minor, None) is None  # prepare installs it
+    doc = yaml.safe_load(INV_TEXT)
+    doc["cluster"]["kubernetes_version"] = "1.30.4"
+    pinned = loads(yaml.safe_dump(doc))
+    assert init_version(pinned, "v1.30.6") == init_version(pinned, None) == "v1.30.4"  # prepare installs the pin
+
+    def init_plan(facts: dict) -> str:
+        ctx = ctx_for(FakeKube(), False, tmp_path)
+        ctx.facts = facts
+        change = plan_phases([Init()], ctx)[0].changes[1]
+        return change.what + "\n" + change.stdin
+
+    installed = dataclasses.replace(FACTS["cp-1"], kubeadm="v1.30.6")
+    shown = init_plan({**FACTS, "cp-1": installed})
+    assert "kubeadm init v1.30.6 on cp-1" in shown and "kubernetesVersion: v1.30.6" in shown
+    assert "v1.30.0" not in shown
+    shown = init_plan(FACTS)
+    assert "kubeadm init v1.30.<the patch of the kubeadm prepare installs> on cp-1" in shown
