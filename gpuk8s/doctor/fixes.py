@@ -52,10 +52,9 @@ def apply_fixes(inv: Inventory, targets: dict[str, set[str]], sudo: dict[str, st
             ctx.plans = gpuplan.plans(inv, facts)
             if {"prepare", "gpu"} & set(targets):
                 run_phases([GPUNodes()], ctx, results)
-            restarted = {n for r in results if r.name == "gpu" for n, what in r.hosts.items()
-                         if "device plugin restarted" in what}
-            if set(targets.get("plugin", ())) - restarted:
-                run_phases([RestartPlugin(sorted(set(targets["plugin"]) - restarted))], ctx, results)
+            left = set(targets.get("plugin", ())) - ctx.plugin_restarted
+            if left:
+                run_phases([RestartPlugin(sorted(left))], ctx, results)
     finally:
         ctx.close()
     return results

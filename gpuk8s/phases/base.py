@@ -117,6 +117,9 @@ class Context:
     # restarted: verify waits (up to the test pod timeout) for their allocatable to reflect the plan, as
     # config-manager applies a config, and a new plugin pod registers, a while later
     relabelled: set[str] = field(default_factory=set)
+    # nodes whose device plugin pod this run restarted (the gpu phase, after prepare reconfigured their runtime):
+    # doctor --fix restarts the others it was asked to (one decision, not a phase's message read back)
+    plugin_restarted: set[str] = field(default_factory=set)
     on_exit: list[Callable[[], None]] = field(default_factory=list)
     # what must start again on a host that came back from a reboot (phases/reboot.py): the bundle's server; each
     # returns "" or why it could not (the run stops)

@@ -260,6 +260,7 @@ class GPUNodes(Phase):
         for node, pod in stale.items():
             ctx.kube.delete("pod", [pod], "kube-system")
             ctx.relabelled.add(node)  # verify waits for the new pod to register the node's GPUs
+            ctx.plugin_restarted.add(node)
             r.hosts[node] = (r.hosts.get(node, "") + " device plugin restarted").strip()
             done.append(f"device plugin restarted on {node} (runtime reconfigured)")
         if done:

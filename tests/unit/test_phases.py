@@ -221,6 +221,7 @@ def test_a_plugin_is_restarted_where_prepare_restarted_the_runtime(tmp_path) -> 
     assert res.status == "changed" and res.hosts == {"gpu-2": "device plugin restarted"}
     assert kube.writes == [("delete", "pod", "nvidia-device-plugin-daemonset-gpu-2")]
     assert ctx.relabelled == {"gpu-2"}  # verify waits for the new pod to register the GPUs
+    assert ctx.plugin_restarted == {"gpu-2"}  # doctor --fix restarts no plugin twice (gpuk8s/doctor/fixes.py)
     # the plugin's manifest applied in the same run (a new template, or a first install): its DaemonSet replaces
     # the pods itself, none is deleted by gpuk8s
     kube.calls.clear()
@@ -332,3 +333,25 @@ def test_kubeadm_inits_version_is_decided_once_for_the_plan_and_the_run(tmp_path
     assert "v1.30.0" not in shown
     shown = init_plan(FACTS)
     assert "kubeadm init v1.30.<the patch of the kubeadm prepare installs> on cp-1" in shown
+
+
+def test_the_phase_names_docs_install_lists_are_installs_own_in_order() -> None:
+    """docs/install.md's list of phase names (what --skip-phases takes) against install's phases (issue 45: the
+    list had drifted: `health` was missing)."""
+    import re
+    from pathlib import Path
+
+    from gpuk8s import flows
+    from gpuk8s.phases.base import Options
+    from gpuk8s.phases.bundle import Bundle
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "install.md").read_text()
+    sentence = re.search(r"names are the ones the phases print, in their order \((.*?)\)\.", text, re.S)
+    assert sentence, "docs/install.md no longer lists the phase names"
+    listed = re.findall(r"`([a-z][a-z-]*)`", sentence.group(1))
+    doc = yaml.safe_load(INV_TEXT)
+    doc["monitoring"] = {"enabled": True}
+    every = flows.install_phases(loads(yaml.safe_dump(doc)))
+    with_bundle = flows.with_bundle(every, Options(bundle=object()))  # type: ignore[arg-type]
+    assert any(isinstance(p, Bundle) for p in with_bundle)
+    assert listed == [p.name for p in with_bundle]
