@@ -12,6 +12,7 @@ import gzip
 import hashlib
 import io
 import json
+import lzma
 import os
 import shutil
 import socket
@@ -222,6 +223,50 @@ class Upstream:
         cni.parent.mkdir(parents=True)
         cni.write_text(CNI_MANIFESTS["calico"])  # the lab's stand-in for calico's manifest (its image: CALICO)
 
+    def build_ubuntu_driver(self, kernels: list[str], arch: str = "amd64") -> None:
+        """Ubuntu's archive (install.driver_apt_repo: ubuntu/, dists/jammy-updates/restricted, pool/restricted/),
+        signed as Ubuntu signs it (InRelease, Acquire-By-Hash) by a key in a keyring of two keys, as Ubuntu's
+        archive keyring holds several (`ubuntu_keyring`: what bundle create and the hosts verify with): per branch
+        of DRIVER_RELEASES the open -server driver's packages at the lab's versions (tests/lab/fakes/fake.py
+        UBUNTU_DRIVERS, as Ubuntu spells them) with a subset of their Depends (the kernel-common and compute library
+        of the same version), and per kernel its signed precompiled modules (Depends: the kernel's image, which the
+        host runs and the OS archive serves, and the branch's kernel-common)."""
+        fpr = self._key("ubuntu")
+        self._key("ubuntu-2012")  # an older key in the same keyring, as Ubuntu's has: the pin says which signs
+        u = self.www / "ubuntu"
+        pool = u / "pool" / "restricted"
+        for b, v in DRIVER_RELEASES.items():
+            pv = f"{v}-0ubuntu0.22.04.1"
+            common = f"nvidia-kernel-common-{b}-server"
+            for name, dep in ((common, ""), (f"libnvidia-compute-{b}-server", ""),
+                              (f"nvidia-headless-no-dkms-{b}-server-open", f"{common} (= {pv})"),
+                              (f"nvidia-utils-{b}-server", f"libnvidia-compute-{b}-server (= {pv})")):
+                _deb(pool / f"{name}_{pv}_{arch}.deb", name, pv, arch, dep)
+            for k in kernels:
+                kv = f"{k.split('-')[0]}-105.115"  # the lab's version of a kernel's modules package
+                name = f"linux-modules-nvidia-{b}-server-open-{k}"
+                _deb(pool / f"{name}_{kv}_{arch}.deb", name, kv, arch,
+                     f"linux-image-{k} | linux-image-unsigned-{k}, {common} (>= {v})")
+        idx = u / "dists" / "jammy-updates" / "restricted" / f"binary-{arch}"
+        idx.mkdir(parents=True)
+        text = subprocess.run(["apt-ftparchive", "packages", "pool/restricted"], cwd=u, check=True,
+                              capture_output=True).stdout
+        (idx / "Packages").write_bytes(text)
+        (idx / "Packages.xz").write_bytes(lzma.compress(text))
+        rel = u / "dists" / "jammy-updates" / "Release"
+        rel.write_bytes(subprocess.run(
+            ["apt-ftparchive", "-o", "APT::FTPArchive::Release::Acquire-By-Hash=yes",
+             "-o", "APT::FTPArchive::Release::Suite=jammy-updates", "-o",
+             "APT::FTPArchive::Release::Codename=jammy", "-o", "APT::FTPArchive::Release::Components=restricted",
+             "-o", f"APT::FTPArchive::Release::Architectures={arch}", "release", "."],
+            cwd=rel.parent, check=True, capture_output=True).stdout)
+        self._gpg("--local-user", fpr, "--clearsign", "-o", str(rel.with_name("InRelease")), str(rel))
+        self.ubuntu_keyring.write_bytes(self._gpg("--export", self.fingerprints["ubuntu-2012"], fpr).stdout)
+
+    @property
+    def ubuntu_keyring(self) -> Path:
+        return self.root / "ubuntu-archive-keyring.gpg"
+
     def build_rpm(self, kubernetes: str, toolkit: str, containerd: str, older_patch: str, arch: str = "x86_64") -> None:
         """The three dnf repositories (after build(): the same keys), built by the real rpmbuild and createrepo_c,
         repomd.xml signed (repomd.xml.asc) as pkgs.k8s.io's and NVIDIA's are: Kubernetes' v1.NN/rpm/ (its key at
@@ -370,6 +415,8 @@ class Upstream:
                "calico_manifest": f"{self.url}/cni/calico.yaml", "calico_manifest_sha256": self.cni_sha256}
         if "driver" in self.fingerprints:  # build_rpm() made NVIDIA's RHEL 8 repository
             out["driver_repo"] = repo("driver", "cuda/rhel8")
+        if "ubuntu" in self.fingerprints:  # build_ubuntu_driver() made Ubuntu's archive
+            out["driver_apt_repo"] = repo("ubuntu", "ubuntu")
         return out
 
 

@@ -28,12 +28,13 @@ from typing import Any
 from gpuk8s.bundle import debrepo, fetch
 from gpuk8s.bundle.manifest import safe_path
 from gpuk8s.errors import GpuK8sError
+from gpuk8s.facts.model import UBUNTU_CODENAMES
 from gpuk8s.inventory.model import Inventory
 
 MAX_KEY = 1 << 20
 MAX_RELEASE = 8 << 20
 _DEB_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}
-_CODENAMES = {"ubuntu-22.04": "jammy", "ubuntu-24.04": "noble", "ubuntu-20.04": "focal"}
+_CODENAMES = {f"ubuntu-{v}": name for v, name in UBUNTU_CODENAMES.items()}
 _KUBERNETES_PKGS = ("kubelet", "kubeadm", "kubectl")
 TOOLKIT_PKGS = ("nvidia-container-toolkit", "nvidia-container-toolkit-base", "libnvidia-container-tools",
                 "libnvidia-container1")
@@ -77,7 +78,11 @@ class AptRepo:
 
     @property
     def url(self) -> str:
-        return f"{self.base.rstrip('/')}/{self.dist}"
+        return f"{self.base.rstrip('/')}/{self.dist}" if self.dist else self.base.rstrip("/")
+
+    def under(self, rel: str) -> str:
+        """A path under url as a path under base (what the bundle holds below repos/ROLE/)."""
+        return f"{self.dist}/{rel}" if self.dist else rel
 
     def meta(self, name: str) -> str:
         """The path of a metadata file under url: InRelease, Release, an index."""
@@ -92,9 +97,20 @@ def deb_arch(arch: str) -> str:
     return _DEB_ARCH.get(arch, arch)
 
 
-def repos_for(inv: Inventory, os: str, arch: str, runtime: str, gpu: bool) -> list[AptRepo]:
+# Ubuntu's archive (arm64: its ports archive) over http, as Ubuntu's own sources name it: the signature is the trust
+# (InRelease by the Ubuntu Archive Automatic Signing Key (2018); debootstrap: "Valid Release signature (key id
+# F6ECB3762474EDA9D21B7022871920D1991BC93C)")
+UBUNTU_ARCHIVE = {"x86_64": "http://archive.ubuntu.com/ubuntu", "aarch64": "http://ports.ubuntu.com/ubuntu-ports"}
+UBUNTU_ARCHIVE_KEY = "F6ECB3762474EDA9D21B7022871920D1991BC93C"
+UBUNTU_KEYRING = "/usr/share/keyrings/ubuntu-archive-keyring.gpg"
+
+
+def repos_for(inv: Inventory, os: str, arch: str, runtime: str, gpu: bool, debs: tuple[str, ...] = (),
+              keyring: str = UBUNTU_KEYRING) -> list[AptRepo]:
     """The repositories install reads for hosts of this OS release and architecture, with what it installs from
-    each at the inventory's pins (the playbooks' apt-get install lines)."""
+    each at the inventory's pins (the playbooks' apt-get install lines); with `debs` (what the managed-driver
+    hosts' driver steps install: the branch's packages and each kernel's precompiled modules) Ubuntu's archive,
+    CODENAME-updates restricted (install.driver_apt_repo, else Ubuntu's own), verified with `keyring`."""
     i, c = inv.install, inv.cluster
     minor = ".".join(c.kubernetes_version.split(".")[:2])
     patch = c.kubernetes_version if c.kubernetes_version.count(".") == 2 else ""
@@ -112,6 +128,14 @@ def repos_for(inv: Inventory, os: str, arch: str, runtime: str, gpu: bool) -> li
         out.append(AptRepo("containerd", i.containerd_repo, "ubuntu", _CODENAMES[os], "stable", "ubuntu/gpg",
                            i.containerd_repo_insecure_http, i.containerd_repo_key_fingerprint,
                            (("containerd.io", f"{i.containerd_version}*"),)))
+    if gpu and debs:
+        if os not in _CODENAMES:
+            raise SourceError(f"{os}: no Ubuntu codename known for it", "use Ubuntu 22.04 or 24.04")
+        own = not i.driver_apt_repo
+        out.append(AptRepo("driver_apt", i.driver_apt_repo or UBUNTU_ARCHIVE.get(arch, UBUNTU_ARCHIVE["x86_64"]),
+                           "", f"{_CODENAMES[os]}-updates", "restricted", keyring,
+                           own or i.driver_apt_repo_insecure_http,
+                           i.driver_apt_repo_key_fingerprint or UBUNTU_ARCHIVE_KEY, tuple((p, "*") for p in debs)))
     return out
 
 
@@ -217,28 +241,55 @@ class RepoCopy:
         return keyring
 
     def _gpgv(self, keyring: Path, argv: list[Path], what: str, output: Path | None = None) -> None:
-        v = subprocess.run(["gpgv", "--keyring", str(keyring), *(["--output", str(output)] if output else []),
-                            *map(str, argv)], capture_output=True, text=True, timeout=60)
+        r = self.repo
+        v = subprocess.run(["gpgv", "--status-fd", "1", "--keyring", str(keyring),
+                            *(["--output", str(output)] if output else []), *map(str, argv)],
+                           capture_output=True, text=True, timeout=60)
+        where = r.key if r.key.startswith("/") else f"{r.base}/{r.key}"
         if v.returncode != 0:
             said = v.stderr.strip().splitlines()[-1][:200] if v.stderr.strip() else "gpgv failed"
-            raise SourceError(f"{self.repo.url}: its {what} is not signed by the key at {self.repo.base}/"
-                              f"{self.repo.key} ({said})",
+            raise SourceError(f"{r.url}: its {what} is not signed by the key at {where} ({said})",
                               "check the repository URL and its key; do not build from an unsigned source")
+        # the primary key of each good signature (VALIDSIG's last field): a keyring of several keys (Ubuntu's)
+        # must have signed with the pinned one
+        signers = [ln.split()[-1] for ln in v.stdout.splitlines() if ln.startswith("[GNUPG:] VALIDSIG ")]
+        if r.fingerprint and r.fingerprint not in signers:
+            raise SourceError(f"{r.url}: its {what} is signed by {', '.join(signers) or 'no key'}, not by the "
+                              f"pinned {r.fingerprint}", f"check install.{r.role}_repo_key_fingerprint")
+
+    def _local_keyring(self, path: Path) -> Path:
+        """A keyring of this machine (Ubuntu's archive keys: /usr/share/keyrings/ubuntu-archive-keyring.gpg), as gpgv
+        reads it; which of its keys must have signed is the pin's to say (_gpgv)."""
+        if not path.is_file():
+            raise SourceError(f"{path}: no such keyring on this machine (Ubuntu's archive keys, to verify its "
+                              "Release)", "apt-get install ubuntu-keyring (Debian has it too), or pass "
+                              "--ubuntu-keyring FILE")
+        keyring = self._work / "local-keyring.gpg"
+        if path.read_bytes()[:64].lstrip().startswith(b"-----BEGIN"):
+            subprocess.run(["gpg", "--batch", "--yes", "--dearmor", "-o", str(keyring), str(path)], check=True,
+                           capture_output=True, timeout=60)
+        else:
+            keyring.write_bytes(path.read_bytes()[:MAX_KEY * 4])
+        self.fingerprint = self.repo.fingerprint or ""
+        return keyring
 
     def signed(self) -> None:
         """The key (checked against the pin) and Release, verified with it by gpgv."""
         r = self.repo
-        key = self._add(r.key, fetch.get(f"{r.base.rstrip('/')}/{r.key}", MAX_KEY, r.allow_http))
-        keyring = self._keyring(key)
+        if r.key.startswith("/"):  # the hosts verify with their own copy of this keyring: none in the bundle
+            keyring = self._local_keyring(Path(r.key))
+        else:
+            keyring = self._keyring(self._add(r.key, fetch.get(f"{r.base.rstrip('/')}/{r.key}", MAX_KEY,
+                                                                r.allow_http)))
         inrelease = f"{r.url}/{r.meta('InRelease')}"
         plain = self._work / "Release"
         if not fetch.missing(inrelease, r.allow_http):
-            signed = self._add(f"{r.dist}/{r.meta('InRelease')}", fetch.get(inrelease, MAX_RELEASE, r.allow_http))
+            signed = self._add(r.under(r.meta('InRelease')), fetch.get(inrelease, MAX_RELEASE, r.allow_http))
             self._gpgv(keyring, [signed], "Release", output=plain)
         else:
-            rel = self._add(f"{r.dist}/{r.meta('Release')}", fetch.get(f"{r.url}/{r.meta('Release')}", MAX_RELEASE,
+            rel = self._add(r.under(r.meta('Release')), fetch.get(f"{r.url}/{r.meta('Release')}", MAX_RELEASE,
                                                                       r.allow_http))
-            sig = self._add(f"{r.dist}/{r.meta('Release.gpg')}", fetch.get(f"{r.url}/{r.meta('Release.gpg')}",
+            sig = self._add(r.under(r.meta('Release.gpg')), fetch.get(f"{r.url}/{r.meta('Release.gpg')}",
                                                                           MAX_KEY, r.allow_http))
             self._gpgv(keyring, [sig, rel], "Release")
             plain.write_bytes(rel.read_bytes())
@@ -257,14 +308,14 @@ class RepoCopy:
             sha, size = listed[name]
             if size > debrepo.MAX_INDEX:
                 raise SourceError(f"{r.url}: {name} is {size} bytes", "a repository index that large is refused")
-            dest = self._path(f"{r.dist}/{r.meta(name)}")
+            dest = self._path(r.under(r.meta(name)))
             fetch.download(f"{r.url}/{r.meta(name)}", dest, size, sha, r.allow_http)
             if by_hash:  # apt asks for .../by-hash/ALGO/HASH where Release says Acquire-By-Hash: yes, by the
                 # strongest hash Release lists: a copy under every algorithm Release names
                 where = name.rsplit("/", 1)[0] + "/" if "/" in name else ""
                 for algo, hashes in release_hashes(self.release).items():
                     if name in hashes:
-                        hashed = self._path(f"{r.dist}/" + r.meta(f"{where}by-hash/{algo}/{hashes[name]}"))
+                        hashed = self._path(r.under(r.meta(f"{where}by-hash/{algo}/{hashes[name]}")))
                         hashed.parent.mkdir(parents=True, exist_ok=True)
                         hashed.write_bytes(dest.read_bytes())
             if text is None:
@@ -282,13 +333,13 @@ class RepoCopy:
         """A package file at `rel` under the repository's URL into the copy (once), checked against the size and
         sha256 its index names; its bundle path."""
         rel = rel[2:] if rel.startswith("./") else rel
-        dest = self._path(f"{self.repo.dist}/{rel}")
+        dest = self._path(self.repo.under(rel))
         if not dest.is_file():
             if not re.fullmatch(r"[0-9a-f]{64}", sha256):
                 raise SourceError(f"{self.repo.url}: {what} has no sha256 in its index",
                                   "a package without its sha256 is not mirrored")
             fetch.download(f"{self.repo.url}/{rel}", dest, size, sha256, self.repo.allow_http)
-        return f"repos/{self.repo.role}/{self.repo.dist}/{rel}"
+        return f"repos/{self.repo.role}/{self.repo.under(rel)}"
 
     def package(self, p: debrepo.DebPackage) -> str:
         """The package into the copy (once); its bundle path."""

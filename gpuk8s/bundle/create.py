@@ -27,9 +27,18 @@ from pathlib import Path
 
 from gpuk8s import __version__, mirrors, versions
 from gpuk8s.bundle import debrepo, fetch, images, rpmrepo, rpmsource, sbom, writer
-from gpuk8s.bundle.aptsource import AptRepo, RepoCopy, SourceError, deb_arch, repos_for, wanted_rels
+from gpuk8s.bundle.aptsource import (
+    UBUNTU_KEYRING,
+    AptRepo,
+    RepoCopy,
+    SourceError,
+    deb_arch,
+    repos_for,
+    wanted_rels,
+)
 from gpuk8s.bundle.coverage import os_name, rpm_family
 from gpuk8s.bundle.manifest import FileEntry, Manifest, RepoKey, Target
+from gpuk8s.driver import rules
 from gpuk8s.facts.model import HostFacts
 from gpuk8s.gpuplan import is_gpu_node
 from gpuk8s.inventory.model import Host, Inventory
@@ -51,6 +60,7 @@ class TargetSpec:
     gpu: bool
     branches: tuple[str, ...] = ()
     kernels: tuple[str, ...] = ()
+    debs: tuple[str, ...] = ()  # Ubuntu: the driver packages its managed hosts' driver steps install
 
 
 @dataclass
@@ -94,8 +104,20 @@ def targets_from(inv: Inventory, facts: Mapping[str, HostFacts | None]) -> list[
         if f is not None:
             b = managed_branch(h)
             found.append(TargetSpec(os_name(f), f.arch, inv.cluster.container_runtime, is_gpu_node(h),
-                                    (b,) if b else (), (f.kernel,) if b else ()))
+                                    (b,) if b else (), (f.kernel,) if b else (), driver_debs(inv, h, f) if b else ()))
     return merge(found)
+
+
+def driver_debs(inv: Inventory, h: Host, f: HostFacts) -> tuple[str, ...]:
+    """What the driver steps install on an Ubuntu host whose driver gpuk8s manages (playbooks/nvidia-driver.yaml
+    from gpuk8s/driver/rules.py: the branch's packages of its modules' flavour and the running kernel's
+    precompiled modules); () elsewhere, or where its settings do not work on it (preflight says why)."""
+    if f.os.family != "debian":
+        return ()
+    want = rules.playbook_context(h.gpu.driver, f, repo=inv.install.driver_repo)
+    if not want.get("manage"):
+        return ()
+    return (*want["packages"], f"{want['modules_prefix']}{f.kernel}")  # type: ignore[misc]
 
 
 def merge(targets: Iterable[TargetSpec]) -> list[TargetSpec]:
@@ -105,12 +127,14 @@ def merge(targets: Iterable[TargetSpec]) -> list[TargetSpec]:
         k = (t.os, t.arch, t.runtime)
         o = out.get(k)
         out[k] = t if o is None else TargetSpec(*k, o.gpu or t.gpu, tuple(sorted({*o.branches, *t.branches})),
-                                                tuple(sorted({*o.kernels, *t.kernels})))
+                                                tuple(sorted({*o.kernels, *t.kernels})),
+                                                tuple(sorted({*o.debs, *t.debs})))
     return [out[k] for k in sorted(out)]
 
 
 def with_branches(targets: list[TargetSpec], extra: tuple[str, ...]) -> list[TargetSpec]:
-    """`--driver-branch`: more branches for the targets whose hosts have a managed driver (to upgrade to later)."""
+    """`--driver-branch`: more branches for the RPM-family targets whose hosts have a managed driver (to upgrade to
+    later; an Ubuntu target carries what its hosts' driver steps install, read from their facts)."""
     if not extra:
         return targets
     known = versions.drivers().branches
@@ -118,11 +142,11 @@ def with_branches(targets: list[TargetSpec], extra: tuple[str, ...]) -> list[Tar
         if b not in known:
             raise SourceError(f"--driver-branch {b[:20]!r}: not a driver branch gpuk8s installs",
                               f"use one of {', '.join(known)} (gpuk8s versions)")
-    if not any(t.branches for t in targets):
-        raise SourceError("--driver-branch: no host of the inventory has driver: {manage: true}",
+    if not any(t.branches and rpm_family(t.os) for t in targets):
+        raise SourceError("--driver-branch: no Alibaba Cloud Linux host of the inventory has driver: {manage: true}",
                           "set driver.manage on the hosts whose driver gpuk8s installs (docs/driver.md)")
-    return [dataclasses.replace(t, branches=tuple(sorted({*t.branches, *extra}))) if t.branches else t
-            for t in targets]
+    return [dataclasses.replace(t, branches=tuple(sorted({*t.branches, *extra}))) if t.branches and rpm_family(t.os)
+            else t for t in targets]
 
 
 _EL8 = re.compile(r"^(alinux-3|(rhel|rocky|almalinux|centos|anolis|ol)-8(\.[0-9]+)?)$")
@@ -223,7 +247,8 @@ def kubeadm_list(deb: Path, version: str, work: Path) -> list[str]:
 
 
 def create(inv: Inventory, targets: list[TargetSpec], out: Path, staging: Path,
-           say: Callable[[str], None] = lambda _: None, level: int = 19) -> Created:
+           say: Callable[[str], None] = lambda _: None, level: int = 19, ubuntu_keyring: str = UBUNTU_KEYRING
+           ) -> Created:
     """Build the bundle at `out`, with `staging` (an empty directory) for the files on their way in."""
     start = time.monotonic()
     if not targets:
@@ -246,7 +271,7 @@ def create(inv: Inventory, targets: list[TargetSpec], out: Path, staging: Path,
         pkgs: list[debrepo.DebPackage] = []
         owner: dict[tuple[str, str, str], RepoCopy] = {}
         wanted: list[debrepo.Rel] = []
-        for r in repos_for(inv, t.os, t.arch, t.runtime, t.gpu):
+        for r in repos_for(inv, t.os, t.arch, t.runtime, t.gpu, t.debs, ubuntu_keyring):
             copy = copies.get((r.role, r.url, r.suite))
             if copy is None:
                 say(f"{r.role}: {r.url} {r.suite} (signature)".replace("  ", " "))
@@ -301,10 +326,12 @@ def create(inv: Inventory, targets: list[TargetSpec], out: Path, staging: Path,
             images.alias(staging / images.LAYOUT, ref, other)
             copied.append(other)
     files.update(images.layout_files(staging / images.LAYOUT))
-    # driver branches carried: the RPM family's (Ubuntu's driver comes from Ubuntu's archive: not carried yet)
+    # the driver carried: the RPM family's branches (DKMS: any kernel); Ubuntu's branches and the kernels whose
+    # precompiled modules its hosts install
     m = Manifest(f"gpuk8s {__version__}", version,
-                 tuple(Target(t.os, t.arch, t.runtime, driver_branches=t.branches if t.gpu and rpm_family(t.os)
-                              else ()) for t in targets), tuple(copied),
+                 tuple(Target(t.os, t.arch, t.runtime, kernels=() if rpm_family(t.os) or not t.debs else t.kernels,
+                              driver_branches=t.branches if t.gpu and (rpm_family(t.os) or t.debs) else ())
+                       for t in targets), tuple(copied),
                  repos=tuple(RepoKey(role, fpr) for role, fpr in sorted(keys.items())))
     say(f"sha256 of {len(files)} files")
     known = {n: writer.digest(p) for n, p in files.items()}

@@ -32,7 +32,7 @@ _OS = re.compile(r"^[a-z][a-z0-9]{0,31}-[0-9][0-9.]{0,15}$")  # "ubuntu-22.04", 
 _WORD = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+~-]{0,127}$")  # an arch, a kernel release, a branch, a runtime
 _IMAGE = re.compile(r"^[a-z0-9][a-z0-9._:/@-]{0,511}$")
 _FINGERPRINT = re.compile(r"^[0-9A-F]{40}$")
-ROLES = ("containerd", "driver", "kubernetes", "toolkit")  # install.ROLE_repo
+ROLES = ("containerd", "driver", "driver_apt", "kubernetes", "toolkit")  # install.ROLE_repo
 _VERSION = re.compile(r"^1\.\d{1,3}\.\d{1,3}$")
 _PATH_PART = re.compile(r"^[A-Za-z0-9._+~-]{1,255}$")
 

@@ -47,6 +47,10 @@ class RpmRepo:
     def url(self) -> str:
         return f"{self.base.rstrip('/')}/{self.dist}"
 
+    def under(self, rel: str) -> str:
+        """A path under url as a path under base (what the bundle holds below repos/ROLE/)."""
+        return f"{self.dist}/{rel}"
+
 
 def repos_for(inv: Inventory, arch: str, runtime: str, gpu: bool, branches: tuple[str, ...] = ()) -> list[RpmRepo]:
     """The repositories install reads on an RPM-family host of `arch`, with what it installs from each (the

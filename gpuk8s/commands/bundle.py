@@ -45,8 +45,11 @@ def register(app: typer.Typer, load_inventory: Any) -> None:
                                       "only."),
         level: int = typer.Option(19, "--level", min=1, max=19, help="zstd's compression level."),
         driver_branch: list[str] = typer.Option([], "--driver-branch", help="Another driver branch to carry for "
-                                                "the managed-driver hosts (a later `driver upgrade --bundle` to it); "
-                                                "repeatable."),
+                                                "the managed-driver Alibaba Cloud Linux hosts (a later `driver "
+                                                "upgrade --bundle` to it); repeatable."),
+        ubuntu_keyring: Path = typer.Option(Path(build.UBUNTU_KEYRING), "--ubuntu-keyring", help="Ubuntu's "
+                                            "archive keys, to verify its Release where the bundle carries Ubuntu's "
+                                            "driver packages (Debian: apt-get install ubuntu-keyring)."),
         sign_with: str | None = typer.Option(None, "--sign-with", help="Sign the bundle with this gpg secret "  # noqa: UP007
                                              "key of this machine (FILE.asc beside it; the site checks it with "
                                              "--bundle-key)."),
@@ -73,7 +76,7 @@ def register(app: typer.Typer, load_inventory: Any) -> None:
             dest = out or Path(f"gpuk8s-bundle-{inv.cluster.kubernetes_version}.tar.zst")
             with tempfile.TemporaryDirectory(prefix=".gpuk8s-bundle-", dir=dest.resolve().parent) as tmp:
                 made = build.create(inv, targets, dest, Path(tmp), say=lambda s: ui.say(con, s) if output !=
-                                    Output.json else None, level=level)
+                                    Output.json else None, level=level, ubuntu_keyring=str(ubuntu_keyring.resolve()))
             if sign_with:
                 made.signature = signature.sign(dest, sign_with)
         except (BundleError, ManifestError, build.SourceError, GpuK8sError) as e:

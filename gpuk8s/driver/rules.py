@@ -19,7 +19,7 @@ from typing import Literal
 
 from gpuk8s import versions
 from gpuk8s.errors import GpuK8sError
-from gpuk8s.facts.model import HostFacts, PciDevice
+from gpuk8s.facts.model import UBUNTU_CODENAMES, HostFacts, PciDevice
 from gpuk8s.inventory.model import DriverSettings, InstallSettings
 
 Modules = Literal["proprietary", "either", "open", "unknown"]
@@ -222,5 +222,6 @@ def playbook_context(settings: DriverSettings, f: HostFacts, today: date | None 
     except DriverRuleError:
         return {"manage": False}
     nvswitch = bool(f.driver.nvswitches)
-    own = rhel_packages(c, nvswitch, f.arch, repo) if f.os.family == "rhel" else ubuntu_packages(c, nvswitch)
+    own = rhel_packages(c, nvswitch, f.arch, repo) if f.os.family == "rhel" else {
+        **ubuntu_packages(c, nvswitch), "apt_suite": f"{UBUNTU_CODENAMES.get(f.os.version_id, 'jammy')}-updates"}
     return {"manage": True, "branch": c.branch, "flavor": c.flavor, "nvswitch": nvswitch, **own}

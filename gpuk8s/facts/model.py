@@ -20,6 +20,10 @@ CRI_SOCKETS = {"containerd": "unix:///var/run/containerd/containerd.sock",
                "docker": "unix:///var/run/cri-dockerd.sock"}
 
 
+# Ubuntu's release codenames (VERSION_ID -> the suite name of its archive and of Docker's repository)
+UBUNTU_CODENAMES = {"20.04": "focal", "22.04": "jammy", "24.04": "noble"}
+
+
 @dataclass(frozen=True)
 class OSInfo:
     id: str = ""

@@ -96,10 +96,10 @@ _PREFLIGHT_KEYS = ("min_bandwidth_gbit", "max_rtt_ms", "max_clock_skew_s", "netw
 _INSTALL_KEYS: tuple[str, ...] = ("toolkit_version", "toolkit_repo", "kubernetes_repo", "package_lock_timeout",
                  "device_plugin_version", "calico_manifest", "flannel_manifest", "calico_manifest_sha256",
                  "flannel_manifest_sha256", "verify_image", "containerd_version", "containerd_repo",
-                 "driver_repo")
+                 "driver_repo", "driver_apt_repo")
 # A repository written as a mapping: a mirror without TLS is allowed only with the signing key pinned.
 _REPO_KEYS = ("url", "insecure_http", "key_fingerprint")
-_REPOS = ("toolkit_repo", "kubernetes_repo", "containerd_repo", "driver_repo")
+_REPOS = ("toolkit_repo", "kubernetes_repo", "containerd_repo", "driver_repo", "driver_apt_repo")
 _MANIFESTS = ("calico_manifest", "flannel_manifest")
 # cri-dockerd on Docker hosts: a mirror of its release directory (plain http too: the archive's sha256 is
 # always checked on the host) and the sha256 per architecture, {amd64: ..., arm64: ...}
@@ -591,6 +591,9 @@ class _Reader:
             "driver_repo": lambda n, k: self.repo(
                 n, k, "write e.g. https://developer.download.nvidia.com/compute/cuda/repos/rhel8 (a mirror with "
                 "x86_64/ and sbsa/ below it)"),
+            "driver_apt_repo": lambda n, k: self.repo(
+                n, k, "write e.g. http://mirror.example.com/ubuntu (a mirror of Ubuntu's archive with "
+                "CODENAME-updates restricted)"),
             "containerd_version": lambda n, k: self.string(
                 n, k, _PKG_VERSION,
                 f"a containerd.io package version, e.g. \"{versions.matrix().containerd_version}\"",

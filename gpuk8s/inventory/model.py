@@ -212,6 +212,13 @@ class InstallSettings:
     driver_repo: str = "https://developer.download.nvidia.com/compute/cuda/repos/rhel8"
     driver_repo_insecure_http: bool = False
     driver_repo_key_fingerprint: str | None = None
+    # Ubuntu: where the driver's packages come from ("": the host's own apt sources, Ubuntu's archive or the site's
+    # mirror of it); a URL: a copy of Ubuntu's archive with CODENAME-updates restricted (signed by Ubuntu's archive
+    # key, which every Ubuntu host trusts), written as the host's source gpuk8s-driver.list; a run from a bundle
+    # serves the bundle's copy there
+    driver_apt_repo: str = ""
+    driver_apt_repo_insecure_http: bool = False
+    driver_apt_repo_key_fingerprint: str | None = None
     # cri-dockerd (Docker hosts): the directory its release archives are downloaded from (the release's, or
     # a mirror of it) and their sha256 per architecture (amd64, arm64), checked on the host before the archive
     # is unpacked; both default to the version matrix's pin

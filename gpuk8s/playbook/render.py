@@ -22,7 +22,7 @@ import jinja2
 
 from gpuk8s import mirrors, runtimeplan, versions
 from gpuk8s.driver import rules as driver_rules
-from gpuk8s.facts.model import HostFacts
+from gpuk8s.facts.model import UBUNTU_CODENAMES, HostFacts
 from gpuk8s.gpuplan import is_gpu_node
 from gpuk8s.inventory.model import Host, Inventory
 from gpuk8s.playbook.model import ParamValue, Playbook, PlaybookError, Step, load_shared
@@ -115,13 +115,13 @@ def context(inv: Inventory, host: Host, facts: HostFacts) -> dict[str, Any]:
             "containerd_repo_insecure_http": inv.install.containerd_repo_insecure_http,
             "containerd_repo_key_fingerprint": inv.install.containerd_repo_key_fingerprint or "",
             "driver_repo_insecure_http": inv.install.driver_repo_insecure_http,
+            "driver_apt_repo": inv.install.driver_apt_repo,
             "driver_repo_key_fingerprint": inv.install.driver_repo_key_fingerprint or "",
         },
     }
 
 
 TOOLKIT_DROPIN = (1, 18)  # the first nvidia-container-toolkit release that writes a drop-in (conf.d/99-nvidia.toml)
-_DEB_CODENAMES = {"22.04": "jammy", "24.04": "noble", "20.04": "focal"}
 
 
 def containerd_plan(inv: Inventory, facts: HostFacts, dra: bool = False) -> dict[str, Any]:
@@ -137,7 +137,7 @@ def containerd_plan(inv: Inventory, facts: HostFacts, dra: bool = False) -> dict
         "config_version": 3 if plan.major >= 2 else 2,
         "cri_plugin": "io.containerd.cri.v1.runtime" if plan.major >= 2 else "io.containerd.grpc.v1.cri",
         # Docker's repositories: linux/ubuntu CODENAME, linux/rhel/8 (the RHEL 8 family: Alibaba Cloud Linux 3)
-        "deb_codename": _DEB_CODENAMES.get(facts.os.version_id, "jammy"),
+        "deb_codename": UBUNTU_CODENAMES.get(facts.os.version_id, "jammy"),
         "rpm_version": inv.install.containerd_version.split("-")[0],
     }
 

@@ -7,6 +7,7 @@ and checked, each image's manifest asked for over HTTP), and every GPU schedulab
 
 from __future__ import annotations
 
+import base64
 import json
 import socket
 import time
@@ -63,6 +64,8 @@ _DEMO = yaml.safe_load((Path(__file__).resolve().parents[1] / "lab" / "fleets" /
 for _h in _DEMO["hosts"]:
     if _h["name"] == "cp-1":
         _h.update(sudo="password", sudo_password=SUDO_PW)
+    if _h["name"] == "gpu-3":  # bare: its driver from the bundle's copy of Ubuntu's archive
+        _h.update(driver=None, driver_inventory={"manage": True})
 # al-1 is bare: gpuk8s installs its driver, from NVIDIA's RHEL 8 repository as the bundle carries it
 _DEMO["hosts"].append({"name": "al-1", "os": "alinux-3", "gpus": 2, "driver": None,
                        "driver_inventory": {"manage": True}})
@@ -70,7 +73,8 @@ AIRGAP_FLEET = yaml.safe_dump(_DEMO, sort_keys=False)
 KUBECTL = "kubectl --kubeconfig /etc/kubernetes/admin.conf"
 
 
-def _create(run_cli, tmp_path, site: dict, kube: str, name: str, *extra: str) -> tuple[Path, dict, float]:
+def _create(run_cli, tmp_path, site: dict, kube: str, name: str, *extra: str,
+            kernels: tuple[str, ...] = ()) -> tuple[Path, dict, float]:
     """`bundle create` on the connected machine for Kubernetes `kube`: the site's inventory with its sources
     pointed at the internet as this machine's loopback serves it (tests/bundleupstream.py)."""
     minor = kube.rsplit(".", 1)[0]
@@ -79,6 +83,7 @@ def _create(run_cli, tmp_path, site: dict, kube: str, name: str, *extra: str) ->
     toolkit = versions.install_defaults(minor)["toolkit_version"]
     up.build(kube, toolkit, CONTAINERD, older)
     up.build_rpm(kube, toolkit, CONTAINERD, older)
+    up.build_ubuntu_driver(list(kernels))
     up.start()
     try:
         laptop = dict(site, cluster={**site["cluster"], "kubernetes_version": kube},
@@ -90,7 +95,8 @@ def _create(run_cli, tmp_path, site: dict, kube: str, name: str, *extra: str) ->
         up.push(all_images(up, load(laptop_inv), kube))
         bundle = tmp_path / f"{name}.tar.zst"
         t0 = time.monotonic()
-        r = run_cli("bundle", "create", "-i", str(laptop_inv), str(bundle), "-o", "json", *extra, timeout=600)
+        r = run_cli("bundle", "create", "-i", str(laptop_inv), str(bundle), "-o", "json", "--ubuntu-keyring",
+                    str(up.ubuntu_keyring), *extra, timeout=600)
         built = time.monotonic() - t0
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
         return bundle, json.loads(r.stdout), built
@@ -122,15 +128,23 @@ def test_install_and_join_from_a_bundle_with_every_public_source_out_of_reach(la
     full_inv.write_text(yaml.safe_dump(full, sort_keys=False))
 
     # the connected machine: the site's inventory, the internet as its loopback serves it; al-1's driver branch
-    # and another one, for the driver upgrade planned below (--driver-branch)
+    # and another one, for the driver upgrade planned below (--driver-branch); gpu-3's driver packages and its
+    # kernel's modules from Ubuntu's archive
     branch = versions.drivers().default_branch
     later = max(DRIVER_RELEASES)
     assert later != branch
-    bundle, made, built = _create(run_cli, tmp_path, full, KUBE, "site", "--driver-branch", later)
-    assert made["targets"] == [{"os": os_, "arch": "x86_64", "runtime": "containerd", "kernels": [],
-                                "driver_branches": sorted([branch, later]) if os_ == "alinux-3" else []}
-                               for os_ in ("alinux-3", "ubuntu-22.04")], made
-    assert made["coverage"] == [], made  # the Ubuntu hosts bring their own drivers; al-1's is in the bundle
+    kernel = lab.host("gpu-3").exec("uname -r").stdout.strip()
+    bundle, made, built = _create(run_cli, tmp_path, full, KUBE, "site", "--driver-branch", later, kernels=(kernel,))
+    assert made["targets"] == [
+        {"os": "alinux-3", "arch": "x86_64", "runtime": "containerd", "kernels": [],
+         "driver_branches": sorted([branch, later])},
+        {"os": "ubuntu-22.04", "arch": "x86_64", "runtime": "containerd", "kernels": [kernel],
+         "driver_branches": [branch]}], made
+    assert made["coverage"] == [], made  # gpu-1 and gpu-2 bring their own drivers
+    # every Ubuntu host has Ubuntu's archive keys (the ubuntu-keyring package): here, the stand-in archive's
+    ring = base64.b64encode((tmp_path / "upstream-site" / "ubuntu-archive-keyring.gpg").read_bytes()).decode()
+    for name in ("cp-1", "gpu-1", "gpu-2", "gpu-3"):
+        lab.host(name).exec(f"echo {ring} | base64 -d > /usr/share/keyrings/ubuntu-archive-keyring.gpg")
     print(f"bundle: {made['bytes']} bytes, {made['files']} files, {made['images']} images, built in {built:.1f} s")
 
     # the site: nothing public answers
@@ -216,6 +230,17 @@ def test_install_and_join_from_a_bundle_with_every_public_source_out_of_reach(la
     gpus = {n["metadata"]["name"]: n["status"]["allocatable"].get("nvidia.com/gpu") for n in nodes}
     assert gpus.get("gpu-3") == "4" and gpus.get("al-1") == "2", gpus
     assert lab.host("gpu-3").state()["packages"]["kubeadm"] == f"{KUBE}-1.1"
+    # gpu-3's driver: its branch's open driver and its kernel's precompiled modules, fetched from the bundle's copy
+    # of Ubuntu's archive (verified there with Ubuntu's keyring of the host), loaded
+    g3 = lab.host("gpu-3")
+    assert g3.read("/etc/apt/sources.list.d/gpuk8s-driver.list").strip() == (
+        f"deb [signed-by=/usr/share/keyrings/ubuntu-archive-keyring.gpg] http://{address}:5480/repos/driver_apt "
+        "jammy-updates restricted")
+    modules = f"linux-modules-nvidia-{branch}-server-open-{kernel}"
+    assert any(u.startswith(f"http://{address}:5480/repos/driver_apt/pool/restricted/{modules}_")
+               for u in g3.state()["fetched"]), g3.state()["fetched"]
+    assert f"Open Kernel Module for x86_64  {DRIVER_RELEASES[branch]}" in g3.exec(
+        "cat /proc/driver/nvidia/version").stdout
     al = lab.host("al-1")
     assert al.state()["packages"]["kubeadm"] == f"{KUBE}-150500.1.1", al.state()["packages"]
     # read from the served repodata, each .rpm located there (the lab's dnf fetched and checked it)
@@ -268,7 +293,7 @@ def test_install_and_join_from_a_bundle_with_every_public_source_out_of_reach(la
         versions.supported_minors() else None
     if nxt is None:
         return  # the matrix's newest minor: nothing to upgrade to (said in docs/airgap.md)
-    second, _, _ = _create(run_cli, tmp_path, full, nxt, "next")
+    second, _, _ = _create(run_cli, tmp_path, full, nxt, "next", kernels=(kernel,))
     r = run_cli("upgrade", "-i", str(full_inv), "--bundle", str(second), "--yes", "-o", "json", timeout=900)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-3000:]
     rep = json.loads(r.stdout)

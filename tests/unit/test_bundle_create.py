@@ -30,12 +30,14 @@ KUBE = versions.kubernetes_or_default(versions.matrix().default).latest_patch
 OLDER = KUBE.rsplit(".", 1)[0] + "." + str(int(KUBE.rsplit(".", 1)[1]) - 1)
 TOOLKIT = versions.install_defaults()["toolkit_version"]
 CONTAINERD = versions.matrix().containerd_version
+KERNEL, OTHER_KERNEL = "5.15.0-105-generic", "6.8.0-40-generic"  # two kernels Ubuntu 22.04 hosts run (GA, HWE)
 
 
 @pytest.fixture(scope="module")
 def upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Upstream]:
     u = Upstream(tmp_path_factory.mktemp("upstream"))
     u.build(KUBE, TOOLKIT, CONTAINERD, OLDER)
+    u.build_ubuntu_driver([KERNEL, OTHER_KERNEL])
     u.start()
     u.push(all_images(u))
     yield u
@@ -90,7 +92,8 @@ def test_a_bundle_holds_what_install_asks_for_with_the_repositories_signatures(u
             "repos/containerd/ubuntu/dists/jammy/stable/binary-amd64/Packages.gz",
             "manifests/calico.yaml", "sbom.spdx.json", "images/index.json", "images/oci-layout"} <= files
     assert m.kubernetes == KUBE
-    assert {r.role: r.fingerprint for r in m.repos} == upstream.fingerprints
+    assert {r.role: r.fingerprint for r in m.repos} == {r: upstream.fingerprints[r] for r in
+                                                         ("kubernetes", "toolkit", "containerd")}  # no driver here
     # what the distribution's archive serves is named, not carried
     assert made.os_packages["ubuntu-22.04 x86_64"] == sorted(
         ["conntrack", "ethtool", "iproute2", "iptables", "libc6", "libseccomp2", "mount", "socat", "util-linux"])
@@ -326,3 +329,57 @@ def test_alibaba_cloud_linux_hosts_whose_driver_gpuk8s_manages_get_nvidias_drive
     assert f"driver branch {absent}" in got[0].message
     with pytest.raises(SourceError, match="not a driver branch gpuk8s installs"):
         build.with_branches(targets, ("999",))
+
+
+def test_ubuntu_hosts_whose_driver_gpuk8s_manages_get_their_driver_from_ubuntus_archive(upstream: Upstream,
+                                                                                        tmp_path: Path) -> None:
+    """Ubuntu's archive (jammy-updates restricted) copied with its signature: what the driver steps of each managed
+    host install (its branch's packages of its modules' flavour, its running kernel's precompiled modules) and what
+    they depend on in the same archive; the InRelease verified with a keyring of several keys, by the pinned one;
+    the kernel image named (the OS archive's)."""
+    from gpuk8s.bundle.coverage import gaps
+    from tests.unit.test_checks import facts
+
+    u = upstream
+    branch = versions.drivers().default_branch
+    doc = {"cluster": {"kubernetes_version": KUBE, "cni": "calico"},
+           "registry": {"mirror": u.mirror, "insecure_http": True}, "install": u.install_section(),
+           "hosts": [{"name": "cp-1", "address": "10.0.0.1", "role": "control-plane"},
+                     {"name": "gpu-1", "address": "10.0.0.2", "gpus": 8, "driver": {"manage": True}}]}
+    inv = loads(json.dumps(doc))
+    seen = {"cp-1": facts(), "gpu-1": facts(kernel=KERNEL)}
+    targets = build.targets_from(inv, seen)
+    (t,) = targets
+    assert t.debs == (f"linux-modules-nvidia-{branch}-server-open-{KERNEL}",
+                      f"nvidia-headless-no-dkms-{branch}-server-open", f"nvidia-utils-{branch}-server"), t.debs
+    (tmp_path / "s").mkdir()
+    made = build.create(inv, targets, tmp_path / "b.tar.zst", tmp_path / "s", level=3,
+                        ubuntu_keyring=str(u.ubuntu_keyring))
+    files = set(made.manifest.files)
+    carried = {f.rsplit("/", 1)[1].split("_")[0] for f in files if f.startswith("repos/driver_apt/pool/")}
+    assert carried == {f"linux-modules-nvidia-{branch}-server-open-{KERNEL}", f"nvidia-headless-no-dkms-{branch}-"
+                       "server-open", f"nvidia-utils-{branch}-server", f"nvidia-kernel-common-{branch}-server",
+                       f"libnvidia-compute-{branch}-server"}, carried  # not the other kernel's, not another branch
+    assert "repos/driver_apt/dists/jammy-updates/InRelease" in files
+    assert "repos/driver_apt/dists/jammy-updates/restricted/binary-amd64/Packages.xz" in files
+    assert not [f for f in files if f.startswith("repos/driver_apt/") and f.endswith((".gpg", ".asc", ".key"))]
+    assert f"linux-image-{KERNEL}" in made.os_packages["ubuntu-22.04 x86_64"]
+    target, = made.manifest.targets
+    assert (target.kernels, target.driver_branches) == ((KERNEL,), (branch,))
+    assert any(r.role == "driver_apt" and r.fingerprint == u.fingerprints["ubuntu"] for r in made.manifest.repos)
+    assert verify(made.path).ok
+    assert gaps(made.manifest, inv, seen) == []
+    got = gaps(made.manifest, inv, {**seen, "gpu-1": facts(kernel=OTHER_KERNEL)})
+    assert [(g.host, g.what) for g in got] == [("gpu-1", "kernel")] and OTHER_KERNEL in got[0].message
+
+    # the keyring's other key pinned: its Release is refused, naming the key that signed; no keyring: named
+    doc["install"]["driver_apt_repo"]["key_fingerprint"] = u.fingerprints["ubuntu-2012"]
+    (tmp_path / "s2").mkdir()
+    with pytest.raises(SourceError, match=f"signed by {u.fingerprints['ubuntu']}, not by the pinned"):
+        build.create(loads(json.dumps(doc)), targets, tmp_path / "c.tar.zst", tmp_path / "s2", level=3,
+                     ubuntu_keyring=str(u.ubuntu_keyring))
+    (tmp_path / "s3").mkdir()
+    with pytest.raises(SourceError, match="no such keyring on this machine") as e:
+        build.create(inv, targets, tmp_path / "d.tar.zst", tmp_path / "s3", level=3,
+                     ubuntu_keyring=str(tmp_path / "none.gpg"))
+    assert "apt-get install ubuntu-keyring" in e.value.remedy

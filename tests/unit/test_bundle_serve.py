@@ -16,11 +16,16 @@ from pathlib import Path
 
 import pytest
 
+from gpuk8s import versions
 from gpuk8s.bundle import create as build
 from gpuk8s.bundle.aptsource import TOOLKIT_PKGS
 from gpuk8s.phases.bundle import READY, server_source
 from tests.bundleupstream import Upstream, free_port, missing_tools
-from tests.unit.test_bundle_create import CONTAINERD, KUBE, OLDER, TOOLKIT, all_images, inventory, make
+from tests.unit.test_bundle_create import CONTAINERD, KERNEL, KUBE, OLDER, TOOLKIT, all_images, inventory
+
+BRANCH = versions.drivers().default_branch
+DRIVER_DEBS = (f"nvidia-headless-no-dkms-{BRANCH}-server-open", f"nvidia-utils-{BRANCH}-server",
+               f"linux-modules-nvidia-{BRANCH}-server-open-{KERNEL}")
 
 pytestmark = pytest.mark.skipif(bool(missing_tools()) or not Path("/usr/bin/apt-get").exists(),
                                 reason=f"needs apt-get and {', '.join(missing_tools()) or 'nothing else'} (.ci/run)")
@@ -49,11 +54,16 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path
     root = tmp_path_factory.mktemp("served")
     u = Upstream(root / "upstream")
     u.build(KUBE, TOOLKIT, CONTAINERD, OLDER)
+    u.build_ubuntu_driver([KERNEL])
     u.start()
     try:
         u.push(all_images(u))
         (root / "b").mkdir()
-        made = make(u, root / "b")
+        (root / "s").mkdir()
+        # with a managed-driver host's packages from Ubuntu's archive (what its driver steps install)
+        made = build.create(inventory(u), [build.TargetSpec("ubuntu-22.04", "x86_64", "containerd", True, (BRANCH,),
+                                                            (KERNEL,), DRIVER_DEBS)],
+                            root / "b" / "b.tar.zst", root / "s", level=3, ubuntu_keyring=str(u.ubuntu_keyring))
     finally:
         u.stop()
     with serving(made.path, root / "unpacked") as port:
@@ -87,10 +97,14 @@ def test_the_real_apt_reads_verifies_and_downloads_from_the_served_repositories(
     minor = KUBE.rsplit(".", 1)[0]
     # the playbooks' own source lines (playbooks/kubernetes-prerequisites.yaml, nvidia-container-toolkit.yaml,
     # _shared.yaml docker-apt-source), with the served URLs
+    # and the driver's (playbooks/nvidia-driver.yaml driver-apt-source), verified with the Ubuntu keyring the hosts
+    # have: a keyring of several keys
+    ubuntu = root / "upstream" / "ubuntu-archive-keyring.gpg"
     (apt / "sources.list").write_text(
         f"deb [signed-by={rings['kubernetes']}] {base}/kubernetes/v{minor}/deb/ /\n"
         f"deb [signed-by={rings['toolkit']}] {base}/toolkit/stable/deb/$(ARCH) /\n"
-        f"deb [signed-by={rings['containerd']}] {base}/containerd/ubuntu jammy stable\n")
+        f"deb [signed-by={rings['containerd']}] {base}/containerd/ubuntu jammy stable\n"
+        f"deb [signed-by={ubuntu}] {base}/driver_apt jammy-updates restricted\n")
     r = _apt(apt, "update")
     assert r.returncode == 0 and "W:" not in r.stderr and "E:" not in r.stderr, r.stdout + r.stderr
     # Docker's Release says Acquire-By-Hash: the bundle holds its indexes by every hash Release lists (apt asks
@@ -98,7 +112,7 @@ def test_the_real_apt_reads_verifies_and_downloads_from_the_served_repositories(
     assert any(f.startswith("repos/containerd/ubuntu/dists/jammy/stable/binary-amd64/by-hash/SHA512/")
                for f in made.manifest.files), sorted(made.manifest.files)
     want = [f"kubeadm={KUBE}-1.1", f"kubelet={KUBE}-1.1", f"containerd.io={CONTAINERD}~ubuntu.22.04~jammy",
-            *[f"{p}={TOOLKIT}" for p in TOOLKIT_PKGS]]
+            *[f"{p}={TOOLKIT}" for p in TOOLKIT_PKGS], *DRIVER_DEBS]
     r = _apt(apt, "download", *want)
     assert r.returncode == 0, r.stdout + r.stderr
     got = sorted(p.name for p in (apt / "dl").glob("*.deb"))
