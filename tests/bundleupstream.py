@@ -114,6 +114,18 @@ def _rpm(out: Path, name: str, version: str, release: str, arch: str, requires: 
     return dest
 
 
+def _release(dist: Path, suite: str, component: str, arches: tuple[str, ...]) -> Path:
+    """DIST/Release by the real apt-ftparchive, for suite SUITE (codename jammy) and one component; Acquire-By-Hash:
+    yes, as Docker's and Ubuntu's archives say (apt then asks for by-hash/SHA512/HASH). Unsigned: its path."""
+    rel = dist / "Release"
+    opts = {"Acquire-By-Hash": "yes", "Suite": suite, "Codename": "jammy", "Components": component,
+            "Architectures": " ".join(arches)}
+    rel.write_bytes(subprocess.run(
+        ["apt-ftparchive", *[x for k, v in opts.items() for x in ("-o", f"APT::FTPArchive::Release::{k}={v}")],
+         "release", "."], cwd=dist, check=True, capture_output=True).stdout)
+    return rel
+
+
 def _kubeadm(version: str) -> str:
     """A stand-in kubeadm that answers `config images list --kubernetes-version vX` as the lab's kubeadm does
     (tests/lab/fakes/kube.py: the real command's lines, per release)."""
@@ -209,14 +221,7 @@ class Upstream:
                                   capture_output=True).stdout
             (idx / "Packages").write_bytes(text)
             (idx / "Packages.gz").write_bytes(gzip.compress(text, mtime=0))
-        rel = u / "dists" / "jammy" / "Release"
-        rel.write_bytes(subprocess.run(
-            # Acquire-By-Hash: yes, as Docker's and Ubuntu's archives say: apt then asks for by-hash/SHA512/HASH
-            ["apt-ftparchive", "-o", "APT::FTPArchive::Release::Acquire-By-Hash=yes",
-             "-o", "APT::FTPArchive::Release::Suite=jammy", "-o",
-             "APT::FTPArchive::Release::Codename=jammy", "-o", "APT::FTPArchive::Release::Components=stable",
-             "-o", f"APT::FTPArchive::Release::Architectures={' '.join(self.arches)}", "release", "."],
-            cwd=rel.parent, check=True, capture_output=True).stdout)
+        rel = _release(u / "dists" / "jammy", "jammy", "stable", self.arches)
         self._sign(fpr, rel, inline=False)
         # the CNI manifest
         cni = self.www / "cni" / "calico.yaml"
@@ -253,13 +258,7 @@ class Upstream:
                               capture_output=True).stdout
         (idx / "Packages").write_bytes(text)
         (idx / "Packages.xz").write_bytes(lzma.compress(text))
-        rel = u / "dists" / "jammy-updates" / "Release"
-        rel.write_bytes(subprocess.run(
-            ["apt-ftparchive", "-o", "APT::FTPArchive::Release::Acquire-By-Hash=yes",
-             "-o", "APT::FTPArchive::Release::Suite=jammy-updates", "-o",
-             "APT::FTPArchive::Release::Codename=jammy", "-o", "APT::FTPArchive::Release::Components=restricted",
-             "-o", f"APT::FTPArchive::Release::Architectures={arch}", "release", "."],
-            cwd=rel.parent, check=True, capture_output=True).stdout)
+        rel = _release(u / "dists" / "jammy-updates", "jammy-updates", "restricted", (arch,))
         self._gpg("--local-user", fpr, "--clearsign", "-o", str(rel.with_name("InRelease")), str(rel))
         self.ubuntu_keyring.write_bytes(self._gpg("--export", self.fingerprints["ubuntu-2012"], fpr).stdout)
 
