@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 import paramiko
 from fabric import Config, Connection
@@ -515,14 +515,29 @@ def send_eof(chan: paramiko.Channel) -> None:
     command that ends at that moment has its close answered by paramiko's own thread in between, and the EOF
     then follows the CLOSE: OpenSSH's sshd has freed the channel and drops the whole connection ("ieof packet
     referred to nonexistent channel"; paramiko issues 1115, 1705, still open). Sent under the lock, the close
-    waits for it. The send is bounded by the transport's clear_to_send_timeout (a key exchange in progress).
+    waits for it. Locks in paramiko's own order (the transport's send lock, then the channel's; paramiko never
+    takes them the other way), and only once no key exchange is under way, so nothing waits while holding the
+    channel's lock; a key exchange that does not end within 30 s is the transport's own SSHException.
     """
-    with chan.lock:
-        if chan.closed or chan.eof_sent:
+    t: Any = chan.transport
+    if t is None:
+        return
+    deadline = time.monotonic() + 30
+    while True:
+        t.clear_to_send.wait(0.1)
+        if not t.active:
             return
-        m = chan._send_eof()  # type: ignore[attr-defined]  # paramiko's own EOF message and state
-        if m is not None and chan.transport is not None:
-            chan.transport._send_user_message(m)  # type: ignore[attr-defined]
+        with t.clear_to_send_lock:
+            if t.clear_to_send.is_set():
+                with chan.lock:
+                    if chan.closed or chan.eof_sent:
+                        return
+                    m = chan._send_eof()  # type: ignore[attr-defined]  # paramiko's own EOF message and state
+                    if m is not None:
+                        t._send_message(m)
+                return
+        if time.monotonic() > deadline:
+            raise paramiko.SSHException("Key-exchange timed out waiting for key negotiation")
 
 
 def _drain(chan: paramiko.Channel, deadline: float, on_line: Callable[[str], None] | None = None,

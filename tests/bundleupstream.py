@@ -314,7 +314,7 @@ class Upstream:
         for branch, v in DRIVER_RELEASES.items():
             rel = "1.el8"
             same = f"3:{v}"
-            made = [("nvidia-driver-libs", "libglvnd >= 1.0"), ("nvidia-kmod-common", ""),
+            made = [("nvidia-driver-libs", "libglvnd >= 1.0, egl-wayland"), ("nvidia-kmod-common", ""),
                     ("kmod-nvidia-open-dkms", f"dkms, nvidia-kmod-common = {same}"),
                     ("nvidia-driver", f"nvidia-driver-libs = {same}, nvidia-kmod-common = {same}"),
                     ("nvidia-open", f"nvidia-driver = {same}, kmod-nvidia-open-dkms = {same}"),
@@ -326,6 +326,8 @@ class Upstream:
                         f"  description: stand-in\n  license:\n    module: [MIT]\n  artifacts:\n    rpms:\n"
                         + "".join(f"      - {n}-3:{v}-{rel}.{arch}\n" for n, _ in made) + "...\n")
         _rpm(d, "cuda-toolkit-12-8", "12.8.1", "1", arch)
+        _rpm(d, "egl-wayland", "1.1.13", "3.el8", arch)  # outside any stream, in NVIDIA's repository (the spec's
+        # nvidia-driver-libs requires it on RHEL 8)
         subprocess.run(["createrepo_c", "-q", "--simple-md-filenames", str(d)], check=True, capture_output=True)
         (d / "modules.yaml").write_text("".join(docs))
         subprocess.run(["modifyrepo_c", "--mdtype=modules", "--simple-md-filenames", str(d / "modules.yaml"),

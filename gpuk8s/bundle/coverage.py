@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from gpuk8s import versions
 from gpuk8s.bundle.manifest import Manifest, Target
+from gpuk8s.driver import rules
 from gpuk8s.facts.model import HostFacts
 from gpuk8s.gpuplan import is_gpu_node
 from gpuk8s.inventory.model import Host, Inventory
@@ -75,14 +76,30 @@ def host_gaps(m: Manifest, inv: Inventory, h: Host, f: HostFacts | None) -> list
         have = ", ".join(f"{x.os} {x.arch} {x.runtime}" for x in m.targets)
         return [Gap(h.name, "target", f"{h.name}: {os_name(f)} {f.arch} with {runtime}: the bundle has no "
                     f"packages for it (it serves {have})")]
-    return _driver(h, f, t)
+    return _driver(m, h, f, t)
 
 
-def _driver(h: Host, f: HostFacts, t: Target) -> list[Gap]:
+def _driver(m: Manifest, h: Host, f: HostFacts, t: Target) -> list[Gap]:
     if not is_gpu_node(h) or not h.gpu.driver.manage:
         return []  # the host's own driver: nothing of the bundle's is installed for it
     branch = h.gpu.driver.branch or versions.drivers().default_branch
     out = []
+    if not rpm_family(t.os) and any(r.role == "driver_apt" for r in m.repos):
+        # the bundle carries Ubuntu's archive: exactly what this host's driver steps install must be in it (its
+        # branch's packages of its modules' flavour, its kernel's modules), not a branch and a kernel apart
+        want = rules.playbook_context(h.gpu.driver, f)
+        if want.get("manage"):
+            held = {n.rsplit("/", 1)[1].split("_", 1)[0] for n in m.files
+                    if n.startswith("repos/driver_apt/") and n.endswith(".deb")}
+            lacks = [str(p) for p in want["packages"] if p not in held]  # type: ignore[attr-defined]
+            if lacks:
+                out.append(Gap(h.name, "driver-branch", f"{h.name}: driver branch {branch} ({want['flavor']} "
+                               f"modules): the bundle lacks {', '.join(lacks)}"))
+            modules = f"{want['modules_prefix']}{f.kernel}"
+            if modules not in held:
+                out.append(Gap(h.name, "kernel", f"{h.name}: kernel {f.kernel}: the bundle has no driver modules "
+                               f"for it ({modules}; it has them for {', '.join(t.kernels) or 'no kernel'})"))
+            return out
     if branch not in t.driver_branches:
         out.append(Gap(h.name, "driver-branch", f"{h.name}: driver branch {branch} (driver: manage): not in the "
                        f"bundle (it holds {', '.join(t.driver_branches) or 'none'} for {t.os})"))

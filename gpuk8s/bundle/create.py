@@ -74,10 +74,12 @@ class Created:
     signature: Path | None = None  # FILE.asc, where bundle create signed it
 
 
-def branches_of(inv: Inventory) -> tuple[str, ...]:
-    """The driver branches the inventory's managed-driver GPU hosts ask for (a target declared on the command
-    line, whose hosts bundle create cannot tell apart, gets them all)."""
-    return tuple(sorted({managed_branch(h) for h in inv.hosts if managed_branch(h)}))
+def branches_of(inv: Inventory, facts: Mapping[str, HostFacts | None] | None = None) -> tuple[str, ...]:
+    """The driver branches the inventory's managed-driver GPU hosts ask for, but those of hosts read as Ubuntu (an
+    RPM-family target declared on the command line, whose hosts bundle create cannot tell apart, gets them)."""
+    facts = facts or {}
+    return tuple(sorted({managed_branch(h) for h in inv.hosts if managed_branch(h) and not (
+        (f := facts.get(h.name)) is not None and not rpm_family(os_name(f)))}))
 
 
 def managed_branch(h: Host) -> str:
@@ -88,12 +90,13 @@ def managed_branch(h: Host) -> str:
 
 
 def parse_target(text: str, runtime: str, gpu: bool = True, branches: tuple[str, ...] = ()) -> TargetSpec:
-    """A target declared on the command line for hosts bundle create cannot read: OS-RELEASE/ARCH."""
+    """A target declared on the command line for hosts bundle create cannot read: OS-RELEASE/ARCH. Only an
+    RPM-family target takes driver branches (an Ubuntu host's driver packages need its facts: flavour, kernel)."""
     m = _TARGET.match(text.strip())
     if not m:
         raise SourceError(f"--target {text[:80]!r} is not OS-RELEASE/ARCH",
                           "write it as ubuntu-22.04/x86_64 (ID-VERSION_ID of /etc/os-release, then uname -m)")
-    return TargetSpec(m.group("os"), m.group("arch"), runtime, gpu, branches)
+    return TargetSpec(m.group("os"), m.group("arch"), runtime, gpu, branches if rpm_family(m.group("os")) else ())
 
 
 def targets_from(inv: Inventory, facts: Mapping[str, HostFacts | None]) -> list[TargetSpec]:
@@ -106,6 +109,16 @@ def targets_from(inv: Inventory, facts: Mapping[str, HostFacts | None]) -> list[
             found.append(TargetSpec(os_name(f), f.arch, inv.cluster.container_runtime, is_gpu_node(h),
                                     (b,) if b else (), (f.kernel,) if b else (), driver_debs(inv, h, f) if b else ()))
     return merge(found)
+
+
+def carried_branches(t: TargetSpec) -> tuple[str, ...]:
+    """The driver branches a target's part of the bundle holds: the RPM family's, resolved branch by branch;
+    Ubuntu's, those whose packages its hosts' driver steps install (not branches a --target merely named)."""
+    if not t.gpu:
+        return ()
+    if rpm_family(t.os):
+        return t.branches
+    return tuple(b for b in t.branches if any(d.startswith(f"nvidia-headless-no-dkms-{b}-") for d in t.debs))
 
 
 def driver_debs(inv: Inventory, h: Host, f: HostFacts) -> tuple[str, ...]:
@@ -330,8 +343,7 @@ def create(inv: Inventory, targets: list[TargetSpec], out: Path, staging: Path,
     # precompiled modules its hosts install
     m = Manifest(f"gpuk8s {__version__}", version,
                  tuple(Target(t.os, t.arch, t.runtime, kernels=() if rpm_family(t.os) or not t.debs else t.kernels,
-                              driver_branches=t.branches if t.gpu and (rpm_family(t.os) or t.debs) else ())
-                       for t in targets), tuple(copied),
+                              driver_branches=carried_branches(t)) for t in targets), tuple(copied),
                  repos=tuple(RepoKey(role, fpr) for role, fpr in sorted(keys.items())))
     say(f"sha256 of {len(files)} files")
     known = {n: writer.digest(p) for n, p in files.items()}

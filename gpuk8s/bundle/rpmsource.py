@@ -16,6 +16,7 @@ import gzip
 import hashlib
 import io
 import lzma
+import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,11 +81,16 @@ def repos_for(inv: Inventory, arch: str, runtime: str, gpu: bool, branches: tupl
     return out
 
 
+_DRIVER_VERSION = re.compile(r"^[0-9]{3}\.[0-9]")
+
+
 def of_branches(packages: list[rpmrepo.RpmPackage], branches: tuple[str, ...]) -> list[rpmrepo.RpmPackage]:
-    """The packages of these driver branches (VERSION 580.x for 580): what an enabled nvidia-driver:BRANCH-open
-    module stream lets dnf see of NVIDIA's repository, whose driver packages share the driver's version."""
+    """What an enabled nvidia-driver:BRANCH-open module stream lets dnf see of NVIDIA's repository: of the packages
+    versioned as drivers are (VERSION 580.x: the streams' packages, which share the driver's version), those of
+    these branches; every other package as it is (egl-wayland and the like, outside any stream)."""
     prefixes = tuple(f"{b}." for b in branches)
-    return [p for p in packages if p.version.startswith(prefixes)]
+    streamed = {p.name for p in packages if _DRIVER_VERSION.match(p.version)}
+    return [p for p in packages if p.name not in streamed or p.version.startswith(prefixes)]
 
 
 def _decompress(name: str, data: bytes) -> bytes:

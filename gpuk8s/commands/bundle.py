@@ -60,12 +60,16 @@ def register(app: typer.Typer, load_inventory: Any) -> None:
         inv = load_inventory(inventory, output)
         facts: dict[str, Any] = {}
         try:
-            branches = build.branches_of(inv)
-            declared = [build.parse_target(t, inv.cluster.container_runtime, branches=branches) for t in target]
+            # --target's syntax first, before any host is contacted; its driver branches once the hosts are read
+            runtime = inv.cluster.container_runtime
+            for t in target:
+                build.parse_target(t, runtime)
             if not no_hosts:
                 rep = run_preflight(inv, concurrency=16, ignore=set(), sudo_passwords=passwords(inv),
                                     measure_network=False)
                 facts = {h.host.name: h.facts for h in rep.hosts}
+            branches = build.branches_of(inv, facts)
+            declared = [build.parse_target(t, runtime, branches=branches) for t in target]
             targets = build.with_branches(build.merge([*build.targets_from(inv, facts), *declared]),
                                           tuple(driver_branch))
             con = ui.console(stderr=True)  # progress: stdout is the result's (JSON with -o json)

@@ -592,8 +592,8 @@ class _Reader:
                 n, k, "write e.g. https://developer.download.nvidia.com/compute/cuda/repos/rhel8 (a mirror with "
                 "x86_64/ and sbsa/ below it)"),
             "driver_apt_repo": lambda n, k: self.repo(
-                n, k, "write e.g. http://mirror.example.com/ubuntu (a mirror of Ubuntu's archive with "
-                "CODENAME-updates restricted)"),
+                n, k, "write e.g. https://mirror.example.com/ubuntu (a mirror of Ubuntu's archive with "
+                "CODENAME-updates restricted, as Ubuntu signs it: the hosts verify it with their Ubuntu keyring)"),
             "containerd_version": lambda n, k: self.string(
                 n, k, _PKG_VERSION,
                 f"a containerd.io package version, e.g. \"{versions.matrix().containerd_version}\"",

@@ -90,6 +90,10 @@ class DriverUpgrade(UpgradeStep):
                     changes += [Change(f"{h.name} is at driver {f.driver.module_version}, left cordoned by an earlier "
                                        "run: wait for its GPUs, then uncordon", "", f"kubectl uncordon {h.name}")]
                 continue
+            refused = self._not_in_bundle(ctx, h, f)
+            if refused:
+                changes.append(Change(f"{refused}: {h.name} is left as it was", h.name))
+                continue
             todo.append(h.name)
             have = f.driver.module_version or "none"
             pods = gpu_pods(ctx, h.name)
@@ -104,10 +108,22 @@ class DriverUpgrade(UpgradeStep):
                                   h.name, REBOOT))
             changes.append(Change(f"wait until {h.name}'s GPUs are offered again", ""))
             changes.append(uncordon)
+        held_back = [c.host for c in changes if c.what.endswith("is left as it was")]
+        if held_back and not todo:  # the run fails these nodes (bundle.coverage) and changes none
+            return self.planned("unknown", f"the bundle lacks the driver of {', '.join(held_back)}", changes)
         if not todo:
             return self.planned("unchanged", "every managed node runs the driver its inventory asks for")
         return self.planned("would-change", f"{len(todo)} node(s) to upgrade ({', '.join(todo)}), "
                             f"{self.opts.max_unavailable} at a time", changes)
+
+    @staticmethod
+    def _not_in_bundle(ctx: Context, h: Host, f: HostFacts) -> str:
+        """--bundle: why the bundle cannot serve the node's new driver ("" where it can, or without a bundle); the
+        one check the plan shows and the run applies, before the node is drained."""
+        if ctx.bundle is None:
+            return ""
+        gaps = host_gaps(ctx.bundle, ctx.inv, h, f)
+        return gaps[0].message if gaps else ""
 
     def _node_upgrade(self, ctx: Context, h: Host) -> str:
         if ctx.lock_lost:  # another node's reboot (the first control plane's) lost the cluster lock: no more nodes
@@ -117,12 +133,11 @@ class DriverUpgrade(UpgradeStep):
         f = ctx.facts[h.name]
         want = wanted(h, f)
         have = f.driver.module_version or "none"
-        if ctx.bundle is not None:  # --bundle: the node's new driver must be in it, or the node is left as it is
-            gaps = host_gaps(ctx.bundle, ctx.inv, h, f)
-            if gaps:
-                raise NodeFailure("bundle.coverage", f"{gaps[0].message}: {h.name} was left as it was",
-                                  "build a bundle with this inventory (gpuk8s bundle create), then re-run "
-                                  f"{self.resume} with it")
+        refused = self._not_in_bundle(ctx, h, f)
+        if refused:
+            raise NodeFailure("bundle.coverage", f"{refused}: {h.name} was left as it was",
+                              f"build a bundle with this inventory (gpuk8s bundle create), then re-run {self.resume} "
+                              "with it")
         emit = ctx.emit
         mine, waited = self._vacate(ctx, h, emit, "driver.upgrade-failed")
         run = HostRun(h)

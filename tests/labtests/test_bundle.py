@@ -269,6 +269,12 @@ def test_install_and_join_from_a_bundle_with_every_public_source_out_of_reach(la
         return doc, path
 
     missing = next(b for b in versions.drivers().branches if b not in (branch, later) and int(b) >= 535)
+    r = run_cli("driver", "upgrade", "-i", str(on_branch(missing)[1]), "--bundle", str(bundle), "--dry-run", "-o",
+                "json", timeout=900)  # the plan says what the run does: al-1 left as it is, nothing drained
+    plan = next(p for p in json.loads(r.stdout)["plans"] if p["name"] == "driver-upgrade")
+    assert plan["status"] == "unknown" and [c["what"] for c in plan["changes"]] == [
+        f"al-1: driver branch {missing} (driver: manage): not in the bundle (it holds "
+        f"{', '.join(sorted([branch, later]))} for alinux-3): al-1 is left as it was"], plan
     r = run_cli("driver", "upgrade", "-i", str(on_branch(missing)[1]), "--bundle", str(bundle), "--yes", "-o", "json",
                 timeout=900)
     assert r.returncode != 0, r.stdout[-3000:]

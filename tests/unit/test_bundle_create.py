@@ -302,8 +302,10 @@ def test_alibaba_cloud_linux_hosts_whose_driver_gpuk8s_manages_get_nvidias_drive
     carried = {f.rsplit("/", 1)[1] for f in files if f.startswith("repos/driver/x86_64/") and f.endswith(".rpm")}
     assert carried == {f"{n}-{DRIVER_RELEASES[b]}-1.el8.x86_64.rpm" for b in (branch, other) for n in (
         "nvidia-open", "nvidia-driver", "nvidia-driver-libs", "nvidia-kmod-common", "kmod-nvidia-open-dkms",
-        rules.rhel_fabric_manager(b))}, carried
+        rules.rhel_fabric_manager(b))} | {"egl-wayland-1.1.13-3.el8.x86_64.rpm"}, carried
     assert not any("cuda-toolkit" in f for f in files)
+    # a package outside the module streams that the driver requires, from the same repository: carried
+    assert "repos/driver/x86_64/egl-wayland-1.1.13-3.el8.x86_64.rpm" in files
     assert f"repos/driver/x86_64/{rules.CUDA_KEY}" in files and "repos/driver/x86_64/repodata/repomd.xml" in files
     assert any(f.startswith("repos/driver/x86_64/repodata/") and "modules" in f for f in files), sorted(files)
     assert {"dkms", "libglvnd", f"kernel-devel-{kernel}"} <= set(made.os_packages["alinux-3 x86_64"])
@@ -371,6 +373,17 @@ def test_ubuntu_hosts_whose_driver_gpuk8s_manages_get_their_driver_from_ubuntus_
     assert gaps(made.manifest, inv, seen) == []
     got = gaps(made.manifest, inv, {**seen, "gpu-1": facts(kernel=OTHER_KERNEL)})
     assert [(g.host, g.what) for g in got] == [("gpu-1", "kernel")] and OTHER_KERNEL in got[0].message
+    # exactly what the host installs: the same branch with the other modules' flavour is not covered
+    proprietary = json.loads(json.dumps(doc))
+    proprietary["hosts"][1]["driver"]["flavor"] = "proprietary"
+    got = gaps(made.manifest, loads(json.dumps(proprietary)), seen)
+    assert [(g.host, g.what) for g in got] == [("gpu-1", "driver-branch"), ("gpu-1", "kernel")], got
+    assert got[0].message.endswith(f"lacks nvidia-headless-no-dkms-{branch}-server")  # utils: the same for both
+    assert f"linux-modules-nvidia-{branch}-server-{KERNEL}" in got[1].message
+    # an Ubuntu host's driver packages need its facts: neither a declared Ubuntu target nor the branches of hosts
+    # read as Ubuntu make a declared RPM-family target carry a driver
+    assert build.parse_target("ubuntu-22.04/x86_64", "containerd", branches=(branch,)).branches == ()
+    assert build.branches_of(inv, seen) == () and build.branches_of(inv, {}) == (branch,)
 
     # the keyring's other key pinned: its Release is refused, naming the key that signed; no keyring: named
     doc["install"]["driver_apt_repo"]["key_fingerprint"] = u.fingerprints["ubuntu-2012"]

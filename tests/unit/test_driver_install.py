@@ -106,6 +106,27 @@ def test_a_mirror_of_nvidias_rhel8_repository_over_http_has_its_key_checked_agai
     assert subprocess.run(["sh", "-n", str(script)], capture_output=True, text=True).returncode == 0
 
 
+def test_an_ubuntu_hosts_driver_source_is_the_inventorys_copy_or_none_of_gpuk8s() -> None:
+    """install.driver_apt_repo (a mirror of Ubuntu's archive, or a bundle's served copy) is written as the host's
+    gpuk8s-driver.list; without it the host's own sources serve the driver, and the file an earlier run wrote (a
+    bundle's server, gone) is removed."""
+    got = steps("gpu-1")
+    assert "driver-apt-source" not in got
+    gone = got["driver-apt-source-removed"]
+    assert "rm -f /etc/apt/sources.list.d/gpuk8s-driver.list" in gone.run
+    assert "! test -e /etc/apt/sources.list.d/gpuk8s-driver.list" in gone.check
+    inv = loads("install:\n  driver_apt_repo: https://mirror.example.com/ubuntu\nhosts:\n"
+                "  - {name: cp-1, address: 10.0.0.10, role: control-plane}\n"
+                "  - {name: gpu-1, address: 10.0.0.11, gpus: 8, driver: {manage: true}}\n", "inv.yaml")
+    ctx = context(inv, inv.host("gpu-1"), BARE)
+    got = {s.name: s for n in playbooks_for(inv) for s in render_playbook(load_playbook(n), ctx)}
+    assert "driver-apt-source-removed" not in got
+    assert got["driver-apt-source"].file_content.strip() == (
+        "deb [signed-by=/usr/share/keyrings/ubuntu-archive-keyring.gpg] https://mirror.example.com/ubuntu "
+        "jammy-updates restricted")
+    assert list(got).index("driver-apt-source") < list(got).index("driver-packages-apt")
+
+
 LOADED = replace(READY_DRIVER, module_version="580.95.05", libraries=("580.95.05",), module_flavor="open")
 
 

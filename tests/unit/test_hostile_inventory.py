@@ -123,7 +123,7 @@ def install_ok(install: dict[str, Any]) -> loader.Inventory:
     return loader.loads(yaml.safe_dump(d, sort_keys=False), "inv.yaml")
 
 
-@pytest.mark.parametrize("field", ["toolkit_repo", "kubernetes_repo", "driver_repo"])
+@pytest.mark.parametrize("field", ["toolkit_repo", "kubernetes_repo", "driver_repo", "driver_apt_repo"])
 def test_http_repository_is_rejected_with_its_line_and_the_fix(field: str) -> None:
     text, errors = install_problems({field: "http://mirror.lan/repo"})
     assert len(errors) == 1
@@ -135,14 +135,14 @@ def test_http_repository_is_rejected_with_its_line_and_the_fix(field: str) -> No
     assert str(p).startswith(f"inv.yaml:{p.line}:")
 
 
-@pytest.mark.parametrize("field", ["toolkit_repo", "kubernetes_repo", "driver_repo"])
+@pytest.mark.parametrize("field", ["toolkit_repo", "kubernetes_repo", "driver_repo", "driver_apt_repo"])
 def test_http_repository_in_the_mapping_form_still_needs_insecure_http(field: str) -> None:
     text, errors = install_problems({field: {"url": "http://mirror.lan/repo", "key_fingerprint": FP}})
     assert [p.key for p in errors] == [f"install.{field}.url"]
     assert "url: http://mirror.lan/repo" in text.splitlines()[errors[0].line - 1]
 
 
-@pytest.mark.parametrize("field", ["toolkit_repo", "kubernetes_repo", "driver_repo"])
+@pytest.mark.parametrize("field", ["toolkit_repo", "kubernetes_repo", "driver_repo", "driver_apt_repo"])
 def test_insecure_http_without_a_fingerprint_is_rejected(field: str) -> None:
     text, errors = install_problems({field: {"url": "http://mirror.lan/repo", "insecure_http": True}})
     assert [p.key for p in errors] == [f"install.{field}.insecure_http"]
@@ -150,7 +150,7 @@ def test_insecure_http_without_a_fingerprint_is_rejected(field: str) -> None:
     assert "key_fingerprint" in errors[0].message and "40 hex" in errors[0].fix
 
 
-@pytest.mark.parametrize("field", ["toolkit_repo", "kubernetes_repo", "driver_repo"])
+@pytest.mark.parametrize("field", ["toolkit_repo", "kubernetes_repo", "driver_repo", "driver_apt_repo"])
 def test_http_with_insecure_http_and_a_fingerprint_is_accepted(field: str) -> None:
     spaced = " ".join(FP[i:i + 4] for i in range(0, 40, 4)).lower()
     inv = install_ok({field: {"url": "http://mirror.lan/repo/", "insecure_http": True, "key_fingerprint": spaced}})

@@ -15,12 +15,17 @@ from gpuk8s.remote import send_eof
 
 
 class _Transport:
-    """What a channel calls on its transport; the first message sent lets the server's close in meanwhile."""
+    """What a channel and send_eof call on a transport; the first message sent lets the server's close in
+    meanwhile (paramiko's transport thread handling it)."""
 
     def __init__(self) -> None:
         self.sent: list[bytes] = []
         self.chan: paramiko.Channel | None = None
         self.closer: threading.Thread | None = None
+        self.active = True
+        self.clear_to_send = threading.Event()
+        self.clear_to_send.set()  # no key exchange under way
+        self.clear_to_send_lock = threading.Lock()
 
     def get_log_channel(self) -> str:
         return "paramiko.transport"
@@ -28,13 +33,21 @@ class _Transport:
     def _unlink_channel(self, chanid: int) -> None:
         pass
 
-    def _send_user_message(self, m: paramiko.Message) -> None:
+    def _close_arrives(self) -> None:
         if self.closer is None:  # the server's CLOSE, handled by paramiko's thread, arrives right now
             assert self.chan is not None
             self.closer = threading.Thread(target=self.chan._handle_close, args=(paramiko.Message(),))
             self.closer.start()
-            self.closer.join(0.3)  # it sends its answer at once unless the channel's lock holds it back
+            self.closer.join(0.3)  # it sends its answer at once unless a lock holds it back
+
+    def _send_message(self, m: paramiko.Message) -> None:
+        self._close_arrives()
         self.sent.append(m.asbytes()[:1])
+
+    def _send_user_message(self, m: paramiko.Message) -> None:
+        self._close_arrives()  # paramiko's: a message built under the channel's lock, sent after it
+        with self.clear_to_send_lock:  # as paramiko's: under the transport's send lock, never the channel's
+            self._send_message(m)
 
 
 def _channel() -> tuple[paramiko.Channel, _Transport]:
@@ -75,3 +88,20 @@ def test_no_eof_on_a_closed_channel() -> None:
     sent = list(t.sent)
     send_eof(chan)
     assert t.sent == sent == [cMSG_CHANNEL_EOF, cMSG_CHANNEL_CLOSE]  # paramiko's own EOF, its CLOSE, nothing more
+
+
+def test_the_eof_waits_for_a_key_exchange_without_holding_the_channel() -> None:
+    """During a key exchange (clear_to_send cleared) nothing is sent and the channel's lock stays free (paramiko's
+    thread takes it for a window adjust meanwhile); the EOF goes once the exchange is over."""
+    chan, t = _channel()
+    t.closer = threading.Thread()  # no close arrives in this test
+    t.clear_to_send.clear()
+    sender = threading.Thread(target=send_eof, args=(chan,))
+    sender.start()
+    sender.join(0.3)
+    assert sender.is_alive() and t.sent == []
+    assert chan.lock.acquire(timeout=1)  # free: a window adjust would not wait
+    chan.lock.release()
+    t.clear_to_send.set()
+    sender.join(5)
+    assert not sender.is_alive() and t.sent == [cMSG_CHANNEL_EOF]
