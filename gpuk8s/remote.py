@@ -522,6 +522,10 @@ def send_eof(chan: paramiko.Channel) -> None:
     t: Any = chan.transport
     if t is None:
         return
+    if not all(hasattr(t, a) for a in ("clear_to_send", "clear_to_send_lock", "_send_message")) or not hasattr(
+            chan, "_send_eof"):
+        chan.shutdown_write()  # a paramiko without these internals: its own way (the race above may remain)
+        return
     deadline = time.monotonic() + 30
     while True:
         t.clear_to_send.wait(0.1)
@@ -532,7 +536,7 @@ def send_eof(chan: paramiko.Channel) -> None:
                 with chan.lock:
                     if chan.closed or chan.eof_sent:
                         return
-                    m = chan._send_eof()  # type: ignore[attr-defined]  # paramiko's own EOF message and state
+                    m = chan._send_eof()  # paramiko's own EOF message and state
                     if m is not None:
                         t._send_message(m)
                 return
