@@ -79,27 +79,46 @@ def host_gaps(m: Manifest, inv: Inventory, h: Host, f: HostFacts | None) -> list
     return _driver(m, h, f, t)
 
 
-def _driver(m: Manifest, h: Host, f: HostFacts, t: Target) -> list[Gap]:
+def managed_branch(h: Host) -> str:
+    """The driver branch of a host whose driver gpuk8s manages, "" for any other host (its own driver: nothing of
+    a bundle's is installed for it)."""
     if not is_gpu_node(h) or not h.gpu.driver.manage:
-        return []  # the host's own driver: nothing of the bundle's is installed for it
-    branch = h.gpu.driver.branch or versions.drivers().default_branch
+        return ""
+    return h.gpu.driver.branch or versions.drivers().default_branch
+
+
+def driver_debs(h: Host, f: HostFacts) -> tuple[str, ...]:
+    """What the driver steps install on an Ubuntu host whose driver gpuk8s manages (playbooks/nvidia-driver.yaml
+    from gpuk8s/driver/rules.py: the branch's packages of its modules' flavour, then the running kernel's
+    precompiled modules, last); () elsewhere, or where its settings do not work on it (preflight says why)."""
+    if f.os.family != "debian" or not managed_branch(h):
+        return ()
+    want = rules.playbook_context(h.gpu.driver, f)
+    if not want.get("manage"):
+        return ()
+    return (*want["packages"], f"{want['modules_prefix']}{f.kernel}")  # type: ignore[misc]
+
+
+def _driver(m: Manifest, h: Host, f: HostFacts, t: Target) -> list[Gap]:
+    branch = managed_branch(h)
+    if not branch:
+        return []
     out = []
-    if not rpm_family(t.os) and any(r.role == "driver_apt" for r in m.repos):
+    debs = driver_debs(h, f)
+    if not rpm_family(t.os) and debs and any(r.role == "driver_apt" for r in m.repos):
         # the bundle carries Ubuntu's archive: exactly what this host's driver steps install must be in it (its
         # branch's packages of its modules' flavour, its kernel's modules), not a branch and a kernel apart
-        want = rules.playbook_context(h.gpu.driver, f)
-        if want.get("manage"):
-            held = {n.rsplit("/", 1)[1].split("_", 1)[0] for n in m.files
-                    if n.startswith("repos/driver_apt/") and n.endswith(".deb")}
-            lacks = [str(p) for p in want["packages"] if p not in held]  # type: ignore[attr-defined]
-            if lacks:
-                out.append(Gap(h.name, "driver-branch", f"{h.name}: driver branch {branch} ({want['flavor']} "
-                               f"modules): the bundle lacks {', '.join(lacks)}"))
-            modules = f"{want['modules_prefix']}{f.kernel}"
-            if modules not in held:
-                out.append(Gap(h.name, "kernel", f"{h.name}: kernel {f.kernel}: the bundle has no driver modules "
-                               f"for it ({modules}; it has them for {', '.join(t.kernels) or 'no kernel'})"))
-            return out
+        held = {n.rsplit("/", 1)[1].split("_", 1)[0] for n in m.files
+                if n.startswith("repos/driver_apt/") and n.endswith(".deb")}
+        *packages, modules = debs
+        lacks = [p for p in packages if p not in held]
+        if lacks:
+            out.append(Gap(h.name, "driver-branch", f"{h.name}: driver branch {branch}: the bundle lacks "
+                           f"{', '.join(lacks)}"))
+        if modules not in held:
+            out.append(Gap(h.name, "kernel", f"{h.name}: kernel {f.kernel}: the bundle has no driver modules for "
+                           f"it ({modules}; it has them for {', '.join(t.kernels) or 'no kernel'})"))
+        return out
     if branch not in t.driver_branches:
         out.append(Gap(h.name, "driver-branch", f"{h.name}: driver branch {branch} (driver: manage): not in the "
                        f"bundle (it holds {', '.join(t.driver_branches) or 'none'} for {t.os})"))

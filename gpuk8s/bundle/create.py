@@ -36,12 +36,11 @@ from gpuk8s.bundle.aptsource import (
     repos_for,
     wanted_rels,
 )
-from gpuk8s.bundle.coverage import os_name, rpm_family
+from gpuk8s.bundle.coverage import driver_debs, managed_branch, os_name, rpm_family
 from gpuk8s.bundle.manifest import FileEntry, Manifest, RepoKey, Target
-from gpuk8s.driver import rules
 from gpuk8s.facts.model import HostFacts
 from gpuk8s.gpuplan import is_gpu_node
-from gpuk8s.inventory.model import Host, Inventory
+from gpuk8s.inventory.model import Inventory
 
 SBOM = "sbom.spdx.json"
 MAX_MANIFEST_FILE = 16 << 20  # a CNI manifest (calico's is ~0.3 MB)
@@ -82,13 +81,6 @@ def branches_of(inv: Inventory, facts: Mapping[str, HostFacts | None] | None = N
         (f := facts.get(h.name)) is not None and not rpm_family(os_name(f)))}))
 
 
-def managed_branch(h: Host) -> str:
-    """The driver branch of a host whose driver gpuk8s manages, "" for any other host."""
-    if not is_gpu_node(h) or not h.gpu.driver.manage:
-        return ""
-    return h.gpu.driver.branch or versions.drivers().default_branch
-
-
 def parse_target(text: str, runtime: str, gpu: bool = True, branches: tuple[str, ...] = ()) -> TargetSpec:
     """A target declared on the command line for hosts bundle create cannot read: OS-RELEASE/ARCH. Only an
     RPM-family target takes driver branches (an Ubuntu host's driver packages need its facts: flavour, kernel)."""
@@ -107,7 +99,7 @@ def targets_from(inv: Inventory, facts: Mapping[str, HostFacts | None]) -> list[
         if f is not None:
             b = managed_branch(h)
             found.append(TargetSpec(os_name(f), f.arch, inv.cluster.container_runtime, is_gpu_node(h),
-                                    (b,) if b else (), (f.kernel,) if b else (), driver_debs(inv, h, f) if b else ()))
+                                    (b,) if b else (), (f.kernel,) if b else (), driver_debs(h, f)))
     return merge(found)
 
 
@@ -119,18 +111,6 @@ def carried_branches(t: TargetSpec) -> tuple[str, ...]:
     if rpm_family(t.os):
         return t.branches
     return tuple(b for b in t.branches if any(d.startswith(f"nvidia-headless-no-dkms-{b}-") for d in t.debs))
-
-
-def driver_debs(inv: Inventory, h: Host, f: HostFacts) -> tuple[str, ...]:
-    """What the driver steps install on an Ubuntu host whose driver gpuk8s manages (playbooks/nvidia-driver.yaml
-    from gpuk8s/driver/rules.py: the branch's packages of its modules' flavour and the running kernel's
-    precompiled modules); () elsewhere, or where its settings do not work on it (preflight says why)."""
-    if f.os.family != "debian":
-        return ()
-    want = rules.playbook_context(h.gpu.driver, f, repo=inv.install.driver_repo)
-    if not want.get("manage"):
-        return ()
-    return (*want["packages"], f"{want['modules_prefix']}{f.kernel}")  # type: ignore[misc]
 
 
 def merge(targets: Iterable[TargetSpec]) -> list[TargetSpec]:
