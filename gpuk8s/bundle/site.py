@@ -15,12 +15,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpuk8s import mirrors
 from gpuk8s.bundle.manifest import Manifest
 from gpuk8s.bundle.verify import Verified
 from gpuk8s.bundle.writer import digest
 from gpuk8s.inventory.model import Inventory, RegistrySettings
 
 DEFAULT_PORT = 5480
+
+# gpuk8s's own package source files (playbooks/kubernetes-prerequisites.yaml, nvidia-container-toolkit.yaml,
+# containerd.yaml with _shared.yaml's docker-source, nvidia-driver.yaml): a run from a bundle points them at the
+# serving host and puts them back when it ends (tests/unit/test_bundle_site.py checks the list against the
+# playbooks)
+SOURCE_FILES = (
+    "/etc/apt/sources.list.d/kubernetes.list", "/etc/apt/sources.list.d/nvidia-container-toolkit.list",
+    "/etc/apt/sources.list.d/gpuk8s-docker.list", "/etc/apt/sources.list.d/gpuk8s-driver.list",
+    "/etc/yum.repos.d/kubernetes.repo", "/etc/yum.repos.d/nvidia-container-toolkit.repo",
+    "/etc/yum.repos.d/gpuk8s-docker.repo", "/etc/yum.repos.d/gpuk8s-cuda-rhel8.repo",
+)
 
 
 @dataclass(frozen=True)
@@ -65,3 +77,10 @@ def served(inv: Inventory, m: Manifest, address: str, port: int = DEFAULT_PORT) 
     cluster = dataclasses.replace(inv.cluster, kubernetes_version=m.kubernetes)
     return dataclasses.replace(inv, install=dataclasses.replace(install, **changes), registry=registry,
                                cluster=cluster)
+
+
+def source_files(served_inv: Inventory) -> list[str]:
+    """What a run from a bundle points at the serving host on each host, and puts back when it ends: the package
+    source files, and containerd's hosts.toml of every registry the served inventory mirrors (the serving host's
+    own among them)."""
+    return [*SOURCE_FILES, *sorted(mirrors.hosts_files(served_inv))]

@@ -156,11 +156,14 @@ def prepare(inv: Inventory, *, concurrency: int, ignore: set[str], sudo_password
             sessions: dict[str, Session] | None = None,
             wanted: Callable[[RenderedStep], bool] | None = None,
             extra: Callable[[Host], str] | None = None,
-            lenient: Callable[[Host], bool] | None = None, bundle: Manifest | None = None) -> PrepareReport:
+            lenient: Callable[[Host], bool] | None = None, bundle: Manifest | None = None,
+            before: Callable[[Host, Session], None] | None = None) -> PrepareReport:
     """Preflight, then the playbooks on every host that passed. With `sessions`, connections stay open
     for the caller (install part 2 goes on over them) and the caller closes them. `wanted`: the steps to run
     (upgrade leaves the Kubernetes packages to its node-by-node phases); default all. `extra`: sections preflight
-    runs after its probe on a host (run_preflight), read into its HostReport.health."""
+    runs after its probe on a host (run_preflight), read into its HostReport.health. `before`: what runs on a host
+    that passed preflight, before its steps are applied (not in a dry run): a run from a bundle points its
+    sources at the serving host."""
     start = time.monotonic()
     own = sessions is None
     sessions = {} if sessions is None else sessions
@@ -202,6 +205,8 @@ def prepare(inv: Inventory, *, concurrency: int, ignore: set[str], sudo_password
             assert f is not None
             ctx = context(inv, host, f)
             steps = [s for pb in playbooks for s in render_playbook(pb, ctx) if wanted is None or wanted(s)]
+            if before is not None and not dry_run:
+                before(host, sessions[host.name])
             run_steps(sessions[host.name], run, steps, dry_run, emit)
             run.seconds = time.monotonic() - t0
             emit(Event(host.name, "host", status=run.status))

@@ -124,6 +124,9 @@ class Context:
     # what must start again on a host that came back from a reboot (phases/reboot.py): the bundle's server; each
     # returns "" or why it could not (the run stops)
     after_reboot: list[Callable[[Host], str]] = field(default_factory=list)
+    # what runs on a host before its playbook steps (phases/prepare.py, the upgrade's prepare), on its connection:
+    # the bundle phase points its package sources at the serving host, once
+    before_steps: list[Callable[[Host, Session], None]] = field(default_factory=list)
     initialized_cache: bool | None = None
     api_problem: str = ""  # admin.conf exists but the API server did not answer (initialized())
     prepare_report: Any = None  # install.prepare.PrepareReport, when the flow prepared hosts
@@ -290,3 +293,15 @@ def plan_phases(phases: list[Phase], ctx: Context) -> list[PhasePlan]:
         except GpuK8sError as e:
             out.append(p.planned("unknown", f"{e.message} ({e.remedy})" if e.remedy else e.message))
     return out
+
+
+def before_steps(ctx: Context) -> Callable[[Host, Session], None] | None:
+    """What prepare runs on each host before its steps: every hook of ctx.before_steps (None: nothing)."""
+    if not ctx.before_steps:
+        return None
+    hooks = list(ctx.before_steps)
+
+    def each(h: Host, s: Session) -> None:
+        for hook in hooks:
+            hook(h, s)
+    return each

@@ -6,20 +6,25 @@ the host checks it against the sha256 of the file gpuk8s verified here before an
 (gpuk8s/data/bundle_serve.py) is held over gpuk8s's SSH connection, as the cluster lock is: it ends with the run,
 also when gpuk8s is killed or loses the connection. Preflight then names every host the bundle does not cover
 (bundle.coverage), before any change to it.
+
+Every host's package sources and containerd's registry mirrors name the serving host for the run, and are put
+back as they were when it ends (playbooks/cluster/bundle-sources.sh): the copies the last run from a bundle left
+go in place first, so that a re-run's playbooks find nothing to change.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from importlib import resources
 
 from gpuk8s.bundle.coverage import kubernetes_gaps
-from gpuk8s.bundle.site import BundleFile, endpoint, served
+from gpuk8s.bundle.site import BundleFile, endpoint, served, source_files
 from gpuk8s.inventory.model import Host
 from gpuk8s.phases import shell
 from gpuk8s.phases.base import Change, Context, Phase, PhaseError, PhasePlan, PhaseResult
 from gpuk8s.phases.hostfiles import tail
-from gpuk8s.remote import Held, RemoteError, Session
+from gpuk8s.remote import Held, RemoteError, Session, for_each_host
 
 READY = "gpuk8s-bundle-serving"  # what the server prints once it listens (bundle_serve.py READY)
 COPY_SECONDS_PER_GB = 60  # the copy's timeout: 1 GB a minute at least (a 10 Gbit/s link moves ~1 GB a second)
@@ -39,6 +44,9 @@ class Bundle(Phase):
         # (its driver failed, health held it back), and the server must outlive that for the other hosts
         self.session: Session | None = None
         self.upgrade_to = upgrade_to  # upgrade: the one minor the bundle must hold (the cluster runs another)
+        # the hosts whose sources name the serving host until the run ends (prepare's threads add to it)
+        self.pointed: dict[str, Host] = {}
+        self.lock = threading.Lock()
 
     def _where(self, ctx: Context, b: BundleFile) -> Host:
         if b.host is None:
@@ -77,6 +85,13 @@ class Bundle(Phase):
                 Change(f"serve it on http://{endpoint(host.address, b.port)} until this run ends", host.name,
                        f"bundle_serve.py /var/lib/gpuk8s/bundle/{b.sha256} {host.address} {b.port}")]
         self._serve(ctx, b, host)
+        files = source_files(ctx.inv)
+        for h in ctx.inv.hosts:
+            cmds.append(Change("point its package sources and registry mirrors at the bundle for the run (the "
+                               "copies the last run from a bundle left), keeping them as they are now",
+                               h.name, shell.command("bundle-sources", mode="in", files=files)))
+            cmds.append(Change("when the run ends: put them back as they were", h.name,
+                               shell.command("bundle-sources", mode="out", files=files)))
         # nothing is served in a dry run: preflight would find the served sources unreachable on every host
         ctx.ignore = ctx.ignore | {"net.sources"}
         return self.planned("would-change", "every host installs from the bundle, nothing reaches out", cmds)
@@ -131,9 +146,64 @@ class Bundle(Phase):
             raise PhaseError(problem, f"check that port {b.port} is free there (--bundle-port) and that it has python3")
         ctx.after_reboot.append(lambda h: self._again(ctx, b, host) if h.name == host.name else "")
         self._serve(ctx, b, host)
+        self._point(ctx)
         where = f"http://{endpoint(host.address, b.port)}"
         how = f"copied {sent} bytes in {copied:.1f} s, " if sent else ""
         return self.result("changed", f"served from {host.name} at {where} ({how}Kubernetes {b.manifest.kubernetes})")
+
+    def _sources(self, ctx: Context, h: Host, s: Session | None, mode: str) -> str:
+        """bundle-sources.sh `mode` on one host ("" when done, else why not); without `s`, on a connection of its
+        own (a phase closed the host's: it failed)."""
+        own = s is None
+        try:
+            if s is None:
+                s = Session(h, ctx.sudo_passwords.get(h.name))
+            res = s.run(shell.command("bundle-sources", mode=mode, files=source_files(ctx.inv)), sudo=True,
+                        display="point its sources at the bundle" if mode == "in" else "put its sources back",
+                        timeout=120)
+            return "" if res.ok else tail(res)
+        except RemoteError as e:
+            return e.message
+        finally:
+            if own and s is not None:
+                s.close()
+
+    def _point(self, ctx: Context) -> None:
+        """Every host's sources name the serving host until the run ends (then put back: on_exit): each host prepare
+        connects to, before its steps run (over its connection); now, those connected already and every other
+        host of the inventory (join: the nodes pull too, as verify's test pods do), each over a connection of its
+        own."""
+        def one(h: Host, s: Session | None) -> None:
+            with self.lock:
+                if h.name in self.pointed:
+                    return
+                self.pointed[h.name] = h
+            why = self._sources(ctx, h, s, "in")
+            if why:
+                ctx.emit(f"bundle: {h.name}: its sources could not be pointed at the bundle ({why})")
+
+        prepared = ({ctx.cp.name, *(h.name for h in ctx.options.only)} if ctx.options.only is not None
+                    else {h.name for h in ctx.inv.hosts})
+        now = [h for h in ctx.inv.hosts if h.name in ctx.sessions or h.name not in prepared]
+        for_each_host(now, lambda h: one(h, ctx.sessions.get(h.name)), ctx.concurrency)
+        ctx.before_steps.append(one)
+        ctx.on_exit.append(lambda: self._put_back(ctx))
+
+    def _put_back(self, ctx: Context) -> None:
+        with self.lock:
+            hosts, self.pointed = list(self.pointed.values()), {}
+        if not hosts:
+            return
+        done = for_each_host(hosts, lambda h: self._sources(ctx, h, ctx.sessions.get(h.name), "out"), ctx.concurrency)
+        failed = {n: (r if isinstance(r, str) else f"{type(r).__name__}: {r}") for n, r in done.items()
+                  if not isinstance(r, str) or r}
+        back = len(hosts) - len(failed)
+        if back:
+            ctx.emit(f"bundle: the package sources and registry mirrors of {back} host(s) are as they were before "
+                     "the run")
+        for name, why in sorted(failed.items()):
+            ctx.emit(f"bundle: {name}: its sources still name the serving host ({why}); the next run from a "
+                     "bundle puts them back")
 
     def _start(self, s: Session, b: BundleFile, host: Host) -> str:
         """The server held on `s`: "" once it listens, else why not."""

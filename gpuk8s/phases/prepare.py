@@ -23,7 +23,7 @@ from gpuk8s.install.prepare import Event, PrepareReport, prepare
 from gpuk8s.inventory.model import Host, Inventory
 from gpuk8s.kube import state
 from gpuk8s.kube.client import SSHKubectl
-from gpuk8s.phases.base import Change, Context, Phase, PhasePlan, PhaseResult
+from gpuk8s.phases.base import Change, Context, Phase, PhasePlan, PhaseResult, before_steps
 from gpuk8s.preflight.runner import probe
 from gpuk8s.remote import Session, for_each_host
 
@@ -113,7 +113,7 @@ class Prepare(Phase):
         rep = prepare(self._target(ctx), concurrency=ctx.concurrency, ignore=ctx.ignore,
                       sudo_passwords=ctx.sudo_passwords, dry_run=dry_run, measure_network=self.measure_network,
                       on_event=self.on_event, sessions=ctx.sessions, extra=extra,
-                      lenient=lenient(extra, quarantined), bundle=ctx.bundle)
+                      lenient=lenient(extra, quarantined), bundle=ctx.bundle, before=before_steps(ctx))
         ctx.prepare_report = rep
         done = {h.host.name for h in rep.hosts if h.status == "done"}
         for name in [n for n in ctx.sessions if n not in done and n != ctx.cp.name]:

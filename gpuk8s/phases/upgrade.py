@@ -31,7 +31,7 @@ from gpuk8s.inventory.model import Host, InstallSettings, Inventory
 from gpuk8s.kube import state
 from gpuk8s.kube.client import KubeError, drain_args
 from gpuk8s.phases import shell
-from gpuk8s.phases.base import Change, Context, Phase, PhaseError, PhasePlan, PhaseResult
+from gpuk8s.phases.base import Change, Context, Phase, PhaseError, PhasePlan, PhaseResult, before_steps
 from gpuk8s.phases.gpu import GPUNodes
 from gpuk8s.phases.hostfiles import tail
 from gpuk8s.remote import Session, for_each_host
@@ -372,7 +372,7 @@ class UpgradePrepare(UpgradeStep):
         # Kubernetes packages move node by node, in kubeadm's order (UpgradeNodes), never all at once
         rep = prepare(target_inventory(ctx.inv, self.opts.to), concurrency=ctx.concurrency, ignore=ctx.ignore,
                       sudo_passwords=ctx.sudo_passwords, dry_run=dry_run, sessions=ctx.sessions,
-                      wanted=lambda s: not s.name.startswith("kubernetes-packages"))
+                      wanted=lambda s: not s.name.startswith("kubernetes-packages"), before=before_steps(ctx))
         passed = {r.host.name for r in rep.hosts if r.status not in ("unreachable", "blocked")}
         ctx.facts = {r.host.name: r.facts for r in rep.preflight if r.host.name in passed and r.facts is not None}
         ctx.plans = gpuplan.plans(ctx.inv, ctx.facts)

@@ -104,6 +104,15 @@ def _create(run_cli, tmp_path, site: dict, kube: str, name: str, *extra: str,
         up.stop()
 
 
+SERVED = "/var/lib/gpuk8s/bundle-sources/served"  # the sources as the last run from a bundle left them
+
+
+def _sources(h) -> str:
+    """Each package source file and hosts.toml of the host, with its mode and sha256."""
+    return h.exec("for f in /etc/apt/sources.list.d/* /etc/yum.repos.d/* /etc/containerd/certs.d/*/hosts.toml; do "
+                  "[ -f \"$f\" ] && echo \"$f $(stat -c %a \"$f\") $(sha256sum < \"$f\")\"; done; true").stdout
+
+
 def _listening(address: str, port: int) -> bool:
     with socket.socket() as s:
         s.settimeout(2)
@@ -146,6 +155,14 @@ def test_install_and_join_from_a_bundle_with_every_public_source_out_of_reach(la
     for name in ("cp-1", "gpu-1", "gpu-2", "gpu-3"):
         lab.host(name).exec(f"echo {ring} | base64 -d > /usr/share/keyrings/ubuntu-archive-keyring.gpg")
     print(f"bundle: {made['bytes']} bytes, {made['files']} files, {made['images']} images, built in {built:.1f} s")
+
+    # what each host's sources are before any run from the bundle: put back so when each run ends. gpu-1 has a
+    # hosts.toml of the site's own (a run from the bundle replaces it, then puts it back, mode and all)
+    mine = "/etc/containerd/certs.d/docker.io/hosts.toml"
+    lab.host("gpu-1").exec(f"mkdir -p /etc/containerd/certs.d/docker.io && "
+                           f"printf 'server = \"https://site\"\\n' > {mine} && chmod 0640 {mine}")
+    before = {n: _sources(lab.host(n)) for n in ("cp-1", "gpu-1", "gpu-2", "gpu-3", "al-1")}
+    assert mine in before["gpu-1"] and "/etc/apt/sources.list.d/kubernetes.list" not in before["cp-1"], before
 
     # the site: nothing public answers
     for h in lab.hosts.values():
@@ -198,8 +215,11 @@ def test_install_and_join_from_a_bundle_with_every_public_source_out_of_reach(la
     # what the hosts took came from the bundle: packages at its versions, fetched from the served copies
     for name in ("cp-1", "gpu-1", "gpu-2"):
         h = lab.host(name)
-        srcs = h.exec("cat /etc/apt/sources.list.d/kubernetes.list").stdout
-        assert f"http://{address}:5480/repos/kubernetes/v{KUBE.rsplit('.', 1)[0]}/deb/ /" in srcs, srcs
+        # the run pointed its sources at the serving host (kept for the next run from a bundle), and put them
+        # back as they were when it ended
+        srcs = h.read(SERVED + "/etc/apt/sources.list.d/kubernetes.list")
+        assert srcs and f"http://{address}:5480/repos/kubernetes/v{KUBE.rsplit('.', 1)[0]}/deb/ /" in srcs, (srcs, r.stderr[-3000:], h.exec("find /var/lib/gpuk8s/bundle-sources; cat /var/lib/gpuk8s/bundle-sources/served/etc/apt/sources.list.d/kubernetes.list"))
+        assert _sources(h) == before[name], (name, _sources(h), before[name])
         pkgs = h.state()["packages"]
         assert pkgs["kubeadm"] == f"{KUBE}-1.1" and pkgs["kubelet"] == f"{KUBE}-1.1", pkgs
         fetched = " ".join(" ".join(a) for a in h.commands())
@@ -233,7 +253,7 @@ def test_install_and_join_from_a_bundle_with_every_public_source_out_of_reach(la
     # gpu-3's driver: its branch's open driver and its kernel's precompiled modules, fetched from the bundle's copy
     # of Ubuntu's archive (verified there with Ubuntu's keyring of the host), loaded
     g3 = lab.host("gpu-3")
-    assert g3.read("/etc/apt/sources.list.d/gpuk8s-driver.list").strip() == (
+    assert g3.read(SERVED + "/etc/apt/sources.list.d/gpuk8s-driver.list").strip() == (
         f"deb [signed-by=/usr/share/keyrings/ubuntu-archive-keyring.gpg] http://{address}:5480/repos/driver_apt "
         "jammy-updates restricted")
     modules = f"linux-modules-nvidia-{branch}-server-open-{kernel}"
@@ -251,13 +271,15 @@ def test_install_and_join_from_a_bundle_with_every_public_source_out_of_reach(la
     release = DRIVER_RELEASES[branch]
     assert f"http://{address}:5480/repos/driver/x86_64/nvidia-open-{release}-1.el8.x86_64.rpm" in \
         al.state()["fetched"], al.state()["fetched"]
-    assert f"baseurl=http://{address}:5480/repos/driver/x86_64" in al.read("/etc/yum.repos.d/gpuk8s-cuda-rhel8.repo")
+    assert f"baseurl=http://{address}:5480/repos/driver/x86_64" in al.read(
+        SERVED + "/etc/yum.repos.d/gpuk8s-cuda-rhel8.repo")
+    assert _sources(g3) == before["gpu-3"] and _sources(al) == before["al-1"], (_sources(g3), _sources(al))
     assert al.read("/etc/pki/rpm-gpg/gpuk8s-cuda-rhel8.asc").startswith("-----BEGIN PGP PUBLIC KEY BLOCK-----")
     assert f"Open Kernel Module for x86_64  {release}" in al.exec("cat /proc/driver/nvidia/version").stdout
     planned = {"gpu-1": {"nvidia.com/gpu": 8}, "gpu-2": {"nvidia.com/gpu": 8}, "gpu-3": {"nvidia.com/gpu": 4},
                "al-1": {"nvidia.com/gpu": 2}}
     invariants.all_hold(lab, run_cli, str(full_inv), planned, set(), {"nvidia.com/gpu": 22})
-    assert f"baseurl=http://{address}:5480/repos/kubernetes/" in al.exec("cat /etc/yum.repos.d/kubernetes.repo").stdout
+    assert f"baseurl=http://{address}:5480/repos/kubernetes/" in al.read(SERVED + "/etc/yum.repos.d/kubernetes.repo")
 
     # day two: al-1's driver moved to another branch from the bundle (`driver upgrade --bundle`). A branch the
     # bundle does not hold is refused before the node is touched, naming it; the one it holds is installed

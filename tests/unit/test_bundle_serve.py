@@ -7,6 +7,8 @@ and the manifests is served; the server ends when its stdin ends."""
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
 import subprocess
 import sys
 import urllib.error
@@ -171,6 +173,13 @@ def test_the_bundle_scripts_render_and_parse() -> None:
         text = shell.command(name, **values)
         r = subprocess.run(["sh", "-n"], input=text, capture_output=True, text=True)
         assert r.returncode == 0, (name, r.stderr)
+    files = ["/etc/apt/sources.list.d/kubernetes.list", "/etc/containerd/certs.d/[fd00::1]:5480/hosts.toml",
+             "/etc/x y/$(reboot)"]
+    for mode in ("in", "out"):
+        text = shell.command("bundle-sources", mode=mode, files=files)
+        r = subprocess.run(["sh", "-n"], input=text, capture_output=True, text=True)
+        assert r.returncode == 0, (mode, r.stderr)
+    assert "gk_copy '/etc/x y/$(reboot)' \"$d/before\"" in shell.command("bundle-sources", mode="in", files=files)
     serve = shell.command("bundle-serve", **values)
     assert "'print('\"'\"'x'\"'\"'); $(reboot) `id`'" in serve  # one single-quoted word
 
@@ -221,3 +230,51 @@ def test_the_real_dnf_reads_and_verifies_a_served_rpm_repository(tmp_path: Path)
                             f"--setopt=reposdir={root / 'etc' / 'yum.repos.d'}", "--refresh", "repoquery", "kubeadm"],
                            capture_output=True, text=True, timeout=120)
         assert r.returncode != 0 or f"kubeadm-{KUBE}" not in r.stdout, r.stdout + r.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare") or not Path("/etc/containerd").is_dir(),
+                    reason="needs root, unshare and /etc/containerd (Debian's containerd, .ci/run installs it): the "
+                           "script's own paths are mounted over in a mount namespace")
+def test_a_hosts_sources_are_put_back_as_they_were_and_a_cut_run_keeps_how_they_were(tmp_path: Path) -> None:
+    """bundle-sources.sh run for real, with /etc/apt/sources.list.d, /etc/containerd and /var/lib empty tmpfs
+    mounts of a mount namespace of its own: `in` keeps each file as it was and puts the last run's
+    served copy in place; `out` keeps what the run left and puts back what was (mode and all, a file that was
+    absent removed); a run cut before its `out` leaves its copy of how the files were, which the next run keeps."""
+    from gpuk8s.phases import shell
+
+    apt, toml = "/etc/apt/sources.list.d/kubernetes.list", "/etc/containerd/certs.d/10.0.0.1:5480/hosts.toml"
+    mine = "/etc/containerd/certs.d/docker.io/hosts.toml"
+    files = [apt, toml, mine]
+    script = tmp_path / "steps.sh"
+    run_in = shell.command("bundle-sources", mode="in", files=files)
+    run_out = shell.command("bundle-sources", mode="out", files=files)
+    (tmp_path / "in.sh").write_text(run_in)
+    (tmp_path / "out.sh").write_text(run_out)
+    state = "for f in {}; do if [ -e $f ]; then echo \"$f $(stat -c %a $f) $(cat $f)\"; else echo \"$f -\"; fi; " \
+            "done; echo ==".format(" ".join(files))
+    serve = f"printf 'served\\n' > {apt}; mkdir -p {toml.rsplit('/', 1)[0]}; printf 'plain\\n' > {toml}; " \
+            f"printf 'bundle\\n' > {mine}"
+    script.write_text("set -e\n" + "\n".join([
+        "for d in /etc/apt/sources.list.d /etc/containerd /var/lib; do mount -t tmpfs none $d; done",
+        f"mkdir -p /etc/containerd/certs.d/docker.io; printf 'site\\n' > {mine}; chmod 0640 {mine}",
+        state,
+        f"sh {tmp_path}/in.sh", serve, state,  # the first run: nothing served before; the playbooks write
+        f"sh {tmp_path}/out.sh", state,  # put back
+        f"sh {tmp_path}/in.sh", state,  # the next run finds what the last one left
+        f"sh {tmp_path}/in.sh", "printf 'changed\\n' > " + apt,  # cut: no out; then a run again
+        f"sh {tmp_path}/in.sh", state,
+        f"sh {tmp_path}/out.sh", state,
+        "ls -a /var/lib/gpuk8s/bundle-sources",
+    ]) + "\n")
+    r = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", str(script)], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    states = r.stdout.split("==\n")
+    first = f"{apt} -\n{toml} -\n{mine} 640 site\n"
+    assert states[0] == first
+    assert states[1] == f"{apt} 644 served\n{toml} 644 plain\n{mine} 640 bundle\n"
+    assert states[2] == first  # put back as it was, mode and all; what was absent removed
+    assert states[3] == states[1]  # the next run from a bundle finds what the last one left: nothing to change
+    assert states[4] == states[1]  # after the cut run, the next one puts the last whole run's copies in place
+    assert states[5] == first  # how they were before the cut run, not what it left
+    assert states[6].split() == [".", "..", "served"]  # nothing of before/ left

@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import tomllib
@@ -516,3 +517,29 @@ def test_a_run_from_a_bundle_reads_every_source_from_the_serving_host() -> None:
     assert mirrors.image(s, f"nvcr.io/{plugin}") == f"10.0.0.1:5480/{plugin}"
     assert site.endpoint("fd00::1", 5480) == "[fd00::1]:5480"
     assert i.registry.mirror == "r.example.cn" and i.install.kubernetes_repo.startswith("https://")  # unchanged
+
+
+def test_a_run_from_a_bundle_puts_back_every_source_file_the_playbooks_write() -> None:
+    """site.source_files: every apt and dnf source file a playbook writes (a path the playbooks name), and the
+    hosts.toml of every registry the served inventory mirrors, the serving host's own among them."""
+    from gpuk8s.bundle import manifest, site
+
+    named: set[str] = set()
+    for f in Path(__file__).parents[2].joinpath("playbooks").glob("*.yaml"):
+        named |= set(re.findall(r"/etc/(?:apt/sources\.list\.d/[\w.-]+\.list|yum\.repos\.d/[\w.-]+\.repo)",
+                                f.read_text()))
+    assert named and named == set(site.SOURCE_FILES), named ^ set(site.SOURCE_FILES)
+    m = manifest.parse(_json_doc())
+    files = site.source_files(site.served(inv(BASE), m, "10.0.0.1"))
+    assert set(site.SOURCE_FILES) <= set(files)
+    assert "/etc/containerd/certs.d/registry.k8s.io/hosts.toml" in files
+    assert "/etc/containerd/certs.d/10.0.0.1:5480/hosts.toml" in files  # plain http to the serving host
+
+
+def _json_doc() -> str:
+    import json as _json
+
+    return _json.dumps({
+        "schema_version": 1, "kind": "gpuk8s-bundle", "created_by": "t", "kubernetes": "1.30.5",
+        "targets": [{"os": "ubuntu-22.04", "arch": "x86_64", "runtime": "containerd"}], "images": [],
+        "repos": {"kubernetes": {"fingerprint": "A" * 40}}, "files": {}})
