@@ -29,6 +29,9 @@ BundleHostOpt = typer.Option(None, "--bundle-host", help="The host that serves t
 BundleKeyOpt = typer.Option(None, "--bundle-key", help="The builder's public key: the bundle must carry a good "
                             "signature by it (FILE.asc beside it, bundle create --sign-with).")
 BundlePortOpt = typer.Option(5480, "--bundle-port", min=1024, max=65535, help="The port it is served on.")
+KeepServingOpt = typer.Option(False, "--keep-serving", help="Keep serving the bundle after the run, and leave every "
+                              "host's package sources and registry mirrors pointing at it, until the next run from "
+                              "a bundle (or rm /var/lib/gpuk8s/bundle/serving on the serving host).")
 
 
 def phase_names(values: list[str]) -> list[str]:

@@ -46,13 +46,15 @@ class BundleFile:
     manifest: Manifest
     host: str | None = None
     port: int = DEFAULT_PORT
+    keep: bool = False  # --keep-serving: the server and the hosts' sources outlive the run
 
 
-def bundle_file(path: Path, v: Verified, host: str | None = None, port: int = DEFAULT_PORT) -> BundleFile:
+def bundle_file(path: Path, v: Verified, host: str | None = None, port: int = DEFAULT_PORT,
+                keep: bool = False) -> BundleFile:
     """The file `v` verified, with its own sha256 (a second read: the copy on the serving host is checked
     against it)."""
     whole = digest(path)
-    return BundleFile(path, whole.sha256, whole.size, v.manifest, host, port)
+    return BundleFile(path, whole.sha256, whole.size, v.manifest, host, port, keep)
 
 
 def endpoint(address: str, port: int) -> str:

@@ -10,7 +10,16 @@ from gpuk8s.commands.common import finish, ignored_checks, load_bundle, local_ku
 from gpuk8s.errors import GpuK8sError
 from gpuk8s.exitcodes import ExitCode
 from gpuk8s.kube import monitoring, render
-from gpuk8s.options import BundleHostOpt, BundleKeyOpt, BundleOpt, BundlePortOpt, InventoryOpt, Output, OutputOpt
+from gpuk8s.options import (
+    BundleHostOpt,
+    BundleKeyOpt,
+    BundleOpt,
+    BundlePortOpt,
+    InventoryOpt,
+    KeepServingOpt,
+    Output,
+    OutputOpt,
+)
 from gpuk8s.phases.base import Options
 from gpuk8s.report.cluster import phase_printer, render_cluster
 
@@ -31,10 +40,11 @@ def register(app: typer.Typer, load_inventory: Any) -> None:
         bundle_host: str | None = BundleHostOpt,  # noqa: UP007
         bundle_port: int = BundlePortOpt,
         bundle_key: Path | None = BundleKeyOpt,  # noqa: UP007
+        keep_serving: bool = KeepServingOpt,
     ) -> None:
         """Prepare and join hosts to the running cluster, with a fresh token minted on a control plane."""
         inv = load_inventory(inventory, output)
-        served = load_bundle(bundle, bundle_host, bundle_port, output, bundle_key)
+        served = load_bundle(bundle, bundle_host, bundle_port, output, bundle_key, keep_serving)
         sudo = passwords(inv)
         con = ui.console(stderr=True)
         unknown = [n for n in hosts or [] if n not in {h.name for h in inv.hosts}]

@@ -76,10 +76,13 @@ def failed(e: GpuK8sError, output: Output) -> NoReturn:
 
 
 def load_bundle(file: Path | None, host: str | None, port: int, output: Output,
-                key: Path | None = None) -> BundleFile | None:
+                key: Path | None = None, keep: bool = False) -> BundleFile | None:
     """--bundle: the file verified here (with --bundle-key, its signature first; then every member against its
     manifest) before any host is contacted; exit 1 naming what differs."""
     if file is None:
+        if keep:
+            usage_error(GpuK8sError("--keep-serving without --bundle: there is no bundle to serve",
+                                    "add --bundle FILE, or leave --keep-serving out"), output)
         return None
     try:
         if key is not None:
@@ -90,7 +93,7 @@ def load_bundle(file: Path | None, host: str | None, port: int, output: Output,
     if not v.ok:
         failed(GpuK8sError(f"{file}: the bundle is not whole: " + "; ".join(v.problems[:5]),
                            "copy it again from where it was built (gpuk8s bundle verify there first)"), output)
-    return bundle_file(file, v, host, port)
+    return bundle_file(file, v, host, port, keep)
 
 
 def usage_error(e: GpuK8sError, output: Output) -> NoReturn:

@@ -21,6 +21,7 @@ from gpuk8s.options import (
     DrainTimeoutOpt,
     GpuPodTimeoutOpt,
     InventoryOpt,
+    KeepServingOpt,
     MaxUnavailableOpt,
     Output,
     OutputOpt,
@@ -50,11 +51,12 @@ def register(app: typer.Typer, load_inventory: Any) -> None:
         bundle_host: str | None = BundleHostOpt,  # noqa: UP007
         bundle_port: int = BundlePortOpt,
         bundle_key: Path | None = BundleKeyOpt,  # noqa: UP007
+        keep_serving: bool = KeepServingOpt,
     ) -> None:
         """Bring every managed node to the driver its inventory asks for (edit driver.branch or flavor, then run
         this): drained with GPU pods waited for, packages installed and held, rebooted, GPUs back, uncordoned."""
         inv = load_inventory(inventory, output)
-        served = load_bundle(bundle, bundle_host, bundle_port, output, bundle_key)
+        served = load_bundle(bundle, bundle_host, bundle_port, output, bundle_key, keep_serving)
         con = ui.console(stderr=True)
         if not any(h.gpu.driver.manage for h in inv.hosts):
             ui.say(con, "no host has driver: {manage: true}: gpuk8s does not manage any node's driver "

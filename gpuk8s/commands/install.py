@@ -17,6 +17,7 @@ from gpuk8s.options import (
     BundleOpt,
     BundlePortOpt,
     InventoryOpt,
+    KeepServingOpt,
     OnlyPhaseOpt,
     Output,
     OutputOpt,
@@ -58,6 +59,7 @@ def register(app: typer.Typer, load_inventory: Callable[..., Any]) -> None:
         bundle_host: str | None = BundleHostOpt,  # noqa: UP007
         bundle_port: int = BundlePortOpt,
         bundle_key: Path | None = BundleKeyOpt,  # noqa: UP007
+        keep_serving: bool = KeepServingOpt,
     ) -> None:
         """Preflight, prepare every host (toolkit, runtime, Kubernetes packages), then kubeadm init, CNI, join,
         the NVIDIA device plugin, and verification that every GPU is schedulable."""
@@ -70,7 +72,7 @@ def register(app: typer.Typer, load_inventory: Callable[..., Any]) -> None:
         if bundle is not None and prepare_only:
             usage_error(GpuK8sError("--prepare-only does not serve a bundle", "run install --bundle without it, "
                                     "or --only-phase prepare"), output)
-        served = load_bundle(bundle, bundle_host, bundle_port, output, bundle_key)
+        served = load_bundle(bundle, bundle_host, bundle_port, output, bundle_key, keep_serving)
         ignored = ignored_checks(inv, ignore)
         sudo = passwords(inv)
         view = LiveView(len(inv.hosts)) if output == Output.table and ui.is_terminal() else None

@@ -20,6 +20,7 @@ from gpuk8s.options import (
     DrainTimeoutOpt,
     GpuPodTimeoutOpt,
     InventoryOpt,
+    KeepServingOpt,
     MaxUnavailableOpt,
     OnlyPhaseOpt,
     Output,
@@ -55,10 +56,11 @@ def register(app: typer.Typer, load_inventory: Any) -> None:
         bundle_host: str | None = BundleHostOpt,  # noqa: UP007
         bundle_port: int = BundlePortOpt,
         bundle_key: Path | None = BundleKeyOpt,  # noqa: UP007
+        keep_serving: bool = KeepServingOpt,
     ) -> None:
         """Upgrade Kubernetes one minor at a time: control planes, then workers drained one by one."""
         inv = load_inventory(inventory, output)
-        served = load_bundle(bundle, bundle_host, bundle_port, output, bundle_key)
+        served = load_bundle(bundle, bundle_host, bundle_port, output, bundle_key, keep_serving)
         if served is not None and to is None:
             to = served.manifest.minor  # a bundle holds one minor: the one to reach
         skip = phase_names(skip_phases)

@@ -10,9 +10,11 @@ the path, says which. Nothing is trusted to the network: apt checks every packag
 signature, containerd every blob against its digest.
 
 It ends when its stdin ends: gpuk8s holds it over its SSH connection, so a run that ends, is killed or loses the
-connection stops the server with it. Standard library only, Python 3.6 and later (Alibaba Cloud Linux 3's).
+connection stops the server with it. With `--while FILE` (`--keep-serving`) it ends once FILE is gone instead
+(looked at every second): the next run from a bundle, or the user, removes it. Standard library only, Python 3.6
+and later (Alibaba Cloud Linux 3's).
 
-usage: bundle_serve.py ROOT ADDRESS PORT
+usage: bundle_serve.py ROOT ADDRESS PORT [--while FILE]
 """
 
 import json
@@ -21,6 +23,7 @@ import re
 import socket
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from socketserver import TCPServer, ThreadingMixIn
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -232,9 +235,17 @@ def _until_stdin_ends():
         os._exit(0)
 
 
+def _while_there(path):
+    try:
+        while os.path.exists(path):
+            time.sleep(1)
+    finally:
+        os._exit(0)
+
+
 def main(argv):
-    if len(argv) != 4:
-        sys.stderr.write("usage: bundle_serve.py ROOT ADDRESS PORT\n")
+    if len(argv) not in (4, 6) or (len(argv) == 6 and argv[4] != "--while"):
+        sys.stderr.write("usage: bundle_serve.py ROOT ADDRESS PORT [--while FILE]\n")
         return 2
     root, address, port = os.path.realpath(argv[1]), argv[2], int(argv[3])
     try:
@@ -244,7 +255,10 @@ def main(argv):
         return 1
     server.root = root
     server.refs = load_refs(root)
-    threading.Thread(target=_until_stdin_ends, daemon=True).start()
+    if len(argv) == 6:
+        threading.Thread(target=_while_there, args=(argv[5],), daemon=True).start()
+    else:
+        threading.Thread(target=_until_stdin_ends, daemon=True).start()
     sys.stdout.write(READY + "\n")
     sys.stdout.flush()
     server.serve_forever()

@@ -82,16 +82,19 @@ class Bundle(Phase):
                        shell.command("bundle-append", sha256=b.sha256, offset=0)),
                 Change(f"check it and unpack it into /var/lib/gpuk8s/bundle/{b.sha256}", host.name,
                        shell.command("bundle-unpack", sha256=b.sha256)),
-                Change(f"serve it on http://{endpoint(host.address, b.port)} until this run ends", host.name,
-                       f"bundle_serve.py /var/lib/gpuk8s/bundle/{b.sha256} {host.address} {b.port}")]
+                Change(f"serve it on http://{endpoint(host.address, b.port)} "
+                       + ("after this run too (--keep-serving)" if b.keep else "until this run ends"), host.name,
+                       f"bundle_serve.py /var/lib/gpuk8s/bundle/{b.sha256} {host.address} {b.port}"
+                       + (" --while /var/lib/gpuk8s/bundle/serving" if b.keep else ""))]
         self._serve(ctx, b, host)
         files = source_files(ctx.inv)
         for h in ctx.inv.hosts:
             cmds.append(Change("point its package sources and registry mirrors at the bundle for the run (the "
                                "copies the last run from a bundle left), keeping them as they are now",
                                h.name, shell.command("bundle-sources", mode="in", files=files)))
-            cmds.append(Change("when the run ends: put them back as they were", h.name,
-                               shell.command("bundle-sources", mode="out", files=files)))
+            if not b.keep:
+                cmds.append(Change("when the run ends: put them back as they were", h.name,
+                                   shell.command("bundle-sources", mode="out", files=files)))
         # nothing is served in a dry run: preflight would find the served sources unreachable on every host
         ctx.ignore = ctx.ignore | {"net.sources"}
         return self.planned("would-change", "every host installs from the bundle, nothing reaches out", cmds)
@@ -149,7 +152,10 @@ class Bundle(Phase):
         self._point(ctx)
         where = f"http://{endpoint(host.address, b.port)}"
         how = f"copied {sent} bytes in {copied:.1f} s, " if sent else ""
-        return self.result("changed", f"served from {host.name} at {where} ({how}Kubernetes {b.manifest.kubernetes})")
+        kept = (f"; kept serving after the run, the hosts' sources with it, until the next run from a bundle (or "
+                f"rm /var/lib/gpuk8s/bundle/serving on {host.name})" if b.keep else "")
+        return self.result("changed", f"served from {host.name} at {where} ({how}Kubernetes {b.manifest.kubernetes})"
+                           + kept)
 
     def _sources(self, ctx: Context, h: Host, s: Session | None, mode: str) -> str:
         """bundle-sources.sh `mode` on one host ("" when done, else why not); without `s`, on a connection of its
@@ -187,7 +193,8 @@ class Bundle(Phase):
         now = [h for h in ctx.inv.hosts if h.name in ctx.sessions or h.name not in prepared]
         for_each_host(now, lambda h: one(h, ctx.sessions.get(h.name)), ctx.concurrency)
         ctx.before_steps.append(one)
-        ctx.on_exit.append(lambda: self._put_back(ctx))
+        if not ctx.options.bundle or not ctx.options.bundle.keep:
+            ctx.on_exit.append(lambda: self._put_back(ctx))
 
     def _put_back(self, ctx: Context) -> None:
         with self.lock:
@@ -206,11 +213,17 @@ class Bundle(Phase):
                      "bundle puts them back")
 
     def _start(self, s: Session, b: BundleFile, host: Host) -> str:
-        """The server held on `s`: "" once it listens, else why not."""
+        """The server held on `s` (with b.keep, in the background on the host, until the next run from a bundle
+        or the user ends it): "" once it listens, else why not."""
+        command = shell.command("bundle-serve", sha256=b.sha256, address=host.address, port=b.port,
+                                server=server_source(), keep=b.keep)
+        display = f"serve the bundle on {host.name}"
         try:
-            self.held, out = s.hold(shell.command("bundle-serve", sha256=b.sha256, address=host.address,
-                                                  port=b.port, server=server_source()),
-                                    until=READY, display=f"serve the bundle on {host.name}")
+            if b.keep:
+                res = s.run(command, sudo=True, display=display, timeout=60)
+                return "" if res.ok and READY in res.stdout.split() else \
+                    f"the bundle server did not start on {host.name}: {tail(res)}"
+            self.held, out = s.hold(command, until=READY, display=display)
         except RemoteError as e:
             return f"the bundle cannot be served from {host.name}: {e.message}"
         return "" if self.held is not None else f"the bundle server did not start on {host.name}: {out.strip()[-300:]}"

@@ -244,8 +244,13 @@ def test_install_and_join_from_a_bundle_with_every_public_source_out_of_reach(la
                 and p["name"] not in ("lock", "bundle", "kubeconfig")], again["phases"]
 
     # day two: an Ubuntu and an Alibaba Cloud Linux host join from the same bundle (dnf reads its served copy)
-    r = run_cli("join", "gpu-3", "al-1", "-i", str(full_inv), "--bundle", str(bundle), "-o", "json", timeout=900)
+    # (--keep-serving: the server and the hosts' sources outlive the run, until the next run from a bundle)
+    r = run_cli("join", "gpu-3", "al-1", "-i", str(full_inv), "--bundle", str(bundle), "--keep-serving", "-o",
+                "json", timeout=900)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-3000:]
+    assert "kept serving after the run" in next(p for p in json.loads(r.stdout)["phases"]
+                                                if p["name"] == "bundle")["message"]
+    assert _listening(address, 5480)
     nodes = json.loads(cp.exec(f"{KUBECTL} get nodes -o json").stdout)["items"]
     gpus = {n["metadata"]["name"]: n["status"]["allocatable"].get("nvidia.com/gpu") for n in nodes}
     assert gpus.get("gpu-3") == "4" and gpus.get("al-1") == "2", gpus
@@ -253,7 +258,7 @@ def test_install_and_join_from_a_bundle_with_every_public_source_out_of_reach(la
     # gpu-3's driver: its branch's open driver and its kernel's precompiled modules, fetched from the bundle's copy
     # of Ubuntu's archive (verified there with Ubuntu's keyring of the host), loaded
     g3 = lab.host("gpu-3")
-    assert g3.read(SERVED + "/etc/apt/sources.list.d/gpuk8s-driver.list").strip() == (
+    assert g3.read("/etc/apt/sources.list.d/gpuk8s-driver.list").strip() == (
         f"deb [signed-by=/usr/share/keyrings/ubuntu-archive-keyring.gpg] http://{address}:5480/repos/driver_apt "
         "jammy-updates restricted")
     modules = f"linux-modules-nvidia-{branch}-server-open-{kernel}"
@@ -271,15 +276,13 @@ def test_install_and_join_from_a_bundle_with_every_public_source_out_of_reach(la
     release = DRIVER_RELEASES[branch]
     assert f"http://{address}:5480/repos/driver/x86_64/nvidia-open-{release}-1.el8.x86_64.rpm" in \
         al.state()["fetched"], al.state()["fetched"]
-    assert f"baseurl=http://{address}:5480/repos/driver/x86_64" in al.read(
-        SERVED + "/etc/yum.repos.d/gpuk8s-cuda-rhel8.repo")
-    assert _sources(g3) == before["gpu-3"] and _sources(al) == before["al-1"], (_sources(g3), _sources(al))
+    assert f"baseurl=http://{address}:5480/repos/driver/x86_64" in al.read("/etc/yum.repos.d/gpuk8s-cuda-rhel8.repo")
     assert al.read("/etc/pki/rpm-gpg/gpuk8s-cuda-rhel8.asc").startswith("-----BEGIN PGP PUBLIC KEY BLOCK-----")
     assert f"Open Kernel Module for x86_64  {release}" in al.exec("cat /proc/driver/nvidia/version").stdout
     planned = {"gpu-1": {"nvidia.com/gpu": 8}, "gpu-2": {"nvidia.com/gpu": 8}, "gpu-3": {"nvidia.com/gpu": 4},
                "al-1": {"nvidia.com/gpu": 2}}
     invariants.all_hold(lab, run_cli, str(full_inv), planned, set(), {"nvidia.com/gpu": 22})
-    assert f"baseurl=http://{address}:5480/repos/kubernetes/" in al.read(SERVED + "/etc/yum.repos.d/kubernetes.repo")
+    assert f"baseurl=http://{address}:5480/repos/kubernetes/" in al.read("/etc/yum.repos.d/kubernetes.repo")
 
     # day two: al-1's driver moved to another branch from the bundle (`driver upgrade --bundle`). A branch the
     # bundle does not hold is refused before the node is touched, naming it; the one it holds is installed
@@ -302,6 +305,9 @@ def test_install_and_join_from_a_bundle_with_every_public_source_out_of_reach(la
     assert r.returncode != 0, r.stdout[-3000:]
     assert f"driver branch {missing}" in r.stdout and "al-1 was left as it was" in r.stdout, r.stdout[-3000:]
     assert release in al.exec("cat /proc/driver/nvidia/version").stdout
+    # that run ended the server the join kept, and put every host's sources back as they were before the join
+    assert not _listening(address, 5480)
+    assert _sources(g3) == before["gpu-3"] and _sources(al) == before["al-1"], (_sources(g3), _sources(al))
     assert not next(n for n in json.loads(cp.exec(f"{KUBECTL} get nodes -o json").stdout)["items"]
                     if n["metadata"]["name"] == "al-1")["spec"].get("unschedulable")
     full, later_inv = on_branch(later)

@@ -357,3 +357,18 @@ def test_a_signed_bundle_is_checked_against_the_builders_key(tmp_path: Path) -> 
     finally:
         subprocess.run(["gpgconf", "--homedir", str(home), "--kill", "all"], capture_output=True)
         shutil.rmtree(home, ignore_errors=True)
+
+
+def test_keep_serving_without_a_bundle_is_a_usage_error(tmp_path: Path) -> None:
+    """--keep-serving alone says what is missing (exit 2), before any host is contacted."""
+    from typer.testing import CliRunner
+
+    from gpuk8s import cli
+
+    cli._register_commands()
+    inv = tmp_path / "inventory.yaml"
+    inv.write_text("cluster: {kubernetes_version: '1.36'}\nhosts:\n  - {name: cp-1, address: 192.0.2.1, role: "
+                   "control-plane}\n")
+    for cmd in (["install"], ["join", "cp-1"], ["upgrade"], ["driver", "upgrade"]):
+        r = CliRunner().invoke(cli.app, [*cmd, "-i", str(inv), "--keep-serving", "-o", "json"])
+        assert r.exit_code == 2 and "--keep-serving without --bundle" in r.output, (cmd, r.output)

@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -49,6 +50,26 @@ def serving(bundle: Path, into: Path) -> Iterator[int]:
         assert p.stdin is not None
         p.stdin.close()
         assert p.wait(10) == 0  # its stdin ended: so did it
+
+
+def test_a_kept_server_serves_until_its_file_is_gone(tmp_path: Path) -> None:
+    """--keep-serving: `--while FILE` serves with its stdin closed, and ends within seconds of FILE's removal."""
+    (tmp_path / "b" / "manifests").mkdir(parents=True)
+    (tmp_path / "b" / "manifests" / "calico.yaml").write_text("kind: List\n")
+    keep = tmp_path / "serving"
+    keep.touch()
+    port = free_port()
+    p = subprocess.Popen([sys.executable, "-c", server_source(), str(tmp_path / "b"), "127.0.0.1", str(port),
+                          "--while", str(keep)], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+    try:
+        assert p.stdout is not None and p.stdout.readline().decode().strip() == READY
+        time.sleep(1.5)  # its stdin ended at once: it serves on
+        got = urllib.request.urlopen(f"http://127.0.0.1:{port}/manifests/calico.yaml", timeout=5).read()
+        assert got == b"kind: List\n" and p.poll() is None
+        keep.unlink()
+        assert p.wait(5) == 0
+    finally:
+        p.kill()
 
 
 @pytest.fixture(scope="module")
@@ -169,8 +190,9 @@ def test_the_bundle_scripts_render_and_parse() -> None:
 
     values = {"sha256": "a" * 64, "size": 123, "offset": 0, "address": "10.0.0.1", "port": 5480,
               "server": "print('x'); $(reboot) `id`"}
-    for name in ("bundle-state", "bundle-append", "bundle-unpack", "bundle-serve"):
-        text = shell.command(name, **values)
+    for name, keep in (("bundle-state", False), ("bundle-append", False), ("bundle-unpack", False),
+                       ("bundle-serve", False), ("bundle-serve", True)):
+        text = shell.command(name, keep=keep, **values)
         r = subprocess.run(["sh", "-n"], input=text, capture_output=True, text=True)
         assert r.returncode == 0, (name, r.stderr)
     files = ["/etc/apt/sources.list.d/kubernetes.list", "/etc/containerd/certs.d/[fd00::1]:5480/hosts.toml",
@@ -180,7 +202,7 @@ def test_the_bundle_scripts_render_and_parse() -> None:
         r = subprocess.run(["sh", "-n"], input=text, capture_output=True, text=True)
         assert r.returncode == 0, (mode, r.stderr)
     assert "gk_copy '/etc/x y/$(reboot)' \"$d/before\"" in shell.command("bundle-sources", mode="in", files=files)
-    serve = shell.command("bundle-serve", **values)
+    serve = shell.command("bundle-serve", keep=False, **values)
     assert "'print('\"'\"'x'\"'\"'); $(reboot) `id`'" in serve  # one single-quoted word
 
 
