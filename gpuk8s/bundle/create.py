@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpuk8s import __version__, mirrors, versions
-from gpuk8s.bundle import debrepo, fetch, images, rpmrepo, rpmsource, sbom, writer
+from gpuk8s.bundle import debrepo, fetch, images, rpmrepo, rpmsource, sbom, wheel, writer
 from gpuk8s.bundle.aptsource import (
     UBUNTU_KEYRING,
     AptRepo,
@@ -71,6 +71,8 @@ class Created:
     os_packages: dict[str, list[str]] = field(default_factory=dict)  # target -> what its OS archive must serve
     images: int = 0
     signature: Path | None = None  # FILE.asc, where bundle create signed it
+    wheels: int = 0  # gpuk8s's wheel and its dependencies' (wheel/)
+    no_wheels: list[str] = field(default_factory=list)  # what could not be carried as a wheel, with why
 
 
 def branches_of(inv: Inventory, facts: Mapping[str, HostFacts | None] | None = None) -> tuple[str, ...]:
@@ -319,6 +321,13 @@ def create(inv: Inventory, targets: list[TargetSpec], out: Path, staging: Path,
             images.alias(staging / images.LAYOUT, ref, other)
             copied.append(other)
     files.update(images.layout_files(staging / images.LAYOUT))
+    # gpuk8s itself, as installed here, and what it requires: a site runs the gpuk8s that built its bundle
+    whl = wheel.wheels(staging / wheel.DIR)
+    say(f"wheels: {len(whl.built)}" + (f" (not carried: {'; '.join(whl.missing)})" if whl.missing else ""))
+    files.update(whl.built)
+    for path in whl.built:
+        dist, ver = Path(path).name.split("-")[:2]
+        purls[path] = f"pkg:pypi/{dist.replace('_', '-')}@{ver}"
     # the driver carried: the RPM family's branches (DKMS: any kernel); Ubuntu's branches and the kernels whose
     # precompiled modules its hosts install
     m = Manifest(f"gpuk8s {__version__}", version,
@@ -329,7 +338,8 @@ def create(inv: Inventory, targets: list[TargetSpec], out: Path, staging: Path,
     known = {n: writer.digest(p) for n, p in files.items()}
     _sbom(m, known, purls, files, staging)
     written = writer.write(out, m, files, level=level, known=known)
-    return Created(written, out, out.stat().st_size, time.monotonic() - start, os_packages, len(copied))
+    return Created(written, out, out.stat().st_size, time.monotonic() - start, os_packages, len(copied),
+                   wheels=len(whl.built), no_wheels=whl.missing)
 
 
 def _sbom(m: Manifest, known: Mapping[str, FileEntry], purls: Mapping[str, str], files: dict[str, Path],

@@ -126,7 +126,8 @@ def created_json(made: build.Created, found: list[Gap] | None) -> dict[str, Any]
     return {"ok": True, "file": str(made.path), "signature": str(made.signature) if made.signature else None,
             "bytes": made.bytes, "seconds": round(made.seconds, 1),
             "kubernetes": m.kubernetes, "targets": m.to_json()["targets"], "images": made.images,
-            "files": len(m.files), "os_packages": made.os_packages,
+            "files": len(m.files), "os_packages": made.os_packages, "wheels": made.wheels,
+            "wheels_not_carried": made.no_wheels,
             "coverage": None if found is None else [g.to_json() for g in found]}
 
 
@@ -142,6 +143,11 @@ def show_created(made: build.Created, found: list[Gap] | None, output: Output) -
         if names:
             ui.say(con, f"{label}: from the distribution's own repository (not in the bundle; every host of it "
                         f"has them or its OS mirror serves them): {', '.join(names)}")
+    if made.wheels:
+        ui.say(con, f"gpuk8s: {made.wheels} wheel(s) in wheel/ (gpuk8s and what it requires, for this machine's "
+                    "Python and platform)")
+    for why in made.no_wheels:
+        ui.say(con, f"wheel not carried: {why}", style="yellow")
     for g in found or []:
         ui.say(con, f"not covered: {g.message}", style="yellow")
     ui.say(con, f"next: copy it to the site, then gpuk8s bundle verify {made.path} -i INVENTORY there")

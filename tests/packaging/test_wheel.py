@@ -158,3 +158,41 @@ def test_the_installed_cli_preflights_and_installs_a_cluster_on_the_lab(lab_up: 
     # the playbooks and the cluster scripts came from the installed package: the hosts were prepared and joined
     nodes = lab.host("cp-1").exec("kubectl --kubeconfig /etc/kubernetes/admin.conf get nodes -o json").stdout  # type: ignore[attr-defined]
     assert {n["metadata"]["name"] for n in json.loads(nodes)["items"]} == {"cp-1", "gpu-1"}
+
+
+def test_a_bundle_carries_the_installed_gpuk8s_and_its_dependencies_as_wheels_a_site_installs_offline(
+        built: dict[str, Path], tmp_path: Path) -> None:
+    """gpuk8s/bundle/wheel.py run in the installed venv: gpuk8s's wheel rebuilt from what pip installed holds the
+    very files of the wheel users install (same names, same bytes; RECORD written anew), every dependency is
+    rebuilt too, and a fresh venv installs gpuk8s from those wheels alone (--no-index) and runs it."""
+    import hashlib
+    import zipfile
+
+    out = tmp_path / "wheels"
+    py = built["venv"] / "bin" / "python"
+    r = subprocess.run([str(py), "-c", "import sys, json; from pathlib import Path; from gpuk8s.bundle.wheel import "
+                        "wheels; w = wheels(Path(sys.argv[1])); print(json.dumps({'built': {k: str(v) for k, v in "
+                        "w.built.items()}, 'missing': w.missing}))", str(out)],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                       env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    assert got["missing"] == [], got["missing"]
+    names = {Path(p).name.split("-")[0] for p in got["built"].values()}
+    assert {"gpuk8s", "typer", "fabric", "rich", "pyyaml", "packaging", "jinja2", "paramiko"} <= names, names
+
+    def contents(whl: Path) -> dict[str, str]:
+        with zipfile.ZipFile(whl) as z:
+            return {n: hashlib.sha256(z.read(n)).hexdigest() for n in z.namelist() if not n.endswith("/RECORD")}
+
+    mine = next(Path(p) for p in got["built"].values() if Path(p).name.startswith("gpuk8s-"))
+    assert mine.name == built["wheel"].name
+    assert contents(mine) == contents(built["wheel"])
+    venv = tmp_path / "site-venv"
+    subprocess.run(["python3", "-m", "venv", str(venv)], check=True, timeout=300)
+    r = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "--no-index", "--find-links", str(out), "gpuk8s"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = subprocess.run([str(venv / "bin" / "gpuk8s"), "versions", "-o", "json"], capture_output=True, text=True,
+                       cwd=tmp_path, timeout=120)
+    assert r.returncode == 0 and json.loads(r.stdout), r.stdout + r.stderr

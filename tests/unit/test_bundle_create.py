@@ -69,8 +69,23 @@ def make(u: Upstream, tmp: Path, inv: Inventory | None = None) -> build.Created:
 
 
 def test_a_bundle_holds_what_install_asks_for_with_the_repositories_signatures(upstream: Upstream,
-                                                                               tmp_path: Path) -> None:
-    made = make(upstream, tmp_path)
+                                                                               tmp_path: Path,
+                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    # gpuk8s's wheels (here a distribution installed as pip lays one out: the checkout is an editable install)
+    from gpuk8s.bundle import wheel
+    from tests.unit.test_bundle_wheel import installed
+
+    demo = installed(tmp_path / "py" / "lib" / "site-packages")
+    monkeypatch.setattr(wheel, "wheels", lambda out: wheel.Wheels(
+        {f"wheel/{(w := wheel.rebuild(demo, out)).name}": w}, ["other: no pip RECORD of its installed files"]))
+    (tmp_path / "b").mkdir()
+    made = make(upstream, tmp_path / "b")
+    assert made.wheels == 1 and made.no_wheels == ["other: no pip RECORD of its installed files"]
+    assert "wheel/demo_pkg-1.0-py3-none-any.whl" in made.manifest.files
+    sbom = json.loads(subprocess.run(f"zstd -dcq {made.path} | tar -xO sbom.spdx.json", shell=True, check=True,
+                                     capture_output=True, text=True).stdout)
+    assert "pkg:pypi/demo-pkg@1.0" in {r["referenceLocator"] for p in sbom["packages"]
+                                       for r in p.get("externalRefs", [])}
     m = made.manifest
     files = set(m.files)
     minor = KUBE.rsplit(".", 1)[0]
