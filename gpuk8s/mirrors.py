@@ -275,6 +275,9 @@ def playbook_context(inv: Inventory) -> dict[str, object]:
     return {
         "enabled": registry_settings(inv).enabled,
         "kubeadm_repository": kubeadm_repository(inv) or "",
+        # Docker reaches a registry over plain http only where daemon.json's insecure-registries names it
+        "insecure_hosts": ",".join(sorted(own_hosts(registry_settings(inv)))) if registry_settings(inv).insecure_http
+        else "",
         # path -> base64 content: written by gk_put, compared byte for byte by the check
         "hosts": files,
         "secret": bool(creds),

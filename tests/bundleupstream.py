@@ -29,7 +29,7 @@ from typing import Any
 
 from gpuk8s import versions
 from gpuk8s.driver import rules
-from tests.lab.fakes.fake import CNI_MANIFESTS, UBUNTU_DRIVERS
+from tests.lab.fakes.fake import CNI_MANIFESTS, LAB_ROOT, UBUNTU_DRIVERS, cri_dockerd_archive
 from tests.lab.fakes.kube import kubeadm_images
 
 TOOLS = ("apt-ftparchive", "dpkg-deb", "gpg", "gpgv", "skopeo", "docker-registry", "zstd")
@@ -137,8 +137,9 @@ def _kubeadm(version: str) -> str:
 class Upstream:
     """Built in `root`; `start()` serves it; `inventory(...)` points an inventory at it."""
 
-    def __init__(self, root: Path, arches: tuple[str, ...] = ("amd64",)) -> None:
+    def __init__(self, root: Path, arches: tuple[str, ...] = ("amd64",), lab_root: Path = LAB_ROOT) -> None:
         self.root = root
+        self.lab_root = lab_root  # the lab whose hosts run what it serves (cri-dockerd's stand-in names it)
         self.www = root / "www"
         # a short home of its own: gpg-agent's socket lives in it, and a Unix socket's path is at most 107 bytes
         # (a pytest worker's tmp_path alone can be longer)
@@ -223,6 +224,12 @@ class Upstream:
             (idx / "Packages.gz").write_bytes(gzip.compress(text, mtime=0))
         rel = _release(u / "dists" / "jammy", "jammy", "stable", self.arches)
         self._sign(fpr, rel, inline=False)
+        # cri-dockerd's release archives (Docker hosts): the lab's stand-in (the lab's own root: its hosts run it)
+        pin = versions.cri_dockerd()
+        for arch in pin.sha256:
+            archive = self.www / "cri-dockerd" / f"v{pin.version}" / pin.archive(arch)
+            archive.parent.mkdir(parents=True, exist_ok=True)
+            archive.write_bytes(cri_dockerd_archive(pin.version, arch, self.lab_root))
         # the CNI manifest
         cni = self.www / "cni" / "calico.yaml"
         cni.parent.mkdir(parents=True)
@@ -414,6 +421,11 @@ class Upstream:
         out = {"kubernetes_repo": repo("kubernetes", "kubernetes"), "toolkit_repo": repo("toolkit", "nvidia"),
                "containerd_repo": repo("containerd", "docker"),
                "calico_manifest": f"{self.url}/cni/calico.yaml", "calico_manifest_sha256": self.cni_sha256}
+        pin = versions.cri_dockerd()
+        archives = {a: self.www / "cri-dockerd" / f"v{pin.version}" / pin.archive(a) for a in pin.sha256}
+        if all(f.exists() for f in archives.values()):
+            out["cri_dockerd_url"] = f"{self.url}/cri-dockerd/v{pin.version}"
+            out["cri_dockerd_sha256"] = {a: hashlib.sha256(f.read_bytes()).hexdigest() for a, f in archives.items()}
         if "driver" in self.fingerprints:  # build_rpm() made NVIDIA's RHEL 8 repository
             out["driver_repo"] = repo("driver", "cuda/rhel8")
         if "ubuntu" in self.fingerprints:  # build_ubuntu_driver() made Ubuntu's archive

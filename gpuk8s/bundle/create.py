@@ -38,12 +38,14 @@ from gpuk8s.bundle.aptsource import (
 )
 from gpuk8s.bundle.coverage import driver_debs, managed_branch, os_name, rpm_family
 from gpuk8s.bundle.manifest import FileEntry, Manifest, RepoKey, Target
+from gpuk8s.bundle.site import CRI_DOCKERD
 from gpuk8s.facts.model import HostFacts
 from gpuk8s.gpuplan import is_gpu_node
 from gpuk8s.inventory.model import Inventory
 
 SBOM = "sbom.spdx.json"
 MAX_MANIFEST_FILE = 16 << 20  # a CNI manifest (calico's is ~0.3 MB)
+MAX_ARCHIVE = 512 << 20  # a release archive (cri-dockerd's is ~20 MB)
 _REF = re.compile(r"^[a-z0-9][a-z0-9._/-]{0,200}(:[A-Za-z0-9._-]{1,128})?(@sha256:[0-9a-f]{64})?$")
 _TARGET = re.compile(r"^(?P<os>[a-z][a-z0-9]{0,31}-[0-9][0-9.]{0,15})/(?P<arch>x86_64|aarch64)$")
 
@@ -151,9 +153,33 @@ def _check(t: TargetSpec) -> None:
     if rpm_family(t.os) and not _EL8.match(t.os):
         raise SourceError(f"{t.os} {t.arch}: bundles serve Ubuntu and the RHEL 8 family (Alibaba Cloud Linux 3)",
                           "install those hosts through mirrors: (docs/mirrors.md)")
-    if t.runtime != "containerd":
-        raise SourceError(f"{t.os} {t.arch} with {t.runtime}: bundles for Docker hosts are not built yet",
-                          "bundles serve containerd hosts; Docker hosts install through mirrors: (docs/mirrors.md)")
+    if t.runtime not in ("containerd", "docker"):
+        raise SourceError(f"{t.os} {t.arch} with {t.runtime}: bundles serve containerd and Docker hosts",
+                          "set cluster.container_runtime to containerd or docker")
+
+
+def _cri_dockerd(inv: Inventory, arch: str, staging: Path, purls: dict[str, str],
+                 say: Callable[[str], None]) -> dict[str, Path]:
+    """cri-dockerd's release archive for a Docker target's architecture (Docker itself is the host's: preflight
+    checks its version), checked against its pin here as install checks it on the host."""
+    a = deb_arch(arch)
+    want = inv.install.cri_dockerd_sha256.get(a, "")
+    if not want:
+        raise SourceError(f"cri-dockerd publishes no release archive for {arch}",
+                          "use containerd on those hosts (cluster.container_runtime: containerd)")
+    name = versions.cri_dockerd().archive(a)
+    url = f"{inv.install.cri_dockerd_url}/{name}"
+    say(f"cri-dockerd: {url}")
+    data = fetch.get(url, MAX_ARCHIVE, allow_http=True)
+    got = hashlib.sha256(data).hexdigest()
+    if got != want:
+        raise SourceError(f"{url} has sha256 {got}; its pin is {want}", "check install.cri_dockerd_sha256")
+    path = f"{CRI_DOCKERD}/{name}"
+    dest = staging / path
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_bytes(data)
+    purls[path] = f"pkg:github/mirantis/cri-dockerd@v{versions.cri_dockerd().version}"
+    return {path: dest}
 
 
 def _cni_manifest(inv: Inventory, staging: Path) -> tuple[dict[str, Path], list[str]]:
@@ -259,6 +285,8 @@ def create(inv: Inventory, targets: list[TargetSpec], out: Path, staging: Path,
     purls: dict[str, str] = {}
     kubeadm_deb: Path | None = None
     for t in targets:
+        if t.runtime == "docker":
+            files.update(_cri_dockerd(inv, t.arch, staging, purls, say))
         if rpm_family(t.os):
             _rpm_target(inv, t, staging, copies, keys, purls, os_packages, kube_versions, say)
             continue

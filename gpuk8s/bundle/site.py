@@ -4,8 +4,10 @@
 runs with this inventory instead of the user's: install.ROLE_repo at http://HOST:PORT/repos/ROLE (plain http,
 with the key the bundle records pinned: apt verifies the repository's own signature as it would from the
 internet), the registry mirror at HOST:PORT (every image gpuk8s names, kubeadm's imageRepository, containerd's
-hosts.toml for each upstream registry), the CNI manifest at http://HOST:PORT/manifests/CNI.yaml with the sha256
-the bundle records, and the exact Kubernetes patch the bundle holds. Nothing else of the inventory changes.
+hosts.toml for each upstream registry; Docker's daemon.json insecure-registries), cri-dockerd's release
+archive at http://HOST:PORT/files/cri-dockerd (its sha256 pin unchanged), the CNI manifest at
+http://HOST:PORT/manifests/CNI.yaml with the sha256 the bundle records, and the exact Kubernetes patch the bundle
+holds. Nothing else of the inventory changes.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from gpuk8s.bundle.writer import digest
 from gpuk8s.inventory.model import Inventory, RegistrySettings
 
 DEFAULT_PORT = 5480
+CRI_DOCKERD = "files/cri-dockerd"  # cri-dockerd's release archives in a bundle (Docker hosts)
 
 # gpuk8s's own package source files (playbooks/kubernetes-prerequisites.yaml, nvidia-container-toolkit.yaml,
 # containerd.yaml with _shared.yaml's docker-source, nvidia-driver.yaml): a run from a bundle points them at the
@@ -70,6 +73,8 @@ def served(inv: Inventory, m: Manifest, address: str, port: int = DEFAULT_PORT) 
         changes[f"{r.role}_repo"] = f"{base}/repos/{r.role}"
         changes[f"{r.role}_repo_insecure_http"] = True
         changes[f"{r.role}_repo_key_fingerprint"] = r.fingerprint
+    if any(path.startswith(f"{CRI_DOCKERD}/") for path in m.files):
+        changes["cri_dockerd_url"] = f"{base}/{CRI_DOCKERD}"
     cni = inv.cluster.cni
     entry = m.files.get(f"manifests/{cni}.yaml")
     if entry is not None:

@@ -2,10 +2,11 @@
 """gpuk8s's bundle server, run on the serving host for the length of one gpuk8s run (docs/airgap.md).
 
 Read-only, over plain HTTP on the cluster network, from an unpacked bundle (ROOT): the package repositories
-(`/repos/...`) and the CNI manifest (`/manifests/...`) as files, and the bundle's OCI image layout (`ROOT/images`)
-through the pull side of the OCI distribution API (`/v2/NAME/manifests/REF`, `/v2/NAME/blobs/DIGEST`), so that
-containerd pulls from it as from any registry mirror. NAME is an image's path without its registry
-(`nvidia/k8s-device-plugin`, `coredns/coredns`); containerd's `ns` query parameter, or the one registry that has
+(`/repos/...`), the CNI manifest (`/manifests/...`) and release archives (`/files/...`: cri-dockerd's) as
+files, and the bundle's OCI image layout (`ROOT/images`) through the pull side of the OCI distribution API
+(`/v2/NAME/manifests/REF`, `/v2/NAME/blobs/DIGEST`), so that containerd (and Docker) pulls from it as from any
+registry mirror. NAME is an image's path without its registry (`nvidia/k8s-device-plugin`, `coredns/coredns`);
+containerd's `ns` query parameter, or the one registry that has
 the path, says which. Nothing is trusted to the network: apt checks every package against the repository's own
 signature, containerd every blob against its digest.
 
@@ -29,7 +30,7 @@ from socketserver import TCPServer, ThreadingMixIn
 from urllib.parse import parse_qs, unquote, urlsplit
 
 READY = "gpuk8s-bundle-serving"
-STATIC = ("repos/", "manifests/")
+STATIC = ("repos/", "manifests/", "files/")
 CHUNK = 1 << 20
 MAX_MANIFEST = 4 << 20
 MAX_CONNECTIONS = 64  # clients served at once (a node pulls a few images at a time; apt one file at a time)

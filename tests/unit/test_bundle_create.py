@@ -411,3 +411,31 @@ def test_ubuntu_hosts_whose_driver_gpuk8s_manages_get_their_driver_from_ubuntus_
         build.create(inv, targets, tmp_path / "d.tar.zst", tmp_path / "s3", level=3,
                      ubuntu_keyring=str(tmp_path / "none.gpg"))
     assert "apt-get install ubuntu-keyring" in e.value.remedy
+
+
+def test_a_docker_target_gets_cri_dockerds_archive_checked_against_its_pin(upstream: Upstream,
+                                                                          tmp_path: Path) -> None:
+    """Docker hosts: cri-dockerd's release archive of the target's architecture (checked against
+    install.cri_dockerd_sha256, as install checks it on the host), no containerd.io (Docker is the host's); a run
+    from the bundle fetches it from the serving host; an archive whose sha256 is not the pin is refused."""
+    from gpuk8s import versions
+    from gpuk8s.bundle import site
+
+    inv = inventory(upstream)
+    staging = tmp_path / "s"
+    staging.mkdir()
+    made = build.create(inv, [build.TargetSpec("ubuntu-22.04", "x86_64", "docker", True)], tmp_path / "d.tar.zst",
+                        staging, level=3)
+    pin = versions.cri_dockerd()
+    path = f"files/cri-dockerd/{pin.archive('amd64')}"
+    assert made.manifest.files[path].sha256 == inv.install.cri_dockerd_sha256["amd64"]
+    assert not any(f.startswith("repos/containerd/") for f in made.manifest.files)
+    assert made.manifest.targets[0].runtime == "docker"
+    served = site.served(inv, made.manifest, "10.0.0.1")
+    assert served.install.cri_dockerd_url == "http://10.0.0.1:5480/files/cri-dockerd"
+    assert served.install.cri_dockerd_sha256 == inv.install.cri_dockerd_sha256  # the pin stays
+    wrong = inventory(upstream, cri_dockerd_sha256={"amd64": "0" * 64})
+    (tmp_path / "w").mkdir()
+    with pytest.raises(SourceError, match=f"{pin.archive('amd64')} has sha256 .*; its pin is 0000"):
+        build.create(wrong, [build.TargetSpec("ubuntu-22.04", "x86_64", "docker", True)], tmp_path / "w.tar.zst",
+                     tmp_path / "w", level=3)

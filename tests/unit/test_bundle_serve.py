@@ -174,7 +174,8 @@ def test_the_real_skopeo_pulls_every_image_by_the_names_the_cluster_asks_for(ser
 
 @pytest.mark.parametrize("path", ["/manifest.json", "/images/index.json", "/repos/../manifest.json",
                                   "/repos/kubernetes/%2e%2e/%2e%2e/manifest.json", "/repos/", "/sbom.spdx.json",
-                                  "/repos/kubernetes/..%2f..%2fmanifest.json", "/etc/passwd", "/v2/../manifest.json"])
+                                  "/repos/kubernetes/..%2f..%2fmanifest.json", "/etc/passwd", "/v2/../manifest.json",
+                                  "/files/../manifest.json", "/files/%2e%2e/sbom.spdx.json", "/wheel/"])
 def test_nothing_but_the_repositories_and_manifests_is_served(served: tuple[str, Path, build.Created],
                                                               path: str) -> None:
     where, _, _ = served

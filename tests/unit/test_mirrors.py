@@ -534,6 +534,9 @@ def test_a_run_from_a_bundle_puts_back_every_source_file_the_playbooks_write() -
     assert set(site.SOURCE_FILES) <= set(files)
     assert "/etc/containerd/certs.d/registry.k8s.io/hosts.toml" in files
     assert "/etc/containerd/certs.d/10.0.0.1:5480/hosts.toml" in files  # plain http to the serving host
+    # Docker reaches it over plain http through daemon.json's insecure-registries
+    assert mirrors.playbook_context(site.served(inv(BASE), m, "10.0.0.1"))["insecure_hosts"] == "10.0.0.1:5480"
+    assert mirrors.playbook_context(inv(BASE + "registry: {mirror: r.example.cn}\n"))["insecure_hosts"] == ""
 
 
 def _json_doc() -> str:

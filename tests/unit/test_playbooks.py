@@ -423,7 +423,7 @@ def test_docker_daemon_json_created_by_gpuk8s_is_backed_up_as_absent(tmp_path: P
     if shutil.which("python3") is None:
         pytest.skip("the daemon-json step edits daemon.json with the host's python3, which this machine lacks "
                     "(Debian and Ubuntu have it; .ci/run's machine does)")
-    [step] = render_playbook(load_playbook("docker"), {"gpu": False})[:1]
+    [step] = render_playbook(load_playbook("docker"), {"gpu": False, "registry": {"insecure_hosts": ""}})[:1]
     assert step.name == "daemon-json"
     script = build_script([step], owner="unit test", dry_run=False).replace(
         "/var/lib/gpuk8s", str(tmp_path / "state")).replace("/etc/docker", str(tmp_path / "etc/docker"))
@@ -432,6 +432,32 @@ def test_docker_daemon_json_created_by_gpuk8s_is_backed_up_as_absent(tmp_path: P
     assert "native.cgroupdriver=systemd" in (tmp_path / "etc/docker/daemon.json").read_text()
     backup = tmp_path / f"state/backup{tmp_path}/etc/docker/daemon.json"
     assert Path(f"{backup}.absent").exists() and not backup.exists()
+
+
+def test_docker_reaches_a_plain_http_mirror_through_insecure_registries(tmp_path: Path) -> None:
+    """A registry mirror over plain http (a bundle's server): daemon.json's insecure-registries names it, beside
+    what the user had there (kept, not doubled); the next run's check finds it so and changes nothing."""
+    if shutil.which("python3") is None:
+        pytest.skip("the daemon-json step edits daemon.json with the host's python3, which this machine lacks "
+                    "(Debian and Ubuntu have it; .ci/run's machine does)")
+    import json as _json
+
+    conf = tmp_path / "etc/docker/daemon.json"
+    conf.parent.mkdir(parents=True)
+    conf.write_text('{"insecure-registries": ["site.example:5000"], "log-driver": "journald"}')
+    [step] = render_playbook(load_playbook("docker"), {"gpu": True, "registry": {
+        "insecure_hosts": "10.0.0.1:5480,site.example:5000"}})[:1]
+    assert "insecure-registries 10.0.0.1:5480,site.example:5000" in step.title
+    script = build_script([step], owner="unit test", dry_run=False).replace(
+        "/var/lib/gpuk8s", str(tmp_path / "state")).replace("/etc/docker", str(tmp_path / "etc/docker"))
+    first = subprocess.run(["sh", "-c", script], capture_output=True, text=True)
+    assert first.returncode == 0, first.stdout + first.stderr
+    d = _json.loads(conf.read_text())
+    assert d["insecure-registries"] == ["site.example:5000", "10.0.0.1:5480"] and d["log-driver"] == "journald"
+    assert d["default-runtime"] == "nvidia" and "native.cgroupdriver=systemd" in d["exec-opts"]
+    assert [o.status for o in parse_output(first.stdout).steps.values()] == ["changed"]
+    again = subprocess.run(["sh", "-c", script], capture_output=True, text=True)
+    assert [o.status for o in parse_output(again.stdout).steps.values()] == ["unchanged"], again.stdout
 
 
 def test_the_playbook_script_travels_on_stdin_not_on_a_command_line():
