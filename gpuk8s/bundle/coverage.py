@@ -99,6 +99,25 @@ def driver_debs(h: Host, f: HostFacts) -> tuple[str, ...]:
     return (*want["packages"], f"{want['modules_prefix']}{f.kernel}")  # type: ignore[misc]
 
 
+def declared_debs(inv: Inventory, facts: Mapping[str, HostFacts | None], kernels: tuple[str, ...]) -> tuple[str, ...]:
+    """The Ubuntu driver packages for hosts bundle create could not read, on the kernels a --target declares: what
+    each managed-driver host's steps would install, decided as preflight decides for GPUs it cannot classify (the
+    open modules with flavor auto, Turing or newer; the inventory's flavor where it sets one), for each kernel.
+    No fabric manager (whether a host has NVSwitches is read, not declared: coverage names it once it is read)."""
+    out: set[str] = set()
+    for h in inv.hosts:
+        if facts.get(h.name) is not None or not managed_branch(h):
+            continue
+        try:
+            rules.check_channel(h.gpu.driver, "debian")
+            c = rules.choose(h.gpu.driver, "unknown")
+        except rules.DriverRuleError:
+            continue  # preflight refuses such a host: nothing is installed for it
+        want = rules.ubuntu_packages(c, False)
+        out |= {*want["packages"], *(f"{want['modules_prefix']}{k}" for k in kernels)}  # type: ignore[misc]
+    return tuple(sorted(out))
+
+
 def _driver(m: Manifest, h: Host, f: HostFacts, t: Target) -> list[Gap]:
     branch = managed_branch(h)
     if not branch:

@@ -36,7 +36,7 @@ from gpuk8s.bundle.aptsource import (
     repos_for,
     wanted_rels,
 )
-from gpuk8s.bundle.coverage import driver_debs, managed_branch, os_name, rpm_family
+from gpuk8s.bundle.coverage import declared_debs, driver_debs, managed_branch, os_name, rpm_family
 from gpuk8s.bundle.manifest import FileEntry, Manifest, RepoKey, Target
 from gpuk8s.bundle.site import CRI_DOCKERD
 from gpuk8s.facts.model import HostFacts
@@ -47,7 +47,8 @@ SBOM = "sbom.spdx.json"
 MAX_MANIFEST_FILE = 16 << 20  # a CNI manifest (calico's is ~0.3 MB)
 MAX_ARCHIVE = 512 << 20  # a release archive (cri-dockerd's is ~20 MB)
 _REF = re.compile(r"^[a-z0-9][a-z0-9._/-]{0,200}(:[A-Za-z0-9._-]{1,128})?(@sha256:[0-9a-f]{64})?$")
-_TARGET = re.compile(r"^(?P<os>[a-z][a-z0-9]{0,31}-[0-9][0-9.]{0,15})/(?P<arch>x86_64|aarch64)$")
+_TARGET = re.compile(r"^(?P<os>[a-z][a-z0-9]{0,31}-[0-9][0-9.]{0,15})/(?P<arch>x86_64|aarch64)"
+                     r"(?:/(?P<kernel>[0-9][A-Za-z0-9._+~-]{0,63}))?$")
 
 
 @dataclass(frozen=True)
@@ -85,14 +86,23 @@ def branches_of(inv: Inventory, facts: Mapping[str, HostFacts | None] | None = N
         (f := facts.get(h.name)) is not None and not rpm_family(os_name(f)))}))
 
 
-def parse_target(text: str, runtime: str, gpu: bool = True, branches: tuple[str, ...] = ()) -> TargetSpec:
-    """A target declared on the command line for hosts bundle create cannot read: OS-RELEASE/ARCH. Only an
-    RPM-family target takes driver branches (an Ubuntu host's driver packages need its facts: flavour, kernel)."""
+def parse_target(text: str, runtime: str, gpu: bool = True, branches: tuple[str, ...] = (),
+                 inv: Inventory | None = None, facts: Mapping[str, HostFacts | None] | None = None) -> TargetSpec:
+    """A target declared on the command line for hosts bundle create cannot read: OS-RELEASE/ARCH[/KERNEL]. An
+    RPM-family target takes the driver branches (DKMS builds for any kernel; KERNEL names its kernel-devel); an
+    Ubuntu one the driver packages of the hosts not read for each KERNEL declared (coverage.declared_debs)."""
     m = _TARGET.match(text.strip())
     if not m:
-        raise SourceError(f"--target {text[:80]!r} is not OS-RELEASE/ARCH",
-                          "write it as ubuntu-22.04/x86_64 (ID-VERSION_ID of /etc/os-release, then uname -m)")
-    return TargetSpec(m.group("os"), m.group("arch"), runtime, gpu, branches if rpm_family(m.group("os")) else ())
+        raise SourceError(f"--target {text[:80]!r} is not OS-RELEASE/ARCH[/KERNEL]",
+                          "write it as ubuntu-22.04/x86_64 (ID-VERSION_ID of /etc/os-release, then uname -m), with "
+                          "/KERNEL (uname -r) for the driver's modules of hosts whose driver gpuk8s manages")
+    os_, arch, kernel = m.group("os"), m.group("arch"), m.group("kernel")
+    kernels = (kernel,) if kernel else ()
+    if rpm_family(os_):
+        return TargetSpec(os_, arch, runtime, gpu, branches, kernels if branches else ())
+    debs = declared_debs(inv, facts or {}, kernels) if inv is not None and kernels and gpu else ()
+    got = tuple(b for b in branches if any(d.startswith(f"nvidia-headless-no-dkms-{b}-") for d in debs))
+    return TargetSpec(os_, arch, runtime, gpu, got, kernels if debs else (), debs)
 
 
 def targets_from(inv: Inventory, facts: Mapping[str, HostFacts | None]) -> list[TargetSpec]:

@@ -24,6 +24,8 @@ from pathlib import Path
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
+from gpuk8s.errors import GpuK8sError
+
 DIR = "wheel"  # where the wheels are in a bundle
 _SKIPPED = ("RECORD", "INSTALLER", "REQUESTED", "direct_url.json")  # pip's own, of this install only
 _TAG = re.compile(r"^[A-Za-z0-9_.]+-[A-Za-z0-9_.]+-[A-Za-z0-9_.]+$")
@@ -31,8 +33,10 @@ _DATE = (1980, 1, 1, 0, 0, 0)  # the earliest a zip can say: the same files give
 MAX_FILE = 256 << 20  # one installed file read into memory
 
 
-class WheelError(Exception):
-    """Why a distribution's wheel cannot be rebuilt."""
+class WheelError(GpuK8sError):
+    """Why a distribution's wheel cannot be rebuilt (bundle create carries no wheels then, and says why)."""
+
+    kind = "bundle"
 
 
 @dataclass(frozen=True)
@@ -132,7 +136,7 @@ def wheels(out_dir: Path, root: str = "gpuk8s") -> Wheels:
     except md.PackageNotFoundError:
         return Wheels({}, [f"{root}: not installed here"])
     except WheelError as e:
-        return Wheels({}, [str(e)])
+        return Wheels({}, [e.message])
     built: dict[str, Path] = {f"{DIR}/{first.name}": first}
     missing: list[str] = []
     seen: set[str] = {canonicalize_name(root)}
@@ -150,7 +154,7 @@ def wheels(out_dir: Path, root: str = "gpuk8s") -> Wheels:
         try:
             whl = rebuild(dist, out_dir)
         except WheelError as e:
-            missing.append(str(e))
+            missing.append(e.message)
         else:
             built[f"{DIR}/{whl.name}"] = whl
         todo += _requires(dist)

@@ -17,7 +17,7 @@ from gpuk8s import ui
 from gpuk8s.bundle import create as build
 from gpuk8s.bundle import signature
 from gpuk8s.bundle.archive import BundleError
-from gpuk8s.bundle.coverage import Gap, gaps, rpm_family
+from gpuk8s.bundle.coverage import Gap, gaps, managed_branch, rpm_family
 from gpuk8s.bundle.manifest import ManifestError
 from gpuk8s.bundle.verify import Verified, verify
 from gpuk8s.commands.common import failed, passwords
@@ -40,7 +40,9 @@ def register(app: typer.Typer, load_inventory: Any) -> None:
         out: Path | None = typer.Argument(None, metavar="FILE", help="Where to write the bundle (default: "  # noqa: UP007
                                           "gpuk8s-bundle-VERSION.tar.zst here)."),
         target: list[str] = typer.Option([], "--target", help="A kind of host to build for, that this machine "
-                                         "cannot reach: OS-RELEASE/ARCH (ubuntu-22.04/x86_64); repeatable."),
+                                         "cannot reach: OS-RELEASE/ARCH (ubuntu-22.04/x86_64), with /KERNEL (uname "
+                                         "-r) for the driver's modules of such Ubuntu hosts whose driver gpuk8s "
+                                         "manages; repeatable."),
         no_hosts: bool = typer.Option(False, "--no-hosts", help="Contact no host: build for the --target kinds "
                                       "only."),
         level: int = typer.Option(19, "--level", min=1, max=19, help="zstd's compression level."),
@@ -69,14 +71,15 @@ def register(app: typer.Typer, load_inventory: Any) -> None:
                                     measure_network=False)
                 facts = {h.host.name: h.facts for h in rep.hosts}
             branches = build.branches_of(inv, facts)
-            declared = [build.parse_target(t, runtime, branches=branches) for t in target]
+            declared = [build.parse_target(t, runtime, branches=branches, inv=inv, facts=facts) for t in target]
             targets = build.with_branches(build.merge([*build.targets_from(inv, facts), *declared]),
                                           tuple(driver_branch))
             con = ui.console(stderr=True)  # progress: stdout is the result's (JSON with -o json)
             for name, f in facts.items():
                 if f is None:
-                    ui.say(con, f"{name}: not reached; its kind of host is built only if --target names it",
-                           style="yellow")
+                    ui.say(con, f"{name}: not reached; its kind of host is built only if --target names it"
+                                + (" (an Ubuntu host's driver only with its kernel: --target OS/ARCH/KERNEL)"
+                                   if managed_branch(inv.host(name)) else ""), style="yellow")
             dest = out or Path(f"gpuk8s-bundle-{inv.cluster.kubernetes_version}.tar.zst")
             with tempfile.TemporaryDirectory(prefix=".gpuk8s-bundle-", dir=dest.resolve().parent) as tmp:
                 made = build.create(inv, targets, dest, Path(tmp), say=lambda s: ui.say(con, s) if output !=

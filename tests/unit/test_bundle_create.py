@@ -395,10 +395,22 @@ def test_ubuntu_hosts_whose_driver_gpuk8s_manages_get_their_driver_from_ubuntus_
     assert [(g.host, g.what) for g in got] == [("gpu-1", "driver-branch"), ("gpu-1", "kernel")], got
     assert got[0].message.endswith(f"lacks nvidia-headless-no-dkms-{branch}-server")  # utils: the same for both
     assert f"linux-modules-nvidia-{branch}-server-{KERNEL}" in got[1].message
-    # an Ubuntu host's driver packages need its facts: neither a declared Ubuntu target nor the branches of hosts
-    # read as Ubuntu make a declared RPM-family target carry a driver
-    assert build.parse_target("ubuntu-22.04/x86_64", "containerd", branches=(branch,)).branches == ()
+    # an Ubuntu host's driver packages need its kernel: a declared Ubuntu target without one carries no driver,
+    # nor do the branches of hosts read as Ubuntu make a declared RPM-family target carry one
+    assert build.parse_target("ubuntu-22.04/x86_64", "containerd", branches=(branch,), inv=inv).branches == ()
     assert build.branches_of(inv, seen) == () and build.branches_of(inv, {}) == (branch,)
+    # gpu-1 not reached, its kind and kernel declared: what its driver steps would install (open modules, flavor
+    # auto, as preflight assumes for GPUs it cannot classify) for that kernel; covered once it is read
+    declared = build.parse_target(f"ubuntu-22.04/x86_64/{KERNEL}", "containerd", branches=(branch,), inv=inv,
+                                  facts={"cp-1": seen["cp-1"], "gpu-1": None})
+    assert (declared.debs, declared.kernels, declared.branches) == (t.debs, (KERNEL,), (branch,)), declared
+    (tmp_path / "s4").mkdir()
+    made = build.create(inv, build.merge([build.targets_from(inv, {"cp-1": seen["cp-1"]})[0], declared]),
+                        tmp_path / "e.tar.zst", tmp_path / "s4", level=3, ubuntu_keyring=str(u.ubuntu_keyring))
+    assert (made.manifest.targets[0].kernels, made.manifest.targets[0].driver_branches) == ((KERNEL,), (branch,))
+    assert gaps(made.manifest, inv, seen) == []
+    with pytest.raises(SourceError, match="not OS-RELEASE/ARCH\\[/KERNEL\\]"):
+        build.parse_target("ubuntu-22.04/x86_64/$(reboot)", "containerd")
 
     # the keyring's other key pinned: its Release is refused, naming the key that signed; no keyring: named
     doc["install"]["driver_apt_repo"]["key_fingerprint"] = u.fingerprints["ubuntu-2012"]
