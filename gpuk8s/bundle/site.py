@@ -28,7 +28,7 @@ CRI_DOCKERD = "files/cri-dockerd"  # cri-dockerd's release archives in a bundle 
 
 # gpuk8s's own package source files (playbooks/kubernetes-prerequisites.yaml, nvidia-container-toolkit.yaml,
 # containerd.yaml with _shared.yaml's docker-source, nvidia-driver.yaml): a run from a bundle points them at the
-# serving host and puts them back when it ends (tests/unit/test_bundle_site.py checks the list against the
+# serving host and puts them back when it ends (tests/unit/test_mirrors.py checks the list against the
 # playbooks)
 SOURCE_FILES = (
     "/etc/apt/sources.list.d/kubernetes.list", "/etc/apt/sources.list.d/nvidia-container-toolkit.list",

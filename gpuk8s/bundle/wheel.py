@@ -70,15 +70,21 @@ def rebuild(dist: md.Distribution, out_dir: Path) -> Path:
         raise WheelError(f"{name}: its WHEEL file names no tag")
     entries: list[tuple[str, bytes]] = []
     package_files = 0
+    root = Path(str(dist.locate_file(""))).resolve()
     for f in files:
         path = str(f).replace("\\", "/")
-        if path.startswith("../") or "/__pycache__/" in f"/{path}" or path.endswith(".pyc"):
-            continue
+        parts = path.split("/")
+        if path.startswith(("../", "/")) or "__pycache__" in parts or path.endswith(".pyc"):
+            continue  # outside the install root (console scripts, .data's files: pip writes them again), bytecode
+        if ".." in parts or "" in parts or "." in parts:
+            raise WheelError(f"{name}: RECORD names {path[:200]!r}, which is not a plain path under its root")
         if f.parent == info and f.name in _SKIPPED:
             continue
         if f.parent.name.endswith(".dist-info") and f.parent != info:
             continue
         local = Path(str(f.locate()))
+        if root not in local.resolve().parents:
+            raise WheelError(f"{name}: {path} lies outside its install root (a link?)")
         try:
             if local.stat().st_size > MAX_FILE:
                 raise WheelError(f"{name}: {path} is larger than {MAX_FILE >> 20} MiB")
@@ -103,9 +109,9 @@ def rebuild(dist: md.Distribution, out_dir: Path) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     dest = out_dir / f"{canonicalize_name(name).replace('-', '_')}-{version}-{tags[0]}.whl"
     if len(tags) > 1:  # a compressed tag set: py2.py3-none-any
-        parts = [t.split("-") for t in tags]
+        split = [t.split("-") for t in tags]
         dest = out_dir / (f"{canonicalize_name(name).replace('-', '_')}-{version}-"
-                          + "-".join(".".join(dict.fromkeys(p[i] for p in parts)) for i in range(3)) + ".whl")
+                          + "-".join(".".join(dict.fromkeys(p[i] for p in split)) for i in range(3)) + ".whl")
     with zipfile.ZipFile(dest, "w", compression=zipfile.ZIP_DEFLATED) as z:
         for path, data in entries:
             zi = zipfile.ZipInfo(path, _DATE)
@@ -115,47 +121,65 @@ def rebuild(dist: md.Distribution, out_dir: Path) -> Path:
     return dest
 
 
-def _requires(dist: md.Distribution) -> list[str]:
-    """The names of what `dist` requires here (markers evaluated on this Python, no extras)."""
+def _requires(dist: md.Distribution, extras: frozenset[str] = frozenset()) -> list[tuple[str, frozenset[str]]]:
+    """What `dist` requires here with the extras asked of it (markers evaluated on this Python): (name, extras)."""
     out = []
     for line in dist.requires or []:
         try:
             r = Requirement(line)
         except InvalidRequirement:
             continue
-        if r.marker is None or r.marker.evaluate({"extra": ""}):
-            out.append(r.name)
+        if r.marker is None or any(r.marker.evaluate({"extra": e}) for e in ("", *sorted(extras))):
+            out.append((r.name, frozenset(r.extras)))
     return out
+
+
+def _running(root: str) -> md.Distribution:
+    """`root`'s installed distribution, which must be the code running now (not an older wheel installed beside a
+    checkout on PYTHONPATH): WheelError otherwise."""
+    import gpuk8s
+
+    dist = md.distribution(root)
+    mine = Path(gpuk8s.__file__).resolve()
+    there = Path(str(dist.locate_file("gpuk8s/__init__.py"))).resolve()
+    if root == "gpuk8s" and (dist.version != gpuk8s.__version__ or there != mine):
+        raise WheelError(f"gpuk8s runs from {mine.parent}, not from the gpuk8s {dist.version} installed at "
+                         f"{there.parent}: the wheel would not be the gpuk8s that builds the bundle")
+    return dist
 
 
 def wheels(out_dir: Path, root: str = "gpuk8s") -> Wheels:
     """`root`'s wheel and those of everything it requires, transitively, rebuilt into out_dir. None at all where
     `root`'s own cannot be rebuilt (run from a source checkout): its dependencies are carried for its sake."""
     try:
-        first = rebuild(md.distribution(root), out_dir)
+        dist = _running(root)
+        first = rebuild(dist, out_dir)
     except md.PackageNotFoundError:
         return Wheels({}, [f"{root}: not installed here"])
     except WheelError as e:
         return Wheels({}, [e.message])
     built: dict[str, Path] = {f"{DIR}/{first.name}": first}
     missing: list[str] = []
-    seen: set[str] = {canonicalize_name(root)}
-    todo = _requires(md.distribution(root))
+    seen: dict[str, frozenset[str]] = {canonicalize_name(root): frozenset()}
+    todo = _requires(dist)
     while todo:
-        name = canonicalize_name(todo.pop())
-        if name in seen:
+        raw, extras = todo.pop()
+        name = canonicalize_name(raw)
+        if name in seen and extras <= seen[name]:
             continue
-        seen.add(name)
+        again = name in seen  # asked again with more extras: only what they add
+        seen[name] = seen.get(name, frozenset()) | extras
         try:
-            dist = md.distribution(name)
+            dep = md.distribution(name)
         except md.PackageNotFoundError:
             missing.append(f"{name}: not installed here")
             continue
-        try:
-            whl = rebuild(dist, out_dir)
-        except WheelError as e:
-            missing.append(e.message)
-        else:
-            built[f"{DIR}/{whl.name}"] = whl
-        todo += _requires(dist)
-    return Wheels(dict(sorted(built.items())), missing)
+        if not again:
+            try:
+                whl = rebuild(dep, out_dir)
+            except WheelError as e:
+                missing.append(e.message)
+            else:
+                built[f"{DIR}/{whl.name}"] = whl
+        todo += _requires(dep, seen[name])
+    return Wheels(dict(sorted(built.items())), sorted(set(missing)))

@@ -162,8 +162,9 @@ def prepare(inv: Inventory, *, concurrency: int, ignore: set[str], sudo_password
     for the caller (install part 2 goes on over them) and the caller closes them. `wanted`: the steps to run
     (upgrade leaves the Kubernetes packages to its node-by-node phases); default all. `extra`: sections preflight
     runs after its probe on a host (run_preflight), read into its HostReport.health. `before`: what runs on a host
-    that passed preflight, before its steps are applied (not in a dry run): a run from a bundle points its
-    sources at the serving host."""
+    that passed preflight, before its steps (a run from a bundle points its sources at the serving host; also
+    where the steps are only checked, as with --skip-phases prepare: the later phases pull from the bundle too).
+    Callers give it for a run only, never for a plan."""
     start = time.monotonic()
     own = sessions is None
     sessions = {} if sessions is None else sessions
@@ -205,7 +206,7 @@ def prepare(inv: Inventory, *, concurrency: int, ignore: set[str], sudo_password
             assert f is not None
             ctx = context(inv, host, f)
             steps = [s for pb in playbooks for s in render_playbook(pb, ctx) if wanted is None or wanted(s)]
-            if before is not None and not dry_run:
+            if before is not None:
                 before(host, sessions[host.name])
             run_steps(sessions[host.name], run, steps, dry_run, emit)
             run.seconds = time.monotonic() - t0

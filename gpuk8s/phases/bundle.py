@@ -44,8 +44,12 @@ class Bundle(Phase):
         # (its driver failed, health held it back), and the server must outlive that for the other hosts
         self.session: Session | None = None
         self.upgrade_to = upgrade_to  # upgrade: the one minor the bundle must hold (the cluster runs another)
-        # the hosts whose sources name the serving host until the run ends (prepare's threads add to it)
+        # the hosts whose sources name the serving host until the run ends (prepare's threads add to it), those
+        # whose sources could not be kept (host: why), and whether the run is putting them back (then: no more)
         self.pointed: dict[str, Host] = {}
+        self.unkept: dict[str, str] = {}
+        self.closed = False
+        self.serving = ""  # the serving host's name
         self.lock = threading.Lock()
 
     def _where(self, ctx: Context, b: BundleFile) -> Host:
@@ -91,10 +95,11 @@ class Bundle(Phase):
         for h in ctx.inv.hosts:
             cmds.append(Change("point its package sources and registry mirrors at the bundle for the run (the "
                                "copies the last run from a bundle left), keeping them as they are now",
-                               h.name, shell.command("bundle-sources", mode="in", files=files)))
+                               h.name, shell.command("bundle-sources", mode="in", files=files,
+                                                     serving=h.name == host.name)))
             if not b.keep:
                 cmds.append(Change("when the run ends: put them back as they were", h.name,
-                                   shell.command("bundle-sources", mode="out", files=files)))
+                                   shell.command("bundle-sources", mode="out", files=files, serving=False)))
         # nothing is served in a dry run: preflight would find the served sources unreachable on every host
         ctx.ignore = ctx.ignore | {"net.sources"}
         return self.planned("would-change", "every host installs from the bundle, nothing reaches out", cmds)
@@ -149,6 +154,7 @@ class Bundle(Phase):
             raise PhaseError(problem, f"check that port {b.port} is free there (--bundle-port) and that it has python3")
         ctx.after_reboot.append(lambda h: self._again(ctx, b, host) if h.name == host.name else "")
         self._serve(ctx, b, host)
+        self.serving = host.name
         self._point(ctx)
         where = f"http://{endpoint(host.address, b.port)}"
         how = f"copied {sent} bytes in {copied:.1f} s, " if sent else ""
@@ -164,7 +170,8 @@ class Bundle(Phase):
         try:
             if s is None:
                 s = Session(h, ctx.sudo_passwords.get(h.name))
-            res = s.run(shell.command("bundle-sources", mode=mode, files=source_files(ctx.inv)), sudo=True,
+            res = s.run(shell.command("bundle-sources", mode=mode, files=source_files(ctx.inv),
+                                      serving=h.name == self.serving), sudo=True,
                         display="point its sources at the bundle" if mode == "in" else "put its sources back",
                         timeout=120)
             return "" if res.ok else tail(res)
@@ -176,32 +183,48 @@ class Bundle(Phase):
 
     def _point(self, ctx: Context) -> None:
         """Every host's sources name the serving host until the run ends (then put back: on_exit): each host prepare
-        connects to, before its steps run (over its connection); now, those connected already and every other
-        host of the inventory (join: the nodes pull too, as verify's test pods do), each over a connection of its
-        own."""
-        def one(h: Host, s: Session | None) -> None:
+        reaches, before its steps run (over its connection: a host whose sources could not be kept is not
+        prepared); now, those connected already and every other host of the inventory (join: the nodes pull too,
+        as verify's test pods do), each over a connection of its own (one whose sources could not be kept is named
+        when the run ends)."""
+        keep = bool(ctx.options.bundle and ctx.options.bundle.keep)
+        if not keep:  # registered first: a run stopped while hosts are pointed puts back those it pointed
+            ctx.on_exit.append(lambda: self._put_back(ctx))
+
+        def one(h: Host, s: Session | None) -> str:
             with self.lock:
-                if h.name in self.pointed:
-                    return
+                if self.closed:
+                    return "the run is ending"
+                if h.name in self.pointed or h.name in self.unkept:
+                    return ""
                 self.pointed[h.name] = h
             why = self._sources(ctx, h, s, "in")
             if why:
-                ctx.emit(f"bundle: {h.name}: its sources could not be pointed at the bundle ({why})")
+                with self.lock:
+                    # not put back at the end: what `in` kept of it (if anything) stays for the next run
+                    self.pointed.pop(h.name, None)
+                    self.unkept[h.name] = why
+            return why
+
+        def before_steps(h: Host, s: Session) -> None:
+            why = one(h, s)
+            if why:
+                raise RemoteError("bundle-sources", f"its package sources could not be kept to put back after the "
+                                  f"run, so it was not prepared: {why}", "check /var/lib/gpuk8s on it, then re-run")
 
         prepared = ({ctx.cp.name, *(h.name for h in ctx.options.only)} if ctx.options.only is not None
                     else {h.name for h in ctx.inv.hosts})
         now = [h for h in ctx.inv.hosts if h.name in ctx.sessions or h.name not in prepared]
         for_each_host(now, lambda h: one(h, ctx.sessions.get(h.name)), ctx.concurrency)
-        ctx.before_steps.append(one)
-        if not ctx.options.bundle or not ctx.options.bundle.keep:
-            ctx.on_exit.append(lambda: self._put_back(ctx))
+        ctx.before_steps.append(before_steps)
 
     def _put_back(self, ctx: Context) -> None:
         with self.lock:
+            self.closed = True  # a prepare thread still running points no host after this
             hosts, self.pointed = list(self.pointed.values()), {}
-        if not hosts:
-            return
-        done = for_each_host(hosts, lambda h: self._sources(ctx, h, ctx.sessions.get(h.name), "out"), ctx.concurrency)
+            unkept, self.unkept = dict(self.unkept), {}
+        done = for_each_host(hosts, lambda h: self._sources(ctx, h, ctx.sessions.get(h.name), "out"),
+                             ctx.concurrency) if hosts else {}
         failed = {n: (r if isinstance(r, str) else f"{type(r).__name__}: {r}") for n, r in done.items()
                   if not isinstance(r, str) or r}
         back = len(hosts) - len(failed)
@@ -211,6 +234,8 @@ class Bundle(Phase):
         for name, why in sorted(failed.items()):
             ctx.emit(f"bundle: {name}: its sources still name the serving host ({why}); the next run from a "
                      "bundle puts them back")
+        for name, why in sorted(unkept.items()):
+            ctx.emit(f"bundle: {name}: its sources could not be kept before the run ({why}): not put back")
 
     def _start(self, s: Session, b: BundleFile, host: Host) -> str:
         """The server held on `s` (with b.keep, in the background on the host, until the next run from a bundle

@@ -7,8 +7,10 @@
 #        from a bundle left under served/ put in place, so that this run's playbooks find each file as they would
 #        write it and a re-run changes nothing.
 #   out: each file as this run leaves it kept under served/, and its copy under before/ put back.
+# One at a time on a host (flock: a run that was stopped may still be ending here).
 d=/var/lib/gpuk8s/bundle-sources
 mkdir -p "$d" && chmod 0700 "$d" || exit 1
+exec 9>>"$d/lock" && flock -w 60 9 || { echo "another gpuk8s run holds $d/lock (60 s)" >&2; exit 75; }
 # gk_copy FILE DIR: FILE's copy (mode and owner kept) or its ".absent" mark under DIR, whole or not at all
 gk_copy() {
   gk_to=$2$1
@@ -31,6 +33,10 @@ gk_restore() {
 }
 rc=0
 {%- if mode == "in" %}
+{%- if not serving %}
+# a server an earlier run kept here (--keep-serving) ends: this run serves from another host
+rm -f /var/lib/gpuk8s/bundle/serving /var/lib/gpuk8s/bundle/serving.log
+{%- endif %}
 {%- for f in files %}
 if [ ! -e "$d/before"{{ f }} ] && [ ! -e "$d/before"{{ f }}.absent ]; then gk_copy {{ f }} "$d/before" || rc=1; fi
 gk_restore {{ f }} "$d/served" || rc=1

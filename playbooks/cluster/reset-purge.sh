@@ -93,7 +93,9 @@ fi
 rm -rf "$b"
 rmdir /etc/containerd/conf.d 2>/dev/null
 rm -f /var/lib/gpuk8s/restart-containerd /var/lib/gpuk8s/restart-docker
-rm -rf /var/lib/gpuk8s/bundle  # the bundles gpuk8s copied here to serve (install --bundle)
+# the bundles gpuk8s copied here to serve (install --bundle; a server kept with --keep-serving ends with them), and
+# the copies of the sources a run from a bundle keeps (a hosts.toml may hold a mirror's credentials)
+rm -rf /var/lib/gpuk8s/bundle /var/lib/gpuk8s/bundle-sources
 case "$restarted" in *containerd*) systemctl is-active -q containerd && systemctl restart containerd && echo "restarted containerd" ;; esac
 case "$restarted" in *docker*) systemctl is-active -q docker && systemctl restart docker && echo "restarted docker" ;; esac
 echo "@@gpuk8s-purge-done"

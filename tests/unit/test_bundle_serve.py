@@ -198,11 +198,12 @@ def test_the_bundle_scripts_render_and_parse() -> None:
         assert r.returncode == 0, (name, r.stderr)
     files = ["/etc/apt/sources.list.d/kubernetes.list", "/etc/containerd/certs.d/[fd00::1]:5480/hosts.toml",
              "/etc/x y/$(reboot)"]
-    for mode in ("in", "out"):
-        text = shell.command("bundle-sources", mode=mode, files=files)
+    for mode, serving in (("in", True), ("in", False), ("out", False)):
+        text = shell.command("bundle-sources", mode=mode, files=files, serving=serving)
         r = subprocess.run(["sh", "-n"], input=text, capture_output=True, text=True)
         assert r.returncode == 0, (mode, r.stderr)
-    assert "gk_copy '/etc/x y/$(reboot)' \"$d/before\"" in shell.command("bundle-sources", mode="in", files=files)
+    assert "gk_copy '/etc/x y/$(reboot)' \"$d/before\"" in shell.command("bundle-sources", mode="in", files=files,
+                                                                         serving=True)
     serve = shell.command("bundle-serve", keep=False, **values)
     assert "'print('\"'\"'x'\"'\"'); $(reboot) `id`'" in serve  # one single-quoted word
 
@@ -269,8 +270,8 @@ def test_a_hosts_sources_are_put_back_as_they_were_and_a_cut_run_keeps_how_they_
     mine = "/etc/containerd/certs.d/docker.io/hosts.toml"
     files = [apt, toml, mine]
     script = tmp_path / "steps.sh"
-    run_in = shell.command("bundle-sources", mode="in", files=files)
-    run_out = shell.command("bundle-sources", mode="out", files=files)
+    run_in = shell.command("bundle-sources", mode="in", files=files, serving=True)
+    run_out = shell.command("bundle-sources", mode="out", files=files, serving=True)
     (tmp_path / "in.sh").write_text(run_in)
     (tmp_path / "out.sh").write_text(run_out)
     state = "for f in {}; do if [ -e $f ]; then echo \"$f $(stat -c %a $f) $(cat $f)\"; else echo \"$f -\"; fi; " \
@@ -300,4 +301,4 @@ def test_a_hosts_sources_are_put_back_as_they_were_and_a_cut_run_keeps_how_they_
     assert states[3] == states[1]  # the next run from a bundle finds what the last one left: nothing to change
     assert states[4] == states[1]  # after the cut run, the next one puts the last whole run's copies in place
     assert states[5] == first  # how they were before the cut run, not what it left
-    assert states[6].split() == [".", "..", "served"]  # nothing of before/ left
+    assert states[6].split() == [".", "..", "lock", "served"]  # nothing of before/ left
