@@ -242,6 +242,14 @@ def test_install_and_join_from_a_bundle_with_every_public_source_out_of_reach(la
     assert "copied" not in next(p for p in again["phases"] if p["name"] == "bundle")["message"]
     assert not [p["name"] for p in again["phases"] if p["status"] == "changed"
                 and p["name"] not in ("lock", "bundle", "kubeconfig")], again["phases"]
+    # verify alone from the bundle (prepare only reads): the workers' sources are pointed all the same, so their
+    # test pods pull from the serving host (gpu-2's image store emptied, as the kubelet's image GC would); put back
+    lab.host("gpu-2").exec("rm -f /var/lib/gpuk8s-lab/pulled.json")
+    r = run_cli("install", "-i", str(inv), "--bundle", str(bundle), "--only-phase", "verify", "-o", "json",
+                timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    assert all(n["ok"] for n in json.loads(r.stdout)["nodes"]), r.stdout[-3000:]
+    assert _sources(lab.host("gpu-2")) == before["gpu-2"]
 
     # day two: an Ubuntu and an Alibaba Cloud Linux host join from the same bundle (dnf reads its served copy)
     # (--keep-serving: the server and the hosts' sources outlive the run, until the next run from a bundle)
