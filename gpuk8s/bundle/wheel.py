@@ -24,6 +24,7 @@ from pathlib import Path
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
+import gpuk8s
 from gpuk8s.errors import GpuK8sError
 
 DIR = "wheel"  # where the wheels are in a bundle
@@ -137,8 +138,6 @@ def _requires(dist: md.Distribution, extras: frozenset[str] = frozenset()) -> li
 def _running(root: str) -> md.Distribution:
     """`root`'s installed distribution, which must be the code running now (not an older wheel installed beside a
     checkout on PYTHONPATH): WheelError otherwise."""
-    import gpuk8s
-
     dist = md.distribution(root)
     mine = Path(gpuk8s.__file__).resolve()
     there = Path(str(dist.locate_file("gpuk8s/__init__.py"))).resolve()
