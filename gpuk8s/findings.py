@@ -160,6 +160,15 @@ FINDINGS: dict[str, Spec] = {
                                           "110 pods per node (its default maxPods)"),
     "gpu.sharing-plugin-version": _p("warning", "the device plugin version supports the node's sharing strategy "
                                                 "(time-slicing from v0.12.0, MPS from v0.15.0)"),
+    # the RDMA fabric (gpuk8s/preflight/fabric_checks.py, docs/fabric.md): GPU nodes whose inventory sets fabric:
+    "fabric.ports": _p("error", "the node has active RDMA ports of its fabric's link layer: every device fabric.nics "
+                                "names, at least fabric.expect.ports of them"),
+    "fabric.link-layer": _p("error", "the node's RDMA ports are of the link layer fabric.link_layer names "
+                                     "(InfiniBand, or Ethernet for RoCE)"),
+    "fabric.subnet-manager": _p("error", "each InfiniBand port with a link was configured by a subnet manager (not "
+                                         "stuck in Initializing)"),
+    "fabric.rate": _p("error", "every active port of the fabric runs at fabric.expect.rate, and none slower than the "
+                               "node's other ports"),
     # MIG (gpuk8s/preflight/mig_checks.py, docs/mig.md)
     "gpu.mig-capable": _p("error", "every GPU that the node's `mig:` layout partitions has MIG (A100, A30, H100, "
                                    "H200, B200...; not L4, T4, V100), and its MIG state can be read"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from gpuk8s.facts.fabric import RdmaPort
 from gpuk8s.versions import Release
 
 OSFamily = Literal["debian", "rhel", "unknown"]
@@ -239,6 +240,8 @@ class HostFacts:
     # the sources the inventory names (gpuk8s/mirrors.py sources), as this host reached them; () when not asked
     sources: tuple[SourceReach, ...] = ()
     driver: DriverFacts = field(default_factory=DriverFacts)  # gpuk8s/facts/driver.py
+    # the RDMA ports sysfs shows (gpuk8s/facts/fabric.py); None where the probe did not read them
+    rdma: tuple[RdmaPort, ...] | None = None
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)

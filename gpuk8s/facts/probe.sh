@@ -85,6 +85,14 @@ driver() {
   drvsub blacklist blacklist
 }
 quick driver driver
+# The RDMA ports (gpuk8s/facts/fabric.py, issue 43) as the kernel shows them in sysfs, printed the way infiniband-
+# diags' ibstatus prints the same files (its script reads them too): no tool needed, nothing but files read.
+rdmaval() { v=; read -r v 2>/dev/null < "$2"; printf '\t%s:\t %s\n' "$1" "$v"; }
+rdma() { for p in /sys/class/infiniband/*/ports/*; do [ -d "$p" ] || continue; d=${p%/ports/*}
+  printf "Infiniband device '%s' port %s status:\n" "${d##*/}" "${p##*/}"
+  rdmaval 'sm lid' "$p/sm_lid"; rdmaval state "$p/state"; rdmaval 'phys state' "$p/phys_state"
+  rdmaval rate "$p/rate"; rdmaval link_layer "$p/link_layer"; echo; done; true; }
+quick rdma rdma
 sec containerd-version containerd --version
 sec containerd-active systemctl is-active containerd
 file containerd-config /etc/containerd/config.toml

@@ -27,6 +27,8 @@ from gpuk8s.inventory.model import (
     ALLOCATORS,
     DRIVER_FLAVORS,
     DRIVER_SOURCES,
+    FABRIC_LINK_LAYERS,
+    GPUDIRECT_MODES,
     MAX_REPLICAS,
     MIG_STRATEGIES,
     SHARING_STRATEGIES,
@@ -34,6 +36,7 @@ from gpuk8s.inventory.model import (
     Bastion,
     Cluster,
     DriverSettings,
+    FabricSettings,
     GPUSharing,
     HealthSettings,
     Host,
@@ -84,9 +87,14 @@ _BASTION_KEYS = ("address", "user", "port", "identity_file")
 # Per-node GPU settings: each key may be written on a host, in a gpu_groups entry or in gpu_defaults, and is
 # taken whole from the first of those that sets it. A new per-node GPU setting (issue 18's `mig`) adds its key
 # here, its field to model.NodeGPUSettings, and its reader to _Reader.node_gpu_readers.
-_NODE_GPU_KEYS = ("gpu_sharing", "mig", "driver", "allocator")
+_NODE_GPU_KEYS = ("gpu_sharing", "mig", "driver", "allocator", "fabric")
 _NODE_GPU_FIELDS = {"gpu_sharing": "sharing", "mig": "mig", "driver": "driver",
-                    "allocator": "allocator"}  # key -> NodeGPUSettings field
+                    "allocator": "allocator", "fabric": "fabric"}  # key -> NodeGPUSettings field
+_FABRIC_KEYS = ("link_layer", "nics", "gpudirect", "expect")
+_FABRIC_EXPECT_KEYS = ("ports", "rate")
+_RDMA_DEVICE = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$")
+# the rates an InfiniBand or RoCE port reports (Gb/s): what `expect.rate` is compared with
+FABRIC_RATES = (10, 20, 25, 40, 50, 56, 100, 200, 400, 800, 1600)
 _DRIVER_KEYS = ("manage", "branch", "flavor", "source")
 _MIG_KEYS = ("strategy", "config")
 _MIG_ENTRY_KEYS = ("devices", "mig-enabled", "mig-devices")  # nvidia-mig-parted's names
@@ -917,7 +925,7 @@ class _Reader:
     def node_gpu_readers(self) -> dict[str, Callable[[Node, str], Any]]:
         """One reader per key of _NODE_GPU_KEYS."""
         return {"gpu_sharing": self.gpu_sharing, "mig": self.mig, "driver": self.driver,
-                "allocator": self.allocator}
+                "allocator": self.allocator, "fabric": self.fabric}
 
     def node_gpu(self, node: Node, key: str, m: dict[str, tuple[Node, Node]] | None = None) -> _Layer:
         """One layer of per-node GPU settings: inventory key -> (value, the node it was read from)."""
@@ -1003,6 +1011,63 @@ class _Reader:
         (host_gpu) and against the cluster (allocator_across)."""
         kind = self.choice(node, key, ALLOCATORS)
         return None if kind is None else AllocatorSetting(kind, node.start_mark.line + 1)  # type: ignore[arg-type]
+
+    def fabric(self, node: Node, key: str) -> FabricSettings | None:
+        """`fabric: {link_layer: infiniband|roce|auto|none, nics: auto | [mlx5_0, ...], gpudirect: auto|peermem|
+        dmabuf|off, expect: {ports: N, rate: Gb/s}}`; what the node really has is checked by preflight."""
+        readers: dict[str, Callable[[Node, str], Any]] = {
+            "link_layer": lambda n, k: self.choice(n, k, FABRIC_LINK_LAYERS),
+            "nics": self.fabric_nics,
+            "gpudirect": lambda n, k: self.choice(n, k, GPUDIRECT_MODES),
+            "expect": lambda n, k: self.fields(n, k, _FABRIC_EXPECT_KEYS, {
+                "ports": lambda n2, k2: self.integer(n2, k2, 1, 64),
+                "rate": lambda n2, k2: self.fabric_rate(n2, k2)}),
+        }
+        m = self.mapping(node, key, _FABRIC_KEYS)
+        if m is None:
+            return None
+        got = self.fields(node, key, _FABRIC_KEYS, readers, m)
+        if any(k not in got and not _is_null(v) for k, (_, v) in m.items()):
+            return None  # an invalid value: reported by its reader
+        expect = got.pop("expect", {})
+        if "link_layer" not in got:
+            self.report(node, f"{key}.link_layer", "is missing", "write link_layer: infiniband, roce or auto (none "
+                        "leaves the network to you)")
+            return None
+        if got["link_layer"] == "none" and (set(got) - {"link_layer"} or expect):
+            self.report(node, f"{key}.link_layer", "nics, gpudirect and expect have no effect with link_layer: none",
+                        "write link_layer: infiniband, roce or auto, or remove the other keys", severity="warning")
+        nics = got.pop("nics", ())
+        return FabricSettings(nics=nics, ports=expect.get("ports"), rate=expect.get("rate"),
+                              line=node.start_mark.line + 1, **got)
+
+    def fabric_nics(self, node: Node, key: str) -> tuple[str, ...] | None:
+        """`auto` (every RDMA device of the link layer) or a list of RDMA device names, each once."""
+        if isinstance(node, ScalarNode) and node.value == "auto":
+            return ()
+        if not isinstance(node, SequenceNode) or not node.value:
+            self.report(node, key, f"expected auto or a list of RDMA devices, got {_kind(node)}",
+                        "write nics: auto, or nics: [mlx5_0, mlx5_1] (the names ibstat or rdma link show)")
+            return None
+        out: list[str] = []
+        for i, item in enumerate(node.value[:64]):
+            name = self.string(item, f"{key}[{i}]", _RDMA_DEVICE, "write an RDMA device's name, such as mlx5_0",
+                               "RDMA device name")
+            if name is None:
+                return None
+            if name in out:
+                self.report(item, f"{key}[{i}]", f"{name} is listed twice", "list each device once")
+                return None
+            out.append(name)
+        return tuple(out)
+
+    def fabric_rate(self, node: Node, key: str) -> int | None:
+        v = self.integer(node, key, 1, 1600)
+        if v is not None and v not in FABRIC_RATES:
+            self.report(node, key, f"{v} Gb/s is not a rate an InfiniBand or RoCE port reports",
+                        f"write one of {', '.join(map(str, FABRIC_RATES))}")
+            return None
+        return v
 
     def driver(self, node: Node, key: str) -> DriverSettings | None:
         """`driver: {manage: bool, branch: "580", flavor: auto|open|proprietary, source: distro|nvidia}`; whether a

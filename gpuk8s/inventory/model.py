@@ -123,6 +123,32 @@ class AllocatorSetting:
     line: int = 0  # where it was written (0: the default)
 
 
+FabricLinkLayer = Literal["none", "auto", "infiniband", "roce"]
+FABRIC_LINK_LAYERS: tuple[str, ...] = ("none", "auto", "infiniband", "roce")
+GpuDirect = Literal["auto", "peermem", "dmabuf", "off"]
+GPUDIRECT_MODES: tuple[str, ...] = ("auto", "peermem", "dmabuf", "off")
+
+
+@dataclass(frozen=True)
+class FabricSettings:
+    """The RDMA fabric one node's GPUs reach other nodes over (inventory `fabric:`; docs/fabric.md, issue 43).
+
+    link_layer none (the default: no `fabric:`) leaves the network to the user; auto takes the link layer of the
+    node's active RDMA ports; infiniband and roce say which it must be.
+    """
+
+    link_layer: FabricLinkLayer = "none"
+    nics: tuple[str, ...] = ()  # the RDMA devices to use (mlx5_0 ...); () = every one of the link layer
+    gpudirect: GpuDirect = "auto"
+    ports: int | None = None  # expect: how many active ports of the link layer
+    rate: int | None = None  # expect: each one's rate at least (Gb/s)
+    line: int = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.link_layer != "none"
+
+
 @dataclass(frozen=True)
 class NodeGPUSettings:
     """Per-node GPU settings, each from the host's own key, else its `gpu_group`, else `gpu_defaults`.
@@ -135,6 +161,7 @@ class NodeGPUSettings:
     mig: MIGSettings = field(default_factory=MIGSettings)
     driver: DriverSettings = field(default_factory=DriverSettings)
     allocator: AllocatorSetting = field(default_factory=AllocatorSetting)
+    fabric: FabricSettings = field(default_factory=FabricSettings)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from gpuk8s.gpuplan import is_gpu_node
 from gpuk8s.inventory.model import Cluster, Host, InstallSettings
 from gpuk8s.preflight.dra_checks import dra_checks
 from gpuk8s.preflight.driver_checks import driver_checks
+from gpuk8s.preflight.fabric_checks import fabric_checks
 from gpuk8s.preflight.mig_checks import mig_checks
 from gpuk8s.preflight.result import CheckResult, failed, passed, skipped
 from gpuk8s.versions import at_least, cuda_driver_floor, cuda_versions_supported, fmt, release
@@ -48,6 +49,7 @@ def check_host(host: Host, facts: HostFacts, cluster: Cluster, today: date | Non
     results += gpu_sharing(host, facts,
                            device_plugin_version or versions.pins(cluster.kubernetes_version).device_plugin)
     results += mig_checks(host, facts)
+    results += fabric_checks(host, facts)
     results += dra_checks(host, facts, cluster, install)
     results += _runtime(facts, cluster, is_gpu_node(host), install)
     results.append(_kubernetes_version(cluster, today or versions.today()))

@@ -1,0 +1,105 @@
+"""Preflight checks of the RDMA fabric of GPU nodes whose inventory sets `fabric:` (docs/fabric.md, issue 43):
+the ports of the link layer active, the link layer the inventory names, a subnet manager on InfiniBand, every port
+at the expected rate and none slower than its siblings. Pure: host and facts in, findings out."""
+
+from __future__ import annotations
+
+from gpuk8s.facts.fabric import RdmaPort
+from gpuk8s.facts.model import HostFacts
+from gpuk8s.gpuplan import is_gpu_node
+from gpuk8s.inventory.model import Host
+from gpuk8s.preflight.result import CheckResult, failed, passed, skipped
+
+IDS = ("fabric.ports", "fabric.link-layer", "fabric.subnet-manager", "fabric.rate")
+LAYERS = {"infiniband": "InfiniBand", "roce": "Ethernet"}  # the inventory's word -> the port's link_layer
+NAMES = {"InfiniBand": "InfiniBand", "Ethernet": "RoCE (Ethernet)"}
+
+
+def _name(p: RdmaPort) -> str:
+    return f"{p.device} port {p.port}"
+
+
+def _show(p: RdmaPort) -> str:
+    rate = f", {p.rate:g} Gb/s" if p.rate is not None else ""
+    return f"{_name(p)} ({p.state}/{p.physical_state}{rate})"
+
+
+def fabric_checks(host: Host, f: HostFacts) -> list[CheckResult]:
+    """Nothing for a host without `fabric:` (or with link_layer none)."""
+    s = host.gpu.fabric
+    if not is_gpu_node(host) or not s.enabled:
+        return []
+    if f.rdma is None:
+        return [failed("fabric.ports", "the RDMA ports could not be read (/sys/class/infiniband)",
+                       "check the host (the probe's rdma section)")] + [
+            skipped(i, "no RDMA ports read") for i in IDS[1:]]
+    ports = [p for p in f.rdma if not s.nics or p.device in s.nics]
+    missing = [n for n in s.nics if n not in {p.device for p in f.rdma}]
+    if s.link_layer == "auto":
+        up = {p.link_layer for p in ports if p.active}
+        layer = "InfiniBand" if "InfiniBand" in up else "Ethernet" if "Ethernet" in up else ""
+    else:
+        layer = LAYERS[s.link_layer]
+    out: list[CheckResult] = []
+    others = [p for p in ports if p.link_layer != layer]
+    of_layer = [p for p in ports if p.link_layer == layer]
+    if s.link_layer != "auto" and not of_layer and others:
+        out.append(failed("fabric.link-layer", f"fabric.link_layer is {s.link_layer}, but the node's RDMA ports are "
+                          f"{', '.join(sorted({NAMES.get(p.link_layer, p.link_layer) for p in others}))}: "
+                          + ", ".join(_show(p) for p in others[:8]),
+                          f"write fabric.link_layer: {'roce' if others[0].link_layer == 'Ethernet' else 'infiniband'}"
+                          " (or auto), or set the adapters' link type (mlxconfig LINK_TYPE_P1)"))
+    else:
+        out.append(passed("fabric.link-layer", f"{NAMES.get(layer, 'no')} ports" if layer else "no active RDMA port"))
+    active = [p for p in of_layer if p.active]
+    down = [p for p in of_layer if not p.active]
+    problems = []
+    if missing:
+        problems.append(f"no RDMA device {', '.join(missing)} on the node (it has "
+                        f"{', '.join(sorted({p.device for p in f.rdma})) or 'none'})")
+    if s.nics:
+        problems += [f"{_show(p)} is not active" for p in down]
+    if not active:
+        problems.append(f"no active {NAMES.get(layer, 'RDMA')} port" + (
+            f" ({', '.join(_show(p) for p in ports[:8])})" if ports else " (no RDMA adapter found)"))
+    elif s.ports is not None and len(active) < s.ports:
+        problems.append(f"{len(active)} active {NAMES[layer]} port(s), fabric.expect.ports is {s.ports}"
+                        + (f"; not active: {', '.join(_show(p) for p in down[:8])}" if down else ""))
+    if problems:
+        out.append(failed("fabric.ports", "; ".join(problems),
+                          "check the cables, transceivers and switch ports of the ports named (ibstat shows each "
+                          "one's state); a port Disabled is switched off (mlxlink, the switch), Polling has no link"))
+    else:
+        rest = f"; not active and not used: {', '.join(_show(p) for p in down[:8])}" if down else ""
+        out.append(passed("fabric.ports", f"{len(active)} active {NAMES[layer]} port(s)" + rest))
+    if layer == "InfiniBand":
+        no_sm = [p for p in of_layer if p.physical_state == "LinkUp" and p.state in ("Initializing", "Armed")]
+        if no_sm:
+            out.append(failed("fabric.subnet-manager", "the link is up but no subnet manager configured the port: "
+                              + ", ".join(_show(p) for p in no_sm[:8]),
+                              "run a subnet manager on the fabric (the switches' own, UFM, or opensm on one host), "
+                              "then check that ibstat shows State: Active and an SM lid"))
+        else:
+            out.append(passed("fabric.subnet-manager", "every InfiniBand port with a link has a subnet manager"
+                              if of_layer else "no InfiniBand port"))
+    else:
+        out.append(skipped("fabric.subnet-manager", "not InfiniBand"))
+    rates = [p for p in active if p.rate is not None]
+    top = max((p.rate or 0.0 for p in rates), default=0.0)
+    slow = [p for p in rates if s.rate is not None and (p.rate or 0) < s.rate]
+    behind = [p for p in rates if (p.rate or 0) < top] if not slow else []
+    if slow:
+        out.append(failed("fabric.rate", f"below the expected {s.rate} Gb/s: " + ", ".join(_show(p) for p in slow[:8]),
+                          "a port at a lower rate has a cable, transceiver or switch port of another speed, or "
+                          "trained down: reseat or replace it (mlxlink -d DEV shows why)"))
+    elif behind:
+        out.append(failed("fabric.rate", f"slower than the node's other {NAMES[layer]} ports ({top:g} Gb/s): "
+                          + ", ".join(_show(p) for p in behind[:8]),
+                          "a port at a lower rate than its siblings has a cable, transceiver or switch port of "
+                          "another speed, or trained down: reseat or replace it (mlxlink -d DEV shows why); if the "
+                          "ports differ on purpose, list the fabric's own in fabric.nics"))
+    elif rates:
+        out.append(passed("fabric.rate", f"{len(rates)} x {top:g} Gb/s"))
+    else:
+        out.append(skipped("fabric.rate", "no active port"))
+    return out

@@ -1,0 +1,170 @@
+"""The fabric's first steps (issue 43): the inventory's `fabric:` (every mistake with file:line and a fix), the
+probe's rdma section (sysfs printed as ibstatus prints it: the probe's own function run against a sysfs tree
+holding a real ibstatus text's values, read back by the parser of the real texts) and preflight's fabric checks on
+real hosts' ports (tests/fixtures/real/fabric/ibstat)."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gpuk8s.facts import fabric
+from gpuk8s.inventory import InventoryError, loads
+from gpuk8s.preflight.fabric_checks import fabric_checks
+from tests.unit.test_checks import facts
+
+REAL = Path(__file__).resolve().parents[1] / "fixtures" / "real" / "fabric" / "ibstat"
+PROBE = Path(__file__).resolve().parents[2] / "gpuk8s" / "facts" / "probe.sh"
+BASE = "cluster: {kubernetes_version: \"1.33\"}\nhosts:\n  - {name: cp-1, address: 10.0.0.1, role: control-plane}\n"
+
+
+def inv(text: str):
+    return loads(BASE + text, "inventory.yaml")
+
+
+def problems(text: str) -> list[str]:
+    with pytest.raises(InventoryError) as e:
+        inv(text)
+    return [str(p) for p in e.value.problems]
+
+
+def ports(name: str) -> tuple[fabric.RdmaPort, ...]:
+    return fabric.parse_ibstat((REAL / f"{name}.txt").read_text())
+
+
+def by_id(results):
+    return {r.id: r for r in results}
+
+
+def test_the_inventory_takes_fabric_per_host_group_or_default() -> None:
+    i = inv("  - {name: gpu-1, address: 10.0.0.2, gpus: 8, fabric: {link_layer: infiniband, nics: [mlx5_0, mlx5_3],"
+            " expect: {ports: 2, rate: 400}}}\n"
+            "  - {name: gpu-2, address: 10.0.0.3, gpus: 8}\n"
+            "  - {name: gpu-3, address: 10.0.0.4, gpus: 8, fabric: {link_layer: none}}\n"
+            "gpu_defaults: {fabric: {link_layer: auto, gpudirect: peermem}}\n")
+    one, two, three = (i.host(n).gpu.fabric for n in ("gpu-1", "gpu-2", "gpu-3"))
+    assert (one.link_layer, one.nics, one.ports, one.rate, one.gpudirect, one.enabled) == (
+        "infiniband", ("mlx5_0", "mlx5_3"), 2, 400, "auto", True)
+    assert (two.link_layer, two.gpudirect, two.nics) == ("auto", "peermem", ())
+    assert not three.enabled
+    assert not inv("  - {name: gpu-1, address: 10.0.0.2, gpus: 8}\n").host("gpu-1").gpu.fabric.enabled  # default
+
+
+@pytest.mark.parametrize("text, where, words", [
+    ("{link_layer: infiniiband}", "inventory.yaml:4:", "did you mean 'infiniband'"),
+    ("{link_layer: roce, expect: {rate: 300}}", "inventory.yaml:4:", "300 Gb/s is not a rate"),
+    ("{link_layer: roce, expect: {ports: 0}}", "inventory.yaml:4:", "out of range"),
+    ("{link_layer: roce, nics: mlx5_0}", "inventory.yaml:4:", "expected auto or a list of RDMA devices"),
+    ("{link_layer: roce, nics: [mlx5_0, mlx5_0]}", "inventory.yaml:4:", "listed twice"),
+    ("{link_layer: roce, nics: [\"mlx5_0; reboot\"]}", "inventory.yaml:4:", "not a valid RDMA device name"),
+    ("{nics: [mlx5_0]}", "inventory.yaml:4:", "fabric.link_layer: is missing"),
+    ("{link_layer: roce, speed: 400}", "inventory.yaml:4:", "speed"),
+])
+def test_fabric_mistakes_are_named_with_their_line_and_a_fix(text: str, where: str, words: str) -> None:
+    got = problems(f"  - {{name: gpu-1, address: 10.0.0.2, gpus: 8, fabric: {text}}}\n")
+    assert any(where in p and words in p for p in got), got
+
+
+def test_the_probe_prints_sysfs_as_ibstatus_does(tmp_path: Path) -> None:
+    """The probe's rdma function on a sysfs tree holding the values of a real ibstatus text (ibstatus prints the
+    sysfs files): the parser reads the same ports from both."""
+    real = (REAL / "ibstatus-azure-a100-8x-hdr-ib-eth-gpud.txt").read_text()
+    want = fabric.parse_ibstatus(real)
+    root = tmp_path / "sys" / "class" / "infiniband"
+    for block in real.split("Infiniband device ")[1:]:
+        m = re.match(r"'([^']+)' port ([0-9]+) status:", block)
+        assert m
+        d = root / m.group(1) / "ports" / m.group(2)
+        d.mkdir(parents=True)
+        for key, file in (("state", "state"), ("phys state", "phys_state"), ("rate", "rate"),
+                          ("link_layer", "link_layer"), ("sm lid", "sm_lid")):
+            v = re.search(rf"^\s+{key}:\s+(.*)$", block, re.M)
+            assert v, key
+            (d / file).write_text(v.group(1).strip() + "\n")
+    text = PROBE.read_text()
+    fn = text[text.index("rdmaval() {"):text.index("quick rdma rdma")].replace("/sys/class/infiniband", str(root))
+    r = subprocess.run(["sh", "-c", fn + "rdma"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0 and not r.stderr, r.stderr
+    assert fabric.parse_ibstatus(r.stdout) == want and len(want) == 9
+    assert fabric.parse_ibstatus(r.stdout)[0].sm_lid == 1
+    # no RDMA adapter: nothing printed
+    r = subprocess.run(["sh", "-c", fn.replace(str(root), str(tmp_path / "none")) + "rdma"], capture_output=True,
+                       text=True, timeout=30)
+    assert r.returncode == 0 and r.stdout == ""
+
+
+def host(fab: str, gpus: int = 8):
+    return inv(f"  - {{name: gpu-1, address: 10.0.0.2, gpus: {gpus}, fabric: {fab}}}\n").host("gpu-1")
+
+
+H100_IB = "ibstat-h100-cx7-8x400-ib-cx6dx-disabled-gpud"  # 8 CX-7 InfiniBand at 400, 4 CX-6 Dx Ethernet (3 down)
+
+
+def test_an_infiniband_node_as_expected_passes() -> None:
+    got = by_id(fabric_checks(host("{link_layer: infiniband, expect: {ports: 8, rate: 400}}"),
+                              facts(rdma=ports(H100_IB))))
+    assert {i: r.status for i, r in got.items()} == {"fabric.ports": "pass", "fabric.link-layer": "pass",
+                                                     "fabric.subnet-manager": "pass", "fabric.rate": "pass"}
+    assert got["fabric.rate"].message == "8 x 400 Gb/s"
+    # auto takes InfiniBand where the node has it (the Ethernet ports are another network)
+    auto = by_id(fabric_checks(host("{link_layer: auto}"), facts(rdma=ports(H100_IB))))
+    assert auto["fabric.ports"].message == "8 active InfiniBand port(s)"
+
+
+def test_a_roce_node_with_its_ports_down_is_named() -> None:
+    got = by_id(fabric_checks(host("{link_layer: roce, expect: {ports: 4}}"), facts(rdma=ports(H100_IB))))
+    assert got["fabric.ports"].status == "fail"
+    msg = got["fabric.ports"].message
+    assert "1 active RoCE (Ethernet) port(s), fabric.expect.ports is 4" in msg
+    assert "mlx5_2 port 1 (Down/Disabled, 40 Gb/s)" in msg and "mlx5_7" in msg
+    assert got["fabric.subnet-manager"].status == "skip"
+
+
+def test_the_wrong_link_layer_is_named() -> None:
+    roce_only = ports("ibstat-cx6dx-roce100-two-ports-l2fwd-nv-6")
+    got = by_id(fabric_checks(host("{link_layer: infiniband}"), facts(rdma=roce_only)))
+    assert got["fabric.link-layer"].status == "fail"
+    assert "fabric.link_layer is infiniband, but the node's RDMA ports are RoCE (Ethernet)" in got[
+        "fabric.link-layer"].message
+    assert "write fabric.link_layer: roce" in got["fabric.link-layer"].remedy
+
+
+def test_an_infiniband_port_without_a_subnet_manager_is_named() -> None:
+    got = by_id(fabric_checks(host("{link_layer: infiniband}"),
+                              facts(rdma=ports("ibstat-cx6-hdr-initializing-no-sm-magnate3"))))
+    assert got["fabric.subnet-manager"].status == "fail"
+    assert "mlx5_5 port 1 (Initializing/LinkUp, 200 Gb/s)" in got["fabric.subnet-manager"].message
+    assert got["fabric.ports"].status == "fail"  # and it is not active
+
+
+def test_a_named_nic_that_is_down_or_absent_is_named() -> None:
+    b300 = ports("ibstat-b300-cx8-disabled-cx7-ib100-xe9780")  # CX-8 ports Disabled, CX-7 active at 100
+    got = by_id(fabric_checks(host("{link_layer: infiniband, nics: [mlx5_0, mlx5_2, mlx5_99]}"), facts(rdma=b300)))
+    msg = got["fabric.ports"].message
+    assert got["fabric.ports"].status == "fail"
+    assert "no RDMA device mlx5_99 on the node" in msg and "mlx5_0 port 1 (Down/Disabled, 10 Gb/s) is not active" in msg
+
+
+def test_a_port_slower_than_expected_or_than_its_siblings_is_named() -> None:
+    eight = list(ports("ibstat-h100-cx7-8x400-ib-bf3-bond-200-gpud"))[:8]  # 8 CX-7 at 400
+    assert {p.rate for p in eight} == {400.0}
+    eight[3] = dataclasses.replace(eight[3], rate=200.0)  # one link trained down
+    got = by_id(fabric_checks(host("{link_layer: infiniband}"), facts(rdma=tuple(eight))))
+    assert got["fabric.rate"].status == "fail"
+    assert got["fabric.rate"].message == ("slower than the node's other InfiniBand ports (400 Gb/s): mlx5_5 port 1 "
+                                          "(Active/LinkUp, 200 Gb/s)")
+    got = by_id(fabric_checks(host("{link_layer: infiniband, expect: {rate: 400}}"), facts(rdma=tuple(eight))))
+    assert got["fabric.rate"].message.startswith("below the expected 400 Gb/s: mlx5_5 port 1")
+
+
+def test_no_fabric_no_check_and_unread_ports_are_a_failure() -> None:
+    assert fabric_checks(inv("  - {name: gpu-1, address: 10.0.0.2, gpus: 8}\n").host("gpu-1"),
+                         facts(rdma=())) == []
+    got = by_id(fabric_checks(host("{link_layer: roce}"), facts(rdma=None)))
+    assert got["fabric.ports"].status == "fail" and got["fabric.rate"].status == "skip"
+    none = by_id(fabric_checks(host("{link_layer: auto}"), facts(rdma=())))
+    assert none["fabric.ports"].status == "fail" and "no RDMA adapter found" in none["fabric.ports"].message
