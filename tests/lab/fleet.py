@@ -82,6 +82,10 @@ DEFAULTS: dict[str, Any] = {
     # its diagnostic answers), dcgm_fail [gpu] (those GPUs fail its software test).
     "health": {},
     "faults": [],  # sshd-stopped, drop-packets, unknown-hostkey, changed-hostkey, auth-refused, repo-unreachable
+    # RDMA ports (issue 43): [{device, port, state, phys_state, rate, link_layer, sm_lid}], each value the text the
+    # kernel's sysfs file holds (as real ibstatus texts show them: "4: ACTIVE", "5: LinkUp", "400 Gb/sec (4X NDR)",
+    # "InfiniBand", "0x1"); the host's /sys/class/infiniband holds them (LabHost.start_sshd). [] = no adapter.
+    "rdma": [],
 }
 
 

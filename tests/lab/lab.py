@@ -299,12 +299,30 @@ class LabHost:
         if cgroup in (1, 2):
             fs = "cgroup2 cgroup2" if cgroup == 2 else "tmpfs -o mode=755 tmpfs"
             mounts.append(f"{{ mount -t {fs} /sys/fs/cgroup || true; }}")
+        if self.spec.spec.get("rdma"):
+            # RDMA ports (issue 43): sysfs cannot hold a directory it did not make, so /sys/class becomes a tmpfs
+            # of links into the namespace's own sysfs (mounted again under /run), beside infiniband: a link to the
+            # host's files (write_rdma), which tests change to bring a port down
+            mounts += ["mkdir -p /run/gk-sys", "mount -t sysfs sysfs /run/gk-sys",
+                       "mount -t tmpfs -o mode=755 tmpfs /sys/class",
+                       "for e in /run/gk-sys/class/*; do ln -s \"$e\" /sys/class/; done",
+                       f"ln -s {self.RDMA} /sys/class/infiniband"]
         script = " && ".join(mounts) + f" && exec /usr/sbin/sshd -D -e -f {d}/sshd_config"
         log = open(d / "sshd.log", "ab")  # noqa: SIM115 (handed to the sshd process)
         p = subprocess.Popen(["ip", "netns", "exec", self.netns, "unshare", "--mount", "--uts",
                               "--propagation", "private", "sh", "-c", script],
                              stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
         (d / "sshd.pid").write_text(str(p.pid))
+
+    RDMA = "/var/lib/gpuk8s-lab/rdma"  # the host's RDMA ports' sysfs files; /sys/class/infiniband links here
+
+    def write_rdma(self, ports: list[dict[str, Any]]) -> None:
+        """The host's RDMA ports as sysfs files (RDMA/DEV/ports/N/{state,phys_state,rate,link_layer,sm_lid}): what
+        the probe reads through /sys/class/infiniband. A test calls it again to change a port."""
+        for p in ports:
+            d = f"{self.RDMA}/{p['device']}/ports/{p.get('port', 1)}"
+            for key in ("state", "phys_state", "rate", "link_layer", "sm_lid"):
+                self.write(f"{d}/{key}", str(p.get(key, "")) + "\n")
 
     def stop_sshd(self) -> None:
         pid = self.sshd_pid()
@@ -697,6 +715,8 @@ class Lab:
         for p in [home, *home.rglob("*")]:
             os.chown(p, LAB_UID, LAB_UID)
         self._make_netns(h)
+        if spec.get("rdma"):
+            h.write_rdma(spec["rdma"])
         if "sshd-stopped" not in spec["faults"]:
             h.start_sshd()
 
