@@ -169,6 +169,8 @@ FINDINGS: dict[str, Spec] = {
                                          "stuck in Initializing)"),
     "fabric.rate": _p("error", "every active port of the fabric runs at fabric.expect.rate, and none slower than the "
                                "node's other ports"),
+    "cluster.fabric-consistent": _p("error", "every node with a fabric has the same link layer and port rate "
+                                             "(a job's ranks run at the slowest node's rate)"),
     # MIG (gpuk8s/preflight/mig_checks.py, docs/mig.md)
     "gpu.mig-capable": _p("error", "every GPU that the node's `mig:` layout partitions has MIG (A100, A30, H100, "
                                    "H200, B200...; not L4, T4, V100), and its MIG state can be read"),

@@ -4,10 +4,12 @@ at the expected rate and none slower than its siblings. Pure: host and facts in,
 
 from __future__ import annotations
 
+from collections import Counter
+
 from gpuk8s.facts.fabric import RdmaPort
 from gpuk8s.facts.model import HostFacts
 from gpuk8s.gpuplan import is_gpu_node
-from gpuk8s.inventory.model import Host
+from gpuk8s.inventory.model import FabricSettings, Host
 from gpuk8s.preflight.result import CheckResult, failed, passed, skipped
 
 IDS = ("fabric.ports", "fabric.link-layer", "fabric.subnet-manager", "fabric.rate")
@@ -24,6 +26,41 @@ def _show(p: RdmaPort) -> str:
     return f"{_name(p)} ({p.state}/{p.physical_state}{rate})"
 
 
+def _layer(s: FabricSettings, ports: list[RdmaPort]) -> str:
+    """The link layer of a node's fabric: the inventory's, or with auto InfiniBand where an InfiniBand port is
+    active, else Ethernet where one is ("" where none is)."""
+    if s.link_layer != "auto":
+        return LAYERS[s.link_layer]
+    up = {p.link_layer for p in ports if p.active}
+    return "InfiniBand" if "InfiniBand" in up else "Ethernet" if "Ethernet" in up else ""
+
+
+def fabric_consistency(hosts: list[Host], facts: dict[str, HostFacts]) -> list[CheckResult]:
+    """cluster.fabric-consistent: every node with a fabric on the same link layer and port rate (NCCL's rings run
+    at the slowest node's speed, and InfiniBand and RoCE nodes do not reach each other); nothing without two."""
+    seen: dict[str, str] = {}
+    for h in hosts:
+        f = facts.get(h.name)
+        s = h.gpu.fabric
+        if not is_gpu_node(h) or not s.enabled or f is None or f.rdma is None:
+            continue
+        ports = [p for p in f.rdma if not s.nics or p.device in s.nics]
+        layer = _layer(s, ports)
+        rates = Counter(p.rate for p in ports if p.active and p.link_layer == layer and p.rate is not None)
+        if layer and rates:
+            seen[h.name] = f"{NAMES[layer]} at {rates.most_common(1)[0][0]:g} Gb/s"
+    if len(seen) < 2:
+        return []
+    if len(set(seen.values())) == 1:
+        return [passed("cluster.fabric-consistent", f"every fabric node: {next(iter(seen.values()))}")]
+    common = Counter(seen.values()).most_common(1)[0][0]
+    odd = "; ".join(f"{h}: {v}" for h, v in sorted(seen.items()) if v != common)
+    return [failed("cluster.fabric-consistent", f"the fabric differs between nodes: most have {common}, but {odd}",
+                   "one job's ranks run at the slowest node's rate, and InfiniBand and RoCE nodes cannot reach each "
+                   "other: give the odd nodes the same adapters, cables and link type, or list them in another "
+                   "gpu_group with their own fabric")]
+
+
 def fabric_checks(host: Host, f: HostFacts) -> list[CheckResult]:
     """Nothing for a host without `fabric:` (or with link_layer none)."""
     s = host.gpu.fabric
@@ -35,11 +72,7 @@ def fabric_checks(host: Host, f: HostFacts) -> list[CheckResult]:
             skipped(i, "no RDMA ports read") for i in IDS[1:]]
     ports = [p for p in f.rdma if not s.nics or p.device in s.nics]
     missing = [n for n in s.nics if n not in {p.device for p in f.rdma}]
-    if s.link_layer == "auto":
-        up = {p.link_layer for p in ports if p.active}
-        layer = "InfiniBand" if "InfiniBand" in up else "Ethernet" if "Ethernet" in up else ""
-    else:
-        layer = LAYERS[s.link_layer]
+    layer = _layer(s, ports)
     out: list[CheckResult] = []
     others = [p for p in ports if p.link_layer != layer]
     of_layer = [p for p in ports if p.link_layer == layer]

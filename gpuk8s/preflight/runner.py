@@ -17,6 +17,7 @@ from gpuk8s.facts.parse import ParseError, parse_probe
 from gpuk8s.inventory.model import Host, Inventory
 from gpuk8s.preflight import network
 from gpuk8s.preflight.cluster_checks import check_cluster
+from gpuk8s.preflight.fabric_checks import fabric_consistency
 from gpuk8s.preflight.host_checks import check_host, sources_check
 from gpuk8s.preflight.result import CheckResult, apply_ignores, failed, passed, skipped
 from gpuk8s.preflight.sources import SourcePlan
@@ -230,6 +231,7 @@ def run_preflight(inv: Inventory, *, concurrency: int, ignore: set[str], sudo_pa
         unreachable = [n for n, r in reports.items() if not r.reachable]
         local_times = {n: r.local_time for n, r in reports.items() if r.local_time is not None}
         cluster = check_cluster(facts, unreachable, local_times, inv.preflight.max_clock_skew_s)
+        cluster += fabric_consistency(list(inv.hosts), facts)
         links: list[network.Link] = []
         cps = [h for h in inv.control_planes if h.name in sessions]
         workers = {h.name: sessions[h.name] for h in inv.workers if h.name in sessions}

@@ -4,11 +4,12 @@ steps, with the invariants (tests/labtests/invariants.py) checked after every st
 hgx-day-one: bare HGX H100 servers with gpuk8s's driver, one cut into MIG (mixed, 2 x 3g.40gb per GPU), one on DRA
 whose preinstalled 535 driver gpuk8s replaces by branch 580 (preflight blocked this composition: its dra.driver
 floor looked at the running driver), one time-sliced, monitoring deployed (its exporter's MIG series were counted as
-whole GPUs), on Kubernetes 1.36 (the default minor). Steps: install --allow-reboot, verify, the invariants, a
-re-run that changes nothing, the invariants again; day two: the managed nodes moved to branch 595 with `driver
-upgrade`, its client killed (SIGKILL) as soon as the first node has rebooted into 595, then the same command again,
-itself killed after each phase in turn until a run ends: it finishes that node (uncordoned) and upgrades the other,
-and the invariants hold.
+whole GPUs), two InfiniBand NDR ports per GPU node with `fabric:` set (issue 43: every preflight checks them), on
+Kubernetes 1.36 (the default minor). Steps: install --allow-reboot, verify, the invariants, a re-run that changes
+nothing, the invariants again, a port pulled on one node named by preflight; day two: the managed nodes moved to
+branch 595 with `driver upgrade`, its client killed (SIGKILL) as soon as the first node has rebooted into 595, then
+the same command again, itself killed after each phase in turn until a run ends: it finishes that node (uncordoned)
+and upgrades the other, and the invariants hold.
 
 alinux-newest and docker-mps: below, at their inventories.
 """
@@ -34,8 +35,14 @@ from tests.labtests.test_install import changing_calls
 HGX_DAY_ONE = """
 cluster:
   kubernetes_version: "1.36"
+defaults:
+  # two InfiniBand NDR ports per GPU node (issue 43: the inventory's fabric is checked by every preflight)
+  rdma: [{device: mlx5_0, state: "4: ACTIVE", phys_state: "5: LinkUp", rate: "400 Gb/sec (4X NDR)",
+          link_layer: InfiniBand, sm_lid: "0x1"},
+         {device: mlx5_1, state: "4: ACTIVE", phys_state: "5: LinkUp", rate: "400 Gb/sec (4X NDR)",
+          link_layer: InfiniBand, sm_lid: "0x1"}]
 hosts:
-  - {name: cp-1, role: control-plane}
+  - {name: cp-1, role: control-plane, rdma: []}
   - {name: mig-1, gpus: 2, gpu_model: "NVIDIA H100 80GB HBM3", gpu_memory_mib: 81559, nvswitches: 4, driver: null,
      modules: [overlay, nouveau], driver_inventory: {manage: true},
      mig_layout: {strategy: mixed, config: [{devices: all, mig-devices: {"3g.40gb": 2}}]}}
@@ -44,6 +51,7 @@ hosts:
   - {name: ts-1, gpus: 2, gpu_model: "NVIDIA H100 80GB HBM3", gpu_memory_mib: 81559,
      gpu_sharing: {strategy: time-slicing, replicas: 4}}
 """
+FABRIC = "\ngpu_defaults:\n  fabric: {link_layer: infiniband, expect: {ports: 2, rate: 400}}\n"
 
 
 def timed(run_cli: Any, *args: str) -> tuple[int, dict[str, Any], float]:
@@ -70,6 +78,7 @@ def with_monitoring(lab_up: Any, fleet: str) -> tuple[Any, str]:
 
 def test_hgx_day_one(lab_up, run_cli, tmp_path):
     lab, inv = with_monitoring(lab_up, HGX_DAY_ONE)
+    lab.inventory.write_text(lab.inventory.read_text() + FABRIC)
     kc = tmp_path / "kc"
     seconds: dict[str, float] = {}
 
@@ -91,6 +100,19 @@ def test_hgx_day_one(lab_up, run_cli, tmp_path):
     rc, rep, seconds["re-run"] = timed(run_cli, "install", "-i", inv, "--kubeconfig-out", str(kc), "--allow-reboot")
     assert rc == 0 and not rep["changed"], json.dumps(rep)[-4000:]
     invariants.all_hold(lab, run_cli, inv, planned, {"dra-1"}, totals)
+    # the fabric: every GPU node's two NDR ports passed preflight above; a cable pulled on ts-1 is named by the
+    # next preflight (that host, that port), and nothing else of the cluster changes
+    ts = lab.host("ts-1")
+    ts.write_rdma([{"device": "mlx5_1", "state": "1: DOWN", "phys_state": "3: Disabled", "rate": "40 Gb/sec (4X QDR)",
+                    "link_layer": "InfiniBand", "sm_lid": "0x1"}])
+    rc, rep, seconds["preflight, a port down"] = timed(run_cli, "preflight", "-i", inv, "--network-seconds", "0")
+    got = {h["name"]: {c["id"]: (c["status"], c["message"]) for c in h["checks"] if c["id"].startswith("fabric.")}
+           for h in rep["hosts"]}
+    assert got["ts-1"]["fabric.ports"][0] == "fail" and "mlx5_1 port 1 (Down/Disabled, 40 Gb/s)" in got["ts-1"][
+        "fabric.ports"][1], got["ts-1"]
+    assert all(v[0] == "pass" for n in ("mig-1", "dra-1") for v in got[n].values()) and got["mig-1"], got
+    ts.write_rdma([{"device": "mlx5_1", "state": "4: ACTIVE", "phys_state": "5: LinkUp",
+                    "rate": "400 Gb/sec (4X NDR)", "link_layer": "InfiniBand", "sm_lid": "0x1"}])
 
     # day two: branch 595 for the managed nodes; the client killed once mig-1 runs 595 (after its reboot, before or
     # after its uncordon: whichever the kill meets), then the same command again

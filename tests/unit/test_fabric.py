@@ -168,3 +168,22 @@ def test_no_fabric_no_check_and_unread_ports_are_a_failure() -> None:
     assert got["fabric.ports"].status == "fail" and got["fabric.rate"].status == "skip"
     none = by_id(fabric_checks(host("{link_layer: auto}"), facts(rdma=())))
     assert none["fabric.ports"].status == "fail" and "no RDMA adapter found" in none["fabric.ports"].message
+
+
+def test_nodes_whose_fabrics_differ_are_named() -> None:
+    from gpuk8s.preflight.fabric_checks import fabric_consistency
+
+    i = inv("  - {name: gpu-1, address: 10.0.0.2, gpus: 8}\n  - {name: gpu-2, address: 10.0.0.3, gpus: 8}\n"
+            "  - {name: gpu-3, address: 10.0.0.4, gpus: 8}\n  - {name: gpu-4, address: 10.0.0.5, gpus: 8}\n"
+            "gpu_defaults: {fabric: {link_layer: auto}}\n")
+    ib400 = ports("ibstat-h100-cx7-8x400-ib-bf3-bond-200-gpud")
+    roce = ports("ibstat-h100-cx7-8x400-roce-cx6dx-100-gpud")  # 8 x 400 CX-7 and 4 x 100 CX-6 Dx, all RoCE
+    seen = {"gpu-1": facts(rdma=ib400), "gpu-2": facts(rdma=ib400), "gpu-3": facts(rdma=ib400),
+            "gpu-4": facts(rdma=roce)}
+    (r,) = fabric_consistency(list(i.hosts), seen)
+    assert r.status == "fail" and r.message == ("the fabric differs between nodes: most have InfiniBand at 400 Gb/s, "
+                                                "but gpu-4: RoCE (Ethernet) at 400 Gb/s")
+    (r,) = fabric_consistency(list(i.hosts), {**seen, "gpu-4": facts(rdma=ib400)})
+    assert r.status == "pass" and r.message == "every fabric node: InfiniBand at 400 Gb/s"
+    # one node with a fabric (or none): nothing to compare; a node whose ports were not read is left out
+    assert fabric_consistency(list(i.hosts), {"gpu-1": facts(rdma=ib400), "gpu-2": facts(rdma=None)}) == []
