@@ -343,6 +343,18 @@ class _Reader:
             return None
         return v
 
+    def whole(self, node: Node, key: str, allowed: tuple[str, ...], readers: Mapping[str, Callable[[Node, str], Any]]
+              ) -> tuple[dict[str, tuple[Node, Node]], dict[str, Any]] | None:
+        """A mapping read whole: its entries and the values read; None where it is no mapping or a value is invalid
+        (each reported by its reader)."""
+        m = self.mapping(node, key, allowed)
+        if m is None:
+            return None
+        got = self.fields(node, key, allowed, readers, m)
+        if any(k not in got and not _is_null(v) for k, (_, v) in m.items()):
+            return None
+        return m, got
+
     def fields(self, node: Node, key: str, allowed: tuple[str, ...],
                readers: Mapping[str, Callable[[Node, str], Any]],
                m: dict[str, tuple[Node, Node]] | None = None) -> dict[str, Any]:
@@ -966,12 +978,10 @@ class _Reader:
             "fail_requests_greater_than_one": self.boolean,
             "pod_memory_mib": lambda n, k: self.integer(n, k, 1, 1 << 24),
         }
-        m = self.mapping(node, key, _SHARING_KEYS)
-        if m is None:
+        read = self.whole(node, key, _SHARING_KEYS, readers)
+        if read is None:
             return None
-        got = self.fields(node, key, _SHARING_KEYS, readers, m)
-        if any(k not in got and not _is_null(v) for k, (_, v) in m.items()):
-            return None  # an invalid value: reported by its reader
+        m, got = read
         strategy = got.get("strategy", "none")
         if "strategy" not in got:
             self.report(node, f"{key}.strategy", "no strategy given",
@@ -1023,12 +1033,10 @@ class _Reader:
                 "ports": lambda n2, k2: self.integer(n2, k2, 1, 64),
                 "rate": lambda n2, k2: self.fabric_rate(n2, k2)}),
         }
-        m = self.mapping(node, key, _FABRIC_KEYS)
-        if m is None:
+        read = self.whole(node, key, _FABRIC_KEYS, readers)
+        if read is None:
             return None
-        got = self.fields(node, key, _FABRIC_KEYS, readers, m)
-        if any(k not in got and not _is_null(v) for k, (_, v) in m.items()):
-            return None  # an invalid value: reported by its reader
+        m, got = read
         expect = got.pop("expect", {})
         if "link_layer" not in got:
             self.report(node, f"{key}.link_layer", "is missing", "write link_layer: infiniband, roce or auto (none "
@@ -1080,12 +1088,10 @@ class _Reader:
             "flavor": lambda n, k: self.choice(n, k, DRIVER_FLAVORS),
             "source": lambda n, k: self.choice(n, k, DRIVER_SOURCES),
         }
-        m = self.mapping(node, key, _DRIVER_KEYS)
-        if m is None:
+        read = self.whole(node, key, _DRIVER_KEYS, readers)
+        if read is None:
             return None
-        got = self.fields(node, key, _DRIVER_KEYS, readers, m)
-        if any(k not in got and not _is_null(v) for k, (_, v) in m.items()):
-            return None  # an invalid value: reported by its reader
+        m, got = read
         branch = got.get("branch", "")
         if branch and got.get("flavor") == "open" and int(branch) < dm.open_modules_since:
             self.report(m["flavor"][1], f"{key}.flavor", f"driver branch {branch} has no open kernel modules "
