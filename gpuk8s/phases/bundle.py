@@ -50,6 +50,7 @@ class Bundle(Phase):
         self.unkept: dict[str, str] = {}
         self.closed = False
         self.serving = ""  # the serving host's name
+        self.files: list[str] = []  # the source files each host's sources are (decided once, on the served inventory)
         self.lock = threading.Lock()
 
     def _where(self, ctx: Context, b: BundleFile) -> Host:
@@ -155,6 +156,7 @@ class Bundle(Phase):
         ctx.after_reboot.append(lambda h: self._again(ctx, b, host) if h.name == host.name else "")
         self._serve(ctx, b, host)
         self.serving = host.name
+        self.files = source_files(ctx.inv)
         self._point(ctx)
         where = f"http://{endpoint(host.address, b.port)}"
         how = f"copied {sent} bytes in {copied:.1f} s, " if sent else ""
@@ -170,7 +172,7 @@ class Bundle(Phase):
         try:
             if s is None:
                 s = Session(h, ctx.sudo_passwords.get(h.name))
-            res = s.run(shell.command("bundle-sources", mode=mode, files=source_files(ctx.inv),
+            res = s.run(shell.command("bundle-sources", mode=mode, files=self.files,
                                       serving=h.name == self.serving), sudo=True,
                         display="point its sources at the bundle" if mode == "in" else "put its sources back",
                         timeout=120)
