@@ -169,6 +169,10 @@ FINDINGS: dict[str, Spec] = {
                                          "stuck in Initializing)"),
     "fabric.rate": _p("error", "every active port of the fabric runs at fabric.expect.rate, and none slower than the "
                                "node's other ports"),
+    "fabric.nccl": _v("verify --fabric: NCCL all-reduce across the node's GPUs reaches the floor of its shape (a "
+                      "share of the published result; else of the best node of its shape)"),
+    "fabric.rdma": _v("verify --fabric: RDMA write between the same rail of ring neighbours reaches a share of the "
+                      "ports' rate; a port slow in both its pairs, or the link of a slow pair, named"),
     "cluster.fabric-consistent": _p("error", "every node with a fabric has the same link layer and port rate "
                                              "(a job's ranks run at the slowest node's rate)"),
     # MIG (gpuk8s/preflight/mig_checks.py, docs/mig.md)

@@ -35,6 +35,7 @@ from gpuk8s.phases.bundle import Bundle
 from gpuk8s.phases.cni import CNI
 from gpuk8s.phases.driver import Driver
 from gpuk8s.phases.driver_upgrade import DriverUpgrade
+from gpuk8s.phases.fabric_verify import FabricVerify
 from gpuk8s.phases.gpu import GPUNodes
 from gpuk8s.phases.health import Health
 from gpuk8s.phases.init import Init
@@ -214,7 +215,8 @@ def verify(inv: Inventory, *, concurrency: int, sudo_passwords: dict[str, str], 
                 sessions.pop(name).close()
             ctx.sessions = sessions
         ctx.plans = gpuplan.plans(inv, ctx.facts)
-        run_phases([Verify(), *([MonitoringVerify()] if inv.monitoring.enabled else [])], ctx, report.phases)
+        run_phases([Verify(), *([MonitoringVerify()] if inv.monitoring.enabled else []),
+                    *([FabricVerify()] if ctx.options.fabric else [])], ctx, report.phases)
         if kube is None:
             for h in inv.hosts:
                 if h.name not in ctx.facts:
@@ -225,6 +227,7 @@ def verify(inv: Inventory, *, concurrency: int, sudo_passwords: dict[str, str], 
     finally:
         ctx.close()
     report.nodes = ctx.nodes
+    report.findings = list(ctx.findings)
     return report
 
 

@@ -65,8 +65,15 @@ ALLOCATOR_LABEL = "node-restriction.kubernetes.io/gpuk8s-gpu-allocator"
 LEGACY_ALLOCATOR_LABEL = "gpuk8s.io/gpu-allocator"
 DRA = "dra"
 # Labels gpuk8s owns on GPU nodes: set from the plan, removed when the plan no longer has them.
+# The RDMA fabric (docs/fabric.md, gpuk8s/fabricplan.py): the labels of a node whose inventory sets fabric:, and the
+# extended resource NVIDIA's RDMA shared device plugin exposes its RDMA devices as (prefix rdma, the plugin's default)
+FABRIC_LABEL = "gpuk8s.io/fabric"
+FABRIC_LABELS = (FABRIC_LABEL, f"{FABRIC_LABEL}-ports", f"{FABRIC_LABEL}-rate")
+RDMA_RESOURCE_PREFIX, RDMA_RESOURCE_NAME = "rdma", "fabric"
+RDMA_RESOURCE = f"{RDMA_RESOURCE_PREFIX}/{RDMA_RESOURCE_NAME}"
 MANAGED_LABELS = (CONFIG_LABEL, PRODUCT_LABEL, MEMORY_LABEL, COUNT_LABEL, REPLICAS_LABEL, STRATEGY_LABEL,
-                  MPS_CAPABLE_LABEL, HAMI_NODE_LABEL, MIG_STRATEGY_LABEL, ALLOCATOR_LABEL, LEGACY_ALLOCATOR_LABEL)
+                  MPS_CAPABLE_LABEL, HAMI_NODE_LABEL, MIG_STRATEGY_LABEL, ALLOCATOR_LABEL, LEGACY_ALLOCATOR_LABEL,
+                  *FABRIC_LABELS)
 # ...and every label under nvidia.com/mig-<profile>. (mixed strategy): owned by prefix (gpu phase, owned_labels)
 MANAGED_PREFIXES = (MIG_PREFIX,)
 

@@ -570,6 +570,25 @@ def hami() -> HamiPin:
 
 
 @dataclass(frozen=True)
+class FabricPin:
+    """What gpuk8s deploys and runs for a node's RDMA fabric (docs/fabric.md)."""
+
+    rdma_device_plugin: str  # the RDMA shared device plugin's image, with tag
+    test_image: str  # verify --fabric's image: nccl-tests and perftest
+
+
+@functools.lru_cache(maxsize=1)
+def fabric() -> FabricPin:
+    """versions.yaml's fabric section."""
+    data = _document()
+    f = data.get("fabric") if isinstance(data, dict) else None
+    if not isinstance(f, dict) or not all(isinstance(f.get(k), str) and ":" in f[k]
+                                          for k in ("rdma_device_plugin", "test_image")):
+        raise MatrixError("fabric: rdma_device_plugin and test_image (each an image with its tag) expected")
+    return FabricPin(f["rdma_device_plugin"], f["test_image"])
+
+
+@dataclass(frozen=True)
 class DraDriverPin:
     """NVIDIA's DRA driver as gpuk8s deploys it where a node says allocator: dra (docs/dra.md)."""
 

@@ -84,12 +84,16 @@ def register(app: typer.Typer, load_inventory: Any) -> None:
             None, "--kubeconfig", help="Ask the cluster with this machine's kubectl and this kubeconfig instead of "
             "kubectl on the first control plane; no host is contacted over SSH."),
         context: str | None = typer.Option(None, "--context", help="The kubeconfig context (with --kubeconfig)."),  # noqa: UP007
+        fabric: bool = typer.Option(False, "--fabric", help="Also prove the RDMA fabric of the nodes whose inventory "
+                                    "sets fabric: NCCL all-reduce across each node's GPUs and RDMA write between "
+                                    "nodes, against floors (docs/fabric.md)."),
     ) -> None:
         """Check that every node is Ready and every GPU the hosts have is schedulable (install's last phase)."""
         inv = load_inventory(inventory, output)
         kube = None if kubeconfig is None else local_kubectl(kubeconfig, context)
         rep = flows.verify(inv, concurrency=concurrency, sudo_passwords=passwords(inv) if kube is None else {},
-                           options=Options(test_pods=test_pods), emit=phase_printer(output), kube=kube)
+                           options=Options(test_pods=test_pods, fabric=fabric), emit=phase_printer(output),
+                           kube=kube)
         finish(rep, output, lambda: render_cluster(rep, "verify"))
 
     @app.command(name="render")

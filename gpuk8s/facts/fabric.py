@@ -264,6 +264,46 @@ def parse_all_reduce(text: str) -> AllReduce | None:
     return AllReduce(tuple(rows), wrong, avg, nccl)
 
 
+# -- perftest ------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Perftest:
+    """A perftest bandwidth run (ib_write_bw, ib_read_bw): its result row, bandwidths in Gb/s."""
+
+    size: int  # bytes per message
+    iterations: int
+    peak: float  # 0.00 in duration (-D) and --run_infinitely modes: not measured
+    average: float
+    unit: str  # as printed: Gb/sec (--report_gbits), MiB/sec or MB/sec
+
+
+# " #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]": the unit of both columns; MiB/sec
+# from perftest 24.07.0-0.44 (commit 1d202bb), MB/sec (the same 2^20 bytes) before, Gb/sec with --report_gbits
+_PT_HEAD = re.compile(r"^\s*#bytes\s+#iterations\s+BW peak\[(Gb/sec|MB/sec|MiB/sec)\]\s+BW average\[")
+_PT_ROW = re.compile(rf"^\s*([0-9]{{1,12}})\s+([0-9]{{1,15}})\s+({_NUM})\s+({_NUM})\s+({_NUM})\s*$")
+# perftest's MB is 2^20 bytes, its Gb 125,000,000 bytes (src/perftest_parameters.c: format_factor = report_fmt == MBS
+# ? 0x100000 : 125000000)
+MB_GBITS = 0x100000 / 125000000
+
+
+def parse_perftest(text: str) -> Perftest | None:
+    """The result of a perftest bandwidth run; None where it printed no result row (a server's side, a failure).
+    Where rows repeat (--run_infinitely) the last counts."""
+    unit = ""
+    found: Perftest | None = None
+    for line in _lines(text):
+        h = _PT_HEAD.match(line)
+        if h:
+            unit = h.group(1)
+            continue
+        m = _PT_ROW.match(line) if unit else None
+        if m:
+            k = 1.0 if unit == "Gb/sec" else MB_GBITS
+            found = Perftest(int(m.group(1)), int(m.group(2)), round(float(m.group(3)) * k, 2),
+                             round(float(m.group(4)) * k, 2), unit)
+    return found
+
+
 # -- NCCL's failures -----------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)

@@ -28,7 +28,11 @@ from gpuk8s.gpuplan import (
     ALLOCATOR_LABEL,
     CONFIG_LABEL,
     DRA,
+    FABRIC_LABEL,
     LEGACY_ALLOCATOR_LABEL,
+    RDMA_RESOURCE,
+    RDMA_RESOURCE_NAME,
+    RDMA_RESOURCE_PREFIX,
     RUNTIME_HANDLER,
     GPUPlan,
     PluginSettings,
@@ -146,6 +150,23 @@ def dra_driver(inv: Inventory) -> Manifest:
         extended_resource_since=f"1.{pin.extended_resource_since}")))
 
 
+RDMA_MANIFEST = "rdma-device-plugin.yaml"
+RDMA_HCA_MAX = 1000  # pods per node that may share its RDMA devices (the project's README example's rdmaHcaMax)
+
+
+def rdma_device_plugin(inv: Inventory) -> Manifest:
+    """NVIDIA's RDMA shared device plugin on the nodes labelled gpuk8s.io/fabric (docs/fabric.md)."""
+    return Manifest(RDMA_MANIFEST, mirrors.rewrite_images(inv, _render(
+        _template("rdma-device-plugin.yaml.j2"), image=versions.fabric().rdma_device_plugin,
+        fabric_label=FABRIC_LABEL, resource=RDMA_RESOURCE, resource_name=RDMA_RESOURCE_NAME,
+        resource_prefix=RDMA_RESOURCE_PREFIX, hca_max=RDMA_HCA_MAX)))
+
+
+def fabric_wanted(inv: Inventory) -> bool:
+    """Whether a GPU node of the inventory sets fabric: (the RDMA device plugin is deployed)."""
+    return any(h.gpu.fabric.enabled and is_gpu_node(h) for h in inv.hosts)
+
+
 def node_bound_tokens(kubernetes_version: str) -> bool:
     """Whether a cluster of this version names a pod's node in its service account token and has
     ValidatingAdmissionPolicy v1 (versions.yaml node_bound_tokens_from): the node agents' own-node policies."""
@@ -248,6 +269,8 @@ def wanted(inv: Inventory, plans: dict[str, GPUPlan], keep: dict[str, str] | Non
         out.append(hami(inv, plans))
     if dra:
         out.append(dra_driver(inv))
+    if fabric_wanted(inv):
+        out.append(rdma_device_plugin(inv))
     return out
 
 
@@ -256,6 +279,8 @@ def unwanted(inv: Inventory, plans: dict[str, GPUPlan]) -> list[Manifest]:
     out = [] if any(p.sharing == "hami" for p in plans.values()) else [hami(inv, plans)]
     if not any(p.dra for p in plans.values()):
         out.append(dra_driver(inv))
+    if not fabric_wanted(inv):
+        out.append(rdma_device_plugin(inv))
     return out
 
 

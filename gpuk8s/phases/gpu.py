@@ -10,10 +10,12 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
+from gpuk8s import fabricplan
 from gpuk8s.gpuplan import (
     ALLOCATOR_LABEL,
     CONFIG_LABEL,
     DRA,
+    FABRIC_LABELS,
     HAMI_NODE_LABEL,
     HAMI_NODE_VALUE,
     LEGACY_ALLOCATOR_LABEL,
@@ -71,20 +73,31 @@ def owned_labels(node: state.NodeState) -> tuple[str, ...]:
         k for k in sorted(node.labels) if k.startswith(MANAGED_PREFIXES))
 
 
-def node_changes(plan: GPUPlan, node: state.NodeState,
-                 quarantine: str | None = None) -> tuple[dict[str, str | None], list[str]]:
+def node_changes(plan: GPUPlan, node: state.NodeState, quarantine: str | None = None,
+                 fabric: dict[str, str] | None = None) -> tuple[dict[str, str | None], list[str]]:
     """The labels to set (None: to remove) and the taints to add so that the node matches its plan, and the
     quarantine taint where the health phase put the node in quarantine (`quarantine`: the failing finding's id); a
     label the plan cannot decide (no facts for the host) is neither set nor removed. No taint is ever removed
-    here: the quarantine's only by `gpuk8s health --release`."""
+    here: the quarantine's only by `gpuk8s health --release`. `fabric`: the node's fabric labels (fabricplan; {} for
+    a node without a fabric), None where its facts were not read (its fabric labels are left as they are)."""
     want = [*plan.taints, *([quarantine_taint(quarantine)] if quarantine else [])]
     # a quarantined node keeps the finding it was quarantined for first: a second one does not overwrite it
     if quarantine and node.quarantine:
         want = list(plan.taints)
     missing = state.missing_taints([(t.key, t.value, t.effect) for t in want], node)
-    owned = tuple(k for k in owned_labels(node) if plan.decides(k))
-    return (state.label_changes({k: v for k, v in plan.labels.items() if plan.decides(k)}, node, owned),
+    owned = tuple(k for k in owned_labels(node) if plan.decides(k) and (fabric is not None or k not in FABRIC_LABELS))
+    labels = {k: v for k, v in plan.labels.items() if plan.decides(k)} | (fabric or {})
+    return (state.label_changes(labels, node, owned),
             [str(t) for t in want if (t.key, t.value, t.effect) in missing])
+
+
+def fabric_labels(ctx: Context, name: str) -> dict[str, str] | None:
+    """The node's fabric labels (gpuk8s/fabricplan.py); None where its facts were not read."""
+    host = next((h for h in ctx.inv.hosts if h.name == name), None)
+    if host is None or name not in ctx.facts:
+        return None
+    fp = fabricplan.plan(host, ctx.facts[name])
+    return fp.labels() if fp is not None else {}
 
 
 def as_they_are(ctx: Context, nodes: dict[str, Any], switching: set[str]) -> dict[str, GPUPlan]:
@@ -155,7 +168,7 @@ class GPUNodes(Phase):
                 continue
             try:
                 ns = state.node_state(nodes[name])
-                diff = node_changes(plan, ns, ctx.quarantine.get(name))
+                diff = node_changes(plan, ns, ctx.quarantine.get(name), fabric_labels(ctx, name))
                 self._was_shared[name] = ns.labels.get(STRATEGY_LABEL, "none") != "none"
             except StateError as e:
                 raise PhaseError(f"the node object of {name} is unreadable: {e}", "see the log file") from None

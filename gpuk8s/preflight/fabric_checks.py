@@ -6,15 +6,14 @@ from __future__ import annotations
 
 from collections import Counter
 
+from gpuk8s.fabricplan import NAMES, chosen, link_layer
 from gpuk8s.facts.fabric import RdmaPort
 from gpuk8s.facts.model import HostFacts
 from gpuk8s.gpuplan import is_gpu_node
-from gpuk8s.inventory.model import FabricSettings, Host
+from gpuk8s.inventory.model import Host
 from gpuk8s.preflight.result import CheckResult, failed, passed, skipped
 
 IDS = ("fabric.ports", "fabric.link-layer", "fabric.subnet-manager", "fabric.rate")
-LAYERS = {"infiniband": "InfiniBand", "roce": "Ethernet"}  # the inventory's word -> the port's link_layer
-NAMES = {"InfiniBand": "InfiniBand", "Ethernet": "RoCE (Ethernet)"}
 
 
 def _name(p: RdmaPort) -> str:
@@ -26,15 +25,6 @@ def _show(p: RdmaPort) -> str:
     return f"{_name(p)} ({p.state}/{p.physical_state}{rate})"
 
 
-def _layer(s: FabricSettings, ports: list[RdmaPort]) -> str:
-    """The link layer of a node's fabric: the inventory's, or with auto InfiniBand where an InfiniBand port is
-    active, else Ethernet where one is ("" where none is)."""
-    if s.link_layer != "auto":
-        return LAYERS[s.link_layer]
-    up = {p.link_layer for p in ports if p.active}
-    return "InfiniBand" if "InfiniBand" in up else "Ethernet" if "Ethernet" in up else ""
-
-
 def fabric_consistency(hosts: list[Host], facts: dict[str, HostFacts]) -> list[CheckResult]:
     """cluster.fabric-consistent: every node with a fabric on the same link layer and port rate (NCCL's rings run
     at the slowest node's speed, and InfiniBand and RoCE nodes do not reach each other); nothing without two."""
@@ -44,8 +34,8 @@ def fabric_consistency(hosts: list[Host], facts: dict[str, HostFacts]) -> list[C
         s = h.gpu.fabric
         if not is_gpu_node(h) or not s.enabled or f is None or f.rdma is None:
             continue
-        ports = [p for p in f.rdma if not s.nics or p.device in s.nics]
-        layer = _layer(s, ports)
+        ports = chosen(s, f.rdma)
+        layer = link_layer(s, ports)
         rates = Counter(p.rate for p in ports if p.active and p.link_layer == layer and p.rate is not None)
         if layer and rates:
             seen[h.name] = f"{NAMES[layer]} at {rates.most_common(1)[0][0]:g} Gb/s"
@@ -70,9 +60,9 @@ def fabric_checks(host: Host, f: HostFacts) -> list[CheckResult]:
         return [failed("fabric.ports", "the RDMA ports could not be read (/sys/class/infiniband)",
                        "check the host (the probe's rdma section)")] + [
             skipped(i, "no RDMA ports read") for i in IDS[1:]]
-    ports = [p for p in f.rdma if not s.nics or p.device in s.nics]
+    ports = chosen(s, f.rdma)
     missing = [n for n in s.nics if n not in {p.device for p in f.rdma}]
-    layer = _layer(s, ports)
+    layer = link_layer(s, ports)
     out: list[CheckResult] = []
     others = [p for p in ports if p.link_layer != layer]
     of_layer = [p for p in ports if p.link_layer == layer]

@@ -324,6 +324,14 @@ class LabHost:
             for key in ("state", "phys_state", "rate", "link_layer", "sm_lid"):
                 self.write(f"{d}/{key}", str(p.get(key, "")) + "\n")
 
+    FABRIC = "/var/lib/gpuk8s-lab/fabric.json"  # the lab's model of what sysfs does not show (fakes/kube.py)
+
+    def write_fabric(self, model: dict[str, Any]) -> None:
+        """What the fabric's tests measure beyond the ports' sysfs files: {"nccl": factor of the node's all-reduce
+        (an NVLink down), "throughput": {"DEV/PORT": factor of the port's RDMA bandwidth (a link with errors, its
+        rate still reading full)}}."""
+        self.write(self.FABRIC, json.dumps(model))
+
     def stop_sshd(self) -> None:
         pid = self.sshd_pid()
         if pid:

@@ -30,7 +30,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("gpuk8s.inventory",),  # what the user asked for (with the ssh config it names)
     ("gpuk8s.credentials", "gpuk8s.gpuplan", "gpuk8s.runtimeplan", "gpuk8s.driver", "gpuk8s.findings",
      "gpuk8s.mirrors", "gpuk8s.remote", "gpuk8s.ui"),
-    ("gpuk8s.kube",),  # the cluster: kubectl seam, objects, manifests, images
+    ("gpuk8s.kube", "gpuk8s.fabricplan"),  # the cluster: kubectl seam, objects, manifests, images
     ("gpuk8s.bundle",),  # air-gapped bundles: the format, and building one (the images kube names)
     ("gpuk8s.playbook", "gpuk8s.preflight"),
     ("gpuk8s.doctor", "gpuk8s.install", "gpuk8s.health"),
@@ -50,7 +50,7 @@ PURE = ["gpuk8s.doctor.classify", "gpuk8s.doctor.evidence", "gpuk8s.gpuplan", "g
         "gpuk8s.kube.dra",
         "gpuk8s.preflight.host_checks", "gpuk8s.preflight.cluster_checks", "gpuk8s.mirrors",
         "gpuk8s.playbook.render", "gpuk8s.inventory.loader", "gpuk8s.driver.rules", "gpuk8s.facts.health",
-        "gpuk8s.health.checks", "gpuk8s.driver.xid", "gpuk8s.facts.dcgm"]
+        "gpuk8s.health.checks", "gpuk8s.driver.xid", "gpuk8s.facts.dcgm", "gpuk8s.fabricplan"]
 TALKS = {"gpuk8s.remote", "gpuk8s.kube.client"}
 
 

@@ -1,0 +1,303 @@
+"""THE answer to "what is this node's RDMA fabric, and what must it achieve?" (issue 43, docs/fabric.md).
+
+For a GPU node whose inventory sets `fabric:`: the link layer and the ports of its fabric (preflight's checks,
+verify --fabric, the labels and NCCL's environment all read them from here), the all-reduce bus bandwidth floor
+of its shape from published nccl-tests results, and the RDMA write floor of a link. Pure: host, facts and test
+readings in, decisions out.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from gpuk8s.facts.fabric import AllReduce, NcclFailure, RdmaPort
+from gpuk8s.facts.model import HostFacts
+from gpuk8s.findings import Finding, failed, passed
+from gpuk8s.findings import node as finding_node
+from gpuk8s.gpuplan import FABRIC_LABEL, RDMA_RESOURCE, is_gpu_node
+from gpuk8s.inventory.model import FabricSettings, Host
+
+LAYERS = {"infiniband": "InfiniBand", "roce": "Ethernet"}  # the inventory's word -> the port's link_layer
+NAMES = {"InfiniBand": "InfiniBand", "Ethernet": "RoCE (Ethernet)"}
+LABEL_WORDS = {"InfiniBand": "infiniband", "Ethernet": "roce"}
+
+# A node's all-reduce below this share of the published result for its shape fails: runs of one shape differ by a
+# few per cent (the corpus's 8 x H100 texts: 468-476 GB/s at 2-4 GiB), a node with an NVLink down or a GPU held
+# at a lower clock loses far more.
+NODE_SHARE = 0.8
+# A link's RDMA write bandwidth below this share of its ports' rate fails: perftest reaches 98% of a 100 Gb/s
+# RoCE port (tests/fixtures/real/fabric/perftest/ib_write_bw-roce-4qp-oci-oke.txt: 98.01 Gb/sec); a link with
+# symbol errors retransmits and loses far more, while its rate still reads 400.
+LINK_SHARE = 0.8
+# Where no published result exists for a shape, nodes of that shape are compared with each other: one below this
+# share of the best of its shape fails.
+PEER_SHARE = 0.8
+
+
+def link_layer(s: FabricSettings, ports: list[RdmaPort] | tuple[RdmaPort, ...]) -> str:
+    """The link layer of a node's fabric: the inventory's, or with auto InfiniBand where an InfiniBand port is
+    active, else Ethernet where one is ("" where none is)."""
+    if s.link_layer in LAYERS:
+        return LAYERS[s.link_layer]
+    up = {p.link_layer for p in ports if p.active}
+    return "InfiniBand" if "InfiniBand" in up else "Ethernet" if "Ethernet" in up else ""
+
+
+def chosen(s: FabricSettings, rdma: tuple[RdmaPort, ...]) -> list[RdmaPort]:
+    """The ports fabric.nics names (every port where it names none)."""
+    return [p for p in rdma if not s.nics or p.device in s.nics]
+
+
+@dataclass(frozen=True)
+class FabricPlan:
+    """One node's fabric as install and verify --fabric use it."""
+
+    node: str
+    link_layer: str  # InfiniBand | Ethernet
+    ports: tuple[RdmaPort, ...]  # the active ports of the fabric's link layer, in device order
+    gpus: int
+    gpu_model: str  # nvidia-smi's name of the node's first GPU ("NVIDIA H100 80GB HBM3"), "" unknown
+    nvswitch: bool  # lspci shows NVSwitches: every GPU reaches every other at full NVLink bandwidth
+
+    @property
+    def shape(self) -> str:
+        return f"{self.gpus} x {self.gpu_model or 'unknown GPU'}{' (NVSwitch)' if self.nvswitch else ''}"
+
+    @property
+    def rate(self) -> float | None:
+        """The rate most of the ports run at (Gb/s)."""
+        rates = sorted(p.rate for p in self.ports if p.rate is not None)
+        return max(set(rates), key=rates.count) if rates else None
+
+    def labels(self) -> dict[str, str]:
+        """What the node's labels say of its fabric (a job's nodeSelector picks nodes by them)."""
+        out = {FABRIC_LABEL: LABEL_WORDS[self.link_layer], f"{FABRIC_LABEL}-ports": str(len(self.ports))}
+        if self.rate is not None:
+            out[f"{FABRIC_LABEL}-rate"] = f"{self.rate:g}"
+        return out
+
+    def nccl_env(self) -> dict[str, str]:
+        """NCCL's environment for this node's fabric: the HCAs by exact name (NCCL_IB_HCA's '=' prefix), each with
+        its port."""
+        return {"NCCL_IB_HCA": "=" + ",".join(f"{p.device}:{p.port}" for p in self.ports)}
+
+
+def plan(host: Host, facts: HostFacts | None) -> FabricPlan | None:
+    """None for a host without `fabric:`, not a GPU node, or whose RDMA ports were not read."""
+    s = host.gpu.fabric
+    if not is_gpu_node(host) or not s.enabled or facts is None or facts.rdma is None:
+        return None
+    ports = chosen(s, facts.rdma)
+    layer = link_layer(s, ports)
+    if not layer:
+        return None
+    mine = tuple(sorted((p for p in ports if p.link_layer == layer and p.active), key=lambda p: (p.device, p.port)))
+    gpus = facts.gpu.gpus
+    return FabricPlan(host.name, layer, mine, len(gpus) or host.gpus or 0, gpus[0].name if gpus else "",
+                      bool(facts.driver.nvswitches))
+
+
+def plans(hosts: list[Host] | tuple[Host, ...], facts: dict[str, HostFacts]) -> dict[str, FabricPlan]:
+    out = {}
+    for h in hosts:
+        p = plan(h, facts.get(h.name))
+        if p is not None:
+            out[h.name] = p
+    return out
+
+
+# -- floors ----------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Published:
+    """One published single-node all_reduce_perf result: the bus bandwidth at its largest size."""
+
+    family: str  # a pattern of nvidia-smi's GPU name
+    gpus: int
+    nvswitch: bool
+    busbw: float  # GB/s, out of place, at `size`
+    size: int  # bytes
+    source: str
+    fixture: str  # tests/fixtures/real/fabric/nccl/...: the text itself
+    note: str = ""
+
+
+PUBLISHED: tuple[Published, ...] = (
+    Published(r"H100 80GB HBM3|H100-SXM", 8, True, 473.60, 4 << 30,
+              "NVIDIA/nccl-tests issue 290 (single node, 8 x H100 80GB HBM3, NVLink SHARP)",
+              "allreduce-h100-8gpu-single-node-nvls-nccl-tests-290.txt"),
+    Published(r"^NVIDIA H200$|H200 141GB|H200-SXM", 8, True, 473.60, 4 << 30,
+              "H100's figure (NVIDIA/nccl-tests issue 290): the H200 SXM has the H100's NVLink 4 and NVSwitch; no "
+              "single-node H200 text was found",
+              "allreduce-h100-8gpu-single-node-nvls-nccl-tests-290.txt", "by H100's figure"),
+    Published(r"A100-SXM4-(80|40)GB", 8, True, 231.72, 1 << 30,
+              "facebookresearch/gcm (single node, 8 x A100-SXM4-80GB, NCCL 2.16.2)",
+              "allreduce-a100-80gb-8gpu-single-node-gcm-nccl2.16.2.txt"),
+)
+
+
+@dataclass(frozen=True)
+class Floor:
+    busbw: float  # GB/s the node must reach at `size`
+    size: int
+    why: str  # where the floor comes from, for a person
+
+
+def published(p: FabricPlan) -> Published | None:
+    for pub in PUBLISHED:
+        if pub.gpus == p.gpus and pub.nvswitch == p.nvswitch and re.search(pub.family, p.gpu_model):
+            return pub
+    return None
+
+
+def node_floor(p: FabricPlan) -> Floor | None:
+    """The floor of a node's all-reduce across its own GPUs, from the published result for its shape (None: no
+    result was published for it; verify then compares the nodes of one shape with each other)."""
+    pub = published(p)
+    if pub is None:
+        return None
+    return Floor(round(pub.busbw * NODE_SHARE, 2), pub.size,
+                 f"{NODE_SHARE:.0%} of {pub.busbw:g} GB/s, published for {pub.gpus} x {pub.family.split('|')[0]}: "
+                 f"{pub.source}")
+
+
+def link_floor(a: float | None, b: float | None) -> float | None:
+    """The RDMA write floor of a link between two ports (Gb/s): a share of the slower one's rate."""
+    rates = [r for r in (a, b) if r is not None]
+    return round(min(rates) * LINK_SHARE, 2) if rates else None
+
+
+# -- naming the bad link ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class LinkReading:
+    """One RDMA write test between the same rail of two nodes: client -> server, Gb/s (None: it did not run)."""
+
+    client: str
+    server: str
+    device: str  # the rail: the client's device (the server's of the same position)
+    server_device: str
+    gbps: float | None
+    floor: float | None
+
+
+def ring(nodes: list[str]) -> list[tuple[str, str]]:
+    """The pairs verify --fabric tests: each node with the next (and the last with the first), so that every node
+    is in two pairs; two nodes make one pair."""
+    if len(nodes) < 2:
+        return []
+    if len(nodes) == 2:
+        return [(nodes[0], nodes[1])]
+    return [(a, nodes[(i + 1) % len(nodes)]) for i, a in enumerate(nodes)]
+
+
+def slow(r: LinkReading) -> bool:
+    return r.gbps is not None and r.floor is not None and r.gbps < r.floor
+
+
+def blame(readings: list[LinkReading]) -> dict[tuple[str, str], list[LinkReading]]:
+    """Which node's port each slow reading points at: a port slow in every pair it is in is the culprit (its node
+    and device); a slow pair whose ends are each fine elsewhere (or in no other pair) is named as the link between
+    them, under the key (client, device) and (server, server_device) alike. Keys: (node, device) -> the slow
+    readings that name it."""
+    pairs: dict[tuple[str, str], list[LinkReading]] = {}
+    for r in readings:
+        if r.gbps is None:
+            continue
+        pairs.setdefault((r.client, r.device), []).append(r)
+        pairs.setdefault((r.server, r.server_device), []).append(r)
+    out: dict[tuple[str, str], list[LinkReading]] = {}
+    for r in (r for r in readings if slow(r)):
+        ends = [(r.client, r.device), (r.server, r.server_device)]
+        sick = [e for e in ends if len(pairs[e]) > 1 and all(slow(x) for x in pairs[e])]
+        for e in sick or ends:
+            out.setdefault(e, []).append(r)
+    return out
+
+
+# -- judging what the tests printed ---------------------------------------------------------------------------
+
+def busbw_at(r: AllReduce | None, floor: Floor | None) -> float | None:
+    """A run's bus bandwidth (out of place) at the floor's size, else at its largest size."""
+    if r is None or not r.rows:
+        return None
+    rows = {size: busbw for size, busbw, _ in r.rows}
+    if floor is not None and floor.size in rows:
+        return rows[floor.size]
+    return r.rows[-1][1]
+
+
+def judge_node(p: FabricPlan, r: AllReduce | None, measured: dict[str, float | None],
+               plans: dict[str, FabricPlan], phase: str, failures: list[NcclFailure]) -> Finding:
+    """fabric.nccl of one node: its all-reduce against the floor of its shape; where none was published, against
+    the best node of its shape in this run (PEER_SHARE); alone of its shape, its number without a verdict."""
+    if r is None:
+        why = "; ".join(f.detail for f in failures[:2]) or (
+            f"the pod ended {phase}" if phase in ("Succeeded", "Failed") else
+            f"the pod did not finish ({phase or 'not created'})")
+        remedy = "; ".join(f.remedy for f in failures[:2]) or (
+            f"kubectl describe pod and kubectl logs of the test pod on {p.node} (gpuk8s verify --fabric again keeps "
+            "it no longer than the run)")
+        return failed("fabric.nccl", f"NCCL all-reduce across {p.shape} printed no result: {why}", remedy)
+    floor = node_floor(p)
+    got = busbw_at(r, floor)
+    if r.wrong:
+        return failed("fabric.nccl", f"NCCL all-reduce across {p.shape}: {r.wrong} wrong result(s)",
+                      "a GPU or NVLink corrupts data: gpuk8s health --level long on the node, then NVIDIA support")
+    if got is None:
+        return failed("fabric.nccl", "no bus bandwidth read", "see the log file")
+    if floor is None:
+        peers = [v for n, v in measured.items() if v is not None and plans[n].shape == p.shape]
+        if len(peers) < 2:
+            return passed("fabric.nccl", f"{got:g} GB/s bus bandwidth across {p.shape}; no result is published for "
+                          "this shape and no other node of it was tested: no floor")
+        best = max(peers)
+        floor = Floor(round(best * PEER_SHARE, 2), 0, f"{PEER_SHARE:.0%} of the best node of its shape ({best:g} "
+                      "GB/s): no result is published for this shape")
+    size = f" at {floor.size >> 20} MiB" if floor.size else ""
+    text = f"{got:g} GB/s bus bandwidth across {p.shape}{size}, floor {floor.busbw:g} GB/s ({floor.why})"
+    if got < floor.busbw:
+        return failed("fabric.nccl", text, "a GPU held at lower clocks, an NVLink down or a GPU on a degraded PCIe "
+                      "link: gpuk8s health on the node (nvidia-smi nvlink -s, clocks), then reseat or replace")
+    return passed("fabric.nccl", text)
+
+
+def judge_links(readings: list[LinkReading], failed_runs: dict[tuple[str, str], str],
+                nodes: list[str]) -> list[Finding]:
+    """fabric.rdma per node: each port blame() names, with the readings that name it; a test that did not run; or
+    the node's links as measured."""
+    named = blame(readings)
+    out = []
+    for node in nodes:
+        mine = {dev: rs for (n, dev), rs in named.items() if n == node}
+        runs = {dev: why for (n, dev), why in failed_runs.items() if n == node}
+        seen = [r for r in readings if node in (r.client, r.server) and r.gbps is not None]
+        if mine:
+            parts = []
+            for dev, rs in sorted(mine.items()):
+                count = len([x for x in readings if x.gbps is not None and (
+                    (x.client, x.device) == (node, dev) or (x.server, x.server_device) == (node, dev))])
+                where = "its port: slow in every pair" if count > 1 and len(rs) == count else "the link"
+                parts.append(f"{dev} ({where}): " + "; ".join(
+                    f"{r.gbps:g} Gb/s RDMA write {r.client} {r.device} -> {r.server} {r.server_device}, floor "
+                    f"{r.floor:g} Gb/s" for r in rs))
+            out.append(failed("fabric.rdma", "; ".join(parts + list(runs.values())),
+                              "a link below its rate while its ports read Active at full rate retransmits: check the "
+                              "cable, transceiver and switch port named (mlxlink -d DEV -m: BER and FEC counters), "
+                              "reseat or replace it; the node takes jobs at the slow link's speed until then",
+                              subject=finding_node(node)))
+        elif runs:
+            out.append(failed("fabric.rdma", "; ".join(runs.values()),
+                              "kubectl describe pod of the test pods on the node (the RDMA device plugin's resource "
+                              f"{RDMA_RESOURCE} allocatable, the image pulled); a port Down: gpuk8s preflight",
+                              subject=finding_node(node)))
+        elif seen:
+            fine = [r.gbps or 0.0 for r in seen if not slow(r)]
+            others = sorted({e[0] for e, rs in named.items() for r in rs if r in seen and e[0] != node})
+            text = f"{len(fine)} RDMA write test(s) with its ring neighbours at " + (
+                f"{min(fine):g}-{max(fine):g} Gb/s" if fine else "none")
+            if len(fine) < len(seen):
+                text += f"; {len(seen) - len(fine)} slow, named on {', '.join(others)}"
+            out.append(passed("fabric.rdma", text, subject=finding_node(node)))
+    return out
