@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from gpuk8s.facts.fabric import AllReduce, NcclFailure, RdmaPort
+from gpuk8s.facts.fabric import AllReduce, Gid, NcclFailure, RdmaPort
 from gpuk8s.facts.model import HostFacts
 from gpuk8s.findings import Finding, failed, passed
 from gpuk8s.findings import node as finding_node
@@ -44,6 +44,13 @@ def link_layer(s: FabricSettings, ports: list[RdmaPort] | tuple[RdmaPort, ...]) 
     return "InfiniBand" if "InfiniBand" in up else "Ethernet" if "Ethernet" in up else ""
 
 
+def roce_v2(gids: tuple[Gid, ...] | None, p: RdmaPort) -> Gid | None:
+    """The port's first RoCE v2 GID with an IPv4 address: the one NCCL chooses by default (NCCL_IB_ADDR_FAMILY
+    AF_INET) and the one its peers must reach."""
+    return next((g for g in gids or () if (g.device, g.port) == (p.device, p.port) and g.version == "v2" and g.ipv4),
+                None)
+
+
 def chosen(s: FabricSettings, rdma: tuple[RdmaPort, ...]) -> list[RdmaPort]:
     """The ports fabric.nics names (every port where it names none)."""
     return [p for p in rdma if not s.nics or p.device in s.nics]
@@ -59,6 +66,7 @@ class FabricPlan:
     gpus: int
     gpu_model: str  # nvidia-smi's name of the node's first GPU ("NVIDIA H100 80GB HBM3"), "" unknown
     nvswitch: bool  # lspci shows NVSwitches: every GPU reaches every other at full NVLink bandwidth
+    gid_index: int | None = None  # RoCE: the index of every port's RoCE v2 IPv4 GID, where it is one for all
 
     @property
     def shape(self) -> str:
@@ -80,7 +88,10 @@ class FabricPlan:
     def nccl_env(self) -> dict[str, str]:
         """NCCL's environment for this node's fabric: the HCAs by exact name (NCCL_IB_HCA's '=' prefix), each with
         its port."""
-        return {"NCCL_IB_HCA": "=" + ",".join(f"{p.device}:{p.port}" for p in self.ports)}
+        env = {"NCCL_IB_HCA": "=" + ",".join(f"{p.device}:{p.port}" for p in self.ports)}
+        if self.gid_index is not None:
+            env["NCCL_IB_GID_INDEX"] = str(self.gid_index)
+        return env
 
 
 def plan(host: Host, facts: HostFacts | None) -> FabricPlan | None:
@@ -94,8 +105,10 @@ def plan(host: Host, facts: HostFacts | None) -> FabricPlan | None:
         return None
     mine = tuple(sorted((p for p in ports if p.link_layer == layer and p.active), key=lambda p: (p.device, p.port)))
     gpus = facts.gpu.gpus
+    indexes = {g.index if g else None for g in (roce_v2(facts.gids, p) for p in mine)}
+    gid = next(iter(indexes)) if layer == "Ethernet" and len(indexes) == 1 else None
     return FabricPlan(host.name, layer, mine, len(gpus) or host.gpus or 0, gpus[0].name if gpus else "",
-                      bool(facts.driver.nvswitches))
+                      bool(facts.driver.nvswitches), gid)
 
 
 def plans(hosts: list[Host] | tuple[Host, ...], facts: dict[str, HostFacts]) -> dict[str, FabricPlan]:
@@ -113,6 +126,7 @@ def plans(hosts: list[Host] | tuple[Host, ...], facts: dict[str, HostFacts]) -> 
 class Published:
     """One published single-node all_reduce_perf result: the bus bandwidth at its largest size."""
 
+    name: str  # for a person
     family: str  # a pattern of nvidia-smi's GPU name
     gpus: int
     nvswitch: bool
@@ -124,14 +138,14 @@ class Published:
 
 
 PUBLISHED: tuple[Published, ...] = (
-    Published(r"H100 80GB HBM3|H100-SXM", 8, True, 473.60, 4 << 30,
+    Published("H100 SXM", r"H100 80GB HBM3|H100-SXM", 8, True, 473.60, 4 << 30,
               "NVIDIA/nccl-tests issue 290 (single node, 8 x H100 80GB HBM3, NVLink SHARP)",
               "allreduce-h100-8gpu-single-node-nvls-nccl-tests-290.txt"),
-    Published(r"^NVIDIA H200$|H200 141GB|H200-SXM", 8, True, 473.60, 4 << 30,
+    Published("H200 SXM", r"^NVIDIA H200$|H200 141GB|H200-SXM", 8, True, 473.60, 4 << 30,
               "H100's figure (NVIDIA/nccl-tests issue 290): the H200 SXM has the H100's NVLink 4 and NVSwitch; no "
               "single-node H200 text was found",
               "allreduce-h100-8gpu-single-node-nvls-nccl-tests-290.txt", "by H100's figure"),
-    Published(r"A100-SXM4-(80|40)GB", 8, True, 231.72, 1 << 30,
+    Published("A100 SXM4", r"A100-SXM4-(80|40)GB", 8, True, 231.72, 1 << 30,
               "facebookresearch/gcm (single node, 8 x A100-SXM4-80GB, NCCL 2.16.2)",
               "allreduce-a100-80gb-8gpu-single-node-gcm-nccl2.16.2.txt"),
 )
@@ -158,7 +172,7 @@ def node_floor(p: FabricPlan) -> Floor | None:
     if pub is None:
         return None
     return Floor(round(pub.busbw * NODE_SHARE, 2), pub.size,
-                 f"{NODE_SHARE:.0%} of {pub.busbw:g} GB/s, published for {pub.gpus} x {pub.family.split('|')[0]}: "
+                 f"{NODE_SHARE:.0%} of {pub.busbw:g} GB/s, published for {pub.gpus} x {pub.name}: "
                  f"{pub.source}")
 
 
@@ -263,6 +277,11 @@ def judge_node(p: FabricPlan, r: AllReduce | None, measured: dict[str, float | N
     return passed("fabric.nccl", text)
 
 
+def _span(values: list[float]) -> str:
+    lo, hi = min(values), max(values)
+    return f"{lo:g}" if lo == hi else f"{lo:g}-{hi:g}"
+
+
 def judge_links(readings: list[LinkReading], failed_runs: dict[tuple[str, str], str],
                 nodes: list[str]) -> list[Finding]:
     """fabric.rdma per node: each port blame() names, with the readings that name it; a test that did not run; or
@@ -296,7 +315,7 @@ def judge_links(readings: list[LinkReading], failed_runs: dict[tuple[str, str], 
             fine = [r.gbps or 0.0 for r in seen if not slow(r)]
             others = sorted({e[0] for e, rs in named.items() for r in rs if r in seen and e[0] != node})
             text = f"{len(fine)} RDMA write test(s) with its ring neighbours at " + (
-                f"{min(fine):g}-{max(fine):g} Gb/s" if fine else "none")
+                _span(fine) + " Gb/s" if fine else "none")
             if len(fine) < len(seen):
                 text += f"; {len(seen) - len(fine)} slow, named on {', '.join(others)}"
             out.append(passed("fabric.rdma", text, subject=finding_node(node)))

@@ -169,6 +169,8 @@ FINDINGS: dict[str, Spec] = {
                                          "stuck in Initializing)"),
     "fabric.rate": _p("error", "every active port of the fabric runs at fabric.expect.rate, and none slower than the "
                                "node's other ports"),
+    "fabric.roce-gid": _p("error", "on RoCE, each active port of the fabric has a RoCE v2 GID with an IPv4 address "
+                                   "(the one NCCL and its peers use)"),
     "fabric.nccl": _v("verify --fabric: NCCL all-reduce across the node's GPUs reaches the floor of its shape (a "
                       "share of the published result; else of the best node of its shape)"),
     "fabric.rdma": _v("verify --fabric: RDMA write between the same rail of ring neighbours reaches a share of the "

@@ -145,6 +145,37 @@ def _hex(value: str) -> int | None:
     return int(value, 16) if re.fullmatch(r"0x[0-9a-fA-F]{1,8}", value) else None
 
 
+# -- show_gids -------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Gid:
+    """One entry of a RoCE port's GID table as MLNX_OFED's show_gids prints it (the kernel's sysfs gids/N,
+    gid_attrs/types/N: "IB/RoCE v1" or "RoCE v2", gid_attrs/ndevs/N)."""
+
+    device: str
+    port: int
+    index: int
+    gid: str
+    ipv4: str  # "" for an IPv6 or link-local GID
+    version: str  # v1 | v2
+    netdev: str
+
+
+_GID_ROW = re.compile(r"^([A-Za-z0-9_.:-]{1,64})\s+([0-9]{1,3})\s+([0-9]{1,4})\s+((?:[0-9a-f]{4}:){7}[0-9a-f]{4})\s+"
+                      r"(?:([0-9]{1,3}(?:\.[0-9]{1,3}){3})\s+)?(v1|v2)\s+([A-Za-z0-9_.@:-]{1,32})\s*$")
+
+
+def parse_show_gids(text: str) -> tuple[Gid, ...]:
+    """show_gids' rows (the header and its dashes, and anything else, skipped)."""
+    out = []
+    for line in _lines(text):
+        m = _GID_ROW.match(line)
+        if m:
+            out.append(Gid(m.group(1), int(m.group(2)), int(m.group(3)), m.group(4), m.group(5) or "", m.group(6),
+                           m.group(7)))
+    return tuple(out)
+
+
 # -- nvidia-smi topo -m ------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from gpuk8s.facts.fabric import RdmaPort
+from gpuk8s.facts.fabric import Gid, RdmaPort
 from gpuk8s.versions import Release
 
 OSFamily = Literal["debian", "rhel", "unknown"]
@@ -242,6 +242,7 @@ class HostFacts:
     driver: DriverFacts = field(default_factory=DriverFacts)  # gpuk8s/facts/driver.py
     # the RDMA ports sysfs shows (gpuk8s/facts/fabric.py); None where the probe did not read them
     rdma: tuple[RdmaPort, ...] | None = None
+    gids: tuple[Gid, ...] | None = None  # RoCE ports' GID tables (show_gids' rows); None: not read
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)

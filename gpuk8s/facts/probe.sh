@@ -93,6 +93,18 @@ rdma() { for p in /sys/class/infiniband/*/ports/*; do [ -d "$p" ] || continue; d
   rdmaval 'sm lid' "$p/sm_lid"; rdmaval state "$p/state"; rdmaval 'phys state' "$p/phys_state"
   rdmaval rate "$p/rate"; rdmaval link_layer "$p/link_layer"; echo; done; true; }
 quick rdma rdma
+# RoCE ports' GID tables as MLNX_OFED's show_gids prints them (DEV PORT INDEX GID IPv4 VER DEV, tabs): the kernel's
+# gids/N, gid_attrs/types/N ("IB/RoCE v1" or "RoCE v2", drivers/infiniband/core/cache.c gid_type_str) and
+# gid_attrs/ndevs/N; an empty slot's type cannot be read (EINVAL) and is skipped, as show_gids skips it
+gids() { for p in /sys/class/infiniband/*/ports/*; do [ -d "$p/gid_attrs/types" ] || continue; d=${p%/ports/*}
+  l=; read -r l 2>/dev/null < "$p/link_layer"; [ "$l" = Ethernet ] || continue
+  for t in "$p"/gid_attrs/types/*; do i=${t##*/}; v=; read -r v 2>/dev/null < "$t" || continue
+    g=; read -r g 2>/dev/null < "$p/gids/$i"; n=; read -r n 2>/dev/null < "$p/gid_attrs/ndevs/$i"
+    case $v in "RoCE v2") v=v2;; *) v=v1;; esac; a=${g#0000:0000:0000:0000:0000:ffff:}; h=${a%%:*}; o=${a#*:}
+    if [ "$a" = "$g" ]; then a=; else a=$(printf '%d.%d.%d.%d' "0x${h%??}" "0x${h#??}" "0x${o%??}" "0x${o#??}"); fi
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "${d##*/}" "${p##*/}" "$i" "$g" "$a" "$v" "$n"
+  done; done; true; }
+quick gids gids
 sec containerd-version containerd --version
 sec containerd-active systemctl is-active containerd
 file containerd-config /etc/containerd/config.toml

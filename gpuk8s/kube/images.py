@@ -69,6 +69,9 @@ def needed_images(inv: Inventory) -> list[NeededImage]:
     tests = [inv.install.verify_image] if inv.install.verify_image else list(versions.matrix().cuda_test_images)
     for up in tests:
         out.append(NeededImage(mirrors.image(inv, up), up, "verify (GPU test pod)"))
+    if manifests.fabric_wanted(inv):
+        up = versions.fabric().test_image
+        out.append(NeededImage(mirrors.image(inv, up), up, "verify --fabric (nccl-tests, perftest)"))
     seen: set[str] = set()
     unique = []
     for n in out:

@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from gpuk8s import fabricplan, findings, versions
+from gpuk8s import fabricplan, findings, mirrors, versions
 from gpuk8s.fabricplan import FabricPlan, LinkReading
 from gpuk8s.facts.fabric import classify_nccl, parse_all_reduce, parse_perftest
 from gpuk8s.gpuplan import GPU_RESOURCE, RDMA_RESOURCE
@@ -51,7 +51,8 @@ def whole_gpus(ctx: Context, node: str) -> bool:
         and p.mig_strategy == "none"
 
 
-def _pod(name: str, node: str, command: list[str], limits: dict[str, int], host_network: bool) -> dict[str, Any]:
+def _pod(ctx: Context, name: str, node: str, command: list[str], limits: dict[str, int],
+         host_network: bool) -> dict[str, Any]:
     return {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": TEST_NAMESPACE,
@@ -64,7 +65,7 @@ def _pod(name: str, node: str, command: list[str], limits: dict[str, int], host_
             **({"hostNetwork": True} if host_network else {}),
             "terminationGracePeriodSeconds": 0,
             "containers": [{
-                "name": "test", "image": versions.fabric().test_image, "command": command,
+                "name": "test", "image": mirrors.image(ctx.inv, versions.fabric().test_image), "command": command,
                 "resources": {"limits": {k: v for k, v in limits.items()}},
                 # RDMA pins memory: the runtime's default memlock limit (64 KiB or 8 MiB) is too small
                 "securityContext": {"capabilities": {"add": ["IPC_LOCK"]}}}],
@@ -76,13 +77,15 @@ def nccl_pod(ctx: Context, fp: FabricPlan) -> dict[str, Any]:
     floor = fabricplan.node_floor(fp)
     top = floor.size if floor else NCCL_TO
     cmd = [NCCL, "-b", str(min(NCCL_FROM, top)), "-e", str(top), "-f", "2", "-g", str(fp.gpus)]
-    return _pod(nccl_pod_name(fp.node), fp.node, cmd, {GPU_RESOURCE: fp.gpus}, False)
+    return _pod(ctx, nccl_pod_name(fp.node), fp.node, cmd, {GPU_RESOURCE: fp.gpus}, False)
 
 
 def perftest_command(fp: FabricPlan, rail: int, server_ip: str | None) -> list[str]:
     p = fp.ports[rail]
     cmd = ["ib_write_bw", "-d", p.device, "-i", str(p.port), "-p", str(PERFTEST_PORT + rail), "-F",
            "--report_gbits", "-q", "4", "-D", str(PERFTEST_SECONDS)]
+    if fp.gid_index is not None:  # RoCE: the RoCE v2 GID (perftest's -x; its default, index 0, is link-local v1)
+        cmd += ["-x", str(fp.gid_index)]
     return cmd + ([server_ip] if server_ip else [])
 
 
@@ -138,7 +141,7 @@ class FabricVerify(Phase):
         for pr in pairs(fps):
             changes.append(Change(f"RDMA write {pr.client.node} {pr.client.ports[pr.rail].device} -> "
                                   f"{pr.server.node} {pr.server.ports[pr.rail].device} (two pods, then deleted)",
-                                  manifest=yaml.safe_dump(_pod(pr.client_pod, pr.client.node,
+                                  manifest=yaml.safe_dump(_pod(ctx, pr.client_pod, pr.client.node,
                                                                perftest_command(pr.client, pr.rail, "SERVER-IP"),
                                                                {RDMA_RESOURCE: 1}, True), sort_keys=False)))
         if not changes:
@@ -153,13 +156,13 @@ class FabricVerify(Phase):
         nodes = state.by_name(ctx.kube.get("nodes"))
         nccl = {n: nccl_pod(ctx, fp) for n, fp in sorted(fps.items()) if whole_gpus(ctx, n)}
         prs = pairs(fps)
-        servers = {pr.server_pod: _pod(pr.server_pod, pr.server.node, perftest_command(pr.server, pr.rail, None),
+        servers = {pr.server_pod: _pod(ctx, pr.server_pod, pr.server.node, perftest_command(pr.server, pr.rail, None),
                                        {RDMA_RESOURCE: 1}, True) for pr in prs}
         clients: dict[str, dict[str, Any]] = {}
         for pr in prs:
             ip = internal_ip(nodes.get(pr.server.node))
             if ip:
-                clients[pr.client_pod] = _pod(pr.client_pod, pr.client.node,
+                clients[pr.client_pod] = _pod(ctx, pr.client_pod, pr.client.node,
                                               perftest_command(pr.client, pr.rail, ip), {RDMA_RESOURCE: 1}, True)
         names = [*(d["metadata"]["name"] for d in nccl.values()), *servers, *clients]
         foreign = foreign_names(ctx, [("Pod", n, TEST_NAMESPACE) for n in names])

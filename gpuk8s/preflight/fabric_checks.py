@@ -6,14 +6,14 @@ from __future__ import annotations
 
 from collections import Counter
 
-from gpuk8s.fabricplan import NAMES, chosen, link_layer
+from gpuk8s.fabricplan import NAMES, chosen, link_layer, roce_v2
 from gpuk8s.facts.fabric import RdmaPort
 from gpuk8s.facts.model import HostFacts
 from gpuk8s.gpuplan import is_gpu_node
 from gpuk8s.inventory.model import Host
 from gpuk8s.preflight.result import CheckResult, failed, passed, skipped
 
-IDS = ("fabric.ports", "fabric.link-layer", "fabric.subnet-manager", "fabric.rate")
+IDS = ("fabric.ports", "fabric.link-layer", "fabric.subnet-manager", "fabric.rate", "fabric.roce-gid")
 
 
 def _name(p: RdmaPort) -> str:
@@ -107,6 +107,7 @@ def fabric_checks(host: Host, f: HostFacts) -> list[CheckResult]:
                               if of_layer else "no InfiniBand port"))
     else:
         out.append(skipped("fabric.subnet-manager", "not InfiniBand"))
+    out.append(_roce_gid(f, layer, active))
     rates = [p for p in active if p.rate is not None]
     top = max((p.rate or 0.0 for p in rates), default=0.0)
     slow = [p for p in rates if s.rate is not None and (p.rate or 0) < s.rate]
@@ -126,3 +127,25 @@ def fabric_checks(host: Host, f: HostFacts) -> list[CheckResult]:
     else:
         out.append(skipped("fabric.rate", "no active port"))
     return out
+
+
+def _roce_gid(f: HostFacts, layer: str, active: list[RdmaPort]) -> CheckResult:
+    """fabric.roce-gid: on RoCE, each active port of the fabric has a RoCE v2 GID with an IPv4 address."""
+    if layer != "Ethernet":
+        return skipped("fabric.roce-gid", "not RoCE")
+    if f.gids is None:
+        return failed("fabric.roce-gid", "the RoCE ports' GID tables could not be read "
+                      "(/sys/class/infiniband/DEV/ports/N/gids)", "check the host (the probe's gids section)")
+    bad = []
+    for p in active:
+        if roce_v2(f.gids, p) is None:
+            mine = [g for g in f.gids if (g.device, g.port) == (p.device, p.port)]
+            nd = next((g.netdev for g in mine if g.netdev), "")
+            have = ", ".join(f"{g.index} {g.version} {g.ipv4 or g.gid}" for g in mine[:4]) or "none"
+            bad.append(f"{_name(p)}{f' ({nd})' if nd else ''}: GIDs {have}")
+    if bad:
+        return failed("fabric.roce-gid", "no RoCE v2 GID with an IPv4 address on " + "; ".join(bad[:8]),
+                      "give each port's network interface its IPv4 address on the fabric's subnet: the kernel then "
+                      "adds the RoCE v2 GID for it (show_gids lists it), which NCCL (NCCL_IB_ADDR_FAMILY AF_INET, its "
+                      "default) and its peers use")
+    return passed("fabric.roce-gid", f"{len(active)} port(s) with a RoCE v2 IPv4 GID")

@@ -97,6 +97,53 @@ def test_the_probe_prints_sysfs_as_ibstatus_does(tmp_path: Path) -> None:
     assert r.returncode == 0 and r.stdout == ""
 
 
+GIDS = REAL.parent / "rdma"
+
+
+@pytest.mark.parametrize("name", ["show-gids-roce-ens-np0-nccl-1131", "show-gids-sparse-ipv4-first-nccl-pr1587",
+                                  "show-gids-cx6-roce-ipv6-ipv4-spectrumscale-pr4"])
+def test_the_probe_prints_the_gid_tables_as_show_gids_does(tmp_path: Path, name: str) -> None:
+    """The probe's gids function on a sysfs tree holding a real show_gids text's GID tables (gids/N,
+    gid_attrs/types/N as the kernel words them, ndevs/N; empty slots whose type reads EINVAL, as on a real port):
+    read back, the same rows."""
+    want = fabric.parse_show_gids((GIDS / f"{name}.txt").read_text())
+    assert want
+    root = tmp_path / "sys" / "class" / "infiniband"
+    for g in want:
+        d = root / g.device / "ports" / str(g.port)
+        for sub in ("gids", "gid_attrs/types", "gid_attrs/ndevs"):
+            (d / sub).mkdir(parents=True, exist_ok=True)
+        (d / "link_layer").write_text("Ethernet\n")
+        (d / "gids" / str(g.index)).write_text(g.gid + "\n")
+        (d / "gid_attrs" / "types" / str(g.index)).write_text({"v1": "IB/RoCE v1", "v2": "RoCE v2"}[g.version] + "\n")
+        (d / "gid_attrs" / "ndevs" / str(g.index)).write_text(g.netdev + "\n")
+        (d / "gid_attrs" / "types" / "200").mkdir(exist_ok=True)  # unreadable as a file: an empty slot
+    text = PROBE.read_text()
+    fn = text[text.index("gids() {"):text.index("quick gids gids")].replace("/sys/class/infiniband", str(root))
+    r = subprocess.run(["sh", "-c", fn + "gids"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0 and not r.stderr, r.stderr
+    def key(g: fabric.Gid) -> tuple[str, int, int]:
+        return g.device, g.port, g.index
+
+    assert sorted(fabric.parse_show_gids(r.stdout), key=key) == sorted(want, key=key)
+
+
+def test_a_roce_port_without_a_v2_ipv4_gid_is_named() -> None:
+    """The real text's ports have v2 IPv4 GIDs (pass); with its IPv4 entries gone (no address on the netdev, only
+    the link-local GIDs left) the port is named with its netdev."""
+    gids = fabric.parse_show_gids((GIDS / "show-gids-roce-ens-np0-nccl-1131.txt").read_text())
+    rdma = tuple(fabric.RdmaPort(d, 1, "Active", "LinkUp", 200.0, "Ethernet") for d in ("mlx5_0", "mlx5_1"))
+    ok = by_id(fabric_checks(host("{link_layer: roce}"), facts(rdma=rdma, gids=gids)))
+    assert ok["fabric.roce-gid"].status == "pass" and ok["fabric.roce-gid"].message == "2 port(s) with a RoCE v2 IPv4 GID"
+    local = tuple(g for g in gids if g.device == "mlx5_0" or not g.ipv4)
+    bad = by_id(fabric_checks(host("{link_layer: roce}"), facts(rdma=rdma, gids=local)))["fabric.roce-gid"]
+    assert bad.status == "fail" and bad.message.startswith("no RoCE v2 GID with an IPv4 address on mlx5_1 port 1 "
+                                                           "(ens2np0): GIDs 0 v1 fe80:")
+    assert "IPv4 address" in bad.remedy
+    unread = by_id(fabric_checks(host("{link_layer: roce}"), facts(rdma=rdma, gids=None)))["fabric.roce-gid"]
+    assert unread.status == "fail"
+
+
 def host(fab: str, gpus: int = 8):
     return inv(f"  - {{name: gpu-1, address: 10.0.0.2, gpus: {gpus}, fabric: {fab}}}\n").host("gpu-1")
 
@@ -108,7 +155,8 @@ def test_an_infiniband_node_as_expected_passes() -> None:
     got = by_id(fabric_checks(host("{link_layer: infiniband, expect: {ports: 8, rate: 400}}"),
                               facts(rdma=ports(H100_IB))))
     assert {i: r.status for i, r in got.items()} == {"fabric.ports": "pass", "fabric.link-layer": "pass",
-                                                     "fabric.subnet-manager": "pass", "fabric.rate": "pass"}
+                                                     "fabric.subnet-manager": "pass", "fabric.rate": "pass",
+                                                     "fabric.roce-gid": "skip"}
     assert got["fabric.rate"].message == "8 x 400 Gb/s"
     # auto takes InfiniBand where the node has it (the Ethernet ports are another network)
     auto = by_id(fabric_checks(host("{link_layer: auto}"), facts(rdma=ports(H100_IB))))

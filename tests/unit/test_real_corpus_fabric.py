@@ -206,9 +206,17 @@ NCCL_ERRORS = {
     "err-socket-connect-timed-out-no-ib-device-oneflow-3586": ["ib-no-device"],
     "err-watchdog-collective-timeout-allreduce-llamafactory-7396": ["collective-timeout"],
 }
-# texts collected for what is not parsed yet (rdma link, ibdev2netdev, show_gids, ibv_devinfo, perftest): read by
-# nothing so far, listed so that a new file is noticed
-NOT_READ_YET = ("rdma", "perftest")
+# perftest's result rows, as read off the texts by hand: (bytes, iterations, peak, average) in the text's own unit
+PERFTEST = {
+    "ib_read_bw-roce-cx5-mbsec-kube-ansible": ("MB/sec", 65536, 1000, 8354.37, 8354.22),
+    "ib_write_bw-postlist-8b-duration-perftest-273": ("Gb/sec", 8, 224958464, 0.00, 0.48),
+    "ib_write_bw-roce-4qp-oci-oke": ("Gb/sec", 65536, 20000, 98.01, 98.01),
+    "ib_write_bw-roce-cx5-duration-kube-ansible": ("MB/sec", 65536, 24777100, 0.00, 10322.23),
+    "ib_write_bw-roce-dgx-spark-run-infinitely": ("Gb/sec", 65536, 882821, 0.00, 92.57),  # the last of its rows
+}
+# texts collected for what is not parsed yet (rdma link, ibdev2netdev, show_gids, ibv_devinfo): read by nothing so
+# far, listed so that a new file is noticed
+NOT_READ_YET = ("rdma",)
 _STATES = {"ACTIVE": "Active", "DOWN": "Down", "INIT": "Initializing", "ARMED": "Armed"}
 
 
@@ -223,7 +231,7 @@ def _port(p: fabric.RdmaPort) -> str:
 
 def test_every_text_has_its_source_and_a_reading() -> None:
     read = {("ibstat", n) for n in [*IBSTAT, *IBSTATUS]} | {("topo", n) for n in TOPO} | {
-        ("nccl", n) for n in [*ALL_REDUCE, *NCCL_ERRORS]}
+        ("nccl", n) for n in [*ALL_REDUCE, *NCCL_ERRORS]} | {("perftest", n) for n in PERFTEST}
     found = set()
     for txt in REAL.glob("*/*.txt"):
         assert txt.with_suffix(".meta").is_file(), f"{txt.name}: no .meta sidecar (its source)"
@@ -291,6 +299,28 @@ def test_the_degraded_run_peaks_far_below_the_healthy_one() -> None:
     assert bad is not None and good is not None and bad.peak_busbw < good.peak_busbw / 2
 
 
+@pytest.mark.parametrize("name", sorted(PERFTEST))
+def test_perftest(name: str) -> None:
+    unit, size, iters, peak, avg = PERFTEST[name]
+    r = fabric.parse_perftest(_text("perftest", name))
+    k = 1.0 if unit == "Gb/sec" else 1048576 * 8 / 1e9  # perftest's MB: 2^20 bytes
+    assert r is not None and (r.unit, r.size, r.iterations) == (unit, size, iters)
+    assert (r.peak, r.average) == (round(peak * k, 2), round(avg * k, 2))
+
+
+def test_perftest_reads_the_new_mib_header_and_nothing_from_a_server_or_a_failure() -> None:
+    # perftest 24.07.0-0.44 on: "BW peak[MiB/sec]" (src/perftest_parameters.h RESULT_FMT; the row as REPORT_FMT)
+    text = (" #bytes     #iterations    BW peak[MiB/sec]    BW average[MiB/sec]   MsgRate[Mpps]\n"
+            " 65536      5000             11000.00            10990.50\t\t     0.175848\n")
+    r = fabric.parse_perftest(text)
+    assert r is not None and r.unit == "MiB/sec" and r.average == round(10990.50 * 1048576 * 8 / 1e9, 2)
+    banner = "\n************************************\n* Waiting for client to connect... *\n"  # a server's
+    assert fabric.parse_perftest(banner) is None
+    assert fabric.parse_perftest(" Port number 1 state is Down\n Couldn't get context for the device\n") is None
+    # a row without the header is not a result
+    assert fabric.parse_perftest(" 65536      5000             11000.00            10990.50\t\t     0.175848\n") is None
+
+
 @pytest.mark.parametrize("name", sorted(NCCL_ERRORS))
 def test_nccl_failures(name: str) -> None:
     got = fabric.classify_nccl(_text("nccl", name))
@@ -318,6 +348,7 @@ def test_hostile_texts_are_read_in_bounded_time() -> None:
     assert len(fabric.parse_ibstat(many)) <= fabric.MAX_LINES
     assert fabric.parse_topo("\tGPU0\tNIC0\n" + row) is not None
     assert fabric.parse_all_reduce("8 2 float sum -1 " * 1_000_000) is None
+    assert fabric.parse_perftest(" #bytes #iterations BW peak[Gb/sec] BW average[\n" + "1 " * 5_000_000) is None
     (f,) = fabric.classify_nccl(nccl)  # the log's last MiB; the vendor error too far from it is not claimed
     assert f.kind == "ib-completion" and "vendor" not in f.detail
     assert time.monotonic() - t0 < 20  # a bound against a quadratic parser, not a speed figure

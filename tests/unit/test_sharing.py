@@ -183,7 +183,8 @@ def test_hami_is_wanted_only_with_a_hami_node_and_otherwise_removed() -> None:
     i = inv()
     names = [m.name for m in manifests.wanted(i, gpuplan.plans(i))]
     assert names[-1] == "hami.yaml"
-    assert [m.name for m in manifests.unwanted(i, gpuplan.plans(i))] == ["nvidia-dra-driver.yaml"]
+    assert [m.name for m in manifests.unwanted(i, gpuplan.plans(i))] == ["nvidia-dra-driver.yaml",
+                                                                         "rdma-device-plugin.yaml"]
     h = manifests.hami(i, gpuplan.plans(i))
     kinds = [(o["kind"], o["metadata"]["name"]) for o in h.objects()]
     assert kinds[0] == ("DaemonSet", "hami-device-plugin") and ("Deployment", "hami-scheduler") in kinds

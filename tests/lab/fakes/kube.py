@@ -3681,6 +3681,13 @@ def _doctor_kubectl(verb: str, words: list[str], args: list[str]) -> int | None:
 #   Active fails as perftest's check_link does (" Port number 1 state is Down", then " Couldn't get context for the
 #   device", src/perftest_parameters.c and write_bw.c).
 FABRIC_TOOLS = ("all_reduce_perf", "ib_write_bw")
+# all_reduce_perf's table header, as tests/fixtures/real/fabric/nccl/allreduce-h100-8gpu-single-node-nvls-nccl-tests-290
+# prints it
+NCCL_HEADER = [
+    "#" + " " * 62 + "out-of-place" + " " * 23 + "in-place",
+    "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw "
+    "#wrong",
+    "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)"]
 
 
 def _rdma_ports(host: str) -> dict[tuple[str, int], dict[str, str]]:
@@ -3772,8 +3779,8 @@ def fabric_pod_status(s: dict[str, Any], pod: dict[str, Any]) -> dict[str, Any] 
     n = node_json(s, node)
     why = _filter(s, pod, node, n) if n["status"]["conditions"][0]["status"] == "True" else ["node(s) not ready"]
     if why:
-        return {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-                                                    "message": _fit_error(s, {node: why})}]}
+        return {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False",
+                                                    "reason": "Unschedulable", "message": _fit_error(s, {node: why})}]}
     started = _start(s, pod, node)
     if started.get("phase") != "Succeeded" or tool == "all_reduce_perf":
         return started
@@ -3804,11 +3811,9 @@ def _nccl_log(s: dict[str, Any], node: str, args: list[str]) -> str:
     model = str(spec.get("gpu_model", "NVIDIA A100-SXM4-80GB"))
     out = [f"# nThread 1 nGpus {g} minBytes {lo} maxBytes {hi} step: {f}(factor) warmup iters: 1 iters: 20 agg iters: "
            "1 validation: 1 graph: 0", "#", "# Using devices"]
-    out += [f"#  Rank {i:2d} Group  0 Pid      1 on {node:>10} device {i:2d} [0x{0x18 + i:02x}] {model}" for i in range(g)]
-    out += ["#", "#                                                              out-of-place                       "
-            "in-place", "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   "
-            "algbw   busbw #wrong", "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)         "
-            "   (us)  (GB/s)  (GB/s)"]
+    out += [f"#  Rank {i:2d} Group  0 Pid      1 on {node:>10} device {i:2d} [0x{0x18 + i:02x}] {model}"
+            for i in range(g)]
+    out += ["#", *NCCL_HEADER]
     size, total, rows = lo, 0.0, 0
     while size <= hi and rows < 64:
         bus = peak * size / (size + (32 << 20))
@@ -3864,7 +3869,8 @@ def _perftest_client(s: dict[str, Any], pod: dict[str, Any], node: str, args: li
         " local address: LID 0x2a QPN 0x0093 PSN 0xbf9bfe RKey 0x1fcfcd VAddr 0x007f0f0fcee000",
         " remote address: LID 0x2b QPN 0x0093 PSN 0x62655e RKey 0x1fcfcd VAddr 0x007f6d6ba53000", line,
         " #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]",
-        f" {65536:<7d}    {iters:<10d}       {0.0:<7.2f}            {bw:<7.2f}\t\t     {bw * 125000000 / 65536 / 1e6:<7.6f}",
+        f" {65536:<7d}    {iters:<10d}       {0.0:<7.2f}            {bw:<7.2f}\t\t     "
+        f"{bw * 125000000 / 65536 / 1e6:<7.6f}",
         line, ""])
     return text, True
 

@@ -1,0 +1,154 @@
+"""The fabric plan and verify --fabric's judgements (issue 43, gpuk8s/fabricplan.py): each node's fabric from real
+hosts' ports (tests/fixtures/real/fabric/ibstat), the floors table checked against the real nccl-tests texts it
+cites, a node's all-reduce judged against its floor or its peers, and the bad port or link named from the ring's
+readings."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from gpuk8s import fabricplan
+from gpuk8s.fabricplan import LinkReading
+from gpuk8s.facts import fabric
+from gpuk8s.facts.model import GPU, GPUInfo, PciDevice
+from gpuk8s.inventory import loads
+from tests.unit.test_checks import READY_DRIVER, facts
+from tests.unit.test_fabric import ports
+
+NCCL = Path(__file__).resolve().parents[1] / "fixtures" / "real" / "fabric" / "nccl"
+BASE = "cluster: {kubernetes_version: \"1.33\"}\nhosts:\n  - {name: cp-1, address: 10.0.0.1, role: control-plane}\n"
+
+
+def host(fabric_yaml: str, gpus: int = 8):
+    return loads(BASE + f"  - {{name: gpu-1, address: 10.0.0.2, gpus: {gpus}, fabric: {fabric_yaml}}}\n",
+                 "inventory.yaml").host("gpu-1")
+
+
+def h100(n: int = 8, switches: int = 4, name: str = "NVIDIA H100 80GB HBM3"):
+    return facts(gpu=GPUInfo("ok", "550.54.15", (550, 54, 15), "12.4",
+                             tuple(GPU(i, name, f"GPU-{i}", 81559, "Disabled") for i in range(n))),
+                 driver=dataclasses.replace(READY_DRIVER, nvswitches=tuple(
+                     PciDevice(f"0000:0{i}:00.0", 0x0680, 0x22A3, "NVSwitch") for i in range(switches))),
+                 rdma=ports("ibstat-h100-cx7-8x400-ib-cx6dx-disabled-gpud"))
+
+
+def test_the_plan_of_an_hgx_node_takes_its_infiniband_ports_only() -> None:
+    # 8 x ConnectX-7 NDR InfiniBand and a disabled Ethernet adapter (a real H100 host's ibstat)
+    p = fabricplan.plan(host("{link_layer: auto}"), h100())
+    assert p is not None and p.link_layer == "InfiniBand" and len(p.ports) == 8 and p.rate == 400
+    assert p.shape == "8 x NVIDIA H100 80GB HBM3 (NVSwitch)"
+    assert p.labels() == {"gpuk8s.io/fabric": "infiniband", "gpuk8s.io/fabric-ports": "8",
+                          "gpuk8s.io/fabric-rate": "400"}
+    env = p.nccl_env()["NCCL_IB_HCA"]
+    assert env.startswith("=") and env.count(":1") == 8  # exact names (NCCL: mlx5_1 would match mlx5_10 too)
+    # nics: named devices only; none: no plan; not read: no plan
+    two = fabricplan.plan(host("{link_layer: infiniband, nics: [mlx5_0, mlx5_3]}"), h100())
+    assert two is not None and [x.device for x in two.ports] == ["mlx5_0", "mlx5_3"]
+    assert fabricplan.plan(host("{link_layer: none}"), h100()) is None
+    assert fabricplan.plan(host("{link_layer: auto}"), dataclasses.replace(h100(), rdma=None)) is None
+
+
+def _largest(name: str) -> tuple[int, float]:
+    r = fabric.parse_all_reduce((NCCL / name).read_text())
+    assert r is not None
+    return r.rows[-1][0], r.rows[-1][1]
+
+
+@pytest.mark.parametrize("pub", fabricplan.PUBLISHED, ids=lambda p: p.name)
+def test_each_published_figure_is_its_real_texts_largest_size(pub: fabricplan.Published) -> None:
+    """The floors table holds what the cited text says, not a number typed in."""
+    assert (NCCL / pub.fixture).is_file()
+    assert _largest(pub.fixture) == (pub.size, pub.busbw)
+
+
+def test_floors_by_shape() -> None:
+    sxm = fabricplan.plan(host("{link_layer: auto}"), h100())
+    assert sxm is not None
+    f = fabricplan.node_floor(sxm)
+    assert f is not None and f.busbw == round(473.60 * 0.8, 2) and f.size == 4 << 30 and "issue 290" in f.why
+    # the same GPUs without NVSwitch (a PCIe or NVL board), or four of them: no published figure
+    assert fabricplan.node_floor(dataclasses.replace(sxm, nvswitch=False)) is None
+    assert fabricplan.node_floor(dataclasses.replace(sxm, gpus=4)) is None
+    assert fabricplan.node_floor(dataclasses.replace(sxm, gpu_model="NVIDIA H100 PCIe")) is None
+    h200 = fabricplan.node_floor(dataclasses.replace(sxm, gpu_model="NVIDIA H200"))
+    assert h200 is not None and "H100's figure" in h200.why
+    a100 = fabricplan.node_floor(dataclasses.replace(sxm, gpu_model="NVIDIA A100-SXM4-40GB"))
+    assert a100 is not None and a100.busbw == round(231.72 * 0.8, 2) and a100.size == 1 << 30
+
+
+def _run(busbw_at_top: float, size: int = 4 << 30, wrong: int = 0) -> fabric.AllReduce:
+    return fabric.AllReduce(((size // 2, busbw_at_top * 0.95, busbw_at_top * 0.95), (size, busbw_at_top, busbw_at_top)),
+                            wrong, busbw_at_top, "2.26.2")
+
+
+def test_a_node_is_judged_against_its_shapes_floor_or_its_peers() -> None:
+    sxm = fabricplan.plan(host("{link_layer: auto}"), h100())
+    assert sxm is not None
+    plans = {"a": dataclasses.replace(sxm, node="a"), "b": dataclasses.replace(sxm, node="b")}
+    ok = fabricplan.judge_node(plans["a"], _run(470.1), {}, plans, "Succeeded", [])
+    assert ok.status == "pass" and ok.message.startswith("470.1 GB/s bus bandwidth across 8 x NVIDIA H100 80GB HBM3 "
+                                                          "(NVSwitch) at 4096 MiB, floor 378.88 GB/s")
+    slow = fabricplan.judge_node(plans["a"], _run(300.0), {}, plans, "Succeeded", [])
+    assert slow.status == "fail" and "nvlink" in slow.remedy.lower()
+    assert fabricplan.judge_node(plans["a"], _run(470.0, wrong=3), {}, plans, "Succeeded", []).message.endswith(
+        "3 wrong result(s)")
+    # a shape with no published figure: against the best node of it in the run; alone, no verdict
+    odd = {n: dataclasses.replace(p, gpus=4) for n, p in plans.items()}
+    measured = {"a": 100.0, "b": 40.0}
+    assert fabricplan.judge_node(odd["b"], _run(40.0), measured, odd, "Succeeded", []).status == "fail"
+    assert fabricplan.judge_node(odd["a"], _run(100.0), measured, odd, "Succeeded", []).status == "pass"
+    alone = fabricplan.judge_node(odd["a"], _run(100.0), {"a": 100.0}, odd, "Succeeded", [])
+    assert alone.status == "pass" and "no floor" in alone.message
+    # no result: the pod's own NCCL failure is the message, with its remedy (the real text's words)
+    log = (NCCL / "err-ib-no-device-found-socket-fallback-h100-nccl-1519.txt").read_text()
+    none = fabricplan.judge_node(plans["a"], None, {}, plans, "Failed", fabric.classify_nccl(log))
+    assert none.status == "fail" and "found no RDMA device" in none.message and "device plugin" in none.remedy
+    timeout = fabricplan.judge_node(plans["a"], None, {}, plans, "Pending", [])
+    assert "did not finish (Pending)" in timeout.message
+
+
+def _reading(a: str, b: str, dev: str, gbps: float | None) -> LinkReading:
+    return LinkReading(a, b, dev, dev, gbps, 320.0)
+
+
+def test_the_ring_pairs_each_node_with_the_next() -> None:
+    assert fabricplan.ring(["a"]) == []
+    assert fabricplan.ring(["a", "b"]) == [("a", "b")]
+    assert fabricplan.ring(["a", "b", "c", "d"]) == [("a", "b"), ("b", "c"), ("c", "d"), ("d", "a")]
+
+
+def test_a_port_slow_in_both_its_pairs_is_named_on_its_node() -> None:
+    rs = [_reading(a, b, dev, 97.0 if "c" in (a, b) and dev == "mlx5_1" else 388.0)
+          for a, b in fabricplan.ring(["a", "b", "c", "d"]) for dev in ("mlx5_0", "mlx5_1")]
+    assert set(fabricplan.blame(rs)) == {("c", "mlx5_1")}
+    found = {f.subject.name: f for f in fabricplan.judge_links(rs, {}, ["a", "b", "c", "d"]) if f.subject}
+    assert found["c"].status == "fail" and found["c"].message.startswith("mlx5_1 (its port: slow in every pair): ")
+    assert "97 Gb/s RDMA write b mlx5_1 -> c mlx5_1, floor 320 Gb/s" in found["c"].message
+    assert found["a"].message == "4 RDMA write test(s) with its ring neighbours at 388 Gb/s"
+    assert found["b"].message.endswith("1 slow, named on c") and found["b"].status == "pass"
+
+
+def test_a_slow_pair_whose_ends_are_fine_elsewhere_names_the_link() -> None:
+    rs = [_reading(a, b, "mlx5_0", 97.0 if (a, b) == ("b", "c") else 388.0)
+          for a, b in fabricplan.ring(["a", "b", "c", "d"])]
+    assert set(fabricplan.blame(rs)) == {("b", "mlx5_0"), ("c", "mlx5_0")}
+    found = {f.subject.name: f for f in fabricplan.judge_links(rs, {}, ["a", "b", "c", "d"]) if f.subject}
+    assert found["b"].status == found["c"].status == "fail"
+    assert found["b"].message.startswith("mlx5_0 (the link): 97 Gb/s")
+    # two nodes: one pair, its ends cannot be told apart
+    two = [_reading("a", "b", "mlx5_0", 50.0)]
+    assert set(fabricplan.blame(two)) == {("a", "mlx5_0"), ("b", "mlx5_0")}
+
+
+def test_a_test_that_did_not_run_is_named_and_not_read_as_slow() -> None:
+    rs = [_reading("a", "b", "mlx5_0", None), _reading("b", "a", "mlx5_0", 388.0)]
+    assert fabricplan.blame(rs) == {}
+    found = {f.subject.name: f for f in fabricplan.judge_links(
+        rs, {("a", "mlx5_0"): "RDMA write to b mlx5_0 did not run (Failed: Port number 1 state is Down)"},
+        ["a", "b"]) if f.subject}
+    assert found["a"].status == "fail" and "state is Down" in found["a"].message
+    assert found["b"].status == "pass"
+    assert fabricplan.link_floor(400, 200) == 160.0 and fabricplan.link_floor(None, None) is None
