@@ -202,7 +202,8 @@ def test_hami_is_wanted_only_with_a_hami_node_and_otherwise_removed() -> None:
     assert dev["nvidia"]["deviceSplitCount"] == 10 and dev["nvidia"]["resourceMemoryName"] == "nvidia.com/gpumem"
     plain = loads(HOST)
     assert [m.name for m in manifests.unwanted(plain, gpuplan.plans(plain))] == ["hami.yaml",
-                                                                                "nvidia-dra-driver.yaml"]
+                                                                                "nvidia-dra-driver.yaml",
+                                                                                "rdma-device-plugin.yaml"]
     # the gpu phase deletes HAMi's objects when no node asks for it any more
     kube = FakeKube()
     kube.add_node("w-1")
