@@ -323,6 +323,13 @@ class LabHost:
             d = f"{self.RDMA}/{p['device']}/ports/{p.get('port', 1)}"
             for key in ("state", "phys_state", "rate", "link_layer", "sm_lid"):
                 self.write(f"{d}/{key}", str(p.get(key, "")) + "\n")
+            # a RoCE port's GID table: gids/N, gid_attrs/types/N ("IB/RoCE v1" or "RoCE v2"), gid_attrs/ndevs/N, as
+            # the kernel's sysfs holds them; entries are added or overwritten (the files sit under an overlay: a
+            # directory removed beneath it would not be seen again)
+            for g in p.get("gids", []):
+                self.write(f"{d}/gids/{g['index']}", g["gid"] + "\n")
+                self.write(f"{d}/gid_attrs/types/{g['index']}", g["type"] + "\n")
+                self.write(f"{d}/gid_attrs/ndevs/{g['index']}", g["ndev"] + "\n")
 
     FABRIC = "/var/lib/gpuk8s-lab/fabric.json"  # the lab's model of what sysfs does not show (fakes/kube.py)
 

@@ -48,7 +48,8 @@ def test_preflight_names_the_port_down_and_the_port_slow(lab_up, run_cli, tmp_pa
     lab.host("gpu-1").write_rdma([{"device": "mlx5_1", **UP, "rate": NDR}])
     c = preflight()
     assert {i: x["status"] for i, x in c["gpu-1"].items() if i.startswith("fabric.")} == {
-        "fabric.ports": "pass", "fabric.link-layer": "pass", "fabric.subnet-manager": "pass", "fabric.rate": "pass"}
+        "fabric.ports": "pass", "fabric.link-layer": "pass", "fabric.subnet-manager": "pass", "fabric.rate": "pass",
+        "fabric.roce-gid": "skip"}
     assert c["gpu-1"]["fabric.rate"]["message"] == "2 x 400 Gb/s"
 
 
@@ -110,3 +111,40 @@ def test_verify_fabric_names_the_node_and_port_of_a_degraded_link(lab_up, run_cl
     lab.host("ib-3").write_fabric({})
     r = run_cli("verify", "-i", str(inv), "--fabric", "-o", "json")
     assert r.returncode == 0, r.stdout[-3000:]
+
+
+# RoCE: two hosts with 200 Gb/s RoCE ports; the GID tables are those of a real host's ports (show_gids of
+# tests/fixtures/real/fabric/rdma/show-gids-roce-ens-np0-nccl-1131: v1 and v2 for the link-local address and for
+# 11.0.0.72), on roce-2 without the IPv4 entries (its netdev has no address: only the link-local GIDs)
+ROCE = {"state": "4: ACTIVE", "phys_state": "5: LinkUp", "rate": "200 Gb/sec (4X HDR)", "link_layer": "Ethernet",
+        "sm_lid": "0x0"}
+LINK_LOCAL = [{"index": 0, "gid": "fe80:0000:0000:0000:a288:c2ff:fe5b:03ec", "type": "IB/RoCE v1", "ndev": "ens3np0"},
+              {"index": 1, "gid": "fe80:0000:0000:0000:a288:c2ff:fe5b:03ec", "type": "RoCE v2", "ndev": "ens3np0"}]
+IPV4 = [{"index": 2, "gid": "0000:0000:0000:0000:0000:ffff:0b00:0048", "type": "IB/RoCE v1", "ndev": "ens3np0"},
+        {"index": 3, "gid": "0000:0000:0000:0000:0000:ffff:0b00:0048", "type": "RoCE v2", "ndev": "ens3np0"}]
+ROCE_FLEET = yaml.safe_dump({"hosts": [
+    {"name": "cp-1", "role": "control-plane"},
+    {"name": "roce-1", "gpus": 2, "rdma": [{"device": "mlx5_0", **ROCE, "gids": LINK_LOCAL + IPV4}]},
+    {"name": "roce-2", "gpus": 2, "rdma": [{"device": "mlx5_0", **ROCE, "gids": LINK_LOCAL}]},
+]})
+
+
+def test_preflight_names_a_roce_port_without_a_v2_gid(lab_up, run_cli, tmp_path):
+    lab = lab_up(ROCE_FLEET)
+    doc = yaml.safe_load(lab.inventory.read_text())
+    doc["gpu_defaults"] = {"fabric": {"link_layer": "roce"}}
+    inv = tmp_path / "inventory.yaml"
+    inv.write_text(yaml.safe_dump(doc, sort_keys=False))
+    r = run_cli("preflight", "-i", str(inv), "-o", "json", "--network-seconds", "0")
+    c = checks_by_host(json.loads(r.stdout))
+    assert c["roce-1"]["fabric.roce-gid"]["status"] == "pass", c["roce-1"]["fabric.roce-gid"]
+    bad = c["roce-2"]["fabric.roce-gid"]
+    assert bad["status"] == "fail" and bad["message"] == (
+        "no RoCE v2 GID with an IPv4 address on mlx5_0 port 1 (ens3np0): GIDs 0 v1 fe80:0000:0000:0000:a288:c2ff:"
+        "fe5b:03ec, 1 v2 fe80:0000:0000:0000:a288:c2ff:fe5b:03ec"), bad
+    assert r.returncode != 0
+    # the address given to the netdev: the kernel adds its GIDs, the next preflight passes
+    lab.host("roce-2").write_rdma([{"device": "mlx5_0", **ROCE, "gids": LINK_LOCAL + IPV4}])
+    c = checks_by_host(json.loads(run_cli("preflight", "-i", str(inv), "-o", "json", "--network-seconds", "0").stdout))
+    assert c["roce-2"]["fabric.roce-gid"]["status"] == "pass", c["roce-2"]["fabric.roce-gid"]
+    assert c["roce-2"]["fabric.roce-gid"]["message"] == "1 port(s) with a RoCE v2 IPv4 GID"
