@@ -11,6 +11,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from gpuk8s.driver import rules as driver_rules
+from gpuk8s.driver.rules import DriverRuleError
+from gpuk8s.errors import GpuK8sError
 from gpuk8s.facts.fabric import AllReduce, Gid, NcclFailure, RdmaPort
 from gpuk8s.facts.model import HostFacts
 from gpuk8s.findings import Finding, failed, passed
@@ -42,6 +45,48 @@ def link_layer(s: FabricSettings, ports: list[RdmaPort] | tuple[RdmaPort, ...]) 
         return LAYERS[s.link_layer]
     up = {p.link_layer for p in ports if p.active}
     return "InfiniBand" if "InfiniBand" in up else "Ethernet" if "Ethernet" in up else ""
+
+
+# GPUDirect RDMA (NVIDIA GPU Operator, "GPUDirect RDMA", Common Prerequisites: DMA-BUF needs the open kernel modules,
+# CUDA 11.7 and Linux 5.12 or newer, and no MLNX_OFED/DOCA-OFED; the legacy nvidia-peermem needs MLNX_OFED or
+# DOCA-OFED (the kernel's peer memory API) and ships with the driver from R470 / CUDA 11.4)
+DMABUF_KERNEL = (5, 12)
+PEERMEM_DRIVER = 470
+
+
+def _kernel(text: str) -> tuple[int, ...]:
+    m = re.match(r"([0-9]{1,3})\.([0-9]{1,3})", text)
+    return (int(m.group(1)), int(m.group(2))) if m else (0,)
+
+
+def module_flavor(host: Host, facts: HostFacts) -> str | None:
+    """The kernel modules the node's driver has once install ran: a managed driver's as gpuk8s chooses them, else
+    the loaded module's (open, proprietary; None unknown)."""
+    if host.gpu.driver.manage:
+        try:
+            return driver_rules.plan_for(host.gpu.driver, facts).flavor
+        except (DriverRuleError, GpuK8sError):
+            return None
+    return facts.driver.module_flavor
+
+
+def gpudirect(host: Host, facts: HostFacts) -> tuple[str, str]:
+    """How GPU memory reaches the NICs: "dmabuf", "peermem" or "none", and why. auto takes dma-buf where the open
+    modules and the kernel allow it, else none (nvidia-peermem needs NVIDIA's OFED stack, which gpuk8s cannot
+    tell from the distribution's: `gpudirect: peermem` says it is there)."""
+    want = host.gpu.fabric.gpudirect
+    if want == "off":
+        return "none", "gpudirect: off"
+    if want == "peermem":
+        return "peermem", "gpudirect: peermem (nvidia-peermem loaded, kept across reboots)"
+    flavor = module_flavor(host, facts)
+    kernel = _kernel(facts.kernel)
+    missing = [w for w, bad in (("the open kernel modules", flavor != "open"),
+                                (f"Linux {'.'.join(map(str, DMABUF_KERNEL))} or newer (this is {facts.kernel})",
+                                 kernel < DMABUF_KERNEL)) if bad]
+    if not missing:
+        return "dmabuf", "dma-buf: the open kernel modules on Linux " + ".".join(map(str, kernel))
+    return "none", "dma-buf needs " + " and ".join(missing)
 
 
 def roce_v2(gids: tuple[Gid, ...] | None, p: RdmaPort) -> Gid | None:

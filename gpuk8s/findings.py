@@ -171,6 +171,10 @@ FINDINGS: dict[str, Spec] = {
                                "node's other ports"),
     "fabric.roce-gid": _p("error", "on RoCE, each active port of the fabric has a RoCE v2 GID with an IPv4 address "
                                    "(the one NCCL and its peers use)"),
+    "fabric.gpudirect": _p("warning", "GPUDirect RDMA has a path: dma-buf (the open kernel modules, Linux 5.12 or "
+                                      "newer) or nvidia-peermem (fabric.gpudirect: peermem)"),
+    "fabric.peermem": _p("error", "with fabric.gpudirect: peermem, nvidia-peermem can load: a driver of branch 470 or "
+                                  "newer, no nv_peer_mem loaded"),
     "fabric.nccl": _v("verify --fabric: NCCL all-reduce across the node's GPUs reaches the floor of its shape (a "
                       "share of the published result; else of the best node of its shape)"),
     "fabric.rdma": _v("verify --fabric: RDMA write between the same rail of ring neighbours reaches a share of the "

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuk8s.bundle.manifest import Manifest
+from gpuk8s.gpuplan import is_gpu_node
 from gpuk8s.inventory.model import Host, Inventory
 from gpuk8s.lines import lines_that_matter
 from gpuk8s.playbook.model import load_playbook
@@ -40,7 +41,9 @@ def playbooks_for(inv: Inventory) -> list[str]:
     # Docker: Kubernetes >= 1.24 reaches it only through cri-dockerd (playbooks/cri-dockerd.yaml)
     # the NVIDIA driver first, where any node has gpuk8s manage it (playbooks/nvidia-driver.yaml)
     driver = ["nvidia-driver"] if any(h.gpu.driver.manage for h in inv.hosts) else []
-    return [*driver, "kubernetes-prerequisites", "nvidia-container-toolkit", inv.cluster.container_runtime,
+    # the RDMA user space where a GPU node sets fabric: (playbooks/rdma.yaml)
+    rdma = ["rdma"] if any(h.gpu.fabric.enabled and is_gpu_node(h) for h in inv.hosts) else []
+    return [*driver, "kubernetes-prerequisites", *rdma, "nvidia-container-toolkit", inv.cluster.container_runtime,
             *(["cri-dockerd"] if inv.cluster.container_runtime == "docker" else [])]
 
 

@@ -333,6 +333,9 @@ class _Reader:
         return v
 
     def choice(self, node: Node, key: str, options: tuple[str, ...]) -> str | None:
+        # the word as written: YAML 1.1 reads a plain off, on, yes or no as a boolean (gpudirect: off)
+        if isinstance(node, ScalarNode) and not node.style and node.value in options:
+            return str(node.value)
         v = self.value(node, key)
         if v is _MISSING:
             return None

@@ -20,7 +20,7 @@ from typing import Any
 
 import jinja2
 
-from gpuk8s import mirrors, runtimeplan, versions
+from gpuk8s import fabricplan, mirrors, runtimeplan, versions
 from gpuk8s.driver import rules as driver_rules
 from gpuk8s.facts.model import UBUNTU_CODENAMES, HostFacts
 from gpuk8s.gpuplan import is_gpu_node
@@ -78,6 +78,10 @@ def context(inv: Inventory, host: Host, facts: HostFacts) -> dict[str, Any]:
         # the NVIDIA driver where gpuk8s manages it (gpuk8s/driver/rules.py decides branch, modules, packages)
         "driver": (driver_rules.playbook_context(host.gpu.driver, facts, repo=inv.install.driver_repo)
                    if is_gpu_node(host) else {"manage": False}),
+        # the RDMA fabric where the inventory sets fabric: (gpuk8s/fabricplan.py decides GPUDirect's path)
+        "fabric": {"enabled": is_gpu_node(host) and host.gpu.fabric.enabled,
+                   "peermem": is_gpu_node(host) and host.gpu.fabric.enabled
+                   and fabricplan.gpudirect(host, facts)[0] == "peermem"},
         "runtime": c.container_runtime,
         # containerd 2.x reads config version 3, where the CRI runtime plugin has another name (the containerd
         # the host will have: after the upgrade, where install upgrades it)

@@ -6,14 +6,15 @@ from __future__ import annotations
 
 from collections import Counter
 
-from gpuk8s.fabricplan import NAMES, chosen, link_layer, roce_v2
+from gpuk8s.fabricplan import NAMES, PEERMEM_DRIVER, chosen, gpudirect, link_layer, roce_v2
 from gpuk8s.facts.fabric import RdmaPort
 from gpuk8s.facts.model import HostFacts
 from gpuk8s.gpuplan import is_gpu_node
 from gpuk8s.inventory.model import Host
 from gpuk8s.preflight.result import CheckResult, failed, passed, skipped
 
-IDS = ("fabric.ports", "fabric.link-layer", "fabric.subnet-manager", "fabric.rate", "fabric.roce-gid")
+IDS = ("fabric.ports", "fabric.link-layer", "fabric.subnet-manager", "fabric.rate", "fabric.roce-gid",
+       "fabric.gpudirect")
 
 
 def _name(p: RdmaPort) -> str:
@@ -108,6 +109,7 @@ def fabric_checks(host: Host, f: HostFacts) -> list[CheckResult]:
     else:
         out.append(skipped("fabric.subnet-manager", "not InfiniBand"))
     out.append(_roce_gid(f, layer, active))
+    out += _gpudirect(host, f)
     rates = [p for p in active if p.rate is not None]
     top = max((p.rate or 0.0 for p in rates), default=0.0)
     slow = [p for p in rates if s.rate is not None and (p.rate or 0) < s.rate]
@@ -149,3 +151,32 @@ def _roce_gid(f: HostFacts, layer: str, active: list[RdmaPort]) -> CheckResult:
                       "adds the RoCE v2 GID for it (show_gids lists it), which NCCL (NCCL_IB_ADDR_FAMILY AF_INET, its "
                       "default) and its peers use")
     return passed("fabric.roce-gid", f"{len(active)} port(s) with a RoCE v2 IPv4 GID")
+
+
+def _gpudirect(host: Host, f: HostFacts) -> list[CheckResult]:
+    """fabric.gpudirect (warning): the path GPU memory takes to the NICs; fabric.peermem (error): nvidia-peermem,
+    where asked for, can load."""
+    path, why = gpudirect(host, f)
+    out: list[CheckResult] = []
+    if path == "none" and host.gpu.fabric.gpudirect != "off":
+        out.append(failed("fabric.gpudirect", f"no GPUDirect RDMA: {why}; NCCL then copies through host memory",
+                          "use the open kernel modules (driver: {flavor: open}) on Linux 5.12 or newer for dma-buf, "
+                          "or, where NVIDIA's DOCA-OFED or MLNX_OFED is installed, fabric.gpudirect: peermem"))
+    else:
+        out.append(passed("fabric.gpudirect", why))
+    if path == "peermem":
+        modules = f.modules or frozenset()
+        branch = (int(host.gpu.driver.branch) if host.gpu.driver.manage and host.gpu.driver.branch.isdigit()
+                  else (f.gpu.driver_release or (0,))[0])
+        if "nv_peer_mem" in modules:
+            out.append(failed("fabric.peermem", "nv_peer_mem is loaded: nvidia-peermem cannot load beside it (only one "
+                              "peer memory module can be loaded)", "stop and remove nv_peer_mem (its service and "
+                              "package), then install again"))
+        elif branch and branch < PEERMEM_DRIVER:
+            out.append(failed("fabric.peermem", f"driver branch {branch} has no nvidia-peermem (it ships from "
+                              f"R{PEERMEM_DRIVER})",
+                              f"a driver of branch {PEERMEM_DRIVER} or newer (driver: {{manage: true}})"))
+        else:
+            out.append(passed("fabric.peermem", "nvidia_peermem loaded" if "nvidia_peermem" in modules
+                              else "install loads nvidia-peermem and keeps it across reboots"))
+    return out

@@ -49,7 +49,7 @@ def test_preflight_names_the_port_down_and_the_port_slow(lab_up, run_cli, tmp_pa
     c = preflight()
     assert {i: x["status"] for i, x in c["gpu-1"].items() if i.startswith("fabric.")} == {
         "fabric.ports": "pass", "fabric.link-layer": "pass", "fabric.subnet-manager": "pass", "fabric.rate": "pass",
-        "fabric.roce-gid": "skip"}
+        "fabric.roce-gid": "skip", "fabric.gpudirect": "warn"}  # the lab's 535 driver: proprietary modules
     assert c["gpu-1"]["fabric.rate"]["message"] == "2 x 400 Gb/s"
 
 
@@ -81,6 +81,16 @@ def test_verify_fabric_names_the_node_and_port_of_a_degraded_link(lab_up, run_cl
         "gpuk8s.io/fabric": "infiniband", "gpuk8s.io/fabric-ports": "2", "gpuk8s.io/fabric-rate": "400"}
     assert nodes["ib-2"]["status"]["allocatable"]["rdma/fabric"] == "1000"
     assert "rdma/fabric" not in nodes["cp-1"]["status"]["allocatable"]
+    # the RDMA user space from the distribution, the verbs modules loaded and kept at boot; not on the control plane
+    steps = {(h["name"], st["name"]): st["status"] for h in rep["prepare"]["hosts"] for st in h["steps"]}
+    assert steps[("ib-2", "rdma-packages-apt")] == steps[("ib-2", "rdma-modules-loaded")] == "changed"
+    assert ("cp-1", "rdma-packages-apt") not in steps and ("ib-2", "peermem-loaded") not in steps  # gpudirect: auto
+    lsmod = lab.host("ib-2").exec("lsmod").stdout
+    assert "\nib_uverbs " in lsmod and "\nrdma_ucm " in lsmod
+    assert lab.host("ib-2").read("/etc/modules-load.d/gpuk8s-rdma.conf").endswith("ib_uverbs\nrdma_ucm\n")
+    # a re-run changes nothing
+    r = run_cli("install", "-i", str(inv), "-o", "json", "--kubeconfig-out", str(tmp_path / "kc"))
+    assert r.returncode == 0 and not json.loads(r.stdout)["changed"], r.stdout[-3000:]
 
     r = run_cli("verify", "-i", str(inv), "--fabric", "-o", "json")
     rep = json.loads(r.stdout)

@@ -4,8 +4,9 @@ steps, with the invariants (tests/labtests/invariants.py) checked after every st
 hgx-day-one: bare HGX H100 servers with gpuk8s's driver, one cut into MIG (mixed, 2 x 3g.40gb per GPU), one on DRA
 whose preinstalled 535 driver gpuk8s replaces by branch 580 (preflight blocked this composition: its dra.driver
 floor looked at the running driver), one time-sliced, monitoring deployed (its exporter's MIG series were counted as
-whole GPUs), two InfiniBand NDR ports per GPU node with `fabric:` set (issue 43: every preflight checks them), on
-Kubernetes 1.36 (the default minor). Steps: install --allow-reboot, verify, the invariants, a re-run that changes
+whole GPUs), two InfiniBand NDR ports per GPU node with `fabric:` set (issue 43: every preflight checks them, install
+deploys the RDMA device plugin and labels the nodes), on Kubernetes 1.36 (the default minor). Steps: install
+--allow-reboot, verify, verify --fabric (RDMA between the nodes' rails), the invariants, a re-run that changes
 nothing, the invariants again, a port pulled on one node named by preflight; day two: the managed nodes moved to
 branch 595 with `driver upgrade`, its client killed (SIGKILL) as soon as the first node has rebooted into 595, then
 the same command again, itself killed after each phase in turn until a run ends: it finishes that node (uncordoned)
@@ -97,6 +98,16 @@ def test_hgx_day_one(lab_up, run_cli, tmp_path):
     mon = next(p for p in rep["phases"] if p["name"] == "monitoring-verify")["hosts"]
     assert mon["mig-1"] == "exporter dcgm-exporter-mig-1: 4 GPU(s) reported, as planned", mon  # 4 MIG instances
 
+    # the fabric proven (issue 43): RDMA write between the three nodes' rails in a ring, through the RDMA device
+    # plugin's resource, on MIG, DRA and time-sliced nodes alike; NCCL across a node's GPUs needs them whole: none is
+    rc, rep, seconds["verify --fabric"] = timed(run_cli, "verify", "-i", inv, "--fabric")
+    assert rc == 0, json.dumps(rep)[-6000:]
+    fab = {(f["subject"]["name"], f["id"]): f for f in rep["findings"]}
+    assert {n: fab[(n, "fabric.rdma")]["message"] for n in ("mig-1", "dra-1", "ts-1")} == {
+        n: "4 RDMA write test(s) with its ring neighbours at 388 Gb/s" for n in ("mig-1", "dra-1", "ts-1")}, fab
+    assert all(fab[(n, "fabric.nccl")]["status"] == "skip" for n in ("mig-1", "dra-1", "ts-1")), fab
+    invariants.all_hold(lab, run_cli, inv, planned, {"dra-1"}, totals)
+
     rc, rep, seconds["re-run"] = timed(run_cli, "install", "-i", inv, "--kubeconfig-out", str(kc), "--allow-reboot")
     assert rc == 0 and not rep["changed"], json.dumps(rep)[-4000:]
     invariants.all_hold(lab, run_cli, inv, planned, {"dra-1"}, totals)
@@ -110,7 +121,8 @@ def test_hgx_day_one(lab_up, run_cli, tmp_path):
            for h in rep["hosts"]}
     assert got["ts-1"]["fabric.ports"][0] == "fail" and "mlx5_1 port 1 (Down/Disabled, 40 Gb/s)" in got["ts-1"][
         "fabric.ports"][1], got["ts-1"]
-    assert all(v[0] == "pass" for n in ("mig-1", "dra-1") for v in got[n].values()) and got["mig-1"], got
+    assert all(v[0] == "pass" for n in ("mig-1", "dra-1") for k, v in got[n].items() if k != "fabric.roce-gid") \
+        and got["mig-1"]["fabric.roce-gid"][0] == "skip", got  # InfiniBand: no RoCE GIDs to check
     ts.write_rdma([{"device": "mlx5_1", "state": "4: ACTIVE", "phys_state": "5: LinkUp",
                     "rate": "400 Gb/sec (4X NDR)", "link_layer": "InfiniBand", "sm_lid": "0x1"}])
 

@@ -51,6 +51,9 @@ def test_the_inventory_takes_fabric_per_host_group_or_default() -> None:
         "infiniband", ("mlx5_0", "mlx5_3"), 2, 400, "auto", True)
     assert (two.link_layer, two.gpudirect, two.nics) == ("auto", "peermem", ())
     assert not three.enabled
+    # off as written, though YAML 1.1 reads a plain off as false
+    assert inv("  - {name: gpu-1, address: 10.0.0.2, gpus: 8, fabric: {link_layer: roce, gpudirect: off}}\n").host(
+        "gpu-1").gpu.fabric.gpudirect == "off"
     assert not inv("  - {name: gpu-1, address: 10.0.0.2, gpus: 8}\n").host("gpu-1").gpu.fabric.enabled  # default
 
 
@@ -134,7 +137,8 @@ def test_a_roce_port_without_a_v2_ipv4_gid_is_named() -> None:
     gids = fabric.parse_show_gids((GIDS / "show-gids-roce-ens-np0-nccl-1131.txt").read_text())
     rdma = tuple(fabric.RdmaPort(d, 1, "Active", "LinkUp", 200.0, "Ethernet") for d in ("mlx5_0", "mlx5_1"))
     ok = by_id(fabric_checks(host("{link_layer: roce}"), facts(rdma=rdma, gids=gids)))
-    assert ok["fabric.roce-gid"].status == "pass" and ok["fabric.roce-gid"].message == "2 port(s) with a RoCE v2 IPv4 GID"
+    assert (ok["fabric.roce-gid"].status, ok["fabric.roce-gid"].message) == ("pass",
+                                                                             "2 port(s) with a RoCE v2 IPv4 GID")
     local = tuple(g for g in gids if g.device == "mlx5_0" or not g.ipv4)
     bad = by_id(fabric_checks(host("{link_layer: roce}"), facts(rdma=rdma, gids=local)))["fabric.roce-gid"]
     assert bad.status == "fail" and bad.message.startswith("no RoCE v2 GID with an IPv4 address on mlx5_1 port 1 "
@@ -156,7 +160,7 @@ def test_an_infiniband_node_as_expected_passes() -> None:
                               facts(rdma=ports(H100_IB))))
     assert {i: r.status for i, r in got.items()} == {"fabric.ports": "pass", "fabric.link-layer": "pass",
                                                      "fabric.subnet-manager": "pass", "fabric.rate": "pass",
-                                                     "fabric.roce-gid": "skip"}
+                                                     "fabric.roce-gid": "skip", "fabric.gpudirect": "warn"}
     assert got["fabric.rate"].message == "8 x 400 Gb/s"
     # auto takes InfiniBand where the node has it (the Ethernet ports are another network)
     auto = by_id(fabric_checks(host("{link_layer: auto}"), facts(rdma=ports(H100_IB))))

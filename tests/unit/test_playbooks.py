@@ -37,10 +37,36 @@ def steps_for(inv=INV, f=None, host=HOST) -> list[RenderedStep]:
 
 def test_shipped_playbooks_parse():
     assert playbook_names() == ["containerd", "cri-dockerd", "docker", "kubernetes-prerequisites",
-                              "nvidia-container-toolkit", "nvidia-driver"]
+                              "nvidia-container-toolkit", "nvidia-driver", "rdma"]
     for name in playbook_names():
         pb = load_playbook(name)
         assert pb.steps and pb.description
+
+
+FABRIC_INV = "  - {name: gpu-2, address: 10.0.0.12, gpus: 8, fabric: {link_layer: infiniband, gpudirect: GD}}\n"
+
+
+@pytest.mark.parametrize("gd, flavor, peermem", [("peermem", "proprietary", True), ("auto", "open", False),
+                                                  ("auto", "proprietary", False), ("off", "open", False)])
+def test_the_rdma_playbook_runs_on_fabric_nodes_only(gd, flavor, peermem) -> None:
+    """rdma.yaml: the distribution's RDMA packages and the verbs modules on a node whose inventory sets fabric:;
+    nvidia-peermem only where gpudirect says peermem (auto takes dma-buf, which needs no module, or none)."""
+    inv = loads("hosts:\n  - {name: cp-1, address: 10.0.0.10, role: control-plane}\n"
+                + FABRIC_INV.replace("GD", gd))
+    host = inv.host("gpu-2")
+    f = facts(driver=replace(facts().driver, module_flavor=flavor))
+    steps = {s.name: s for s in steps_for(inv, f, host)}
+    assert {"rdma-packages-apt", "rdma-modules-at-boot", "rdma-modules-loaded"} <= set(steps)
+    assert "rdma-packages-dnf" not in steps
+    assert ("peermem-loaded" in steps) == peermem
+    boot = steps["rdma-modules-at-boot"]
+    assert boot.file_path == "/etc/modules-load.d/gpuk8s-rdma.conf"
+    assert [ln for ln in boot.file_content.splitlines() if ln and not ln.startswith("#")] == (
+        ["ib_uverbs", "rdma_ucm", *(["nvidia-peermem"] if peermem else [])])
+    alinux = {s.name for s in steps_for(inv, replace(f, os=ALINUX), host)}
+    assert "rdma-packages-dnf" in alinux and "rdma-packages-apt" not in alinux
+    # without fabric: the playbook is not run at all
+    assert not any(s.playbook == "rdma" for s in steps_for(INV, f, HOST))
 
 
 @pytest.mark.parametrize("os_info", [None, ALINUX], ids=["ubuntu", "alinux"])

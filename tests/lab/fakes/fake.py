@@ -712,7 +712,12 @@ def modprobe(h: Host, args: list[str]) -> int:
             return 1
         h.save()
         return 0
-    for m in names:
+    for m in (n.replace("-", "_") for n in names):  # the kernel's module names have '_' where modprobe takes '-'
+        if m == "nvidia_peermem" and "nvidia" not in h.state["modules"]:
+            # it needs the nvidia module's symbols (kmod's words for a module whose symbols are missing)
+            err("modprobe: ERROR: could not insert 'nvidia_peermem': Unknown symbol in module, or unknown parameter "
+                "(see dmesg)\n")
+            return 1
         if m not in h.state["modules"]:
             h.state["modules"].append(m)
     h.save()
@@ -1442,7 +1447,14 @@ def _ubuntu_archive(h: Host) -> dict[str, list[str]]:
         out_[f"nvidia-utils-{b}-server"] = pv
         out_[f"nvidia-fabricmanager-{b}"] = [f"{x}-1" for x in [v, *updates.get(b, [])]]
         out_[f"libnvidia-nscq-{b}"] = [f"{x}-1" for x in [v, *updates.get(b, [])]]
+    # the RDMA user space of jammy (source package rdma-core 39.0-1: rdma-core, ibverbs-utils, infiniband-diags)
+    for p in RDMA_PACKAGES_DEB:
+        out_[p] = ["39.0-1"]
     return out_
+
+
+RDMA_PACKAGES_DEB = ("rdma-core", "ibverbs-utils", "infiniband-diags")
+RDMA_PACKAGES_RPM = ("rdma-core", "libibverbs-utils", "infiniband-diags")
 
 
 def _driver_package(h: Host, name: str, version: str) -> None:
@@ -2069,6 +2081,8 @@ def dnf(h: Host, args: list[str]) -> int:
     # the OS's own repositories (BaseOS, AppStream): the running kernel's headers, the versionlock plugin
     available.setdefault(f"kernel-devel-{h.spec['kernel']}", [h.spec["kernel"].rsplit(".", 1)[0]])
     available.setdefault("python3-dnf-plugin-versionlock", ["4.0.21-4.al8"])
+    for p in RDMA_PACKAGES_RPM:  # BaseOS's RDMA user space (a stand-in version: no Alibaba Cloud Linux index read)
+        available.setdefault(p, ["44.0-2.al8"])
     stream = (h.state.get("dnf_modules") or {}).get("nvidia-driver", "")
     if stream:  # an enabled stream keeps NVIDIA's packages to its branch
         for p in _nvidia_rhel8():
