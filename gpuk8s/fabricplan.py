@@ -8,6 +8,7 @@ readings in, decisions out.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 
@@ -18,7 +19,7 @@ from gpuk8s.facts.fabric import AllReduce, Gid, NcclFailure, RdmaPort
 from gpuk8s.facts.model import HostFacts
 from gpuk8s.findings import Finding, failed, passed
 from gpuk8s.findings import node as finding_node
-from gpuk8s.gpuplan import FABRIC_LABEL, RDMA_RESOURCE, is_gpu_node
+from gpuk8s.gpuplan import FABRIC_LABEL, NCCL_CONFIG_PREFIX, NCCL_LABEL, RDMA_RESOURCE, is_gpu_node
 from gpuk8s.inventory.model import FabricSettings, Host
 
 LAYERS = {"infiniband": "InfiniBand", "roce": "Ethernet"}  # the inventory's word -> the port's link_layer
@@ -124,11 +125,18 @@ class FabricPlan:
         return max(set(rates), key=rates.count) if rates else None
 
     def labels(self) -> dict[str, str]:
-        """What the node's labels say of its fabric (a job's nodeSelector picks nodes by them)."""
-        out = {FABRIC_LABEL: LABEL_WORDS[self.link_layer], f"{FABRIC_LABEL}-ports": str(len(self.ports))}
+        """What the node's labels say of its fabric (a job's nodeSelector picks nodes by them), and the ConfigMap of
+        NCCL's environment for it."""
+        out = {FABRIC_LABEL: LABEL_WORDS[self.link_layer], f"{FABRIC_LABEL}-ports": str(len(self.ports)),
+               NCCL_LABEL: self.nccl_config()}
         if self.rate is not None:
             out[f"{FABRIC_LABEL}-rate"] = f"{self.rate:g}"
         return out
+
+    def nccl_config(self) -> str:
+        """The name of the ConfigMap holding nccl_env(): one per distinct environment (nodes alike share it)."""
+        text = "\n".join(f"{k}={v}" for k, v in sorted(self.nccl_env().items()))
+        return f"{NCCL_CONFIG_PREFIX}{hashlib.sha256(text.encode()).hexdigest()[:10]}"
 
     def nccl_env(self) -> dict[str, str]:
         """NCCL's environment for this node's fabric: the HCAs by exact name (NCCL_IB_HCA's '=' prefix), each with

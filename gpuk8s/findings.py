@@ -339,6 +339,9 @@ def _d(what: str, sev: Severity = "error") -> Spec:
 # without its GPUs gets verify's node causes (gpu.driver, gpu.plugin-*, gpu.runtime-not-nvidia, gpu.sharing-*,
 # ...: the same cause, the same id), reported by doctor too, with the node's evidence.
 FINDINGS.update({
+    "pod.nccl": _d("the pod's log shows an NCCL failure, named from NCCL's words with its remedy (an IB completion "
+                   "error, no IB device or libibverbs: a TCP fallback, GPUDirect RDMA disabled, memory registration or "
+                   "memlock, a queue pair that cannot connect, a collective timeout)"),
     "pod.unknown-resource": _d("the pod asks for an extended resource no node offers (nvidia.com/gpu on a cluster "
                                "whose GPUs are MIG devices, aliyun.com/gpu-mem without gpushare, a typo)"),
     "pod.selector-mismatch": _d("the pod's nodeSelector or required node affinity matches no GPU node (the "

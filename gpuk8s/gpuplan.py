@@ -68,7 +68,9 @@ DRA = "dra"
 # The RDMA fabric (docs/fabric.md, gpuk8s/fabricplan.py): the labels of a node whose inventory sets fabric:, and the
 # extended resource NVIDIA's RDMA shared device plugin exposes its RDMA devices as (prefix rdma, the plugin's default)
 FABRIC_LABEL = "gpuk8s.io/fabric"
-FABRIC_LABELS = (FABRIC_LABEL, f"{FABRIC_LABEL}-ports", f"{FABRIC_LABEL}-rate")
+NCCL_LABEL = f"{FABRIC_LABEL}-nccl"  # the name of the ConfigMap (namespace default) of NCCL's environment for the node
+NCCL_CONFIG_PREFIX = "gpuk8s-nccl-"
+FABRIC_LABELS = (FABRIC_LABEL, f"{FABRIC_LABEL}-ports", f"{FABRIC_LABEL}-rate", NCCL_LABEL)
 RDMA_RESOURCE_PREFIX, RDMA_RESOURCE_NAME = "rdma", "fabric"
 RDMA_RESOURCE = f"{RDMA_RESOURCE_PREFIX}/{RDMA_RESOURCE_NAME}"
 MANAGED_LABELS = (CONFIG_LABEL, PRODUCT_LABEL, MEMORY_LABEL, COUNT_LABEL, REPLICAS_LABEL, STRATEGY_LABEL,

@@ -31,6 +31,7 @@ from gpuk8s.doctor.evidence import (
     HostEvidence,
 )
 from gpuk8s.driver import xid as xid_catalogue
+from gpuk8s.facts.fabric import NcclFailure, classify_nccl
 from gpuk8s.findings import Finding
 from gpuk8s.kube import allocation as al
 from gpuk8s.kube import dra, state
@@ -848,7 +849,18 @@ def _failing(pod: dict[str, Any], ev: ClusterEvidence) -> list[Finding]:
              if shared else "the pod needs more GPU memory than one GPU has free: ask for a GPU with more memory, "
              "or make the job smaller"),
             subject=_subject(pod), evidence=lines))
+    if not out:  # NCCL's own words in the pod's log (a training job over the fabric, docs/fabric.md)
+        out += [_nccl(pod, f, on, node) for f in classify_nccl(log)[:3]]
     return out
+
+
+def _nccl(pod: dict[str, Any], f: NcclFailure, on: str, node: str) -> Finding:
+    """pod.nccl: an NCCL failure in the pod's log, named from NCCL's words (gpuk8s/facts/fabric.py classify_nccl)."""
+    return findings.failed(
+        "pod.nccl", f"NCCL on {on} failed ({f.kind}): {f.detail}",
+        f"{f.remedy}; gpuk8s verify --fabric proves each node's GPUs and the links between nodes"
+        + (f" (and gpuk8s preflight names {node}'s ports)" if node else ""),
+        subject=_subject(pod), evidence=[f"nccl: {f.kind}"])
 
 
 def _cuda_too_new(pod: dict[str, Any], need: str, said: list[str], node: str, host: HostEvidence | None,

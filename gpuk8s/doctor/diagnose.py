@@ -93,7 +93,11 @@ def read_cluster(kube: KubeClient, every_pod: bool = False) -> ClusterEvidence:
     return ev
 
 
-def read_logs(kube: KubeClient, ev: ClusterEvidence, pods: list[tuple[str, str]], tail: int = 40) -> None:
+# lines of a pod's log read: an NCCL failure is followed by the framework's traceback (PyTorch's: 30 lines and more)
+LOG_TAIL = 200
+
+
+def read_logs(kube: KubeClient, ev: ClusterEvidence, pods: list[tuple[str, str]], tail: int = LOG_TAIL) -> None:
     for ns, name in pods:
         if (ns, name) not in ev.logs:
             try:

@@ -377,6 +377,8 @@ class NodeAllocation:
     hami_gpus: list[HamiGPU] = field(default_factory=list)  # HAMi's per-GPU view; empty: no HAMi here
     quarantine: str = ""  # the gpuk8s.io/quarantine taint's value (the health finding it failed); '' without one
     allocator: str = "device-plugin"  # device-plugin | dra (the plan, else kube/dra.allocator_of)
+    fabric: dict[str, str] = field(default_factory=dict)  # the node's gpuk8s.io/fabric* labels (docs/fabric.md)
+    rdma: tuple[int, int] | None = None  # the RDMA device plugin's resource: (requested, allocatable); None: none
 
     def to_json(self) -> dict[str, Any]:
         return {"node": self.node, "ready": self.ready, "gpu_node": self.gpu_node, "allocator": self.allocator,
@@ -385,7 +387,9 @@ class NodeAllocation:
                 "mig_strategy": self.mig_strategy,
                 "resources": [r.to_json() for r in self.resources],
                 "metrics": [m.to_json() for m in self.metrics], "metrics_note": self.metrics_note,
-                "hami_gpus": [g.to_json() for g in self.hami_gpus], "quarantine": self.quarantine}
+                "hami_gpus": [g.to_json() for g in self.hami_gpus], "quarantine": self.quarantine,
+                "fabric": dict(self.fabric),
+                "rdma": None if self.rdma is None else {"requested": self.rdma[0], "allocatable": self.rdma[1]}}
 
 
 @dataclass
@@ -491,7 +495,7 @@ def dra_resources(nd: dra.NodeDevices | None, plan: GPUPlan | None) -> list[Reso
 
 def node_allocation(node: dict[str, Any], held: list[tuple[dict[str, Any], dict[str, int]]],
                     plan: GPUPlan | None = None, plugin_down: bool = False,
-                    devices: dra.NodeDevices | None = None) -> NodeAllocation:
+                    devices: dra.NodeDevices | None = None, rdma_requested: int = 0) -> NodeAllocation:
     """One node's GPU resources: those it has (capacity), those its plan wants, and those its pods hold; on a
     dra node the devices the DRA driver publishes there (`devices`) and the claims holding them."""
     ns = state.node_state(node)
@@ -541,10 +545,35 @@ def node_allocation(node: dict[str, Any], held: list[tuple[dict[str, Any], dict[
         strategy = labels.get("nvidia.com/mig.strategy", "mixed" if mig else "none")
     if allocator == gpuplan.DRA or devices is not None:
         resources += dra_resources(devices, plan)
+    fabric = {k: v for k, v in labels.items() if k.startswith(gpuplan.FABRIC_LABEL)}
+    rdma = (rdma_requested, ns.allocatable_of(gpuplan.RDMA_RESOURCE)) \
+        if gpuplan.RDMA_RESOURCE in capacity or rdma_requested else None
     return NodeAllocation(ns.name, ns.ready, bool(plan.gpu_node) if plan is not None else bool(
         labels.get(gpuplan.GPU_PRESENT) == "true" or any(r.allocatable for r in resources)),
         sharing or "none", replicas or 1, gpus, resources, mig, strategy,
-        hami_gpus=hami, quarantine=ns.quarantine, allocator=allocator)
+        hami_gpus=hami, quarantine=ns.quarantine, allocator=allocator, fabric=fabric, rdma=rdma)
+
+
+def rdma_requests(pods: list[dict[str, Any]]) -> dict[str, int]:
+    """node -> how many of the RDMA device plugin's shared slots its bound, unfinished pods hold."""
+    out: dict[str, int] = {}
+    for p in pods:
+        if not isinstance(p, dict):
+            continue
+        spec = p.get("spec") if isinstance(p.get("spec"), dict) else {}
+        status = p.get("status") if isinstance(p.get("status"), dict) else {}
+        assert isinstance(spec, dict) and isinstance(status, dict)
+        node = spec.get("nodeName")
+        if not isinstance(node, str) or not node or status.get("phase") in DONE_PHASES:
+            continue
+        n = 0
+        for c in _l(spec.get("containers")):
+            res = c.get("resources") if isinstance(c, dict) else None
+            got = [res.get(part) for part in ("limits", "requests")] if isinstance(res, dict) else []
+            n += max((_qty(v.get(gpuplan.RDMA_RESOURCE, 0)) for v in got if isinstance(v, dict)), default=0)
+        if n:
+            out[node] = out.get(node, 0) + n
+    return out
 
 
 def allocation(nodes: list[dict[str, Any]], pods: list[dict[str, Any]], plans: dict[str, GPUPlan] | None = None,
@@ -553,6 +582,7 @@ def allocation(nodes: list[dict[str, Any]], pods: list[dict[str, Any]], plans: d
     """The cluster's GPU allocation; `only`: these nodes (the footer then counts them alone); `devices`: what the
     DRA driver publishes per node, with its claims (kube/dra.by_node)."""
     held = holding_pods(pods)
+    rdma = rdma_requests(pods)
     plugins = []  # gpuk8s's device plugin pods (is_device_plugin_pod: by owner, not by a look-alike name)
     for p in pods:
         md = p.get("metadata") if isinstance(p, dict) else None
@@ -568,7 +598,7 @@ def allocation(nodes: list[dict[str, Any]], pods: list[dict[str, Any]], plans: d
             plugin = state.device_plugin_pod(plugins, name)
             down = plugin is not None and (plugin.phase != "Running" or bool(plugin.waiting))
             a = node_allocation(n, held.get(name, []), (plans or {}).get(name), plugin_down=down,
-                                devices=(devices or {}).get(name))
+                                devices=(devices or {}).get(name), rdma_requested=rdma.get(name, 0))
         except StateError:
             continue
         if a.gpu_node or a.resources:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
+import yaml
+
 from gpuk8s import fabricplan
 from gpuk8s.gpuplan import (
     ALLOCATOR_LABEL,
@@ -21,6 +23,8 @@ from gpuk8s.gpuplan import (
     LEGACY_ALLOCATOR_LABEL,
     MANAGED_LABELS,
     MANAGED_PREFIXES,
+    NCCL_CONFIG_PREFIX,
+    NCCL_LABEL,
     REPLICAS_LABEL,
     STRATEGY_LABEL,
     GPUPlan,
@@ -144,7 +148,44 @@ def gpu_manifests(ctx: Context, plans: dict[str, GPUPlan]) -> list[manifests.Man
             name = labels.get(CONFIG_LABEL) if isinstance(labels, dict) else None
             if isinstance(data, dict) and isinstance(name, str) and isinstance(data.get(name), str):
                 keep[name] = data[name]
-    return manifests.wanted(ctx.inv, plans, keep)
+    nccl = nccl_manifest(ctx)
+    return manifests.wanted(ctx.inv, plans, keep) + ([nccl] if nccl is not None else [])
+
+
+NCCL_MANIFEST = "nccl-env.yaml"
+NCCL_NAMESPACE = "default"
+
+
+def nccl_manifest(ctx: Context) -> manifests.Manifest | None:
+    """NCCL's environment for the fabric nodes (docs/fabric.md): one ConfigMap per distinct environment, in the
+    default namespace, named by the node label gpuk8s.io/fabric-nccl (a job's nodeSelector and envFrom)."""
+    envs = {fp.nccl_config(): fp.nccl_env() for fp in fabricplan.plans(ctx.inv.hosts, ctx.facts).values()}
+    if not envs:
+        return None
+    docs = [{"apiVersion": "v1", "kind": "ConfigMap",
+             "metadata": {"name": name, "namespace": NCCL_NAMESPACE, "labels": {manifests.MANAGED_BY: "gpuk8s"}},
+             "data": env} for name, env in sorted(envs.items())]
+    return manifests.Manifest(NCCL_MANIFEST, yaml.safe_dump_all(docs, sort_keys=False))
+
+
+def stale_nccl_configs(ctx: Context, wanted: list[manifests.Manifest], nodes: dict[str, Any],
+                       diffs: dict[str, tuple[dict[str, str | None], list[str]]]) -> list[str]:
+    """The NCCL ConfigMaps gpuk8s applied that neither this run's manifest nor a node's label (as this run leaves
+    it) names (a node's fabric changed, or no node has one); read only where a label or the inventory names one."""
+    names = {o["metadata"]["name"] for m in wanted if m.name == NCCL_MANIFEST for o in m.objects()}
+    after = set()
+    for name, n in nodes.items():
+        labels = (n.get("metadata") or {}).get("labels") or {}
+        value = diffs[name][0].get(NCCL_LABEL) if name in diffs and NCCL_LABEL in diffs[name][0] \
+            else labels.get(NCCL_LABEL)
+        if isinstance(value, str):
+            after.add(value)
+    had = any(NCCL_LABEL in ((n.get("metadata") or {}).get("labels") or {}) for n in nodes.values())
+    if not names and not had:
+        return []
+    return sorted(o["metadata"]["name"] for o in ctx.kube.get("configmap", namespace=NCCL_NAMESPACE)
+                  if str(o.get("metadata", {}).get("name", "")).startswith(NCCL_CONFIG_PREFIX)
+                  and manifests.applied_by_gpuk8s(o) and o["metadata"]["name"] not in names | after)
 
 
 class GPUNodes(Phase):
@@ -226,6 +267,10 @@ class GPUNodes(Phase):
                                commands=manifests.delete_command((kind, name, ns)))
                         for m, gone in manifests.removable(ctx.kube, manifests.unwanted(ctx.inv, self._plans))
                         for kind, name, ns in gone]
+        if ctx.initialized():
+            changes += [Change(f"delete configmap/{n} in {NCCL_NAMESPACE} (no node's fabric names it)",
+                               commands=manifests.delete_command(("ConfigMap", n, NCCL_NAMESPACE)))
+                        for n in stale_nccl_configs(ctx, self._wanted(ctx), self._nodes, diffs)]
         changes += [Change(f"{name}: {why}") for name, why in self._held.items()]
         if not any(m.name == manifests.PLUGIN_MANIFEST for m in todo):  # else the DaemonSet replaces its pods itself
             changes += [Change(f"restart the device plugin on {node} (its container runtime is reconfigured)",
@@ -270,6 +315,10 @@ class GPUNodes(Phase):
                 ctx.kube.taint(name, taints)
                 r.hosts[name] = (r.hosts.get(name, "") + " tainted " + ", ".join(taints)).strip()
                 done.append(f"taints on {name}")
+        stale_cms = stale_nccl_configs(ctx, self._wanted(ctx), self._nodes, diffs)
+        if stale_cms:
+            ctx.kube.delete("configmap", stale_cms, NCCL_NAMESPACE)
+            done.append(f"removed {len(stale_cms)} NCCL ConfigMap(s) no node names")
         for node, pod in stale.items():
             ctx.kube.delete("pod", [pod], "kube-system")
             ctx.relabelled.add(node)  # verify waits for the new pod to register the node's GPUs

@@ -5,6 +5,7 @@ numbers come computed from gpuk8s/kube/allocation.py; `-o json` is the command's
 from __future__ import annotations
 
 from gpuk8s import ui
+from gpuk8s.gpuplan import FABRIC_LABEL, NCCL_LABEL
 from gpuk8s.kube import allocation as al
 
 
@@ -28,6 +29,20 @@ def render_hami(alloc: al.ClusterAllocation) -> None:
                          ", ".join(_share(s) for s in g.pods)])
     if rows:
         ui.table("HAMi GPUs", ["NODE", "GPU", "MEMORY", "CORES", "PODS"], rows)
+
+
+def render_fabric(alloc: al.ClusterAllocation) -> None:
+    """The fabric per node (its labels) and the RDMA device plugin's shared slots in use (docs/fabric.md)."""
+    rows: list[list[object]] = []
+    for n in alloc.nodes:
+        if not n.fabric and n.rdma is None:
+            continue
+        f = n.fabric
+        rows.append([n.node, f.get(FABRIC_LABEL, "-"), f.get(f"{FABRIC_LABEL}-ports", "-"),
+                     f.get(f"{FABRIC_LABEL}-rate", "-"), f.get(NCCL_LABEL, "-"),
+                     "-" if n.rdma is None else f"{n.rdma[0]}/{n.rdma[1]}"])
+    if rows:
+        ui.table("RDMA fabric", ["NODE", "FABRIC", "PORTS", "RATE (Gb/s)", "NCCL CONFIGMAP", "RDMA PODS/SLOTS"], rows)
 
 
 def render(alloc: al.ClusterAllocation) -> None:
@@ -57,6 +72,7 @@ def render(alloc: al.ClusterAllocation) -> None:
     ui.table("GPU allocation", ["NODE", "SHARING", "RESOURCE", "CAPACITY", "ALLOCATABLE", "REQUESTED", "FREE",
                                 "PODS"], rows)
     render_hami(alloc)
+    render_fabric(alloc)
     mrows: list[list[object]] = []
     notes = []
     for n in alloc.nodes:

@@ -77,8 +77,15 @@ def test_verify_fabric_names_the_node_and_port_of_a_degraded_link(lab_up, run_cl
     # labels from the fabric's ports; the RDMA devices allocatable through the plugin
     nodes = {n["metadata"]["name"]: n for n in json.loads(lab.host("cp-1").exec(
         "kubectl --kubeconfig /etc/kubernetes/admin.conf get nodes -o json").stdout)["items"]}
-    assert {k: v for k, v in nodes["ib-2"]["metadata"]["labels"].items() if k.startswith("gpuk8s.io/fabric")} == {
-        "gpuk8s.io/fabric": "infiniband", "gpuk8s.io/fabric-ports": "2", "gpuk8s.io/fabric-rate": "400"}
+    labels = {k: v for k, v in nodes["ib-2"]["metadata"]["labels"].items() if k.startswith("gpuk8s.io/fabric")}
+    nccl = labels.pop("gpuk8s.io/fabric-nccl")
+    assert labels == {"gpuk8s.io/fabric": "infiniband", "gpuk8s.io/fabric-ports": "2", "gpuk8s.io/fabric-rate": "400"}
+    # NCCL's environment for the nodes' HCAs: one ConfigMap (the nodes are alike), named by the label
+    assert {n["metadata"]["labels"]["gpuk8s.io/fabric-nccl"] for n in nodes.values() if n["metadata"]["name"] != "cp-1"
+            } == {nccl}
+    cm = json.loads(lab.host("cp-1").exec(f"kubectl --kubeconfig /etc/kubernetes/admin.conf -n default get configmap "
+                                          f"{nccl} -o json").stdout)
+    assert cm["data"] == {"NCCL_IB_HCA": "=mlx5_0:1,mlx5_1:1"}
     assert nodes["ib-2"]["status"]["allocatable"]["rdma/fabric"] == "1000"
     assert "rdma/fabric" not in nodes["cp-1"]["status"]["allocatable"]
     # the RDMA user space from the distribution, the verbs modules loaded and kept at boot; not on the control plane
@@ -91,6 +98,12 @@ def test_verify_fabric_names_the_node_and_port_of_a_degraded_link(lab_up, run_cl
     # a re-run changes nothing
     r = run_cli("install", "-i", str(inv), "-o", "json", "--kubeconfig-out", str(tmp_path / "kc"))
     assert r.returncode == 0 and not json.loads(r.stdout)["changed"], r.stdout[-3000:]
+    # status: the fabric per node and the RDMA device plugin's slots in use
+    st = {n["node"]: n for n in json.loads(run_cli("status", "-i", str(inv), "-o", "json").stdout)["nodes"]}
+    assert st["ib-2"]["fabric"]["gpuk8s.io/fabric"] == "infiniband" and st["ib-2"]["rdma"] == {
+        "requested": 0, "allocatable": 1000}, st["ib-2"]
+    table = run_cli("status", "-i", str(inv)).stdout
+    assert "RDMA fabric" in table and "0/1000" in table, table
 
     r = run_cli("verify", "-i", str(inv), "--fabric", "-o", "json")
     rep = json.loads(r.stdout)

@@ -40,10 +40,14 @@ def test_the_plan_of_an_hgx_node_takes_its_infiniband_ports_only() -> None:
     p = fabricplan.plan(host("{link_layer: auto}"), h100())
     assert p is not None and p.link_layer == "InfiniBand" and len(p.ports) == 8 and p.rate == 400
     assert p.shape == "8 x NVIDIA H100 80GB HBM3 (NVSwitch)"
-    assert p.labels() == {"gpuk8s.io/fabric": "infiniband", "gpuk8s.io/fabric-ports": "8",
-                          "gpuk8s.io/fabric-rate": "400"}
     env = p.nccl_env()["NCCL_IB_HCA"]
     assert env.startswith("=") and env.count(":1") == 8  # exact names (NCCL: mlx5_1 would match mlx5_10 too)
+    assert p.labels() == {"gpuk8s.io/fabric": "infiniband", "gpuk8s.io/fabric-ports": "8",
+                          "gpuk8s.io/fabric-rate": "400", "gpuk8s.io/fabric-nccl": p.nccl_config()}
+    # nodes alike share one ConfigMap; another set of HCAs, another
+    assert p.nccl_config() == dataclasses.replace(p, node="gpu-9").nccl_config()
+    assert p.nccl_config() != dataclasses.replace(p, ports=p.ports[:4]).nccl_config()
+    assert p.nccl_config().startswith("gpuk8s-nccl-") and len(p.nccl_config()) <= 63
     # nics: named devices only; none: no plan; not read: no plan
     two = fabricplan.plan(host("{link_layer: infiniband, nics: [mlx5_0, mlx5_3]}"), h100())
     assert two is not None and [x.device for x in two.ports] == ["mlx5_0", "mlx5_3"]

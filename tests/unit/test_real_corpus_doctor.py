@@ -32,6 +32,7 @@ import yaml
 from gpuk8s import findings, gpuplan
 from gpuk8s.doctor import classify
 from gpuk8s.doctor.evidence import ClusterEvidence, HostEvidence
+from gpuk8s.facts import fabric
 from gpuk8s.facts.parse import parse_probe
 from gpuk8s.kube.state import DaemonSetState
 
@@ -607,3 +608,19 @@ def test_a_node_short_of_its_plan_with_no_recognised_cause_is_gpu_unknown(monkey
     assert f.id == "gpu.unknown" and f.subject == findings.node("gpu-1")
     assert "allocatable: no extended resource" in f.evidence and "plugin pod kube-system/" in " ".join(f.evidence)
     assert "kubectl describe node gpu-1" in f.remedy
+
+
+NCCL_TEXTS = Path(__file__).resolve().parents[1] / "fixtures" / "real" / "fabric" / "nccl"
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in NCCL_TEXTS.glob("err-*.txt")))
+def test_an_nccl_failure_in_a_pods_log_is_named(name: str) -> None:
+    """A training pod that exited 1 with NCCL's real words in its log (tests/fixtures/real/fabric/nccl): doctor
+    names the failure with its numbers and remedy (pod.nccl), not pod.unknown."""
+    log = (NCCL_TEXTS / f"{name}.txt").read_text()
+    p, ev = bound("nvidia", status=terminated("Error", exit_code=1), log=log)
+    got = classify.pod_causes(p, ev)
+    kinds = [f.kind for f in fabric.classify_nccl(log)]
+    assert [f.id for f in got] == ["pod.nccl"] * min(3, len(kinds)), [f.message for f in got]
+    assert got[0].message.startswith(f"NCCL on gpu-1 failed ({kinds[0]}): ") and "verify --fabric" in got[0].remedy
+    assert got[0].evidence == (f"nccl: {kinds[0]}",)
