@@ -175,6 +175,8 @@ FINDINGS: dict[str, Spec] = {
                                       "newer) or nvidia-peermem (fabric.gpudirect: peermem)"),
     "fabric.peermem": _p("error", "with fabric.gpudirect: peermem, nvidia-peermem can load: a driver of branch 470 or "
                                   "newer, no nv_peer_mem loaded"),
+    "fabric.affinity": _p("warning", "each GPU has a NIC of the fabric behind its own PCIe switch (nvidia-smi topo -m: "
+                                     "PIX or PXB), not across the CPU or the sockets"),
     "fabric.nccl": _v("verify --fabric: NCCL all-reduce across the node's GPUs reaches the floor of its shape (a "
                       "share of the published result; else of the best node of its shape)"),
     "fabric.rdma": _v("verify --fabric: RDMA write between the same rail of ring neighbours reaches a share of the "

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from gpuk8s.facts.fabric import Gid, RdmaPort
+from gpuk8s.facts.fabric import Gid, RdmaPort, Topology
 from gpuk8s.versions import Release
 
 OSFamily = Literal["debian", "rhel", "unknown"]
@@ -243,6 +243,7 @@ class HostFacts:
     # the RDMA ports sysfs shows (gpuk8s/facts/fabric.py); None where the probe did not read them
     rdma: tuple[RdmaPort, ...] | None = None
     gids: tuple[Gid, ...] | None = None  # RoCE ports' GID tables (show_gids' rows); None: not read
+    topo: Topology | None = None  # nvidia-smi topo -m, read where the inventory sets fabric: (GK_FABRIC)
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -254,4 +255,9 @@ class HostFacts:
         for rt in ("containerd", "docker"):
             if d[rt] and d[rt]["release"] is not None:
                 d[rt]["release"] = list(d[rt]["release"])
+        if self.topo is not None:  # JSON has no tuple keys: GPU -> NIC -> relation
+            links: dict[str, dict[str, str]] = {}
+            for (gpu, nic), rel in self.topo.links.items():
+                links.setdefault(gpu, {})[nic] = rel
+            d["topo"]["links"] = links
         return d

@@ -105,6 +105,9 @@ gids() { for p in /sys/class/infiniband/*/ports/*; do [ -d "$p/gid_attrs/types" 
     printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "${d##*/}" "${p##*/}" "$i" "$g" "$a" "$v" "$n"
   done; done; true; }
 quick gids gids
+# how each GPU reaches each NIC (PCIe switch, host bridge, socket): only where gpuk8s asks (GK_FABRIC: the host's
+# inventory sets fabric:), nvidia-smi topo takes a while on a large board
+[ -z "${GK_FABRIC:-}" ] || sec topo nvidia-smi topo -m
 sec containerd-version containerd --version
 sec containerd-active systemctl is-active containerd
 file containerd-config /etc/containerd/config.toml

@@ -14,7 +14,7 @@ from gpuk8s.inventory.model import Host
 from gpuk8s.preflight.result import CheckResult, failed, passed, skipped
 
 IDS = ("fabric.ports", "fabric.link-layer", "fabric.subnet-manager", "fabric.rate", "fabric.roce-gid",
-       "fabric.gpudirect")
+       "fabric.gpudirect", "fabric.affinity")
 
 
 def _name(p: RdmaPort) -> str:
@@ -110,6 +110,7 @@ def fabric_checks(host: Host, f: HostFacts) -> list[CheckResult]:
         out.append(skipped("fabric.subnet-manager", "not InfiniBand"))
     out.append(_roce_gid(f, layer, active))
     out += _gpudirect(host, f)
+    out.append(_affinity(f, active))
     rates = [p for p in active if p.rate is not None]
     top = max((p.rate or 0.0 for p in rates), default=0.0)
     slow = [p for p in rates if s.rate is not None and (p.rate or 0) < s.rate]
@@ -180,3 +181,33 @@ def _gpudirect(host: Host, f: HostFacts) -> list[CheckResult]:
             out.append(passed("fabric.peermem", "nvidia_peermem loaded" if "nvidia_peermem" in modules
                               else "install loads nvidia-peermem and keeps it across reboots"))
     return out
+
+
+CLOSE = ("PIX", "PXB")  # behind the same PCIe switch as the GPU (nvidia-smi topo's legend)
+FAR = {"PHB": "through the CPU's PCIe host bridge", "NODE": "across the PCIe host bridges of its CPU",
+       "SYS": "across the CPU sockets"}
+
+
+def _affinity(f: HostFacts, active: list[RdmaPort]) -> CheckResult:
+    """fabric.affinity (warning): each GPU has a NIC of the fabric behind its own PCIe switch (nvidia-smi topo -m:
+    PIX or PXB), as HGX boards pair them; a GPU whose nearest fabric NIC is farther is named with where it is."""
+    if f.topo is None:
+        return skipped("fabric.affinity", "the GPU-to-NIC topology was not read (nvidia-smi topo -m)")
+    mine = {p.device for p in active}
+    nics = tuple(n for n in f.topo.nics if n in mine)
+    if not nics or not f.topo.gpus:
+        return skipped("fabric.affinity", "no GPU or fabric NIC in nvidia-smi topo -m")
+    far: dict[str, list[str]] = {}
+    for gpu in f.topo.gpus:
+        best = next(((rel, tuple(n for n in nics if f.topo.links.get((gpu, n)) == rel))
+                     for rel in ("PIX", "PXB", "PHB", "NODE", "SYS")
+                     if any(f.topo.links.get((gpu, n)) == rel for n in nics)), ("", ()))
+        if best[0] and best[0] not in CLOSE:
+            far.setdefault(f"{best[0]}: {', '.join(best[1][:4])}", []).append(gpu)
+    if far:
+        return failed("fabric.affinity", "; ".join(
+            f"{', '.join(gpus)}: nearest fabric NIC {FAR[key.split(':')[0]]} ({key})" for key, gpus in far.items()),
+            "GPUDirect RDMA from a GPU to a NIC beyond its PCIe switch crosses the CPU (NCCL_NET_GDR_LEVEL sets how "
+            "far NCCL still uses it): put one fabric NIC behind each GPU's PCIe switch, or list in fabric.nics the "
+            "NICs that are (nvidia-smi topo -m shows PIX)")
+    return passed("fabric.affinity", f"every GPU ({len(f.topo.gpus)}) has a fabric NIC behind its PCIe switch")

@@ -61,6 +61,8 @@ class SourcePlan:
         return self._by_kind[kind]
 
     def prelude(self, host: Host) -> str:
-        """The shell assignment put in front of the fact probe: the URLs its `sources` section asks for."""
+        """The shell assignments put in front of the fact probe: the URLs its `sources` section asks for, and
+        GK_FABRIC where the host's inventory sets fabric: (its `topo` section: nvidia-smi topo -m)."""
         urls = " ".join(s.url for s in self.for_host(host))
-        return f"GK_SOURCES={shlex.quote(urls)}\n" if urls else ""
+        fabric = "GK_FABRIC=1\n" if host.gpu.fabric.enabled and is_gpu_node(host) else ""
+        return (f"GK_SOURCES={shlex.quote(urls)}\n" if urls else "") + fabric

@@ -86,6 +86,9 @@ DEFAULTS: dict[str, Any] = {
     # kernel's sysfs file holds (as real ibstatus texts show them: "4: ACTIVE", "5: LinkUp", "400 Gb/sec (4X NDR)",
     # "InfiniBand", "0x1"); the host's /sys/class/infiniband holds them (LabHost.start_sshd). [] = no adapter.
     "rdma": [],
+    # nvidia-smi topo -m: the name of a real text of tests/fixtures/real/fabric/topo (its GPUs and NICs should be the
+    # host's); "" = none modelled (the fake then fails as nvidia-smi does on a command it cannot serve)
+    "topo": "",
 }
 
 

@@ -56,6 +56,7 @@ LINK_PREFIX = f"gk8s{INSTANCE or ''}-"  # the host's side of each wire: gk8s-vN 
 DEFAULT_SUBNET = f"10.{213 + INSTANCE}.0.0/16"
 FAKES_SRC = Path(__file__).parent / "fakes"
 REAL_OBJECTS = Path(__file__).resolve().parents[1] / "fixtures" / "real" / "objects"  # its SOURCE.md
+REAL_TOPO = Path(__file__).resolve().parents[1] / "fixtures" / "real" / "fabric" / "topo"  # nvidia-smi topo -m
 # a real ResourceSlice of NVIDIA's DRA driver (8x H100, chart 25.12.0): the lab's kubelet plugin publishes devices in
 # its shape
 REAL_SLICES = Path(__file__).resolve().parents[1] / "fixtures" / "real" / "dra" / \
@@ -732,6 +733,8 @@ class Lab:
         self._make_netns(h)
         if spec.get("rdma"):
             h.write_rdma(spec["rdma"])
+        if spec.get("topo"):  # a real board's nvidia-smi topo -m (fakes/fake.py prints it)
+            h.write("/var/lib/gpuk8s-lab/topo.txt", (REAL_TOPO / f"{spec['topo']}.txt").read_text())
         if "sshd-stopped" not in spec["faults"]:
             h.start_sshd()
 

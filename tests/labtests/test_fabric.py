@@ -49,7 +49,8 @@ def test_preflight_names_the_port_down_and_the_port_slow(lab_up, run_cli, tmp_pa
     c = preflight()
     assert {i: x["status"] for i, x in c["gpu-1"].items() if i.startswith("fabric.")} == {
         "fabric.ports": "pass", "fabric.link-layer": "pass", "fabric.subnet-manager": "pass", "fabric.rate": "pass",
-        "fabric.roce-gid": "skip", "fabric.gpudirect": "warn"}  # the lab's 535 driver: proprietary modules
+        "fabric.roce-gid": "skip", "fabric.gpudirect": "warn",  # the lab's 535 driver: proprietary modules
+        "fabric.affinity": "skip"}  # no topology modelled for this host
     assert c["gpu-1"]["fabric.rate"]["message"] == "2 x 400 Gb/s"
 
 
@@ -171,3 +172,23 @@ def test_preflight_names_a_roce_port_without_a_v2_gid(lab_up, run_cli, tmp_path)
     c = checks_by_host(json.loads(run_cli("preflight", "-i", str(inv), "-o", "json", "--network-seconds", "0").stdout))
     assert c["roce-2"]["fabric.roce-gid"]["status"] == "pass", c["roce-2"]["fabric.roce-gid"]
     assert c["roce-2"]["fabric.roce-gid"]["message"] == "1 port(s) with a RoCE v2 IPv4 GID"
+
+
+def test_preflight_names_gpus_far_from_the_fabric(lab_up, run_cli, tmp_path):
+    """An 8 x H100 board whose nvidia-smi topo -m is a real one (tests/fixtures/real/fabric/topo), cabled on two of
+    its eight NICs only: the probe reads the topology (GK_FABRIC), preflight names the GPUs whose nearest fabric NIC
+    is across the CPU; a host without fabric: is not asked."""
+    lab = lab_up(yaml.safe_dump({"hosts": [
+        {"name": "cp-1", "role": "control-plane"},
+        {"name": "hgx-1", "gpus": 8, "gpu_model": "NVIDIA H100 80GB HBM3", "topo": "h100x8-8nic-sglang-30401",
+         "rdma": [{"device": "mlx5_0", **UP, "rate": NDR}, {"device": "mlx5_1", **UP, "rate": NDR}]}]}))
+    doc = yaml.safe_load(lab.inventory.read_text())
+    doc["gpu_defaults"] = {"fabric": {"link_layer": "infiniband"}}
+    inv = tmp_path / "inventory.yaml"
+    inv.write_text(yaml.safe_dump(doc, sort_keys=False))
+    c = checks_by_host(json.loads(run_cli("preflight", "-i", str(inv), "-o", "json", "--network-seconds", "0").stdout))
+    got = c["hgx-1"]["fabric.affinity"]
+    assert got["status"] == "warn" and got["message"].startswith("GPU2, GPU3: nearest fabric NIC across the PCIe host "
+                                                                 "bridges of its CPU (NODE: mlx5_0, mlx5_1)"), got
+    assert '["nvidia-smi", "topo", "-m"]' in lab.host("hgx-1").read("/var/lib/gpuk8s-lab/commands.log")
+    assert "topo" not in lab.host("cp-1").read("/var/lib/gpuk8s-lab/commands.log")  # no fabric: not asked

@@ -160,7 +160,8 @@ def test_an_infiniband_node_as_expected_passes() -> None:
                               facts(rdma=ports(H100_IB))))
     assert {i: r.status for i, r in got.items()} == {"fabric.ports": "pass", "fabric.link-layer": "pass",
                                                      "fabric.subnet-manager": "pass", "fabric.rate": "pass",
-                                                     "fabric.roce-gid": "skip", "fabric.gpudirect": "warn"}
+                                                     "fabric.roce-gid": "skip", "fabric.gpudirect": "warn",
+                                                     "fabric.affinity": "skip"}
     assert got["fabric.rate"].message == "8 x 400 Gb/s"
     # auto takes InfiniBand where the node has it (the Ethernet ports are another network)
     auto = by_id(fabric_checks(host("{link_layer: auto}"), facts(rdma=ports(H100_IB))))
@@ -239,3 +240,31 @@ def test_nodes_whose_fabrics_differ_are_named() -> None:
     assert r.status == "pass" and r.message == "every fabric node: InfiniBand at 400 Gb/s"
     # one node with a fabric (or none): nothing to compare; a node whose ports were not read is left out
     assert fabric_consistency(list(i.hosts), {"gpu-1": facts(rdma=ib400), "gpu-2": facts(rdma=None)}) == []
+
+
+TOPO = REAL.parent / "topo"
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in TOPO.glob("*.txt")))
+def test_every_real_board_has_a_nic_behind_each_gpus_switch(name: str) -> None:
+    """The real boards of the corpus (DGX-1 to 8 x B300), every NIC in the fabric: each GPU has one at PIX/PXB."""
+    t = fabric.parse_topo((TOPO / f"{name}.txt").read_text())
+    assert t is not None
+    rdma = tuple(fabric.RdmaPort(n, 1, "Active", "LinkUp", 400.0, "InfiniBand") for n in t.nics)
+    got = by_id(fabric_checks(host("{link_layer: infiniband}"), facts(rdma=rdma, topo=t)))["fabric.affinity"]
+    assert got.status == "pass" and got.message == f"every GPU ({len(t.gpus)}) has a fabric NIC behind its PCIe switch"
+
+
+def test_gpus_whose_nearest_fabric_nic_is_across_the_cpu_are_named() -> None:
+    """A real 8 x H100 board (one NIC per GPU, two sockets) with only two of its NICs in the fabric: read off the
+    text, GPU0 and GPU1 have theirs (PIX), GPU2 and GPU3 reach them through their socket's host bridges (NODE), the
+    other four across the sockets (SYS)."""
+    t = fabric.parse_topo((TOPO / "h100x8-8nic-sglang-30401.txt").read_text())
+    rdma = tuple(fabric.RdmaPort(n, 1, "Active", "LinkUp", 400.0, "InfiniBand") for n in ("mlx5_0", "mlx5_1"))
+    got = by_id(fabric_checks(host("{link_layer: infiniband}"), facts(rdma=rdma, topo=t)))["fabric.affinity"]
+    assert got.status == "warn"
+    assert got.message == ("GPU2, GPU3: nearest fabric NIC across the PCIe host bridges of its CPU (NODE: mlx5_0, "
+                           "mlx5_1); GPU4, GPU5, GPU6, GPU7: nearest fabric NIC across the CPU sockets (SYS: mlx5_0, "
+                           "mlx5_1)")
+    # not read (no GK_FABRIC, or nvidia-smi failed): skipped, not passed
+    assert by_id(fabric_checks(host("{link_layer: infiniband}"), facts(rdma=rdma)))["fabric.affinity"].status == "skip"

@@ -607,6 +607,13 @@ def nvidia_smi(h: Host, args: list[str]) -> int:
     if args[:1] in (["-q"], ["--query"]):
         out(_smi_q(h, shown, driver, cuda))
         return 0
+    if args[:2] == ["topo", "-m"]:  # a real board's matrix, where the fleet names one (tests/lab/fleet.py topo)
+        topo = STATE_DIR / "topo.txt"
+        if not topo.is_file():
+            err("The lab models no topology for this host (fleet key topo)\n")
+            return 2
+        out(topo.read_text())
+        return 0
     if args[:2] in (["nvlink", "-s"], ["nvlink", "--status"]):
         out(_nvlink_status(h, shown))
         return 0
