@@ -330,6 +330,18 @@ def judge_node(p: FabricPlan, r: AllReduce | None, measured: dict[str, float | N
     return passed("fabric.nccl", text)
 
 
+def culprits(readings: list[LinkReading]) -> set[str]:
+    """The nodes with a port slow in every pair it is in (two or more): what verify --fabric --quarantine taints. A
+    slow link whose ends are fine elsewhere names no node alone (either end, or the cable, may be at fault)."""
+    out = set()
+    for (node, dev), rs in blame(readings).items():
+        count = len([x for x in readings if x.gbps is not None and (
+            (x.client, x.device) == (node, dev) or (x.server, x.server_device) == (node, dev))])
+        if count > 1 and len(rs) == count:
+            out.add(node)
+    return out
+
+
 def _span(values: list[float]) -> str:
     lo, hi = min(values), max(values)
     return f"{lo:g}" if lo == hi else f"{lo:g}-{hi:g}"

@@ -87,13 +87,19 @@ def register(app: typer.Typer, load_inventory: Any) -> None:
         fabric: bool = typer.Option(False, "--fabric", help="Also prove the RDMA fabric of the nodes whose inventory "
                                     "sets fabric: NCCL all-reduce across each node's GPUs and RDMA write between "
                                     "nodes, against floors (docs/fabric.md)."),
+        quarantine: bool = typer.Option(False, "--quarantine", help="With --fabric: taint the nodes it fails "
+                                        "(gpuk8s.io/quarantine, as health does) and release those quarantined for "
+                                        "their fabric that pass now."),
     ) -> None:
         """Check that every node is Ready and every GPU the hosts have is schedulable (install's last phase)."""
+        if quarantine and not fabric:
+            ui.say(ui.console(stderr=True), "--quarantine goes with --fabric (health quarantines for GPU faults)")
+            raise typer.Exit(ExitCode.USAGE)
         inv = load_inventory(inventory, output)
         kube = None if kubeconfig is None else local_kubectl(kubeconfig, context)
         rep = flows.verify(inv, concurrency=concurrency, sudo_passwords=passwords(inv) if kube is None else {},
-                           options=Options(test_pods=test_pods, fabric=fabric), emit=phase_printer(output),
-                           kube=kube)
+                           options=Options(test_pods=test_pods, fabric=fabric, fabric_quarantine=quarantine),
+                           emit=phase_printer(output), kube=kube)
         finish(rep, output, lambda: render_cluster(rep, "verify"))
 
     @app.command(name="render")

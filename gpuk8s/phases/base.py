@@ -89,6 +89,7 @@ class Options:
     test_pod_timeout: float = 300
     fabric: bool = False  # verify --fabric: the fabric phase runs after verify (phases/fabric_verify.py)
     fabric_timeout: float = 900  # its pods, pulls of the nccl-tests image included
+    fabric_quarantine: bool = False  # verify --fabric --quarantine: taint the nodes it fails, release those it passes
     only: list[Host] | None = None  # join: the hosts to join (else every host of the inventory)
     allow_reboot: bool = False  # the mig phase may reboot a host whose GPU reset was refused (--allow-reboot)
     reboot_timeout: float = 900  # how long a rebooted host may take to answer SSH again

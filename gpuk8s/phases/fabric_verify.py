@@ -23,7 +23,7 @@ import yaml
 from gpuk8s import fabricplan, findings, mirrors, versions
 from gpuk8s.fabricplan import FabricPlan, LinkReading
 from gpuk8s.facts.fabric import classify_nccl, parse_all_reduce, parse_perftest
-from gpuk8s.gpuplan import GPU_RESOURCE, RDMA_RESOURCE
+from gpuk8s.gpuplan import GPU_RESOURCE, QUARANTINE_KEY, RDMA_RESOURCE, quarantine_taint
 from gpuk8s.kube import state
 from gpuk8s.phases.base import Change, Context, Phase, PhasePlan, PhaseResult
 from gpuk8s.phases.verify import TEST_NAMESPACE, _pod_name, foreign_names
@@ -34,6 +34,7 @@ NCCL_FROM = 128 << 20  # all_reduce_perf -b: sizes below the floor's size cost l
 NCCL_TO = 1 << 30  # -e where no floor names a size
 NCCL = "/opt/nccl-tests/build/all_reduce_perf"  # in the test image (coreweave/nccl-tests' Dockerfile)
 LOG_LINES = 400  # of a test pod's log: the whole table of either tool
+QUARANTINED_FOR = "fabric."  # the quarantine taint's values this phase sets (and may lift)
 
 
 def nccl_pod_name(node: str) -> str:
@@ -126,10 +127,12 @@ class FabricVerify(Phase):
     fatal = False
 
     def _targets(self, ctx: Context) -> dict[str, FabricPlan]:
-        """The fabric nodes verify found sound (all fabric nodes where verify did not run)."""
+        """The fabric nodes verify found sound (all fabric nodes where verify did not run): a node in quarantine
+        for its fabric (fabric.*) is tested again, one in quarantine for its GPUs is not."""
         fps = fabricplan.plans(ctx.inv.hosts, ctx.facts)
         if ctx.nodes:
-            sound = {c.node for c in ctx.nodes if c.ok and c.ready and not c.quarantine}
+            sound = {c.node for c in ctx.nodes if c.ready and (
+                (c.ok and not c.quarantine) or c.quarantine.startswith(QUARANTINED_FOR))}
             fps = {n: p for n, p in fps.items() if n in sound}
         return {n: p for n, p in fps.items() if p.ports}
 
@@ -190,7 +193,7 @@ class FabricVerify(Phase):
                     logs[n] = ctx.kube.logs(n, TEST_NAMESPACE, tail=LOG_LINES)
         finally:
             ctx.kube.delete("pod", names, TEST_NAMESPACE)
-        found = self._judge(ctx, fps, nccl, prs, phases, logs)
+        found, slow_ports = self._judge(ctx, fps, nccl, prs, phases, logs)
         ctx.findings.extend(found)
         took = time.monotonic() - started
         bad = [f for f in found if f.status == "fail"]
@@ -199,7 +202,29 @@ class FabricVerify(Phase):
                         (f"; {len(bad)} finding(s) failed" if bad else ""))
         if bad:
             r.remedy = "each failed finding names the node, the port and its numbers (gpuk8s verify --fabric -o json)"
+        if ctx.options.fabric_quarantine:
+            self._quarantine(ctx, fps, found, slow_ports, r)
         return r
+
+    @staticmethod
+    def _quarantine(ctx: Context, fps: dict[str, FabricPlan], found: list[findings.Finding], slow_ports: set[str],
+                    r: PhaseResult) -> None:
+        """--quarantine: a node whose GPUs failed NCCL's floor, or whose port is slow in every pair, gets the
+        quarantine taint health uses (value: the finding); a node in quarantine for its fabric that passed every
+        fabric test now is released. A slow link whose ends are fine elsewhere taints neither end."""
+        was = {c.node: c.quarantine for c in ctx.nodes}
+        for node in sorted(fps):
+            mine = [f for f in found if f.subject is not None and f.subject.name == node]
+            nccl_bad = any(f.id == "fabric.nccl" and f.status == "fail" for f in mine)
+            why = "fabric.nccl" if nccl_bad else "fabric.rdma" if node in slow_ports else ""
+            now = was.get(node, "")
+            if why and not now:
+                ctx.kube.taint(node, [str(quarantine_taint(why))])
+                r.hosts[node] = f"quarantined ({why})"
+            elif not why and now.startswith(QUARANTINED_FOR) and any(f.status == "pass" for f in mine) and all(
+                    f.status in ("pass", "skip") for f in mine):
+                ctx.kube.taint(node, [f"{QUARANTINE_KEY}:NoSchedule-"])
+                r.hosts[node] = f"released: every fabric test passed (it was quarantined for {now})"
 
     @staticmethod
     def _wait(ctx: Context, names: list[str], done: Any, timeout: float) -> dict[str, str]:
@@ -214,7 +239,8 @@ class FabricVerify(Phase):
 
     @staticmethod
     def _judge(ctx: Context, fps: dict[str, FabricPlan], nccl: dict[str, dict[str, Any]], prs: list[Pair],
-               phases: dict[str, str], logs: dict[str, str]) -> list[findings.Finding]:
+               phases: dict[str, str], logs: dict[str, str]) -> tuple[list[findings.Finding], set[str]]:
+        """The findings, and the nodes with a port slow in every pair (fabricplan.culprits)."""
         out = []
         readings = {n: parse_all_reduce(logs.get(nccl_pod_name(n), "")) for n in nccl}
         measured = {n: fabricplan.busbw_at(r, fabricplan.node_floor(fps[n])) for n, r in readings.items()}
@@ -238,4 +264,4 @@ class FabricVerify(Phase):
                     f"RDMA write to {pr.server.node} {pr.server.ports[pr.rail].device} did not run ({why}"
                     + (f": {last}" if last else "") + ")")
         out += fabricplan.judge_links(link_readings, failed, sorted(fps))
-        return out
+        return out, fabricplan.culprits(link_readings)

@@ -135,10 +135,24 @@ def test_verify_fabric_names_the_node_and_port_of_a_degraded_link(lab_up, run_cl
     # nothing of the test left behind
     pods = lab.host("cp-1").exec("kubectl --kubeconfig /etc/kubernetes/admin.conf get pods -A -o name").stdout
     assert "gpuk8s-fabric" not in pods
-    # the link replaced: verify --fabric passes
+    # --quarantine: the node of the slow port is tainted as health taints (its neighbours are not), and takes no
+    # new pods; the link replaced, the next run proves it and lifts the taint
+    r = run_cli("verify", "-i", str(inv), "--fabric", "--quarantine", "-o", "json")
+    fabric = next(p for p in json.loads(r.stdout)["phases"] if p["name"] == "fabric")
+    assert r.returncode == 1 and fabric["hosts"] == {"ib-3": "quarantined (fabric.rdma)"}, fabric
+    st = {n["node"]: n for n in json.loads(run_cli("status", "-i", str(inv), "-o", "json").stdout)["nodes"]}
+    assert st["ib-3"]["quarantine"] == "fabric.rdma" and not st["ib-2"]["quarantine"]
+    # health's release does not lift it: its checks do not test the fabric
+    r = run_cli("health", "ib-3", "-i", str(inv), "--release", "-o", "json")
+    assert "kept in quarantine (fabric.rdma)" in r.stdout, r.stdout[-2000:]
     lab.host("ib-3").write_fabric({})
-    r = run_cli("verify", "-i", str(inv), "--fabric", "-o", "json")
-    assert r.returncode == 0, r.stdout[-3000:]
+    r = run_cli("verify", "-i", str(inv), "--fabric", "--quarantine", "-o", "json")
+    fabric = next(p for p in json.loads(r.stdout)["phases"] if p["name"] == "fabric")
+    assert r.returncode == 0 and fabric["hosts"] == {
+        "ib-3": "released: every fabric test passed (it was quarantined for fabric.rdma)"}, r.stdout[-3000:]
+    st = {n["node"]: n for n in json.loads(run_cli("status", "-i", str(inv), "-o", "json").stdout)["nodes"]}
+    assert not st["ib-3"]["quarantine"]
+    assert run_cli("verify", "-i", str(inv), "--quarantine").returncode == 2  # only with --fabric
 
 
 # RoCE: two hosts with 200 Gb/s RoCE ports; the GID tables are those of a real host's ports (show_gids of

@@ -128,6 +128,7 @@ def test_a_port_slow_in_both_its_pairs_is_named_on_its_node() -> None:
     rs = [_reading(a, b, dev, 97.0 if "c" in (a, b) and dev == "mlx5_1" else 388.0)
           for a, b in fabricplan.ring(["a", "b", "c", "d"]) for dev in ("mlx5_0", "mlx5_1")]
     assert set(fabricplan.blame(rs)) == {("c", "mlx5_1")}
+    assert fabricplan.culprits(rs) == {"c"}  # what --quarantine taints
     found = {f.subject.name: f for f in fabricplan.judge_links(rs, {}, ["a", "b", "c", "d"]) if f.subject}
     assert found["c"].status == "fail" and found["c"].message.startswith("mlx5_1 (its port: slow in every pair): ")
     assert "97 Gb/s RDMA write b mlx5_1 -> c mlx5_1, floor 320 Gb/s" in found["c"].message
@@ -139,6 +140,7 @@ def test_a_slow_pair_whose_ends_are_fine_elsewhere_names_the_link() -> None:
     rs = [_reading(a, b, "mlx5_0", 97.0 if (a, b) == ("b", "c") else 388.0)
           for a, b in fabricplan.ring(["a", "b", "c", "d"])]
     assert set(fabricplan.blame(rs)) == {("b", "mlx5_0"), ("c", "mlx5_0")}
+    assert fabricplan.culprits(rs) == set()  # either end, or the cable: neither is quarantined alone
     found = {f.subject.name: f for f in fabricplan.judge_links(rs, {}, ["a", "b", "c", "d"]) if f.subject}
     assert found["b"].status == found["c"].status == "fail"
     assert found["b"].message.startswith("mlx5_0 (the link): 97 Gb/s")
