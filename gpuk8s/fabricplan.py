@@ -41,10 +41,11 @@ PEER_SHARE = 0.8
 
 def link_layer(s: FabricSettings, ports: list[RdmaPort] | tuple[RdmaPort, ...]) -> str:
     """The link layer of a node's fabric: the inventory's, or with auto InfiniBand where an InfiniBand port is
-    active, else Ethernet where one is ("" where none is)."""
+    active, else Ethernet where one is; with none active, as the ports are (a subnet manager restarting must not
+    change a node's fabric); "" where the node has no RDMA port."""
     if s.link_layer in LAYERS:
         return LAYERS[s.link_layer]
-    up = {p.link_layer for p in ports if p.active}
+    up = {p.link_layer for p in ports if p.active} or {p.link_layer for p in ports}  # all down: as cabled
     return "InfiniBand" if "InfiniBand" in up else "Ethernet" if "Ethernet" in up else ""
 
 
@@ -108,21 +109,29 @@ class FabricPlan:
 
     node: str
     link_layer: str  # InfiniBand | Ethernet
-    ports: tuple[RdmaPort, ...]  # the active ports of the fabric's link layer, in device order
+    # the fabric's ports (fabric.nics, of its link layer) whatever their state, in device order: what the labels and
+    # NCCL's environment name stays as cabled while a port is down; the tests use the active ones
+    ports: tuple[RdmaPort, ...]
     gpus: int
     gpu_model: str  # nvidia-smi's name of the node's first GPU ("NVIDIA H100 80GB HBM3"), "" unknown
     nvswitch: bool  # lspci shows NVSwitches: every GPU reaches every other at full NVLink bandwidth
     gid_index: int | None = None  # RoCE: the index of every port's RoCE v2 IPv4 GID, where it is one for all
+    expect_rate: int | None = None  # fabric.expect.rate
 
     @property
     def shape(self) -> str:
         return f"{self.gpus} x {self.gpu_model or 'unknown GPU'}{' (NVSwitch)' if self.nvswitch else ''}"
 
     @property
+    def active(self) -> tuple[RdmaPort, ...]:
+        return tuple(p for p in self.ports if p.active)
+
+    @property
     def rate(self) -> float | None:
-        """The rate most of the ports run at (Gb/s)."""
-        rates = sorted(p.rate for p in self.ports if p.rate is not None)
-        return max(set(rates), key=rates.count) if rates else None
+        """The rate most of the active ports run at (Gb/s); with none active, the inventory's expect.rate (a port
+        down reads a rate of its own, 40 Gb/s on the corpus's)."""
+        rates = sorted(p.rate for p in self.active if p.rate is not None)
+        return max(set(rates), key=rates.count) if rates else self.expect_rate
 
     def labels(self) -> dict[str, str]:
         """What the node's labels say of its fabric (a job's nodeSelector picks nodes by them), and the ConfigMap of
@@ -156,12 +165,14 @@ def plan(host: Host, facts: HostFacts | None) -> FabricPlan | None:
     layer = link_layer(s, ports)
     if not layer:
         return None
-    mine = tuple(sorted((p for p in ports if p.link_layer == layer and p.active), key=lambda p: (p.device, p.port)))
+    mine = tuple(sorted((p for p in ports if p.link_layer == layer), key=lambda p: (p.device, p.port)))
+    if not mine:
+        return None
     gpus = facts.gpu.gpus
-    indexes = {g.index if g else None for g in (roce_v2(facts.gids, p) for p in mine)}
+    indexes = {g.index for g in (roce_v2(facts.gids, p) for p in mine) if g is not None}
     gid = next(iter(indexes)) if layer == "Ethernet" and len(indexes) == 1 else None
     return FabricPlan(host.name, layer, mine, len(gpus) or host.gpus or 0, gpus[0].name if gpus else "",
-                      bool(facts.driver.nvswitches), gid)
+                      bool(facts.driver.nvswitches), gid, s.rate)
 
 
 def plans(hosts: list[Host] | tuple[Host, ...], facts: dict[str, HostFacts]) -> dict[str, FabricPlan]:
@@ -237,16 +248,26 @@ def link_floor(a: float | None, b: float | None) -> float | None:
 
 # -- naming the bad link ---------------------------------------------------------------------------------------
 
+def port_name(device: str, port: int) -> str:
+    """mlx5_0, or mlx5_0 port 2 for a dual-port adapter's second port."""
+    return device if port == 1 else f"{device} port {port}"
+
+
 @dataclass(frozen=True)
 class LinkReading:
-    """One RDMA write test between the same rail of two nodes: client -> server, Gb/s (None: it did not run)."""
+    """One RDMA write test between the same rail of two nodes (a port of one name on both): client -> server, Gb/s
+    (None: it did not run)."""
 
     client: str
     server: str
-    device: str  # the rail: the client's device (the server's of the same position)
-    server_device: str
+    device: str
+    port: int
     gbps: float | None
     floor: float | None
+
+    @property
+    def ends(self) -> tuple[tuple[str, str, int], tuple[str, str, int]]:
+        return (self.client, self.device, self.port), (self.server, self.device, self.port)
 
 
 def ring(nodes: list[str]) -> list[tuple[str, str]]:
@@ -263,24 +284,28 @@ def slow(r: LinkReading) -> bool:
     return r.gbps is not None and r.floor is not None and r.gbps < r.floor
 
 
-def blame(readings: list[LinkReading]) -> dict[tuple[str, str], list[LinkReading]]:
-    """Which node's port each slow reading points at: a port slow in every pair it is in is the culprit (its node
-    and device); a slow pair whose ends are each fine elsewhere (or in no other pair) is named as the link between
-    them, under the key (client, device) and (server, server_device) alike. Keys: (node, device) -> the slow
-    readings that name it."""
-    pairs: dict[tuple[str, str], list[LinkReading]] = {}
+def blame(readings: list[LinkReading]) -> dict[tuple[str, str, int], list[LinkReading]]:
+    """Which node's port each slow reading points at: a port slow in every pair it is in (two or more) is the
+    culprit; a slow pair whose ends are each fine elsewhere (or in no other pair) is named as the link between them,
+    under both ends' keys. Keys: (node, device, port) -> the slow readings that name it."""
+    pairs: dict[tuple[str, str, int], list[LinkReading]] = {}
     for r in readings:
         if r.gbps is None:
             continue
-        pairs.setdefault((r.client, r.device), []).append(r)
-        pairs.setdefault((r.server, r.server_device), []).append(r)
-    out: dict[tuple[str, str], list[LinkReading]] = {}
+        for e in r.ends:
+            pairs.setdefault(e, []).append(r)
+    out: dict[tuple[str, str, int], list[LinkReading]] = {}
     for r in (r for r in readings if slow(r)):
-        ends = [(r.client, r.device), (r.server, r.server_device)]
-        sick = [e for e in ends if len(pairs[e]) > 1 and all(slow(x) for x in pairs[e])]
-        for e in sick or ends:
+        sick = [e for e in r.ends if len(pairs[e]) > 1 and all(slow(x) for x in pairs[e])]
+        for e in sick or list(r.ends):
             out.setdefault(e, []).append(r)
     return out
+
+
+def culprit(readings: list[LinkReading], key: tuple[str, str, int]) -> bool:
+    """Whether the port is slow in every pair it is in, and in two or more."""
+    mine = [x for x in readings if x.gbps is not None and key in x.ends]
+    return len(mine) > 1 and all(slow(x) for x in mine)
 
 
 # -- judging what the tests printed ---------------------------------------------------------------------------
@@ -309,6 +334,11 @@ def judge_node(p: FabricPlan, r: AllReduce | None, measured: dict[str, float | N
         return failed("fabric.nccl", f"NCCL all-reduce across {p.shape} printed no result: {why}", remedy)
     floor = node_floor(p)
     got = busbw_at(r, floor)
+    if floor is not None and floor.size not in {size for size, _, _ in r.rows}:
+        return failed("fabric.nccl", f"NCCL all-reduce across {p.shape} ended before {floor.size >> 20} MiB, the size "
+                      f"its floor is for (largest: {r.rows[-1][0] >> 20} MiB; the pod {phase})",
+                      "kubectl logs of the test pod (GPU memory held by other processes, a crash): gpuk8s verify "
+                      "--fabric again")
     if r.wrong:
         return failed("fabric.nccl", f"NCCL all-reduce across {p.shape}: {r.wrong} wrong result(s)",
                       "a GPU or NVLink corrupts data: gpuk8s health --level long on the node, then NVIDIA support")
@@ -333,13 +363,7 @@ def judge_node(p: FabricPlan, r: AllReduce | None, measured: dict[str, float | N
 def culprits(readings: list[LinkReading]) -> set[str]:
     """The nodes with a port slow in every pair it is in (two or more): what verify --fabric --quarantine taints. A
     slow link whose ends are fine elsewhere names no node alone (either end, or the cable, may be at fault)."""
-    out = set()
-    for (node, dev), rs in blame(readings).items():
-        count = len([x for x in readings if x.gbps is not None and (
-            (x.client, x.device) == (node, dev) or (x.server, x.server_device) == (node, dev))])
-        if count > 1 and len(rs) == count:
-            out.add(node)
-    return out
+    return {key[0] for key in blame(readings) if culprit(readings, key)}
 
 
 def _span(values: list[float]) -> str:
@@ -347,38 +371,34 @@ def _span(values: list[float]) -> str:
     return f"{lo:g}" if lo == hi else f"{lo:g}-{hi:g}"
 
 
-def judge_links(readings: list[LinkReading], failed_runs: dict[tuple[str, str], str],
-                nodes: list[str]) -> list[Finding]:
-    """fabric.rdma per node: each port blame() names, with the readings that name it; a test that did not run; or
-    the node's links as measured."""
+def judge_links(readings: list[LinkReading], failed_runs: dict[str, list[str]], nodes: list[str]) -> list[Finding]:
+    """fabric.rdma per node: each port blame() names, with the readings that name it; the tests of it that did not
+    run (`failed_runs`: node -> why); or the node's links as measured."""
     named = blame(readings)
     out = []
     for node in nodes:
-        mine = {dev: rs for (n, dev), rs in named.items() if n == node}
-        runs = {dev: why for (n, dev), why in failed_runs.items() if n == node}
+        mine = {key: rs for key, rs in named.items() if key[0] == node}
+        runs = failed_runs.get(node, [])
         seen = [r for r in readings if node in (r.client, r.server) and r.gbps is not None]
         if mine:
             parts = []
-            for dev, rs in sorted(mine.items()):
-                count = len([x for x in readings if x.gbps is not None and (
-                    (x.client, x.device) == (node, dev) or (x.server, x.server_device) == (node, dev))])
-                where = "its port: slow in every pair" if count > 1 and len(rs) == count else "the link"
-                parts.append(f"{dev} ({where}): " + "; ".join(
-                    f"{r.gbps:g} Gb/s RDMA write {r.client} {r.device} -> {r.server} {r.server_device}, floor "
-                    f"{r.floor:g} Gb/s" for r in rs))
-            out.append(failed("fabric.rdma", "; ".join(parts + list(runs.values())),
+            for key, rs in sorted(mine.items()):
+                where = "its port: slow in every pair" if culprit(readings, key) else "the link"
+                parts.append(f"{port_name(key[1], key[2])} ({where}): " + "; ".join(
+                    f"{r.gbps:g} Gb/s RDMA write {r.client} -> {r.server}, floor {r.floor:g} Gb/s" for r in rs))
+            out.append(failed("fabric.rdma", "; ".join(parts + runs),
                               "a link below its rate while its ports read Active at full rate retransmits: check the "
                               "cable, transceiver and switch port named (mlxlink -d DEV -m: BER and FEC counters), "
                               "reseat or replace it; the node takes jobs at the slow link's speed until then",
                               subject=finding_node(node)))
         elif runs:
-            out.append(failed("fabric.rdma", "; ".join(runs.values()),
+            out.append(failed("fabric.rdma", "; ".join(runs),
                               "kubectl describe pod of the test pods on the node (the RDMA device plugin's resource "
-                              f"{RDMA_RESOURCE} allocatable, the image pulled); a port Down: gpuk8s preflight",
+                              f"{RDMA_RESOURCE} allocatable, the image pulled); a port not active: gpuk8s preflight",
                               subject=finding_node(node)))
         elif seen:
             fine = [r.gbps or 0.0 for r in seen if not slow(r)]
-            others = sorted({e[0] for e, rs in named.items() for r in rs if r in seen and e[0] != node})
+            others = sorted({key[0] for key, rs in named.items() for r in rs if r in seen and key[0] != node})
             text = f"{len(fine)} RDMA write test(s) with its ring neighbours at " + (
                 _span(fine) + " Gb/s" if fine else "none")
             if len(fine) < len(seen):

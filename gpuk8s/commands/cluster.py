@@ -95,6 +95,9 @@ def register(app: typer.Typer, load_inventory: Any) -> None:
         if quarantine and not fabric:
             ui.say(ui.console(stderr=True), "--quarantine goes with --fabric (health quarantines for GPU faults)")
             raise typer.Exit(ExitCode.USAGE)
+        if fabric and kubeconfig is not None:
+            ui.say(ui.console(stderr=True), "--fabric reads each host's RDMA ports over SSH: leave out --kubeconfig")
+            raise typer.Exit(ExitCode.USAGE)
         inv = load_inventory(inventory, output)
         kube = None if kubeconfig is None else local_kubectl(kubeconfig, context)
         rep = flows.verify(inv, concurrency=concurrency, sudo_passwords=passwords(inv) if kube is None else {},

@@ -162,7 +162,7 @@ class Gid:
 
 
 _GID_ROW = re.compile(r"^([A-Za-z0-9_.:-]{1,64})\s+([0-9]{1,3})\s+([0-9]{1,4})\s+((?:[0-9a-f]{4}:){7}[0-9a-f]{4})\s+"
-                      r"(?:([0-9]{1,3}(?:\.[0-9]{1,3}){3})\s+)?(v1|v2)\s+([A-Za-z0-9_.@:-]{1,32})\s*$")
+                      r"(?:([0-9]{1,3}(?:\.[0-9]{1,3}){3})\s+)?(v1|v2)(?:\s+([A-Za-z0-9_.@:-]{1,32}))?\s*$")
 
 
 def parse_show_gids(text: str) -> tuple[Gid, ...]:
@@ -172,7 +172,7 @@ def parse_show_gids(text: str) -> tuple[Gid, ...]:
         m = _GID_ROW.match(line)
         if m:
             out.append(Gid(m.group(1), int(m.group(2)), int(m.group(3)), m.group(4), m.group(5) or "", m.group(6),
-                           m.group(7)))
+                           m.group(7) or ""))
     return tuple(out)
 
 

@@ -107,7 +107,8 @@ gids() { for p in /sys/class/infiniband/*/ports/*; do [ -d "$p/gid_attrs/types" 
 quick gids gids
 # how each GPU reaches each NIC (PCIe switch, host bridge, socket): only where gpuk8s asks (GK_FABRIC: the host's
 # inventory sets fabric:), nvidia-smi topo takes a while on a large board
-[ -z "${GK_FABRIC:-}" ] || sec topo nvidia-smi topo -m
+topo() { smi topo -m; }
+[ -z "${GK_FABRIC:-}" ] || quick topo topo
 sec containerd-version containerd --version
 sec containerd-active systemctl is-active containerd
 file containerd-config /etc/containerd/config.toml

@@ -357,7 +357,7 @@ def _hash_of(obj: dict[str, Any] | None) -> str:
 
 # The manifests gpuk8s applies only while some node asks for them, and deletes afterwards (`unwanted`): their objects
 # must be gpuk8s's own, or the deletion would take another tool's with them
-ON_DEMAND = ("hami.yaml", DRA_MANIFEST)
+ON_DEMAND = ("hami.yaml", DRA_MANIFEST, RDMA_MANIFEST)
 
 
 class NameTaken(GpuK8sError):

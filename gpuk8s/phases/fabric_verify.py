@@ -22,7 +22,7 @@ import yaml
 
 from gpuk8s import fabricplan, findings, mirrors, versions
 from gpuk8s.fabricplan import FabricPlan, LinkReading
-from gpuk8s.facts.fabric import classify_nccl, parse_all_reduce, parse_perftest
+from gpuk8s.facts.fabric import RdmaPort, classify_nccl, parse_all_reduce, parse_perftest
 from gpuk8s.gpuplan import GPU_RESOURCE, QUARANTINE_KEY, RDMA_RESOURCE, quarantine_taint
 from gpuk8s.kube import state
 from gpuk8s.phases.base import Change, Context, Phase, PhasePlan, PhaseResult
@@ -81,9 +81,8 @@ def nccl_pod(ctx: Context, fp: FabricPlan) -> dict[str, Any]:
     return _pod(ctx, nccl_pod_name(fp.node), fp.node, cmd, {GPU_RESOURCE: fp.gpus}, False)
 
 
-def perftest_command(fp: FabricPlan, rail: int, server_ip: str | None) -> list[str]:
-    p = fp.ports[rail]
-    cmd = ["ib_write_bw", "-d", p.device, "-i", str(p.port), "-p", str(PERFTEST_PORT + rail), "-F",
+def perftest_command(fp: FabricPlan, port: RdmaPort, rail: int, server_ip: str | None) -> list[str]:
+    cmd = ["ib_write_bw", "-d", port.device, "-i", str(port.port), "-p", str(PERFTEST_PORT + rail), "-F",
            "--report_gbits", "-q", "4", "-D", str(PERFTEST_SECONDS)]
     if fp.gid_index is not None:  # RoCE: the RoCE v2 GID (perftest's -x; its default, index 0, is link-local v1)
         cmd += ["-x", str(fp.gid_index)]
@@ -91,27 +90,44 @@ def perftest_command(fp: FabricPlan, rail: int, server_ip: str | None) -> list[s
 
 
 class Pair:
-    """One rail of one pair of nodes: the server's pod and the client's."""
+    """One rail of one pair of nodes (the port of one name on both): the server's pod and the client's."""
 
-    def __init__(self, client: FabricPlan, server: FabricPlan, rail: int) -> None:
-        self.client, self.server, self.rail = client, server, rail
+    def __init__(self, client: FabricPlan, server: FabricPlan, port: RdmaPort, server_port: RdmaPort,
+                 rail: int) -> None:
+        self.client, self.server, self.port, self.server_port, self.rail = client, server, port, server_port, rail
         self.server_pod = rdma_pod_name("srv", server.node, rail)
         self.client_pod = rdma_pod_name("cli", client.node, rail)
 
+    @property
+    def name(self) -> str:
+        return fabricplan.port_name(self.port.device, self.port.port)
+
     def reading(self, gbps: float | None) -> LinkReading:
-        a, b = self.client.ports[self.rail], self.server.ports[self.rail]
-        return LinkReading(self.client.node, self.server.node, a.device, b.device, gbps,
-                           fabricplan.link_floor(a.rate, b.rate))
+        return LinkReading(self.client.node, self.server.node, self.port.device, self.port.port, gbps,
+                           fabricplan.link_floor(self.port.rate, self.server_port.rate))
 
 
-def pairs(fps: dict[str, FabricPlan]) -> list[Pair]:
-    """Every rail of every ring pair: the n-th port of one node with the n-th of the next (a node with fewer
-    ports tests only those it has)."""
-    out = []
-    for a, b in fabricplan.ring(sorted(fps)):
-        for rail in range(min(len(fps[a].ports), len(fps[b].ports))):
-            out.append(Pair(fps[a], fps[b], rail))
-    return out
+def pairs(fps: dict[str, FabricPlan]) -> tuple[list[Pair], dict[str, list[str]]]:
+    """Every rail of every ring pair, a ring per link layer (InfiniBand and RoCE nodes do not reach each other):
+    the active port of one name on both nodes. A port active on one node and not on its neighbour is a rail that
+    cannot be tested: named on the node where it is not active (node -> why)."""
+    out: list[Pair] = []
+    missing: dict[str, list[str]] = {}
+    rails: dict[tuple[str, int], int] = {}  # each port name its rail number: its perftest port, its pods' names
+    for layer in sorted({fp.link_layer for fp in fps.values()}):
+        ring = fabricplan.ring(sorted(n for n, fp in fps.items() if fp.link_layer == layer))
+        for a, b in ring:
+            mine = {(p.device, p.port): p for p in fps[a].active}
+            theirs = {(p.device, p.port): p for p in fps[b].active}
+            for key in sorted(set(mine) | set(theirs)):
+                if key in mine and key in theirs:
+                    rail = rails.setdefault(key, len(rails))
+                    out.append(Pair(fps[a], fps[b], mine[key], theirs[key], rail))
+                else:
+                    down, up = (b, a) if key in mine else (a, b)
+                    missing.setdefault(down, []).append(
+                        f"{fabricplan.port_name(*key)} is not active here: its rail to {up} was not tested")
+    return out, missing
 
 
 def internal_ip(node: Any) -> str | None:
@@ -131,8 +147,8 @@ class FabricVerify(Phase):
         for its fabric (fabric.*) is tested again, one in quarantine for its GPUs is not."""
         fps = fabricplan.plans(ctx.inv.hosts, ctx.facts)
         if ctx.nodes:
-            sound = {c.node for c in ctx.nodes if c.ready and (
-                (c.ok and not c.quarantine) or c.quarantine.startswith(QUARANTINED_FOR))}
+            sound = {c.node for c in ctx.nodes if c.ready and c.ok and (
+                not c.quarantine or c.quarantine.startswith(QUARANTINED_FOR))}
             fps = {n: p for n, p in fps.items() if n in sound}
         return {n: p for n, p in fps.items() if p.ports}
 
@@ -140,13 +156,13 @@ class FabricVerify(Phase):
         fps = self._targets(ctx)
         changes = [Change(f"NCCL all-reduce across the {fp.gpus} GPUs of {n} (created, then deleted)",
                           manifest=yaml.safe_dump(nccl_pod(ctx, fp), sort_keys=False))
-                   for n, fp in sorted(fps.items()) if whole_gpus(ctx, n)]
-        for pr in pairs(fps):
-            changes.append(Change(f"RDMA write {pr.client.node} {pr.client.ports[pr.rail].device} -> "
-                                  f"{pr.server.node} {pr.server.ports[pr.rail].device} (two pods, then deleted)",
-                                  manifest=yaml.safe_dump(_pod(ctx, pr.client_pod, pr.client.node,
-                                                               perftest_command(pr.client, pr.rail, "SERVER-IP"),
-                                                               {RDMA_RESOURCE: 1}, True), sort_keys=False)))
+                   for n, fp in sorted(fps.items()) if whole_gpus(ctx, n) and fp.gpus]
+        for pr in pairs(fps)[0]:
+            changes.append(Change(f"RDMA write {pr.client.node} -> {pr.server.node} on {pr.name} (two pods, then "
+                                  "deleted)", manifest=yaml.safe_dump(_pod(
+                                      ctx, pr.client_pod, pr.client.node,
+                                      perftest_command(pr.client, pr.port, pr.rail, "SERVER-IP"),
+                                      {RDMA_RESOURCE: 1}, True), sort_keys=False)))
         if not changes:
             return self.planned("unchanged", "no fabric node to test")
         return self.planned("would-change", "the fabric's test pods", changes)
@@ -157,43 +173,47 @@ class FabricVerify(Phase):
         if not fps:
             return self.result("skipped", "no fabric node to test (inventory fabric:, Ready, sound)")
         nodes = state.by_name(ctx.kube.get("nodes"))
-        nccl = {n: nccl_pod(ctx, fp) for n, fp in sorted(fps.items()) if whole_gpus(ctx, n)}
-        prs = pairs(fps)
-        servers = {pr.server_pod: _pod(ctx, pr.server_pod, pr.server.node, perftest_command(pr.server, pr.rail, None),
+        nccl = {n: nccl_pod(ctx, fp) for n, fp in sorted(fps.items()) if whole_gpus(ctx, n) and fp.gpus}
+        prs, missing = pairs(fps)
+        servers = {pr.server_pod: _pod(ctx, pr.server_pod, pr.server.node,
+                                       perftest_command(pr.server, pr.server_port, pr.rail, None),
                                        {RDMA_RESOURCE: 1}, True) for pr in prs}
         clients: dict[str, dict[str, Any]] = {}
         for pr in prs:
             ip = internal_ip(nodes.get(pr.server.node))
             if ip:
                 clients[pr.client_pod] = _pod(ctx, pr.client_pod, pr.client.node,
-                                              perftest_command(pr.client, pr.rail, ip), {RDMA_RESOURCE: 1}, True)
+                                              perftest_command(pr.client, pr.port, pr.rail, ip), {RDMA_RESOURCE: 1},
+                                              True)
+            else:
+                missing.setdefault(pr.client.node, []).append(
+                    f"RDMA write to {pr.server.node} on {pr.name} not tested: that node has no InternalIP address")
         names = [*(d["metadata"]["name"] for d in nccl.values()), *servers, *clients]
         foreign = foreign_names(ctx, [("Pod", n, TEST_NAMESPACE) for n in names])
         if foreign:
             return self.result("failed", f"pods of gpuk8s's names exist that gpuk8s did not create: "
                                f"{', '.join(sorted(foreign)[:5])}", "delete or rename them, then verify again")
+        seen: dict[str, state.PodState] = {}
         logs: dict[str, str] = {}
-        phases: dict[str, str] = {}
         ctx.kube.delete("pod", names, TEST_NAMESPACE)
         try:
             first = [*nccl.values(), *servers.values()]
             if first:
                 ctx.kube.apply("---\n".join(yaml.safe_dump(d, sort_keys=False) for d in first))
-            # the clients once their servers listen (a client fails at once where none does)
-            up = self._wait(ctx, list(servers), lambda p: p.phase != "Pending", ctx.options.fabric_timeout)
-            ready = {pr.client_pod for pr in prs if up.get(pr.server_pod) == "Running" and pr.client_pod in clients}
-            if ready:
-                ctx.kube.apply("---\n".join(yaml.safe_dump(clients[n], sort_keys=False) for n in sorted(ready)))
-            watch = [*(d["metadata"]["name"] for d in nccl.values()), *sorted(ready)]
-            phases = self._wait(ctx, watch, lambda p: p.phase in ("Succeeded", "Failed"),
-                                max(0.0, ctx.options.fabric_timeout - (time.monotonic() - started)))
-            phases.update({n: up.get(n, "") for n in servers})
-            for n in watch:
-                if phases.get(n) in ("Succeeded", "Failed"):
+            seen = self._run_clients(ctx, prs, clients, [nccl_pod_name(n) for n in nccl], started)
+            done = ("Succeeded", "Failed")
+            for n in [*(d["metadata"]["name"] for d in nccl.values()), *clients]:
+                if n in seen and seen[n].phase in done:
                     logs[n] = ctx.kube.logs(n, TEST_NAMESPACE, tail=LOG_LINES)
+            # a server that failed, or whose client could not run: its own words (perftest's, on its node)
+            for pr in prs:
+                srv = seen.get(pr.server_pod)
+                cli = seen.get(pr.client_pod)
+                if srv is not None and srv.phase in (*done, "Running") and (cli is None or cli.phase != "Succeeded"):
+                    logs[pr.server_pod] = ctx.kube.logs(pr.server_pod, TEST_NAMESPACE, tail=LOG_LINES)
         finally:
             ctx.kube.delete("pod", names, TEST_NAMESPACE)
-        found, slow_ports = self._judge(ctx, fps, nccl, prs, phases, logs)
+        found, slow_ports, low_nccl = self._judge(ctx, fps, nccl, prs, missing, seen, logs)
         ctx.findings.extend(found)
         took = time.monotonic() - started
         bad = [f for f in found if f.status == "fail"]
@@ -203,65 +223,106 @@ class FabricVerify(Phase):
         if bad:
             r.remedy = "each failed finding names the node, the port and its numbers (gpuk8s verify --fabric -o json)"
         if ctx.options.fabric_quarantine:
-            self._quarantine(ctx, fps, found, slow_ports, r)
+            self._quarantine(ctx, fps, found, slow_ports, low_nccl, r)
         return r
+
+    def _run_clients(self, ctx: Context, prs: list[Pair], clients: dict[str, dict[str, Any]],
+                     nccl_pods: list[str], started: float) -> dict[str, state.PodState]:
+        """One poll loop: each client applied as soon as its server runs (a server that never runs holds back its
+        own link only), until every NCCL pod and every started client has ended, or the timeout. The pods last
+        seen, by name."""
+        applied: set[str] = set()
+        deadline = started + ctx.options.fabric_timeout
+        while True:
+            pods = {p.name: p for p in state.pod_states(ctx.kube.get("pods", namespace=TEST_NAMESPACE))}
+            ready = [pr.client_pod for pr in prs if pr.client_pod in clients and pr.client_pod not in applied
+                     and pods.get(pr.server_pod) is not None and pods[pr.server_pod].phase == "Running"]
+            if ready:
+                ctx.kube.apply("---\n".join(yaml.safe_dump(clients[n], sort_keys=False) for n in sorted(ready)))
+                applied.update(ready)
+                continue
+            waiting_servers = [pr for pr in prs if pr.client_pod in clients and pr.client_pod not in applied
+                               and (pods.get(pr.server_pod) is None or pods[pr.server_pod].phase == "Pending")]
+            ended = all(n in pods and pods[n].phase in ("Succeeded", "Failed") for n in [*nccl_pods, *applied])
+            if (ended and not waiting_servers) or time.monotonic() > deadline:
+                return pods
+            time.sleep(1)
 
     @staticmethod
     def _quarantine(ctx: Context, fps: dict[str, FabricPlan], found: list[findings.Finding], slow_ports: set[str],
-                    r: PhaseResult) -> None:
-        """--quarantine: a node whose GPUs failed NCCL's floor, or whose port is slow in every pair, gets the
-        quarantine taint health uses (value: the finding); a node in quarantine for its fabric that passed every
-        fabric test now is released. A slow link whose ends are fine elsewhere taints neither end."""
+                    low_nccl: set[str], r: PhaseResult) -> None:
+        """--quarantine: a node whose NCCL run measured below its floor or wrong results (`low_nccl`), or whose port
+        is slow in every pair (`slow_ports`), gets the quarantine taint health uses (value: the finding; a test that
+        did not run taints nothing: a failed pull of the test image must not quarantine the fleet); a node in
+        quarantine for its fabric is released when the finding that put it there ran and passed now and no other
+        fabric test of it failed (as health's release proves its own)."""
         was = {c.node: c.quarantine for c in ctx.nodes}
         for node in sorted(fps):
-            mine = [f for f in found if f.subject is not None and f.subject.name == node]
-            nccl_bad = any(f.id == "fabric.nccl" and f.status == "fail" for f in mine)
-            why = "fabric.nccl" if nccl_bad else "fabric.rdma" if node in slow_ports else ""
+            mine = {f.id: f for f in found if f.subject is not None and f.subject.name == node}
+            why = "fabric.nccl" if node in low_nccl else "fabric.rdma" if node in slow_ports else ""
             now = was.get(node, "")
             if why and not now:
                 ctx.kube.taint(node, [str(quarantine_taint(why))])
                 r.hosts[node] = f"quarantined ({why})"
-            elif not why and now.startswith(QUARANTINED_FOR) and any(f.status == "pass" for f in mine) and all(
-                    f.status in ("pass", "skip") for f in mine):
-                ctx.kube.taint(node, [f"{QUARANTINE_KEY}:NoSchedule-"])
-                r.hosts[node] = f"released: every fabric test passed (it was quarantined for {now})"
-
-    @staticmethod
-    def _wait(ctx: Context, names: list[str], done: Any, timeout: float) -> dict[str, str]:
-        """Poll the pods until each is done(pod) or the timeout; each one's last phase ('' where not seen)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            pods = {p.name: p for p in state.pod_states(ctx.kube.get("pods", namespace=TEST_NAMESPACE))
-                    if p.name in names}
-            if all(n in pods and done(pods[n]) for n in names) or time.monotonic() > deadline:
-                return {n: (pods[n].phase if n in pods else "") for n in names}
-            time.sleep(1)
+            elif not why and now.startswith(QUARANTINED_FOR):
+                proof = mine.get(now)
+                if proof is not None and proof.status == "pass" and all(f.status != "fail" for f in mine.values()):
+                    ctx.kube.taint(node, [f"{QUARANTINE_KEY}:NoSchedule-"])
+                    r.hosts[node] = f"released: {now} passed (it was quarantined for it)"
+                else:
+                    r.hosts[node] = (f"kept in quarantine ({now}): "
+                                     + (f"{now} did not run" if proof is None else f"{now} {proof.status}"))
 
     @staticmethod
     def _judge(ctx: Context, fps: dict[str, FabricPlan], nccl: dict[str, dict[str, Any]], prs: list[Pair],
-               phases: dict[str, str], logs: dict[str, str]) -> tuple[list[findings.Finding], set[str]]:
-        """The findings, and the nodes with a port slow in every pair (fabricplan.culprits)."""
+               missing: dict[str, list[str]], seen: dict[str, state.PodState], logs: dict[str, str]
+               ) -> tuple[list[findings.Finding], set[str], set[str]]:
+        """The findings; the nodes with a port slow in every pair (fabricplan.culprits); the nodes whose NCCL run
+        measured below its floor or wrong results (what --quarantine may taint: a run that did not happen is not)."""
         out = []
         readings = {n: parse_all_reduce(logs.get(nccl_pod_name(n), "")) for n in nccl}
         measured = {n: fabricplan.busbw_at(r, fabricplan.node_floor(fps[n])) for n, r in readings.items()}
+        low = set()
         for n in nccl:
-            out.append(fabricplan.judge_node(fps[n], readings[n], measured, fps, phases.get(nccl_pod_name(n), ""),
-                                             classify_nccl(logs.get(nccl_pod_name(n), "")))
-                       .about(findings.node(n)))
+            pod = seen.get(nccl_pod_name(n))
+            if readings[n] is None and pod is not None and pod.phase == "Pending" and pod.unschedulable:
+                out.append(findings.skipped("fabric.nccl", f"not tested: its pod was not scheduled ({pod.unschedulable}"
+                                            "): the node's GPUs are held by other pods", subject=findings.node(n)))
+                continue
+            f = fabricplan.judge_node(fps[n], readings[n], measured, fps, state.pod_progress(pod),
+                                      classify_nccl(logs.get(nccl_pod_name(n), ""))).about(findings.node(n))
+            if f.status == "fail" and readings[n] is not None:
+                low.add(n)
+            out.append(f)
         for n in sorted(set(fps) - set(nccl)):
-            out.append(findings.skipped("fabric.nccl", "not tested: the node's GPUs are shared, MIG or DRA (NCCL "
-                                        "across a node needs its GPUs whole)", subject=findings.node(n)))
+            why = "the node's GPUs are shared, MIG or DRA (NCCL across a node needs its GPUs whole)" if fps[n].gpus \
+                else "the node has no GPU"
+            out.append(findings.skipped("fabric.nccl", f"not tested: {why}", subject=findings.node(n)))
         link_readings = []
-        failed: dict[tuple[str, str], str] = {}
+        failed: dict[str, list[str]] = {n: list(v) for n, v in missing.items()}
         for pr in prs:
-            text = logs.get(pr.client_pod, "")
-            res = parse_perftest(text)
+            res = parse_perftest(logs.get(pr.client_pod, ""))
             link_readings.append(pr.reading(res.average if res else None))
-            if res is None:
-                why = phases.get(pr.client_pod) or f"its server {phases.get(pr.server_pod) or 'never started'}"
-                last = " / ".join(ln.strip() for ln in text.strip().splitlines()[-2:])[:300]
-                failed[(pr.client.node, pr.client.ports[pr.rail].device)] = (
-                    f"RDMA write to {pr.server.node} {pr.server.ports[pr.rail].device} did not run ({why}"
-                    + (f": {last}" if last else "") + ")")
+            if res is not None:
+                continue
+            srv, cli = seen.get(pr.server_pod), seen.get(pr.client_pod)
+            srv_said = _last(logs.get(pr.server_pod, ""))
+            if srv is not None and srv.phase == "Failed" or (cli is None and srv_said):
+                # the server's side failed (a port down there): named on the server's node, in perftest's words
+                failed.setdefault(pr.server.node, []).append(
+                    f"RDMA write from {pr.client.node} on {pr.name} did not run: the server here "
+                    f"{state.pod_progress(srv)}" + (f": {srv_said}" if srv_said else ""))
+            else:
+                why = (f"its server on {pr.server.node} {state.pod_progress(srv)}" if cli is None
+                       else state.pod_progress(cli))
+                said = _last(logs.get(pr.client_pod, ""))
+                failed.setdefault(pr.client.node, []).append(
+                    f"RDMA write to {pr.server.node} on {pr.name} did not run ({why}" + (f": {said}" if said else "")
+                    + ")")
         out += fabricplan.judge_links(link_readings, failed, sorted(fps))
-        return out, fabricplan.culprits(link_readings)
+        return out, fabricplan.culprits(link_readings), low
+
+
+def _last(text: str) -> str:
+    """The last two lines a test pod printed, for a message (bounded)."""
+    return " / ".join(ln.strip() for ln in text.strip().splitlines()[-2:])[:300]

@@ -170,22 +170,43 @@ def nccl_manifest(ctx: Context) -> manifests.Manifest | None:
 
 def stale_nccl_configs(ctx: Context, wanted: list[manifests.Manifest], nodes: dict[str, Any],
                        diffs: dict[str, tuple[dict[str, str | None], list[str]]]) -> list[str]:
-    """The NCCL ConfigMaps gpuk8s applied that neither this run's manifest nor a node's label (as this run leaves
-    it) names (a node's fabric changed, or no node has one); read only where a label or the inventory names one."""
+    """The NCCL ConfigMaps gpuk8s applied (its annotation) that neither this run's manifest nor a node's label (as
+    this run leaves it) names, and that no pod in their namespace takes its environment from (a job started
+    before a node's fabric changed keeps its ConfigMap until it ends)."""
     names = {o["metadata"]["name"] for m in wanted if m.name == NCCL_MANIFEST for o in m.objects()}
-    after = set()
     for name, n in nodes.items():
         labels = (n.get("metadata") or {}).get("labels") or {}
         value = diffs[name][0].get(NCCL_LABEL) if name in diffs and NCCL_LABEL in diffs[name][0] \
             else labels.get(NCCL_LABEL)
         if isinstance(value, str):
-            after.add(value)
-    had = any(NCCL_LABEL in ((n.get("metadata") or {}).get("labels") or {}) for n in nodes.values())
-    if not names and not had:
+            names.add(value)
+    mine = [o["metadata"]["name"] for o in ctx.kube.get("configmap", namespace=NCCL_NAMESPACE)
+            if str(o.get("metadata", {}).get("name", "")).startswith(NCCL_CONFIG_PREFIX)
+            and manifests.applied_by_gpuk8s(o) and o["metadata"]["name"] not in names]
+    if not mine:
         return []
-    return sorted(o["metadata"]["name"] for o in ctx.kube.get("configmap", namespace=NCCL_NAMESPACE)
-                  if str(o.get("metadata", {}).get("name", "")).startswith(NCCL_CONFIG_PREFIX)
-                  and manifests.applied_by_gpuk8s(o) and o["metadata"]["name"] not in names | after)
+    used = {ref for p in ctx.kube.get("pods", namespace=NCCL_NAMESPACE) for ref in config_maps_of(p)}
+    return sorted(n for n in mine if n not in used)
+
+
+def config_maps_of(pod: Any) -> set[str]:
+    """The ConfigMaps a pod's containers take environment from (envFrom, env valueFrom)."""
+    out: set[str] = set()
+    spec = pod.get("spec") if isinstance(pod, dict) else None
+    if not isinstance(spec, dict):
+        return out
+    for c in [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]:
+        if not isinstance(c, dict):
+            continue
+        for e in c.get("envFrom") or []:
+            ref = e.get("configMapRef") if isinstance(e, dict) else None
+            if isinstance(ref, dict) and isinstance(ref.get("name"), str):
+                out.add(ref["name"])
+        for e in c.get("env") or []:
+            ref = ((e.get("valueFrom") or {}).get("configMapKeyRef") if isinstance(e, dict) else None)
+            if isinstance(ref, dict) and isinstance(ref.get("name"), str):
+                out.add(ref["name"])
+    return out
 
 
 class GPUNodes(Phase):

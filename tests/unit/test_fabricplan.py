@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 
 from gpuk8s import fabricplan
-from gpuk8s.fabricplan import LinkReading
+from gpuk8s.fabricplan import FabricPlan, LinkReading
 from gpuk8s.facts import fabric
 from gpuk8s.facts.model import GPU, GPUInfo, PciDevice
 from gpuk8s.inventory import loads
+from gpuk8s.phases.fabric_verify import pairs
 from tests.unit.test_checks import READY_DRIVER, facts
 from tests.unit.test_fabric import ports
 
@@ -114,8 +115,8 @@ def test_a_node_is_judged_against_its_shapes_floor_or_its_peers() -> None:
     assert "did not finish (Pending)" in timeout.message
 
 
-def _reading(a: str, b: str, dev: str, gbps: float | None) -> LinkReading:
-    return LinkReading(a, b, dev, dev, gbps, 320.0)
+def _reading(a: str, b: str, dev: str, gbps: float | None, port: int = 1) -> LinkReading:
+    return LinkReading(a, b, dev, port, gbps, 320.0)
 
 
 def test_the_ring_pairs_each_node_with_the_next() -> None:
@@ -127,11 +128,11 @@ def test_the_ring_pairs_each_node_with_the_next() -> None:
 def test_a_port_slow_in_both_its_pairs_is_named_on_its_node() -> None:
     rs = [_reading(a, b, dev, 97.0 if "c" in (a, b) and dev == "mlx5_1" else 388.0)
           for a, b in fabricplan.ring(["a", "b", "c", "d"]) for dev in ("mlx5_0", "mlx5_1")]
-    assert set(fabricplan.blame(rs)) == {("c", "mlx5_1")}
+    assert set(fabricplan.blame(rs)) == {("c", "mlx5_1", 1)}
     assert fabricplan.culprits(rs) == {"c"}  # what --quarantine taints
     found = {f.subject.name: f for f in fabricplan.judge_links(rs, {}, ["a", "b", "c", "d"]) if f.subject}
     assert found["c"].status == "fail" and found["c"].message.startswith("mlx5_1 (its port: slow in every pair): ")
-    assert "97 Gb/s RDMA write b mlx5_1 -> c mlx5_1, floor 320 Gb/s" in found["c"].message
+    assert "97 Gb/s RDMA write b -> c, floor 320 Gb/s" in found["c"].message
     assert found["a"].message == "4 RDMA write test(s) with its ring neighbours at 388 Gb/s"
     assert found["b"].message.endswith("1 slow, named on c") and found["b"].status == "pass"
 
@@ -139,22 +140,71 @@ def test_a_port_slow_in_both_its_pairs_is_named_on_its_node() -> None:
 def test_a_slow_pair_whose_ends_are_fine_elsewhere_names_the_link() -> None:
     rs = [_reading(a, b, "mlx5_0", 97.0 if (a, b) == ("b", "c") else 388.0)
           for a, b in fabricplan.ring(["a", "b", "c", "d"])]
-    assert set(fabricplan.blame(rs)) == {("b", "mlx5_0"), ("c", "mlx5_0")}
+    assert set(fabricplan.blame(rs)) == {("b", "mlx5_0", 1), ("c", "mlx5_0", 1)}
     assert fabricplan.culprits(rs) == set()  # either end, or the cable: neither is quarantined alone
     found = {f.subject.name: f for f in fabricplan.judge_links(rs, {}, ["a", "b", "c", "d"]) if f.subject}
     assert found["b"].status == found["c"].status == "fail"
     assert found["b"].message.startswith("mlx5_0 (the link): 97 Gb/s")
     # two nodes: one pair, its ends cannot be told apart
     two = [_reading("a", "b", "mlx5_0", 50.0)]
-    assert set(fabricplan.blame(two)) == {("a", "mlx5_0"), ("b", "mlx5_0")}
+    assert set(fabricplan.blame(two)) == {("a", "mlx5_0", 1), ("b", "mlx5_0", 1)}
 
 
 def test_a_test_that_did_not_run_is_named_and_not_read_as_slow() -> None:
     rs = [_reading("a", "b", "mlx5_0", None), _reading("b", "a", "mlx5_0", 388.0)]
     assert fabricplan.blame(rs) == {}
     found = {f.subject.name: f for f in fabricplan.judge_links(
-        rs, {("a", "mlx5_0"): "RDMA write to b mlx5_0 did not run (Failed: Port number 1 state is Down)"},
+        rs, {"a": ["RDMA write to b on mlx5_0 did not run (Failed: Port number 1 state is Down)"]},
         ["a", "b"]) if f.subject}
     assert found["a"].status == "fail" and "state is Down" in found["a"].message
     assert found["b"].status == "pass"
     assert fabricplan.link_floor(400, 200) == 160.0 and fabricplan.link_floor(None, None) is None
+
+
+def test_the_two_ports_of_a_dual_port_adapter_are_told_apart() -> None:
+    """mlx5_0 ports 1 and 2 both in the fabric: port 2 of c slow in both its pairs is c's, port 1 is fine."""
+    rs = [_reading(a, b, "mlx5_0", 97.0 if "c" in (a, b) and port == 2 else 388.0, port)
+          for a, b in fabricplan.ring(["a", "b", "c", "d"]) for port in (1, 2)]
+    assert set(fabricplan.blame(rs)) == {("c", "mlx5_0", 2)} and fabricplan.culprits(rs) == {"c"}
+    found = {f.subject.name: f for f in fabricplan.judge_links(rs, {}, ["a", "b", "c", "d"]) if f.subject}
+    assert found["c"].message.startswith("mlx5_0 port 2 (its port: slow in every pair): 97 Gb/s RDMA write b -> c")
+
+
+def _fp(node: str, ports: list[tuple[str, str]]) -> FabricPlan:
+    """A node's fabric plan from (device, state) pairs, NDR InfiniBand."""
+    return FabricPlan(node, "InfiniBand", tuple(fabric.RdmaPort(d, 1, st, "LinkUp" if st == "Active" else "Polling",
+                                                                400.0, "InfiniBand") for d, st in ports),
+                      2, "NVIDIA A100-SXM4-80GB", False)
+
+
+def test_rails_pair_ports_of_one_name_and_a_port_down_is_named_where_it_is() -> None:
+    """Rail by name, not by position: mlx5_1 down on b does not shift b's mlx5_2 onto a's mlx5_1; the rail that
+    cannot be tested is named on the node where the port is down."""
+    fps = {"a": _fp("a", [("mlx5_0", "Active"), ("mlx5_1", "Active"), ("mlx5_2", "Active")]),
+           "b": _fp("b", [("mlx5_0", "Active"), ("mlx5_1", "Down"), ("mlx5_2", "Active")])}
+    prs, missing = pairs(fps)
+    assert [(p.client.node, p.server.node, p.port.device, p.server_port.device) for p in prs] == [
+        ("a", "b", "mlx5_0", "mlx5_0"), ("a", "b", "mlx5_2", "mlx5_2")]
+    assert missing == {"b": ["mlx5_1 is not active here: its rail to a was not tested"]}
+    # the plan keeps the port down (labels and NCCL's environment stay as cabled)
+    assert fps["b"].labels()["gpuk8s.io/fabric-ports"] == "3" and len(fps["b"].active) == 2
+    assert fps["b"].nccl_env()["NCCL_IB_HCA"] == "=mlx5_0:1,mlx5_1:1,mlx5_2:1"
+
+
+def test_a_node_with_every_port_down_keeps_its_fabric() -> None:
+    """A subnet manager restarting (every port Initializing), link_layer auto: the node is still an InfiniBand
+    node with its ports, so that a re-run does not drop its labels or its NCCL ConfigMap."""
+    down = tuple(dataclasses.replace(x, state="Initializing") for x in ports(
+        "ibstat-h100-cx7-8x400-ib-cx6dx-disabled-gpud") if x.link_layer == "InfiniBand")
+    up = fabricplan.plan(host("{link_layer: auto, expect: {rate: 400}}"), h100())
+    during = fabricplan.plan(host("{link_layer: auto, expect: {rate: 400}}"), dataclasses.replace(h100(), rdma=down))
+    assert up is not None and during is not None and during.link_layer == "InfiniBand" and not during.active
+    assert during.labels() == up.labels() and during.nccl_config() == up.nccl_config()
+
+
+def test_a_run_that_stopped_before_the_floors_size_fails() -> None:
+    sxm = fabricplan.plan(host("{link_layer: auto}"), h100())
+    assert sxm is not None
+    part = fabric.AllReduce(((1 << 30, 460.0, 460.0),), 0, 460.0, "")
+    f = fabricplan.judge_node(sxm, part, {}, {"gpu-1": sxm}, "Failed", [])
+    assert f.status == "fail" and "ended before 4096 MiB" in f.message and "largest: 1024 MiB" in f.message
