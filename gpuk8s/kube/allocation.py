@@ -26,7 +26,7 @@ import contextlib
 import functools
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -430,9 +430,8 @@ def _pod_id(pod: dict[str, Any]) -> tuple[str, str]:
     return str(md.get("namespace", "default") or "default"), str(md.get("name", "") or "")
 
 
-def holding_pods(pods: list[dict[str, Any]]) -> dict[str, list[tuple[dict[str, Any], dict[str, int]]]]:
-    """node -> the pods bound to it that hold GPU resources (not finished), with what they hold."""
-    out: dict[str, list[tuple[dict[str, Any], dict[str, int]]]] = {}
+def bound_pods(pods: list[dict[str, Any]]) -> Iterator[tuple[str, dict[str, Any], dict[str, Any]]]:
+    """(node, pod, its spec) of each pod bound to a node and not finished."""
     for p in pods:
         if not isinstance(p, dict):
             continue
@@ -440,8 +439,14 @@ def holding_pods(pods: list[dict[str, Any]]) -> dict[str, list[tuple[dict[str, A
         status = p.get("status") if isinstance(p.get("status"), dict) else {}
         assert isinstance(spec, dict) and isinstance(status, dict)
         node = spec.get("nodeName")
-        if not isinstance(node, str) or not node or status.get("phase") in DONE_PHASES:
-            continue
+        if isinstance(node, str) and node and status.get("phase") not in DONE_PHASES:
+            yield node, p, spec
+
+
+def holding_pods(pods: list[dict[str, Any]]) -> dict[str, list[tuple[dict[str, Any], dict[str, int]]]]:
+    """node -> the pods bound to it that hold GPU resources (not finished), with what they hold."""
+    out: dict[str, list[tuple[dict[str, Any], dict[str, int]]]] = {}
+    for node, p, _ in bound_pods(pods):
         req = pod_requests(p)
         if req:
             out.setdefault(node, []).append((p, req))
@@ -557,15 +562,7 @@ def node_allocation(node: dict[str, Any], held: list[tuple[dict[str, Any], dict[
 def rdma_requests(pods: list[dict[str, Any]]) -> dict[str, int]:
     """node -> how many of the RDMA device plugin's shared slots its bound, unfinished pods hold."""
     out: dict[str, int] = {}
-    for p in pods:
-        if not isinstance(p, dict):
-            continue
-        spec = p.get("spec") if isinstance(p.get("spec"), dict) else {}
-        status = p.get("status") if isinstance(p.get("status"), dict) else {}
-        assert isinstance(spec, dict) and isinstance(status, dict)
-        node = spec.get("nodeName")
-        if not isinstance(node, str) or not node or status.get("phase") in DONE_PHASES:
-            continue
+    for node, _, spec in bound_pods(pods):
         n = 0
         for c in _l(spec.get("containers")):
             res = c.get("resources") if isinstance(c, dict) else None

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import yaml
 
@@ -16,6 +17,15 @@ UP = {"state": "4: ACTIVE", "phys_state": "5: LinkUp", "link_layer": "InfiniBand
 NDR, HDR = "400 Gb/sec (4X NDR)", "200 Gb/sec (4X HDR)"  # ibstatus-bf3-roce-200-hdr-400-ndr-deepep-17
 DOWN = {"state": "1: DOWN", "phys_state": "3: Disabled", "rate": "40 Gb/sec (4X QDR)", "link_layer": "InfiniBand",
         "sm_lid": "0x1"}  # ibstatus-cx6dx-roce-disabled-100-edr-magnate3's down port's values
+def with_fabric(lab, tmp_path, fabric: dict) -> tuple[Path, dict]:
+    """The lab's inventory with gpu_defaults' fabric: set, written beside the test (its path, its document)."""
+    doc = yaml.safe_load(lab.inventory.read_text())
+    doc["gpu_defaults"] = {"fabric": fabric}
+    inv = tmp_path / "inventory.yaml"
+    inv.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return inv, doc
+
+
 FLEET = yaml.safe_dump({"hosts": [
     {"name": "cp-1", "role": "control-plane"},
     {"name": "gpu-1", "gpus": 2, "rdma": [{"device": "mlx5_0", **UP, "rate": NDR}, {"device": "mlx5_1", **DOWN}]},
@@ -26,10 +36,7 @@ FLEET = yaml.safe_dump({"hosts": [
 
 def test_preflight_names_the_port_down_and_the_port_slow(lab_up, run_cli, tmp_path):
     lab = lab_up(FLEET)
-    doc = yaml.safe_load(lab.inventory.read_text())
-    doc["gpu_defaults"] = {"fabric": {"link_layer": "infiniband", "expect": {"ports": 2, "rate": 400}}}
-    inv = tmp_path / "inventory.yaml"
-    inv.write_text(yaml.safe_dump(doc, sort_keys=False))
+    inv, _ = with_fabric(lab, tmp_path, {"link_layer": "infiniband", "expect": {"ports": 2, "rate": 400}})
 
     def preflight() -> dict[str, dict[str, dict]]:
         r = run_cli("preflight", "-i", str(inv), "-o", "json", "--network-seconds", "0")
@@ -66,10 +73,7 @@ IB_FLEET = yaml.safe_dump({"hosts": [
 
 def test_verify_fabric_names_the_node_and_port_of_a_degraded_link(lab_up, run_cli, tmp_path):
     lab = lab_up(IB_FLEET)
-    doc = yaml.safe_load(lab.inventory.read_text())
-    doc["gpu_defaults"] = {"fabric": {"link_layer": "infiniband", "expect": {"ports": 2, "rate": 400}}}
-    inv = tmp_path / "inventory.yaml"
-    inv.write_text(yaml.safe_dump(doc, sort_keys=False))
+    inv, doc = with_fabric(lab, tmp_path, {"link_layer": "infiniband", "expect": {"ports": 2, "rate": 400}})
     lab.host("ib-3").write_fabric({"throughput": {"mlx5_1/1": 0.25}})
     r = run_cli("install", "-i", str(inv), "-o", "json", "--kubeconfig-out", str(tmp_path / "kc"))
     rep = json.loads(r.stdout)
@@ -208,10 +212,7 @@ ROCE_FLEET = yaml.safe_dump({"hosts": [
 
 def test_preflight_names_a_roce_port_without_a_v2_gid(lab_up, run_cli, tmp_path):
     lab = lab_up(ROCE_FLEET)
-    doc = yaml.safe_load(lab.inventory.read_text())
-    doc["gpu_defaults"] = {"fabric": {"link_layer": "roce"}}
-    inv = tmp_path / "inventory.yaml"
-    inv.write_text(yaml.safe_dump(doc, sort_keys=False))
+    inv, _ = with_fabric(lab, tmp_path, {"link_layer": "roce"})
     r = run_cli("preflight", "-i", str(inv), "-o", "json", "--network-seconds", "0")
     c = checks_by_host(json.loads(r.stdout))
     assert c["roce-1"]["fabric.roce-gid"]["status"] == "pass", c["roce-1"]["fabric.roce-gid"]
@@ -235,10 +236,7 @@ def test_preflight_names_gpus_far_from_the_fabric(lab_up, run_cli, tmp_path):
         {"name": "cp-1", "role": "control-plane"},
         {"name": "hgx-1", "gpus": 8, "gpu_model": "NVIDIA H100 80GB HBM3", "topo": "h100x8-8nic-sglang-30401",
          "rdma": [{"device": "mlx5_0", **UP, "rate": NDR}, {"device": "mlx5_1", **UP, "rate": NDR}]}]}))
-    doc = yaml.safe_load(lab.inventory.read_text())
-    doc["gpu_defaults"] = {"fabric": {"link_layer": "infiniband"}}
-    inv = tmp_path / "inventory.yaml"
-    inv.write_text(yaml.safe_dump(doc, sort_keys=False))
+    inv, _ = with_fabric(lab, tmp_path, {"link_layer": "infiniband"})
     c = checks_by_host(json.loads(run_cli("preflight", "-i", str(inv), "-o", "json", "--network-seconds", "0").stdout))
     got = c["hgx-1"]["fabric.affinity"]
     assert got["status"] == "warn" and got["message"].startswith("GPU2, GPU3: nearest fabric NIC across the PCIe host "
