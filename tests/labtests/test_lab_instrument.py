@@ -176,7 +176,9 @@ def test_link_delay_adds_to_every_ssh_round_trip_and_goes_away(lab_up):
     with Session(inv.host("one-1")) as s:
         rtt = _rtt(s)
     login = _login(lab, h)
-    assert rtt >= base_rtt + 0.020, (base_rtt, rtt)
+    # every round trip carries the 20 ms: the fastest is at least that (not base + 20 ms: under make test's load
+    # even the fastest undelayed round trip once took 4 ms, and the delayed one 20.7 ms)
+    assert rtt >= 0.020, (base_rtt, rtt)
     assert rtt < base_rtt + 0.035, (base_rtt, rtt)
     assert login - base_login >= 4 * 0.020, (base_login, login)  # TCP, key exchange, auth, channel: >= 4 RTTs
     h.shape("10gbit", 0)
