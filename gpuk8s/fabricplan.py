@@ -40,13 +40,14 @@ PEER_SHARE = 0.8
 
 
 def link_layer(s: FabricSettings, ports: list[RdmaPort] | tuple[RdmaPort, ...]) -> str:
-    """The link layer of a node's fabric: the inventory's, or with auto InfiniBand where an InfiniBand port is
-    active, else Ethernet where one is; with none active, as the ports are (a subnet manager restarting must not
-    change a node's fabric); "" where the node has no RDMA port."""
+    """The link layer of a node's fabric: the inventory's, or with auto InfiniBand where the node (fabric.nics) has
+    an InfiniBand port, else Ethernet where it has an Ethernet one, whatever their state; "" where it has none."""
     if s.link_layer in LAYERS:
         return LAYERS[s.link_layer]
-    up = {p.link_layer for p in ports if p.active} or {p.link_layer for p in ports}  # all down: as cabled
-    return "InfiniBand" if "InfiniBand" in up else "Ethernet" if "Ethernet" in up else ""
+    # by what the node has, not by what is up now: an InfiniBand port Initializing while a subnet manager restarts
+    # must not turn a node with Ethernet storage adapters into a RoCE node (its labels and NCCL's HCAs would change)
+    have = {p.link_layer for p in ports}
+    return "InfiniBand" if "InfiniBand" in have else "Ethernet" if "Ethernet" in have else ""
 
 
 # GPUDirect RDMA (NVIDIA GPU Operator, "GPUDirect RDMA", Common Prerequisites: DMA-BUF needs the open kernel modules,
@@ -322,6 +323,12 @@ def busbw_at(r: AllReduce | None, floor: Floor | None) -> float | None:
 
 def judge_node(p: FabricPlan, r: AllReduce | None, measured: dict[str, float | None],
                plans: dict[str, FabricPlan], phase: str, failures: list[NcclFailure]) -> Finding:
+    """judge(), its finding only."""
+    return judge(p, r, measured, plans, phase, failures)[0]
+
+
+def judge(p: FabricPlan, r: AllReduce | None, measured: dict[str, float | None],
+          plans: dict[str, FabricPlan], phase: str, failures: list[NcclFailure]) -> tuple[Finding, bool]:
     """fabric.nccl of one node: its all-reduce against the floor of its shape; where none was published, against
     the best node of its shape in this run (PEER_SHARE); alone of its shape, its number without a verdict."""
     if r is None:
@@ -331,24 +338,25 @@ def judge_node(p: FabricPlan, r: AllReduce | None, measured: dict[str, float | N
         remedy = "; ".join(f.remedy for f in failures[:2]) or (
             f"kubectl describe pod and kubectl logs of the test pod on {p.node} (gpuk8s verify --fabric again keeps "
             "it no longer than the run)")
-        return failed("fabric.nccl", f"NCCL all-reduce across {p.shape} printed no result: {why}", remedy)
+        return failed("fabric.nccl", f"NCCL all-reduce across {p.shape} printed no result: {why}", remedy), False
     floor = node_floor(p)
     got = busbw_at(r, floor)
     if floor is not None and floor.size not in {size for size, _, _ in r.rows}:
         return failed("fabric.nccl", f"NCCL all-reduce across {p.shape} ended before {floor.size >> 20} MiB, the size "
                       f"its floor is for (largest: {r.rows[-1][0] >> 20} MiB; the pod {phase})",
                       "kubectl logs of the test pod (GPU memory held by other processes, a crash): gpuk8s verify "
-                      "--fabric again")
+                      "--fabric again"), False
     if r.wrong:
         return failed("fabric.nccl", f"NCCL all-reduce across {p.shape}: {r.wrong} wrong result(s)",
-                      "a GPU or NVLink corrupts data: gpuk8s health --level long on the node, then NVIDIA support")
+                      "a GPU or NVLink corrupts data: gpuk8s health --level long on the node, then NVIDIA "
+                      "support"), True
     if got is None:
-        return failed("fabric.nccl", "no bus bandwidth read", "see the log file")
+        return failed("fabric.nccl", "no bus bandwidth read", "see the log file"), False
     if floor is None:
         peers = [v for n, v in measured.items() if v is not None and plans[n].shape == p.shape]
         if len(peers) < 2:
             return passed("fabric.nccl", f"{got:g} GB/s bus bandwidth across {p.shape}; no result is published for "
-                          "this shape and no other node of it was tested: no floor")
+                          "this shape and no other node of it was tested: no floor"), False
         best = max(peers)
         floor = Floor(round(best * PEER_SHARE, 2), 0, f"{PEER_SHARE:.0%} of the best node of its shape ({best:g} "
                       "GB/s): no result is published for this shape")
@@ -356,8 +364,8 @@ def judge_node(p: FabricPlan, r: AllReduce | None, measured: dict[str, float | N
     text = f"{got:g} GB/s bus bandwidth across {p.shape}{size}, floor {floor.busbw:g} GB/s ({floor.why})"
     if got < floor.busbw:
         return failed("fabric.nccl", text, "a GPU held at lower clocks, an NVLink down or a GPU on a degraded PCIe "
-                      "link: gpuk8s health on the node (nvidia-smi nvlink -s, clocks), then reseat or replace")
-    return passed("fabric.nccl", text)
+                      "link: gpuk8s health on the node (nvidia-smi nvlink -s, clocks), then reseat or replace"), True
+    return passed("fabric.nccl", text), False
 
 
 def culprits(readings: list[LinkReading]) -> set[str]:

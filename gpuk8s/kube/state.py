@@ -290,7 +290,10 @@ class NodeCheck:
                 "node.quarantined", f"quarantined ({self.quarantine}): no test pod; "
                 f"{self.allocatable_gpus} of {self.expected_gpus} GPU(s) allocatable"
                 + (f" ({self.cause})" if not self.ok and self.cause else ""),
-                f"gpuk8s health {self.node} names the fault; once it is fixed: gpuk8s health --release {self.node}",
+                ("gpuk8s verify --fabric names the fault; once it is fixed: gpuk8s verify --fabric --quarantine "
+                 "(it releases the node when the test that put it there passes)" if self.quarantine.startswith(
+                     "fabric.") else
+                 f"gpuk8s health {self.node} names the fault; once it is fixed: gpuk8s health --release {self.node}"),
                 subject=subject, evidence=[*self.evidence, *self._facts()])
         if self.ok:
             msg = "Ready, " + (f"{self.allocatable_gpus} of {self.expected_gpus} GPU(s) schedulable"

@@ -25,6 +25,7 @@ from gpuk8s.fabricplan import FabricPlan, LinkReading
 from gpuk8s.facts.fabric import RdmaPort, classify_nccl, parse_all_reduce, parse_perftest
 from gpuk8s.gpuplan import GPU_RESOURCE, QUARANTINE_KEY, RDMA_RESOURCE, quarantine_taint
 from gpuk8s.kube import state
+from gpuk8s.kube.state import StateError
 from gpuk8s.phases.base import Change, Context, Phase, PhasePlan, PhaseResult
 from gpuk8s.phases.verify import TEST_NAMESPACE, _pod_name, foreign_names
 
@@ -130,6 +131,23 @@ def pairs(fps: dict[str, FabricPlan]) -> tuple[list[Pair], dict[str, list[str]]]
     return out, missing
 
 
+def _over(pod: state.PodState | None, *also: str) -> bool:
+    """Whether a test pod is done with, for the poll loop: ended, or one the scheduler cannot place (it is named
+    as not scheduled; waiting for other pods to free the node's GPUs could take the whole timeout)."""
+    if pod is None:
+        return False
+    return pod.phase in ("Succeeded", "Failed", *also) or (pod.phase == "Pending" and bool(pod.unschedulable))
+
+
+def _eligible(node: Any) -> bool:
+    try:
+        ready = state.node_state(node).ready
+    except StateError:
+        return False
+    q = state.quarantined(node)
+    return ready and (not q or q.startswith(QUARANTINED_FOR))
+
+
 def internal_ip(node: Any) -> str | None:
     for a in (node.get("status", {}).get("addresses") or []) if isinstance(node, dict) else []:
         if isinstance(a, dict) and a.get("type") == "InternalIP" and isinstance(a.get("address"), str):
@@ -173,21 +191,27 @@ class FabricVerify(Phase):
         if not fps:
             return self.result("skipped", "no fabric node to test (inventory fabric:, Ready, sound)")
         nodes = state.by_name(ctx.kube.get("nodes"))
+        # as the cluster has them now (verify's own verdicts may be missing): Ready, and not in quarantine for
+        # anything but its fabric
+        fps = {n: p for n, p in fps.items() if n in nodes and _eligible(nodes[n])}
+        if not fps:
+            return self.result("skipped", "no fabric node to test (Ready, not quarantined for its GPUs)")
         nccl = {n: nccl_pod(ctx, fp) for n, fp in sorted(fps.items()) if whole_gpus(ctx, n) and fp.gpus}
         prs, missing = pairs(fps)
-        servers = {pr.server_pod: _pod(ctx, pr.server_pod, pr.server.node,
-                                       perftest_command(pr.server, pr.server_port, pr.rail, None),
-                                       {RDMA_RESOURCE: 1}, True) for pr in prs}
         clients: dict[str, dict[str, Any]] = {}
-        for pr in prs:
+        for pr in list(prs):
             ip = internal_ip(nodes.get(pr.server.node))
             if ip:
                 clients[pr.client_pod] = _pod(ctx, pr.client_pod, pr.client.node,
                                               perftest_command(pr.client, pr.port, pr.rail, ip), {RDMA_RESOURCE: 1},
                                               True)
-            else:
-                missing.setdefault(pr.client.node, []).append(
-                    f"RDMA write to {pr.server.node} on {pr.name} not tested: that node has no InternalIP address")
+            else:  # no address to reach its server at: neither pod is made, the link is named untested
+                prs.remove(pr)
+                missing.setdefault(pr.server.node, []).append(
+                    f"RDMA write from {pr.client.node} on {pr.name} not tested: this node has no InternalIP address")
+        servers = {pr.server_pod: _pod(ctx, pr.server_pod, pr.server.node,
+                                       perftest_command(pr.server, pr.server_port, pr.rail, None),
+                                       {RDMA_RESOURCE: 1}, True) for pr in prs}
         names = [*(d["metadata"]["name"] for d in nccl.values()), *servers, *clients]
         foreign = foreign_names(ctx, [("Pod", n, TEST_NAMESPACE) for n in names])
         if foreign:
@@ -223,7 +247,7 @@ class FabricVerify(Phase):
         if bad:
             r.remedy = "each failed finding names the node, the port and its numbers (gpuk8s verify --fabric -o json)"
         if ctx.options.fabric_quarantine:
-            self._quarantine(ctx, fps, found, slow_ports, low_nccl, r)
+            self._quarantine(ctx, fps, nodes, found, slow_ports, low_nccl, r)
         return r
 
     def _run_clients(self, ctx: Context, prs: list[Pair], clients: dict[str, dict[str, Any]],
@@ -242,21 +266,21 @@ class FabricVerify(Phase):
                 applied.update(ready)
                 continue
             waiting_servers = [pr for pr in prs if pr.client_pod in clients and pr.client_pod not in applied
-                               and (pods.get(pr.server_pod) is None or pods[pr.server_pod].phase == "Pending")]
-            ended = all(n in pods and pods[n].phase in ("Succeeded", "Failed") for n in [*nccl_pods, *applied])
+                               and not _over(pods.get(pr.server_pod), "Running")]
+            ended = all(_over(pods.get(n)) for n in [*nccl_pods, *applied])
             if (ended and not waiting_servers) or time.monotonic() > deadline:
                 return pods
             time.sleep(1)
 
     @staticmethod
-    def _quarantine(ctx: Context, fps: dict[str, FabricPlan], found: list[findings.Finding], slow_ports: set[str],
-                    low_nccl: set[str], r: PhaseResult) -> None:
+    def _quarantine(ctx: Context, fps: dict[str, FabricPlan], nodes: dict[str, Any], found: list[findings.Finding],
+                    slow_ports: set[str], low_nccl: set[str], r: PhaseResult) -> None:
         """--quarantine: a node whose NCCL run measured below its floor or wrong results (`low_nccl`), or whose port
         is slow in every pair (`slow_ports`), gets the quarantine taint health uses (value: the finding; a test that
         did not run taints nothing: a failed pull of the test image must not quarantine the fleet); a node in
         quarantine for its fabric is released when the finding that put it there ran and passed now and no other
         fabric test of it failed (as health's release proves its own)."""
-        was = {c.node: c.quarantine for c in ctx.nodes}
+        was = {n: state.quarantined(obj) for n, obj in nodes.items()}  # the Node objects read in this run
         for node in sorted(fps):
             mine = {f.id: f for f in found if f.subject is not None and f.subject.name == node}
             why = "fabric.nccl" if node in low_nccl else "fabric.rdma" if node in slow_ports else ""
@@ -289,11 +313,11 @@ class FabricVerify(Phase):
                 out.append(findings.skipped("fabric.nccl", f"not tested: its pod was not scheduled ({pod.unschedulable}"
                                             "): the node's GPUs are held by other pods", subject=findings.node(n)))
                 continue
-            f = fabricplan.judge_node(fps[n], readings[n], measured, fps, state.pod_progress(pod),
-                                      classify_nccl(logs.get(nccl_pod_name(n), ""))).about(findings.node(n))
-            if f.status == "fail" and readings[n] is not None:
+            f, short = fabricplan.judge(fps[n], readings[n], measured, fps, state.pod_progress(pod),
+                                        classify_nccl(logs.get(nccl_pod_name(n), "")))
+            if short:  # measured below its floor, or wrong results: what --quarantine taints
                 low.add(n)
-            out.append(f)
+            out.append(f.about(findings.node(n)))
         for n in sorted(set(fps) - set(nccl)):
             why = "the node's GPUs are shared, MIG or DRA (NCCL across a node needs its GPUs whole)" if fps[n].gpus \
                 else "the node has no GPU"
@@ -307,11 +331,14 @@ class FabricVerify(Phase):
                 continue
             srv, cli = seen.get(pr.server_pod), seen.get(pr.client_pod)
             srv_said = _last(logs.get(pr.server_pod, ""))
-            if srv is not None and srv.phase == "Failed" or (cli is None and srv_said):
-                # the server's side failed (a port down there): named on the server's node, in perftest's words
+            if cli is None or (srv is not None and srv.phase == "Failed"):
+                # the server's side never served (a port down there, not scheduled, not started): named on the
+                # server's node, in perftest's or the scheduler's words
+                why = (f"not scheduled ({srv.unschedulable})" if srv is not None and srv.unschedulable
+                       else state.pod_progress(srv))
                 failed.setdefault(pr.server.node, []).append(
-                    f"RDMA write from {pr.client.node} on {pr.name} did not run: the server here "
-                    f"{state.pod_progress(srv)}" + (f": {srv_said}" if srv_said else ""))
+                    f"RDMA write from {pr.client.node} on {pr.name} did not run: the server here {why}"
+                    + (f": {srv_said}" if srv_said and srv is not None and srv.phase == "Failed" else ""))
             else:
                 why = (f"its server on {pr.server.node} {state.pod_progress(srv)}" if cli is None
                        else state.pod_progress(cli))

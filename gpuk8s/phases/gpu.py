@@ -90,6 +90,8 @@ def node_changes(plan: GPUPlan, node: state.NodeState, quarantine: str | None = 
         want = list(plan.taints)
     missing = state.missing_taints([(t.key, t.value, t.effect) for t in want], node)
     owned = tuple(k for k in owned_labels(node) if plan.decides(k) and (fabric is not None or k not in FABRIC_LABELS))
+    if fabric and RATE_LABEL not in fabric and RATE_LABEL in node.labels:
+        fabric = {**fabric, RATE_LABEL: node.labels[RATE_LABEL]}  # every port down: the rate is as it was
     labels = {k: v for k, v in plan.labels.items() if plan.decides(k)} | (fabric or {})
     return (state.label_changes(labels, node, owned),
             [str(t) for t in want if (t.key, t.value, t.effect) in missing])
@@ -153,6 +155,7 @@ def gpu_manifests(ctx: Context, plans: dict[str, GPUPlan]) -> list[manifests.Man
 
 
 NCCL_MANIFEST = "nccl-env.yaml"
+RATE_LABEL = f"{FABRIC_LABELS[0]}-rate"
 NCCL_NAMESPACE = "default"
 
 
@@ -190,7 +193,7 @@ def stale_nccl_configs(ctx: Context, wanted: list[manifests.Manifest], nodes: di
 
 
 def config_maps_of(pod: Any) -> set[str]:
-    """The ConfigMaps a pod's containers take environment from (envFrom, env valueFrom)."""
+    """The ConfigMaps a pod takes environment from (envFrom, env valueFrom) or mounts (volumes, projected)."""
     out: set[str] = set()
     spec = pod.get("spec") if isinstance(pod, dict) else None
     if not isinstance(spec, dict):
@@ -206,6 +209,12 @@ def config_maps_of(pod: Any) -> set[str]:
             ref = ((e.get("valueFrom") or {}).get("configMapKeyRef") if isinstance(e, dict) else None)
             if isinstance(ref, dict) and isinstance(ref.get("name"), str):
                 out.add(ref["name"])
+    for v in spec.get("volumes") or []:  # mounted, whole or projected
+        if not isinstance(v, dict):
+            continue
+        refs = [v.get("configMap")] + [x.get("configMap") for x in (v.get("projected") or {}).get("sources") or []
+                                       if isinstance(x, dict)]
+        out |= {r["name"] for r in refs if isinstance(r, dict) and isinstance(r.get("name"), str)}
     return out
 
 

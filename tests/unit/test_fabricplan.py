@@ -208,3 +208,27 @@ def test_a_run_that_stopped_before_the_floors_size_fails() -> None:
     part = fabric.AllReduce(((1 << 30, 460.0, 460.0),), 0, 460.0, "")
     f = fabricplan.judge_node(sxm, part, {}, {"gpu-1": sxm}, "Failed", [])
     assert f.status == "fail" and "ended before 4096 MiB" in f.message and "largest: 1024 MiB" in f.message
+
+
+def test_auto_keeps_an_infiniband_node_while_its_subnet_manager_restarts() -> None:
+    """An HGX host's InfiniBand ports Initializing and its Ethernet storage adapter Active (the corpus's H100 host
+    with a RoCE adapter): auto stays InfiniBand, with the same labels and NCCL environment as when all is up."""
+    real = ports("ibstat-h100-cx7-8x400-ib-cx6dx-disabled-gpud")
+    eth_up = tuple(dataclasses.replace(x, state="Active", physical_state="LinkUp") if x.link_layer == "Ethernet"
+                   else dataclasses.replace(x, state="Initializing") for x in real)
+    up = fabricplan.plan(host("{link_layer: auto, expect: {rate: 400}}"), h100())
+    during = fabricplan.plan(host("{link_layer: auto, expect: {rate: 400}}"), dataclasses.replace(h100(), rdma=eth_up))
+    assert up is not None and during is not None and during.link_layer == "InfiniBand"
+    assert during.labels() == up.labels()
+
+
+def test_only_a_measured_shortfall_counts_for_quarantine() -> None:
+    sxm = fabricplan.plan(host("{link_layer: auto}"), h100())
+    assert sxm is not None
+    plans = {"gpu-1": sxm}
+    assert fabricplan.judge(sxm, _run(300.0), {}, plans, "Succeeded", [])[1] is True  # below the floor
+    assert fabricplan.judge(sxm, _run(470.0, wrong=2), {}, plans, "Succeeded", [])[1] is True  # wrong results
+    part = fabric.AllReduce(((1 << 30, 460.0, 460.0),), 0, 460.0, "")
+    assert fabricplan.judge(sxm, part, {}, plans, "Failed", [])[1] is False  # ended early: not measured
+    assert fabricplan.judge(sxm, None, {}, plans, "Pending", [])[1] is False  # did not run
+    assert fabricplan.judge(sxm, _run(470.0), {}, plans, "Succeeded", [])[1] is False

@@ -15,7 +15,7 @@ from gpuk8s.facts.parse import Section, parse_compute_caps, parse_probe
 from gpuk8s.inventory.loader import InventoryError, loads
 from gpuk8s.kube import manifests, render, state
 from gpuk8s.phases.base import Context
-from gpuk8s.phases.gpu import GPUNodes
+from gpuk8s.phases.gpu import GPUNodes, config_maps_of
 from gpuk8s.preflight.host_checks import gpu_sharing
 from tests.unit.fakekube import FakeKube
 from tests.unit.test_render import schema_for
@@ -736,3 +736,13 @@ def test_the_sharing_proof_leaves_a_pod_of_another_alone_and_names_it() -> None:
     c = NodeCheck("w-default", True, True, plans["w-default"].expected_gpus, plans["w-default"].expected_gpus)
     Verify()._sharing_proofs(ctx, [c])
     assert kube.writes == [] and (c.ok, c.cause_id) == (False, "gpu.test-name-taken") and taken in c.cause
+
+
+def test_a_pods_config_maps_are_found_wherever_it_names_them() -> None:
+    """What keeps a stale NCCL ConfigMap (gpu phase): a pod that takes its environment from it or mounts it."""
+    pod = {"spec": {"containers": [
+        {"envFrom": [{"configMapRef": {"name": "a"}}], "env": [{"valueFrom": {"configMapKeyRef": {"name": "b"}}}]}],
+        "initContainers": [{"envFrom": [{"configMapRef": {"name": "c"}}]}],
+        "volumes": [{"configMap": {"name": "d"}}, {"projected": {"sources": [{"configMap": {"name": "e"}}]}}]}}
+    assert config_maps_of(pod) == {"a", "b", "c", "d", "e"}
+    assert config_maps_of({"spec": "x"}) == set() and config_maps_of(None) == set()
