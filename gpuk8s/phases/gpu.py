@@ -285,7 +285,8 @@ class GPUNodes(Phase):
             reason = "no cluster yet: every manifest; labels and taints as each node joins"
         else:
             diffs = self._node_diffs(ctx)
-            ready, taken = manifests.claimable(ctx.kube, self._wanted(ctx))
+            wanted = self._wanted(ctx)  # rendered once: the NCCL ConfigMaps below are read off it too
+            ready, taken = manifests.claimable(ctx.kube, wanted)
             todo = manifests.out_of_date(ctx.kube, ready)
             reason = "what differs from the cluster"
         changes = [Change(f"apply {m.name} (sha256 {m.sha256[:12]})", manifest=m.applied_text()) for m in todo]
@@ -297,10 +298,9 @@ class GPUNodes(Phase):
                                commands=manifests.delete_command((kind, name, ns)))
                         for m, gone in manifests.removable(ctx.kube, manifests.unwanted(ctx.inv, self._plans))
                         for kind, name, ns in gone]
-        if ctx.initialized():
             changes += [Change(f"delete configmap/{n} in {NCCL_NAMESPACE} (no node's fabric names it)",
                                commands=manifests.delete_command(("ConfigMap", n, NCCL_NAMESPACE)))
-                        for n in stale_nccl_configs(ctx, self._wanted(ctx), self._nodes, diffs)]
+                        for n in stale_nccl_configs(ctx, wanted, self._nodes, diffs)]
         changes += [Change(f"{name}: {why}") for name, why in self._held.items()]
         if not any(m.name == manifests.PLUGIN_MANIFEST for m in todo):  # else the DaemonSet replaces its pods itself
             changes += [Change(f"restart the device plugin on {node} (its container runtime is reconfigured)",
@@ -321,8 +321,9 @@ class GPUNodes(Phase):
         diffs = self._node_diffs(ctx)  # first: a node held on its allocator decides the manifests too
         move_allocator_labels(ctx, self._nodes)
         taken = ""
+        wanted = self._wanted(ctx)
         try:
-            applied = manifests.apply(ctx.kube, self._wanted(ctx))
+            applied = manifests.apply(ctx.kube, wanted)
         except manifests.NameTaken as e:  # the others applied; the labels below still follow the plans
             applied, taken = e.applied, e.message
         done = [f"applied {name}" for name in applied]
@@ -345,7 +346,7 @@ class GPUNodes(Phase):
                 ctx.kube.taint(name, taints)
                 r.hosts[name] = (r.hosts.get(name, "") + " tainted " + ", ".join(taints)).strip()
                 done.append(f"taints on {name}")
-        stale_cms = stale_nccl_configs(ctx, self._wanted(ctx), self._nodes, diffs)
+        stale_cms = stale_nccl_configs(ctx, wanted, self._nodes, diffs)
         if stale_cms:
             ctx.kube.delete("configmap", stale_cms, NCCL_NAMESPACE)
             done.append(f"removed {len(stale_cms)} NCCL ConfigMap(s) no node names")
