@@ -21,6 +21,7 @@ from gpuk8s.findings import Finding, failed, passed
 from gpuk8s.findings import node as finding_node
 from gpuk8s.gpuplan import FABRIC_LABEL, NCCL_CONFIG_PREFIX, NCCL_LABEL, RDMA_RESOURCE, is_gpu_node
 from gpuk8s.inventory.model import FabricSettings, Host
+from gpuk8s.versions import at_least, fmt, release
 
 LAYERS = {"infiniband": "InfiniBand", "roce": "Ethernet"}  # the inventory's word -> the port's link_layer
 NAMES = {"InfiniBand": "InfiniBand", "Ethernet": "RoCE (Ethernet)"}
@@ -57,11 +58,6 @@ DMABUF_KERNEL = (5, 12)
 PEERMEM_DRIVER = 470
 
 
-def _kernel(text: str) -> tuple[int, ...]:
-    m = re.match(r"([0-9]{1,3})\.([0-9]{1,3})", text)
-    return (int(m.group(1)), int(m.group(2))) if m else (0,)
-
-
 def module_flavor(host: Host, facts: HostFacts) -> str | None:
     """The kernel modules the node's driver has once install ran: a managed driver's as gpuk8s chooses them, else
     the loaded module's (open, proprietary; None unknown)."""
@@ -83,12 +79,12 @@ def gpudirect(host: Host, facts: HostFacts) -> tuple[str, str]:
     if want == "peermem":
         return "peermem", "gpudirect: peermem (nvidia-peermem loaded, kept across reboots)"
     flavor = module_flavor(host, facts)
-    kernel = _kernel(facts.kernel)
+    kernel = release(facts.kernel) or (0,)
     missing = [w for w, bad in (("the open kernel modules", flavor != "open"),
-                                (f"Linux {'.'.join(map(str, DMABUF_KERNEL))} or newer (this is {facts.kernel})",
-                                 kernel < DMABUF_KERNEL)) if bad]
+                                (f"Linux {fmt(DMABUF_KERNEL)} or newer (this is {facts.kernel})",
+                                 not at_least(kernel, DMABUF_KERNEL))) if bad]
     if not missing:
-        return "dmabuf", "dma-buf: the open kernel modules on Linux " + ".".join(map(str, kernel))
+        return "dmabuf", f"dma-buf: the open kernel modules on Linux {fmt(kernel[:2])}"
     return "none", "dma-buf needs " + " and ".join(missing)
 
 
@@ -285,28 +281,35 @@ def slow(r: LinkReading) -> bool:
     return r.gbps is not None and r.floor is not None and r.gbps < r.floor
 
 
-def blame(readings: list[LinkReading]) -> dict[tuple[str, str, int], list[LinkReading]]:
-    """Which node's port each slow reading points at: a port slow in every pair it is in (two or more) is the
-    culprit; a slow pair whose ends are each fine elsewhere (or in no other pair) is named as the link between them,
-    under both ends' keys. Keys: (node, device, port) -> the slow readings that name it."""
-    pairs: dict[tuple[str, str, int], list[LinkReading]] = {}
+Port = tuple[str, str, int]  # (node, device, port)
+
+
+def by_port(readings: list[LinkReading]) -> dict[Port, list[LinkReading]]:
+    """Each port's readings that ran (a port is in two pairs of a ring)."""
+    out: dict[Port, list[LinkReading]] = {}
     for r in readings:
-        if r.gbps is None:
-            continue
-        for e in r.ends:
-            pairs.setdefault(e, []).append(r)
-    out: dict[tuple[str, str, int], list[LinkReading]] = {}
-    for r in (r for r in readings if slow(r)):
-        sick = [e for e in r.ends if len(pairs[e]) > 1 and all(slow(x) for x in pairs[e])]
-        for e in sick or list(r.ends):
-            out.setdefault(e, []).append(r)
+        if r.gbps is not None:
+            for e in r.ends:
+                out.setdefault(e, []).append(r)
     return out
 
 
-def culprit(readings: list[LinkReading], key: tuple[str, str, int]) -> bool:
-    """Whether the port is slow in every pair it is in, and in two or more."""
-    mine = [x for x in readings if x.gbps is not None and key in x.ends]
+def culprit(ports: dict[Port, list[LinkReading]], key: Port) -> bool:
+    """Whether the port (of by_port) is slow in every pair it is in, and in two or more."""
+    mine = ports.get(key, [])
     return len(mine) > 1 and all(slow(x) for x in mine)
+
+
+def blame(readings: list[LinkReading]) -> dict[Port, list[LinkReading]]:
+    """Which node's port each slow reading points at: a port slow in every pair it is in (two or more) is the
+    culprit; a slow pair whose ends are each fine elsewhere (or in no other pair) is named as the link between them,
+    under both ends' keys. Keys: (node, device, port) -> the slow readings that name it."""
+    ports = by_port(readings)
+    out: dict[Port, list[LinkReading]] = {}
+    for r in (r for r in readings if slow(r)):
+        for e in [e for e in r.ends if culprit(ports, e)] or list(r.ends):
+            out.setdefault(e, []).append(r)
+    return out
 
 
 # -- judging what the tests printed ---------------------------------------------------------------------------
@@ -321,16 +324,11 @@ def busbw_at(r: AllReduce | None, floor: Floor | None) -> float | None:
     return r.rows[-1][1]
 
 
-def judge_node(p: FabricPlan, r: AllReduce | None, measured: dict[str, float | None],
-               plans: dict[str, FabricPlan], phase: str, failures: list[NcclFailure]) -> Finding:
-    """judge(), its finding only."""
-    return judge(p, r, measured, plans, phase, failures)[0]
-
-
 def judge(p: FabricPlan, r: AllReduce | None, measured: dict[str, float | None],
           plans: dict[str, FabricPlan], phase: str, failures: list[NcclFailure]) -> tuple[Finding, bool]:
     """fabric.nccl of one node: its all-reduce against the floor of its shape; where none was published, against
-    the best node of its shape in this run (PEER_SHARE); alone of its shape, its number without a verdict."""
+    the best node of its shape in this run (PEER_SHARE); alone of its shape, its number without a verdict. With it,
+    whether the run measured a shortfall (below the floor, or wrong results): what --quarantine may taint."""
     if r is None:
         why = "; ".join(f.detail for f in failures[:2]) or (
             f"the pod ended {phase}" if phase in ("Succeeded", "Failed") else
@@ -371,7 +369,8 @@ def judge(p: FabricPlan, r: AllReduce | None, measured: dict[str, float | None],
 def culprits(readings: list[LinkReading]) -> set[str]:
     """The nodes with a port slow in every pair it is in (two or more): what verify --fabric --quarantine taints. A
     slow link whose ends are fine elsewhere names no node alone (either end, or the cable, may be at fault)."""
-    return {key[0] for key in blame(readings) if culprit(readings, key)}
+    ports = by_port(readings)
+    return {key[0] for key in blame(readings) if culprit(ports, key)}
 
 
 def _span(values: list[float]) -> str:
@@ -383,6 +382,7 @@ def judge_links(readings: list[LinkReading], failed_runs: dict[str, list[str]], 
     """fabric.rdma per node: each port blame() names, with the readings that name it; the tests of it that did not
     run (`failed_runs`: node -> why); or the node's links as measured."""
     named = blame(readings)
+    ports = by_port(readings)
     out = []
     for node in nodes:
         mine = {key: rs for key, rs in named.items() if key[0] == node}
@@ -391,7 +391,7 @@ def judge_links(readings: list[LinkReading], failed_runs: dict[str, list[str]], 
         if mine:
             parts = []
             for key, rs in sorted(mine.items()):
-                where = "its port: slow in every pair" if culprit(readings, key) else "the link"
+                where = "its port: slow in every pair" if culprit(ports, key) else "the link"
                 parts.append(f"{port_name(key[1], key[2])} ({where}): " + "; ".join(
                     f"{r.gbps:g} Gb/s RDMA write {r.client} -> {r.server}, floor {r.floor:g} Gb/s" for r in rs))
             out.append(failed("fabric.rdma", "; ".join(parts + runs),

@@ -93,25 +93,25 @@ def test_a_node_is_judged_against_its_shapes_floor_or_its_peers() -> None:
     sxm = fabricplan.plan(host("{link_layer: auto}"), h100())
     assert sxm is not None
     plans = {"a": dataclasses.replace(sxm, node="a"), "b": dataclasses.replace(sxm, node="b")}
-    ok = fabricplan.judge_node(plans["a"], _run(470.1), {}, plans, "Succeeded", [])
+    ok = fabricplan.judge(plans["a"], _run(470.1), {}, plans, "Succeeded", [])[0]
     assert ok.status == "pass" and ok.message.startswith("470.1 GB/s bus bandwidth across 8 x NVIDIA H100 80GB HBM3 "
                                                           "(NVSwitch) at 4096 MiB, floor 378.88 GB/s")
-    slow = fabricplan.judge_node(plans["a"], _run(300.0), {}, plans, "Succeeded", [])
+    slow = fabricplan.judge(plans["a"], _run(300.0), {}, plans, "Succeeded", [])[0]
     assert slow.status == "fail" and "nvlink" in slow.remedy.lower()
-    assert fabricplan.judge_node(plans["a"], _run(470.0, wrong=3), {}, plans, "Succeeded", []).message.endswith(
+    assert fabricplan.judge(plans["a"], _run(470.0, wrong=3), {}, plans, "Succeeded", [])[0].message.endswith(
         "3 wrong result(s)")
     # a shape with no published figure: against the best node of it in the run; alone, no verdict
     odd = {n: dataclasses.replace(p, gpus=4) for n, p in plans.items()}
     measured = {"a": 100.0, "b": 40.0}
-    assert fabricplan.judge_node(odd["b"], _run(40.0), measured, odd, "Succeeded", []).status == "fail"
-    assert fabricplan.judge_node(odd["a"], _run(100.0), measured, odd, "Succeeded", []).status == "pass"
-    alone = fabricplan.judge_node(odd["a"], _run(100.0), {"a": 100.0}, odd, "Succeeded", [])
+    assert fabricplan.judge(odd["b"], _run(40.0), measured, odd, "Succeeded", [])[0].status == "fail"
+    assert fabricplan.judge(odd["a"], _run(100.0), measured, odd, "Succeeded", [])[0].status == "pass"
+    alone = fabricplan.judge(odd["a"], _run(100.0), {"a": 100.0}, odd, "Succeeded", [])[0]
     assert alone.status == "pass" and "no floor" in alone.message
     # no result: the pod's own NCCL failure is the message, with its remedy (the real text's words)
     log = (NCCL / "err-ib-no-device-found-socket-fallback-h100-nccl-1519.txt").read_text()
-    none = fabricplan.judge_node(plans["a"], None, {}, plans, "Failed", fabric.classify_nccl(log))
+    none = fabricplan.judge(plans["a"], None, {}, plans, "Failed", fabric.classify_nccl(log))[0]
     assert none.status == "fail" and "found no RDMA device" in none.message and "device plugin" in none.remedy
-    timeout = fabricplan.judge_node(plans["a"], None, {}, plans, "Pending", [])
+    timeout = fabricplan.judge(plans["a"], None, {}, plans, "Pending", [])[0]
     assert "did not finish (Pending)" in timeout.message
 
 
@@ -206,7 +206,7 @@ def test_a_run_that_stopped_before_the_floors_size_fails() -> None:
     sxm = fabricplan.plan(host("{link_layer: auto}"), h100())
     assert sxm is not None
     part = fabric.AllReduce(((1 << 30, 460.0, 460.0),), 0, 460.0, "")
-    f = fabricplan.judge_node(sxm, part, {}, {"gpu-1": sxm}, "Failed", [])
+    f = fabricplan.judge(sxm, part, {}, {"gpu-1": sxm}, "Failed", [])[0]
     assert f.status == "fail" and "ended before 4096 MiB" in f.message and "largest: 1024 MiB" in f.message
 
 
