@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gpuk8s.driver import rules as driver_rules
@@ -38,6 +39,14 @@ LINK_SHARE = 0.8
 # Where no published result exists for a shape, nodes of that shape are compared with each other: one below this
 # share of the best of its shape fails.
 PEER_SHARE = 0.8
+# Across nodes an all-reduce is bounded by the nodes' NICs: NCCL's maintainer "usually consider[s] 24GB/s is the
+# peak performance per 200G NIC (12 GB/s for 100G NICs)" (nccl-tests issue 119, tests/fixtures/real/fabric/nccl/
+# nic-target-nccl-tests-119.txt): 0.12 GB/s of bus bandwidth per Gb/s of line rate. The corpus's healthy two-node
+# runs reach it or more (NVLS trees go beyond it): 8 x 400G InfiniBand 469 GB/s against 384, OCI's 16 x 100G RoCE
+# A100s 190 against 192; the degraded run of nccl-tests issue 319 reaches 89.
+NIC_BUSBW = 0.12
+# A pair's all-reduce below this share of what its NICs (or its nodes' own GPUs) allow fails.
+PAIR_SHARE = 0.8
 
 
 def link_layer(s: FabricSettings, ports: list[RdmaPort] | tuple[RdmaPort, ...]) -> str:
@@ -266,6 +275,32 @@ class LinkReading:
     def ends(self) -> tuple[tuple[str, str, int], tuple[str, str, int]]:
         return (self.client, self.device, self.port), (self.server, self.device, self.port)
 
+    @property
+    def value(self) -> float | None:
+        return self.gbps
+
+
+@dataclass(frozen=True)
+class PairReading:
+    """One NCCL all-reduce across a pair of nodes (all the GPUs of both): its bus bandwidth (GB/s; None: it did not
+    run) against the pair's floor. Named as blame() names links: each end's key is (node, "", 0)."""
+
+    a: str
+    b: str
+    busbw: float | None
+    floor: float | None
+
+    @property
+    def ends(self) -> tuple[tuple[str, str, int], tuple[str, str, int]]:
+        return (self.a, "", 0), (self.b, "", 0)
+
+    @property
+    def value(self) -> float | None:
+        return self.busbw
+
+
+Reading = LinkReading | PairReading
+
 
 def ring(nodes: list[str]) -> list[tuple[str, str]]:
     """The pairs verify --fabric tests: each node with the next (and the last with the first), so that every node
@@ -277,35 +312,49 @@ def ring(nodes: list[str]) -> list[tuple[str, str]]:
     return [(a, nodes[(i + 1) % len(nodes)]) for i, a in enumerate(nodes)]
 
 
-def slow(r: LinkReading) -> bool:
-    return r.gbps is not None and r.floor is not None and r.gbps < r.floor
+def rounds(pairs: list[tuple[str, str]]) -> list[list[tuple[str, str]]]:
+    """The pairs in rounds where no node is in two pairs (a test holding all a node's GPUs runs one at a time):
+    a ring of an even count in two rounds, of an odd count in three."""
+    out: list[list[tuple[str, str]]] = []
+    for pr in pairs:
+        for rnd in out:
+            if not {pr[0], pr[1]} & {n for p in rnd for n in p}:
+                rnd.append(pr)
+                break
+        else:
+            out.append([pr])
+    return out
+
+
+def slow(r: Reading) -> bool:
+    return r.value is not None and r.floor is not None and r.value < r.floor
 
 
 Port = tuple[str, str, int]  # (node, device, port)
 
 
-def by_port(readings: list[LinkReading]) -> dict[Port, list[LinkReading]]:
+def by_port(readings: Sequence[Reading]) -> dict[Port, list[Reading]]:
     """Each port's readings that ran (a port is in two pairs of a ring)."""
-    out: dict[Port, list[LinkReading]] = {}
+    out: dict[Port, list[Reading]] = {}
     for r in readings:
-        if r.gbps is not None:
+        if r.value is not None:
             for e in r.ends:
                 out.setdefault(e, []).append(r)
     return out
 
 
-def culprit(ports: dict[Port, list[LinkReading]], key: Port) -> bool:
+def culprit(ports: dict[Port, list[Reading]], key: Port) -> bool:
     """Whether the port (of by_port) is slow in every pair it is in, and in two or more."""
     mine = ports.get(key, [])
     return len(mine) > 1 and all(slow(x) for x in mine)
 
 
-def blame(readings: list[LinkReading]) -> dict[Port, list[LinkReading]]:
+def blame(readings: Sequence[Reading]) -> dict[Port, list[Reading]]:
     """Which node's port each slow reading points at: a port slow in every pair it is in (two or more) is the
     culprit; a slow pair whose ends are each fine elsewhere (or in no other pair) is named as the link between them,
     under both ends' keys. Keys: (node, device, port) -> the slow readings that name it."""
     ports = by_port(readings)
-    out: dict[Port, list[LinkReading]] = {}
+    out: dict[Port, list[Reading]] = {}
     for r in (r for r in readings if slow(r)):
         for e in [e for e in r.ends if culprit(ports, e)] or list(r.ends):
             out.setdefault(e, []).append(r)
@@ -366,7 +415,7 @@ def judge(p: FabricPlan, r: AllReduce | None, measured: dict[str, float | None],
     return passed("fabric.nccl", text), False
 
 
-def culprits(readings: list[LinkReading]) -> set[str]:
+def culprits(readings: Sequence[Reading]) -> set[str]:
     """The nodes with a port slow in every pair it is in (two or more): what verify --fabric --quarantine taints. A
     slow link whose ends are fine elsewhere names no node alone (either end, or the cable, may be at fault)."""
     ports = by_port(readings)
@@ -393,7 +442,8 @@ def judge_links(readings: list[LinkReading], failed_runs: dict[str, list[str]], 
             for key, rs in sorted(mine.items()):
                 where = "its port: slow in every pair" if culprit(ports, key) else "the link"
                 parts.append(f"{port_name(key[1], key[2])} ({where}): " + "; ".join(
-                    f"{r.gbps:g} Gb/s RDMA write {r.client} -> {r.server}, floor {r.floor:g} Gb/s" for r in rs))
+                    f"{r.gbps:g} Gb/s RDMA write {r.client} -> {r.server}, floor {r.floor:g} Gb/s" for r in rs
+                    if isinstance(r, LinkReading)))
             out.append(failed("fabric.rdma", "; ".join(parts + runs),
                               "a link below its rate while its ports read Active at full rate retransmits: check the "
                               "cable, transceiver and switch port named (mlxlink -d DEV -m: BER and FEC counters), "
@@ -412,4 +462,74 @@ def judge_links(readings: list[LinkReading], failed_runs: dict[str, list[str]], 
             if len(fine) < len(seen):
                 text += f"; {len(seen) - len(fine)} slow, named on {', '.join(others)}"
             out.append(passed("fabric.rdma", text, subject=finding_node(node)))
+    return out
+
+
+# -- NCCL across nodes -----------------------------------------------------------------------------------------
+
+def nic_target(p: FabricPlan) -> float | None:
+    """What an all-reduce across nodes can reach through this node's active ports (GB/s, NIC_BUSBW); None: none
+    active, or no rate read."""
+    rates = [x.rate for x in p.active if x.rate is not None]
+    return round(sum(rates) * NIC_BUSBW, 2) if rates else None
+
+
+def pair_floor(a: FabricPlan, b: FabricPlan, size: int, alone: dict[str, float | None]) -> Floor | None:
+    """The floor of an all-reduce across two nodes: PAIR_SHARE of the least of what each node's NICs allow and what
+    each node's own GPUs reached alone in this run (`alone`: a node's all-reduce across its own GPUs; its GPUs bound
+    the pair's too). None: no bound is known."""
+    bounds: list[tuple[float, str]] = []
+    for p in (a, b):
+        nic = nic_target(p)
+        if nic is not None:
+            bounds.append((nic, f"{len(p.active)} x {p.rate:g} Gb/s NICs of {p.node} at {NIC_BUSBW:g} GB/s per Gb/s "
+                                f"(nccl-tests issue 119)"))
+        own = alone.get(p.node)
+        if own is not None:
+            bounds.append((own, f"{p.node}'s GPUs alone in this run"))
+    if not bounds:
+        return None
+    best, why = min(bounds)
+    return Floor(round(best * PAIR_SHARE, 2), size, f"{PAIR_SHARE:.0%} of {best:g} GB/s: {why}")
+
+
+def judge_pairs(readings: list[PairReading], failed_runs: dict[str, list[str]], nodes: list[str],
+                size: dict[tuple[str, str], int]) -> list[Finding]:
+    """fabric.nccl-pairs per node: a node slow in every pair it is in (two or more: the node's NICs, its GPU-to-NIC
+    path or its GPUs) is named; a slow pair whose ends are fine in their other pairs is named as the path between
+    them (either node's NICs, the cables, the switches); the runs of it that did not happen (`failed_runs`); or its
+    pairs as measured. `size`: each pair's size the bandwidth is read at."""
+    readings = sorted(readings, key=lambda r: (r.a, r.b))  # as the ring lists them, whatever round ran them
+    named = blame(readings)
+    nodes_of = by_port(readings)
+    out = []
+
+    def text(r: PairReading) -> str:
+        at = size.get((r.a, r.b), 0)
+        return (f"{r.busbw:g} GB/s all-reduce {r.a} + {r.b}" + (f" at {at >> 20} MiB" if at else "")
+                + (f", floor {r.floor:g} GB/s" if r.floor is not None else ""))
+
+    for node in nodes:
+        key = (node, "", 0)
+        runs = failed_runs.get(node, [])
+        seen = [r for r in readings if node in (r.a, r.b) and r.busbw is not None]
+        mine = [r for r in named.get(key, []) if isinstance(r, PairReading)]
+        if mine:
+            where = ("this node: slow in every pair" if culprit(nodes_of, key)
+                     else "the path between the pair (both nodes' NICs, cables, switches)")
+            out.append(failed("fabric.nccl-pairs", f"{where}: " + "; ".join(text(r) for r in mine) +
+                              "".join(f"; {x}" for x in runs),
+                              "gpuk8s verify --fabric's fabric.rdma names a slow port; else the GPU-to-NIC path "
+                              "(preflight's fabric.affinity and fabric.gpudirect), the NICs' firmware and the "
+                              "switches' counters; NCCL_DEBUG=INFO in a test job shows the transport NCCL chose",
+                              subject=finding_node(node)))
+        elif runs:
+            out.append(failed("fabric.nccl-pairs", "; ".join(runs),
+                              "kubectl describe pod of the fabric's worker and launcher pods (the GPUs free, the "
+                              "image pulled, the sshd port free on the host); then gpuk8s verify --fabric again",
+                              subject=finding_node(node)))
+        elif seen:
+            parts = [text(r) + (f": slow, named on {r.b if r.a == node else r.a}" if slow(r) else "")
+                     for r in seen if isinstance(r, PairReading)]
+            out.append(passed("fabric.nccl-pairs", "; ".join(parts), subject=finding_node(node)))
     return out

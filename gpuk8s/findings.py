@@ -179,6 +179,9 @@ FINDINGS: dict[str, Spec] = {
                                      "PIX or PXB), not across the CPU or the sockets"),
     "fabric.nccl": _v("verify --fabric: NCCL all-reduce across the node's GPUs reaches the floor of its shape (a "
                       "share of the published result; else of the best node of its shape)"),
+    "fabric.nccl-pairs": _v("verify --fabric: NCCL all-reduce across the GPUs of two nodes, for each pair of a ring, "
+                            "reaches a share of what their NICs allow; a node slow in both its pairs, or the path of "
+                            "a slow pair, named"),
     "fabric.rdma": _v("verify --fabric: RDMA write between the same rail of ring neighbours reaches a share of the "
                       "ports' rate; a port slow in both its pairs, or the link of a slow pair, named"),
     "cluster.fabric-consistent": _p("error", "every node with a fabric has the same link layer and port rate "

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import hashlib
+import io
 import logging
 import os
 import select
@@ -65,6 +66,15 @@ class Result:
     @property
     def ok(self) -> bool:
         return self.exit_status == 0
+
+
+def new_key() -> tuple[str, str]:
+    """A new SSH key pair for a run's own use (verify --fabric's workers): the private key in PEM, as OpenSSH reads
+    it, and the public key's line. RSA (3072 bits): what paramiko can make; OpenSSH signs with it by SHA-2."""
+    key = paramiko.RSAKey.generate(3072)
+    out = io.StringIO()
+    key.write_private_key(out)
+    return out.getvalue(), f"{key.get_name()} {key.get_base64()}"
 
 
 def fingerprint(key: paramiko.PKey) -> str:

@@ -254,6 +254,9 @@ class AllReduce:
     wrong: int  # the #wrong columns summed (0 for a correct run; -c 0 prints N/A: 0)
     avg_busbw: float | None  # "# Avg bus bandwidth : N"
     nccl: str  # "2.26.2" where the run printed "# nccl-tests ... NCCL version 2.26.2" or "NCCL version 2.26.2+cuda"
+    # each host the run's ranks were on, with its count of ranks, as "# Using devices" lists them ("#  Rank  8 Group
+    # 0 Pid  26633 on bm-h100-02 device  0 ..."): a run across nodes proves it ran on each
+    hosts: tuple[tuple[str, int], ...] = ()
 
     @property
     def peak_busbw(self) -> float:
@@ -268,6 +271,8 @@ _ROW = re.compile(rf"^\s*(?:[0-9]{{1,5}}:\s+)?([0-9]{{1,15}})\s+([0-9]{{1,15}})\
                   rf"\s+({_NUM})\s+({_NUM})\s+({_NUM})\s+([0-9]{{1,12}}|N/A)\s*$")
 _AVG = re.compile(rf"^\s*(?:[0-9]{{1,5}}:\s+)?#\s*Avg bus bandwidth\s*:\s*({_NUM})\s*$")
 _NCCL_VERSION = re.compile(r"NCCL version ([0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3})")
+_RANK = re.compile(r"^\s*(?:[0-9]{1,5}:\s+)?#\s+Rank\s+[0-9]{1,6}\s+Group\s+[0-9]{1,6}\s+Pid\s+[0-9]{1,10}\s+on\s+"
+                   r"([^\s]{1,253})\s+device\s")
 
 
 def parse_all_reduce(text: str) -> AllReduce | None:
@@ -276,11 +281,16 @@ def parse_all_reduce(text: str) -> AllReduce | None:
     wrong = 0
     avg: float | None = None
     nccl = ""
+    hosts: dict[str, int] = {}
     for line in _lines(text):
         m = _ROW.match(line)
         if m:
             rows.append((int(m.group(1)), float(m.group(8)), float(m.group(12))))
             wrong += sum(int(g) for g in (m.group(9), m.group(13)) if g.isdigit())
+            continue
+        m = _RANK.match(line)
+        if m:
+            hosts[m.group(1)] = hosts.get(m.group(1), 0) + 1
             continue
         m = _AVG.match(line)
         if m:
@@ -292,7 +302,7 @@ def parse_all_reduce(text: str) -> AllReduce | None:
                 nccl = v.group(1)
     if not rows:
         return None
-    return AllReduce(tuple(rows), wrong, avg, nccl)
+    return AllReduce(tuple(rows), wrong, avg, nccl, tuple(hosts.items()))
 
 
 # -- perftest ------------------------------------------------------------------------------------------------------

@@ -9,8 +9,9 @@ link between them. The pods ask for the node's RDMA devices (the RDMA shared dev
 run on the host's network (perftest exchanges its queue pairs over TCP to the peer node's address), and are deleted
 afterwards. Each result is a finding with its numbers (`-o json`).
 
-What it does not do yet: NCCL all-reduce across nodes (nccl-tests needs MPI for more than one process: a launcher
-and workers, as the MPI Operator runs them).
+Then, once those pods are gone (they hold the GPUs and the links), NCCL all-reduce across the GPUs of two nodes for
+each pair of a ring of the nodes with whole GPUs (phases/fabric_nccl.py: sshd workers and an mpirun launcher, as the
+MPI Operator runs nccl-tests).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from gpuk8s.gpuplan import GPU_RESOURCE, QUARANTINE_KEY, RDMA_RESOURCE, quaranti
 from gpuk8s.kube import state
 from gpuk8s.kube.state import StateError
 from gpuk8s.phases.base import Change, Context, Phase, PhasePlan, PhaseResult
+from gpuk8s.phases.fabric_nccl import PairRun, plan_changes, ring_pairs
 from gpuk8s.phases.verify import TEST_NAMESPACE, _pod_name, foreign_names
 
 PERFTEST_PORT = 18515  # perftest's default (src/perftest_parameters.h DEF_PORT); rail i listens on 18515 + i
@@ -181,6 +183,7 @@ class FabricVerify(Phase):
                                       ctx, pr.client_pod, pr.client.node,
                                       perftest_command(pr.client, pr.port, pr.rail, "SERVER-IP"),
                                       {RDMA_RESOURCE: 1}, True), sort_keys=False)))
+        changes += plan_changes(ctx, {n: fp for n, fp in fps.items() if whole_gpus(ctx, n) and fp.gpus})
         if not changes:
             return self.planned("unchanged", "no fabric node to test")
         return self.planned("would-change", "the fabric's test pods", changes)
@@ -237,17 +240,32 @@ class FabricVerify(Phase):
                     logs[pr.server_pod] = ctx.kube.logs(pr.server_pod, TEST_NAMESPACE, tail=LOG_LINES)
         finally:
             ctx.kube.delete("pod", names, TEST_NAMESPACE)
-        found, slow_ports, low_nccl = self._judge(ctx, fps, nccl, prs, missing, seen, logs)
+        found, slow_ports, low_nccl, alone = self._judge(ctx, fps, nccl, prs, missing, seen, logs)
+        # across nodes, after the tests above are gone (they held the GPUs and the links): the nodes whose GPUs are
+        # whole and were free (a NCCL pod the scheduler could not place: its GPUs are held by other pods)
+        across = {n: fps[n] for n in nccl if not _held(seen.get(nccl_pod_name(n)))}
+        pairs_run = PairRun(ctx, across, nodes, alone, started + ctx.options.fabric_timeout)
+        tested = len(ring_pairs(across))
+        if tested:
+            found += pairs_run.run()
+        paired = {n for pr in ring_pairs(across) for n in pr}
+        for n in sorted(set(fps) - paired):
+            why = ("its GPUs are held by other pods" if n in nccl and n not in across
+                   else "no other node of its link layer with whole GPUs to pair with" if n in across
+                   else "its GPUs are not whole (shared, MIG or DRA) or it has none")
+            found.append(findings.skipped("fabric.nccl-pairs", f"not tested: {why}", subject=findings.node(n)))
         ctx.findings.extend(found)
         took = time.monotonic() - started
         bad = [f for f in found if f.status == "fail"]
         r = self.result("failed" if bad else "passed",
-                        f"{len(fps)} node(s), {len(prs)} link(s) tested in {took:.0f} s" +
+                        f"{len(fps)} node(s), {len(prs)} link(s), {tested} pair(s) tested in {took:.0f} s" +
                         (f"; {len(bad)} finding(s) failed" if bad else ""))
         if bad:
             r.remedy = "each failed finding names the node, the port and its numbers (gpuk8s verify --fabric -o json)"
         if ctx.options.fabric_quarantine:
-            self._quarantine(ctx, fps, nodes, found, slow_ports, low_nccl, r)
+            # the most specific finding first: a node's own GPUs, then its port, then its pairs
+            self._quarantine(ctx, fps, nodes, found, {"fabric.nccl": low_nccl, "fabric.rdma": slow_ports,
+                                                      "fabric.nccl-pairs": pairs_run.culprits()}, r)
         return r
 
     def _run_clients(self, ctx: Context, prs: list[Pair], clients: dict[str, dict[str, Any]],
@@ -274,16 +292,17 @@ class FabricVerify(Phase):
 
     @staticmethod
     def _quarantine(ctx: Context, fps: dict[str, FabricPlan], nodes: dict[str, Any], found: list[findings.Finding],
-                    slow_ports: set[str], low_nccl: set[str], r: PhaseResult) -> None:
-        """--quarantine: a node whose NCCL run measured below its floor or wrong results (`low_nccl`), or whose port
-        is slow in every pair (`slow_ports`), gets the quarantine taint health uses (value: the finding; a test that
+                    short: dict[str, set[str]], r: PhaseResult) -> None:
+        """--quarantine: a node with a measured shortfall (`short`: finding id -> nodes, in order: its NCCL run below
+        its floor or wrong results, a port slow in every pair, slow in every pair of NCCL across nodes) gets the
+        quarantine taint health uses (value: the finding; a test that
         did not run taints nothing: a failed pull of the test image must not quarantine the fleet); a node in
         quarantine for its fabric is released when the finding that put it there ran and passed now and no other
         fabric test of it failed (as health's release proves its own)."""
         was = {n: state.quarantined(obj) for n, obj in nodes.items()}  # the Node objects read in this run
         for node in sorted(fps):
             mine = {f.id: f for f in found if f.subject is not None and f.subject.name == node}
-            why = "fabric.nccl" if node in low_nccl else "fabric.rdma" if node in slow_ports else ""
+            why = next((f for f, ns in short.items() if node in ns), "")
             now = was.get(node, "")
             if why and not now:
                 ctx.kube.taint(node, [str(quarantine_taint(why))])
@@ -300,9 +319,10 @@ class FabricVerify(Phase):
     @staticmethod
     def _judge(ctx: Context, fps: dict[str, FabricPlan], nccl: dict[str, dict[str, Any]], prs: list[Pair],
                missing: dict[str, list[str]], seen: dict[str, state.PodState], logs: dict[str, str]
-               ) -> tuple[list[findings.Finding], set[str], set[str]]:
+               ) -> tuple[list[findings.Finding], set[str], set[str], dict[str, float | None]]:
         """The findings; the nodes with a port slow in every pair (fabricplan.culprits); the nodes whose NCCL run
-        measured below its floor or wrong results (what --quarantine may taint: a run that did not happen is not)."""
+        measured below its floor or wrong results (what --quarantine may taint: a run that did not happen is not);
+        each node's all-reduce across its own GPUs as measured (the pairs' floor: its GPUs bound them too)."""
         out = []
         readings = {n: parse_all_reduce(logs.get(nccl_pod_name(n), "")) for n in nccl}
         measured = {n: fabricplan.busbw_at(r, fabricplan.node_floor(fps[n])) for n, r in readings.items()}
@@ -347,7 +367,12 @@ class FabricVerify(Phase):
                     f"RDMA write to {pr.server.node} on {pr.name} did not run ({why}" + (f": {said}" if said else "")
                     + ")")
         out += fabricplan.judge_links(link_readings, failed, sorted(fps))
-        return out, fabricplan.culprits(link_readings), low
+        return out, fabricplan.culprits(link_readings), low, measured
+
+
+def _held(pod: state.PodState | None) -> bool:
+    """A test pod the scheduler could not place."""
+    return pod is not None and pod.phase == "Pending" and bool(pod.unschedulable)
 
 
 def _last(text: str) -> str:

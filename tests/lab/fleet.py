@@ -54,6 +54,7 @@ DEFAULTS: dict[str, Any] = {
     "driver_held": True,  # the driver package is held (apt-mark hold) on Ubuntu hosts
     "persistenced": True,  # nvidia-persistenced runs
     "nvswitches": 0,  # NVSwitches lspci shows (an HGX board: 4 on H100/H200)
+    "fabricmanager": False,  # with nvswitches and a driver: nvidia-fabricmanager of its version installed, running
     "driver_libraries": None,  # the driver's user-space version where it differs from the loaded module's
     "driver_inventory": None,  # copied as the host's inventory `driver:` (docs/driver.md), e.g. {manage: true}
     "runtime": "containerd",

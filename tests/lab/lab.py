@@ -763,6 +763,12 @@ class Lab:
             state["packages"][pkg] = f"{libs}-0ubuntu0.22.04.1"
             if spec.get("driver_held", True):
                 state["holds"] = [pkg]
+        if spec.get("fabricmanager") and spec.get("nvswitches"):  # an HGX server kept as its vendor ships it
+            state["driver"]["fabricmanager"] = v
+            state["services"]["nvidia-fabricmanager"] = "active"
+            state["enabled"].append("nvidia-fabricmanager")
+            if spec["os"].startswith("ubuntu"):
+                state["packages"][f"nvidia-fabricmanager-{v.split('.')[0]}"] = f"{libs}-0ubuntu0.22.04.1"
 
     def _write_etc(self, h: LabHost) -> None:
         spec = h.spec.spec

@@ -62,12 +62,15 @@ def test_preflight_names_the_port_down_and_the_port_slow(lab_up, run_cli, tmp_pa
     assert c["gpu-1"]["fabric.rate"]["message"] == "2 x 400 Gb/s"
 
 
-# Four InfiniBand GPU nodes, two NDR ports each (the same rails on every node), one link with errors on ib-3's
-# second port: its sysfs still reads Active at 400 Gb/s (preflight passes), its RDMA bandwidth is a quarter.
+# Four HGX H100 nodes (8 GPUs, NVSwitches), two NDR InfiniBand ports each (the same rails on every node), one link
+# with errors on ib-3's second port: its sysfs still reads Active at 400 Gb/s (preflight passes), its RDMA bandwidth
+# is a quarter.
 IB_FLEET = yaml.safe_dump({"hosts": [
     {"name": "cp-1", "role": "control-plane"},
-    *({"name": f"ib-{i}", "gpus": 2, "rdma": [{"device": "mlx5_0", **UP, "rate": NDR},
-                                              {"device": "mlx5_1", **UP, "rate": NDR}]} for i in range(1, 5)),
+    *({"name": f"ib-{i}", "gpus": 8, "gpu_model": "NVIDIA H100 80GB HBM3", "gpu_memory_mib": 81559, "nvswitches": 4,
+       "fabricmanager": True,
+       "rdma": [{"device": "mlx5_0", **UP, "rate": NDR}, {"device": "mlx5_1", **UP, "rate": NDR}]}
+      for i in range(1, 5)),
 ]})
 
 
@@ -77,7 +80,7 @@ def test_verify_fabric_names_the_node_and_port_of_a_degraded_link(lab_up, run_cl
     lab.host("ib-3").write_fabric({"throughput": {"mlx5_1/1": 0.25}})
     r = run_cli("install", "-i", str(inv), "-o", "json", "--kubeconfig-out", str(tmp_path / "kc"))
     rep = json.loads(r.stdout)
-    assert r.returncode == 0, (rep["phases"], r.stderr[-2000:])
+    assert r.returncode == 0, json.dumps([p for p in rep["phases"] if p["status"] == "failed"])[:4000]
     gpu = next(p for p in rep["phases"] if p["name"] == "gpu")
     assert "applied rdma-device-plugin.yaml" in gpu["message"], gpu
     # labels from the fabric's ports; the RDMA devices allocatable through the plugin
@@ -118,7 +121,8 @@ def test_verify_fabric_names_the_node_and_port_of_a_degraded_link(lab_up, run_cl
     assert r.returncode == 1, rep["phases"]
     fabric = next(p for p in rep["phases"] if p["name"] == "fabric")
     print(f"verify --fabric on four nodes: {took:.1f} s; its fabric phase: {fabric['message']}")  # the note's figure
-    assert fabric["status"] == "failed" and fabric["message"].startswith("4 node(s), 8 link(s) tested in "), fabric
+    assert fabric["status"] == "failed", fabric
+    assert fabric["message"].startswith("4 node(s), 8 link(s), 4 pair(s) tested in "), fabric
     got = {(f["subject"]["name"], f["id"]): f for f in rep["findings"]}
     bad = got[("ib-3", "fabric.rdma")]
     assert bad["status"] == "fail", bad
@@ -131,14 +135,27 @@ def test_verify_fabric_names_the_node_and_port_of_a_degraded_link(lab_up, run_cl
         assert got[(n, "fabric.rdma")]["status"] == "pass", got[(n, "fabric.rdma")]
         assert got[(n, "fabric.rdma")]["message"] == ("3 RDMA write test(s) with its ring neighbours at 388 Gb/s; "
                                                       "1 slow, named on ib-3"), got[(n, "fabric.rdma")]
-    # NCCL across each node's two GPUs: no published figure for 2 x A100 without NVSwitch, so the nodes of that
-    # shape are judged against the best of them
+    # NCCL across each node's eight GPUs, against the published 8 x H100 figure
     for n in ("ib-1", "ib-2", "ib-3", "ib-4"):
         f = got[(n, "fabric.nccl")]
-        assert f["status"] == "pass" and "of the best node of its shape" in f["message"], f
+        assert f["status"] == "pass" and f["message"].startswith("472.84 GB/s bus bandwidth across 8 x NVIDIA H100 "
+                                                                 "80GB HBM3 (NVSwitch) at 4096 MiB, floor 378.88"), f
+    # NCCL across nodes, in pairs of the ring (ib-1 + ib-2 and ib-3 + ib-4, then ib-2 + ib-3 and ib-4 + ib-1): the
+    # pairs of ib-3 run at its slow NIC's share; ib-3, slow in both, is named; its neighbours pass
+    pair = got[("ib-3", "fabric.nccl-pairs")]
+    assert pair["status"] == "fail" and pair["message"] == (
+        "this node: slow in every pair: 23.34 GB/s all-reduce ib-2 + ib-3 at 4096 MiB, floor 76.8 GB/s; 23.34 GB/s "
+        "all-reduce ib-3 + ib-4 at 4096 MiB, floor 76.8 GB/s"), pair
+    assert got[("ib-1", "fabric.nccl-pairs")] == {**got[("ib-1", "fabric.nccl-pairs")], "status": "pass", "message": (
+        "93.35 GB/s all-reduce ib-1 + ib-2 at 4096 MiB, floor 76.8 GB/s; 93.35 GB/s all-reduce ib-4 + ib-1 at 4096 "
+        "MiB, floor 76.8 GB/s")}
+    assert got[("ib-2", "fabric.nccl-pairs")]["message"].endswith(
+        "23.34 GB/s all-reduce ib-2 + ib-3 at 4096 MiB, floor 76.8 GB/s: slow, named on ib-3")
     # nothing of the test left behind
     pods = lab.host("cp-1").exec("kubectl --kubeconfig /etc/kubernetes/admin.conf get pods -A -o name").stdout
     assert "gpuk8s-fabric" not in pods
+    assert "gpuk8s-fabric" not in lab.host("cp-1").exec(
+        "kubectl --kubeconfig /etc/kubernetes/admin.conf get secrets -A -o name").stdout
     # --quarantine: the node of the slow port is tainted as health taints (its neighbours are not), and takes no
     # new pods; the link replaced, the next run proves it and lifts the taint
     r = run_cli("verify", "-i", str(inv), "--fabric", "--quarantine", "-o", "json")
@@ -243,3 +260,64 @@ def test_preflight_names_gpus_far_from_the_fabric(lab_up, run_cli, tmp_path):
                                                                  "bridges of its CPU (NODE: mlx5_0, mlx5_1)"), got
     assert '["nvidia-smi", "topo", "-m"]' in lab.host("hgx-1").read("/var/lib/gpuk8s-lab/commands.log")
     assert "topo" not in lab.host("cp-1").read("/var/lib/gpuk8s-lab/commands.log")  # no fabric: not asked
+
+
+def test_the_workers_sshd_and_the_launchers_ssh_accept_the_runs_keys_and_nothing_else(tmp_path):
+    """NCCL across nodes (gpuk8s/phases/fabric_nccl.py) as real OpenSSH runs it, on loopback: the worker's sshd
+    with the run's sshd_config (checked by sshd -t, then serving), the launcher's ssh with mpirun's plm_rsh_args
+    and the run's files from the Secret: in by the run's key, the workers' host key verified by its alias; another
+    host key refused, another client key refused."""
+    import base64
+    import os
+    import shlex
+    import shutil
+    import socket
+    import subprocess
+
+    from gpuk8s.phases import fabric_nccl as fn
+
+    sshd = shutil.which("sshd") or "/usr/sbin/sshd"
+    assert os.path.exists(sshd) and os.geteuid() == 0, "the lab's own needs: root and openssh-server (.ci/run)"
+    d = tmp_path / "ssh"
+    d.mkdir()
+    with socket.socket() as s:  # a free loopback port for this test's sshd
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    def local(text: str) -> str:  # the Secret's paths and port, moved into this test's directory
+        return (text.replace(fn.SSH_DIR, str(d)).replace(f"Port {fn.SSH_PORT}", f"Port {port}")
+                .replace(f"-p {fn.SSH_PORT}", f"-p {port}").replace("/run/gpuk8s-fabric-sshd.pid", str(d / "pid")))
+
+    keys = fn.Keys.new()
+    for name, b64 in fn.secret(keys)["data"].items():
+        (d / name).write_text(local(base64.b64decode(b64).decode()))
+        (d / name).chmod(0o400)  # the Secret volume's defaultMode
+    os.makedirs("/run/sshd", exist_ok=True)
+    conf = ["-f", str(d / "sshd_config"), "-o", "ListenAddress=127.0.0.1"]
+    t = subprocess.run([sshd, "-t", *conf], capture_output=True, text=True)
+    assert t.returncode == 0, t.stderr
+    server = subprocess.Popen([sshd, "-D", "-e", *conf], stderr=subprocess.PIPE, text=True)
+    try:
+        rsh = shlex.split(local(fn.RSH_ARGS))
+        for _ in range(50):
+            r = subprocess.run(["ssh", *rsh, "127.0.0.1", "echo", "rank-host"], capture_output=True, text=True,
+                               timeout=30)
+            if "Connection refused" not in r.stderr:
+                break
+            time.sleep(0.1)
+        assert r.returncode == 0 and r.stdout == "rank-host\n", r.stderr
+        # another host key under the alias: refused before any login
+        other = fn.Keys.new()
+        (d / "known_hosts").chmod(0o600)
+        (d / "known_hosts").write_text(base64.b64decode(other.data["known_hosts"]).decode())
+        r = subprocess.run(["ssh", *rsh, "127.0.0.1", "true"], capture_output=True, text=True, timeout=30)
+        assert r.returncode == 255 and "Host key verification failed" in r.stderr, r.stderr
+        # another client key: the worker takes the run's only
+        (d / "known_hosts").write_text(local(base64.b64decode(keys.data["known_hosts"]).decode()))
+        (d / "id").chmod(0o600)
+        (d / "id").write_text(base64.b64decode(other.data["id"]).decode())
+        r = subprocess.run(["ssh", *rsh, "127.0.0.1", "true"], capture_output=True, text=True, timeout=30)
+        assert r.returncode == 255 and "Permission denied (publickey)" in r.stderr, r.stderr
+    finally:
+        server.terminate()
+        server.wait(timeout=10)

@@ -20,6 +20,8 @@ from tests.unit.test_checks import facts
 
 REAL = Path(__file__).resolve().parents[1] / "fixtures" / "real" / "fabric"
 PERFTEST = (REAL / "perftest" / "ib_write_bw-roce-4qp-oci-oke.txt").read_text()  # 98.01 Gb/sec
+# two nodes of 8 x H100 over 8 x 400G InfiniBand, 16 ranks (448.90 GB/s at 1 GiB): what a launcher prints
+ACROSS = (REAL / "nccl" / "allreduce-h100-2node-ib-ndr-nccl2.26.2-nccl-tests-309.txt").read_text()
 NODES = ("a", "b", "c")
 INV = loads("hosts:\n  - {name: cp-1, address: 10.0.0.1, role: control-plane}\n" + "".join(
     f"  - {{name: {n}, address: 10.0.0.{i + 2}, gpus: 8}}\n" for i, n in enumerate(NODES))
@@ -27,12 +29,14 @@ INV = loads("hosts:\n  - {name: cp-1, address: 10.0.0.1, role: control-plane}\n"
 
 
 class Cluster(FakeKube):
-    """Pods as a cluster runs them: a perftest server Running (Pending where its node cannot take it), a client and
-    an NCCL pod Succeeded; the clients' logs a real ib_write_bw text (98 Gb/s), the NCCL pods' none."""
+    """Pods as a cluster runs them: a perftest server and an sshd worker Running (Pending where its node cannot take
+    it), a client, an NCCL pod and a launcher Succeeded; the clients' logs a real ib_write_bw text (98 Gb/s), the
+    launchers' a real two-node all_reduce_perf text, the NCCL pods' none."""
 
-    def __init__(self, unschedulable: tuple[str, ...] = ()) -> None:
+    def __init__(self, unschedulable: tuple[str, ...] = (), no_worker: tuple[str, ...] = (),
+                 across: str = ACROSS) -> None:
         super().__init__()
-        self.unschedulable = unschedulable
+        self.unschedulable, self.no_worker, self.across = unschedulable, no_worker, across
         for i, n in enumerate(NODES):
             self.add_node(n, 8)
             self.nodes[n]["status"]["addresses"] = [{"type": "InternalIP", "address": f"10.0.0.{i + 2}"}]
@@ -40,10 +44,17 @@ class Cluster(FakeKube):
     def apply(self, text: str) -> str:
         out = super().apply(text)
         for doc in yaml.safe_load_all(text):
+            if doc["kind"] != "Pod":
+                continue
             d = self.objects[("pod", doc["metadata"]["namespace"], doc["metadata"]["name"])]  # as stored
             name, node = d["metadata"]["name"], self._node(d)
             d["spec"]["nodeName"] = node
-            if "-srv-" in name and node in self.unschedulable:
+            if "-worker-" in name:
+                d["status"] = {"phase": "Pending", "conditions": [{
+                    "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                    "message": "0/4 nodes are available: 1 Insufficient nvidia.com/gpu."}]} if node in self.no_worker \
+                    else {"phase": "Running"}
+            elif "-srv-" in name and node in self.unschedulable:
                 d["spec"].pop("nodeName")
                 d["status"] = {"phase": "Pending", "conditions": [{
                     "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
@@ -58,7 +69,7 @@ class Cluster(FakeKube):
         return str(terms["nodeSelectorTerms"][0]["matchFields"][0]["values"][0])
 
     def logs(self, pod: str, namespace: str, tail: int = 50) -> str:
-        return PERFTEST if "-cli-" in pod else ""
+        return PERFTEST if "-cli-" in pod else self.across if "-mpi-" in pod else ""
 
 
 def context(kube: Cluster, quarantine: bool = False) -> Context:
@@ -83,12 +94,13 @@ def test_a_server_that_cannot_be_placed_is_named_on_its_node_and_holds_nothing()
         "Insufficient rdma/fabric.)")
     assert got[("a", "fabric.rdma")].message == "2 RDMA write test(s) with its ring neighbours at 98.01 Gb/s"
     assert got[("b", "fabric.rdma")].message == "1 RDMA write test(s) with its ring neighbours at 98.01 Gb/s"
-    assert r.status == "failed" and r.message.startswith("3 node(s), 3 link(s) tested in ")
+    assert r.status == "failed" and r.message.startswith("3 node(s), 3 link(s), 3 pair(s) tested in ")
     applied = [yaml.safe_load_all(c[1]) for c in kube.calls if c[0] == "apply"]
     clients = {d["metadata"]["name"] for docs in applied for d in docs if "-cli-" in d["metadata"]["name"]}
     assert clients == {"gpuk8s-fabric-cli-a-0", "gpuk8s-fabric-cli-c-0"}  # b's client waits for c's server: never
-    # the run did not wait out its timeout for the server that cannot be placed: a poll or two, not thirty
-    assert len([c for c in kube.calls if c[:2] == ("get", "pods")]) <= 3
+    # the run did not wait out its timeout for the server that cannot be placed: a poll or two, not thirty (then
+    # one for the workers and one per round of NCCL across nodes: a ring of three, three rounds)
+    assert len([c for c in kube.calls if c[:2] == ("get", "pods")]) <= 3 + 4
     # every test pod deleted at the end, and none left behind
     assert not [k for k in kube.objects if k[0] == "pod"]
     # the NCCL pods printed no table: failed, named with why, not quarantined (nothing was measured)
@@ -100,3 +112,83 @@ def test_quarantine_taints_no_node_for_a_test_that_did_not_run() -> None:
     ctx = context(kube, quarantine=True)
     r = FabricVerify().run(ctx)
     assert not [c for c in kube.calls if c[0] == "taint"], r.hosts
+
+
+def test_nccl_across_nodes_runs_each_ring_pair_in_rounds_and_leaves_nothing() -> None:
+    kube = Cluster()
+    ctx = context(kube)
+    FabricVerify().run(ctx)
+    got = {(f.subject.name, f.id): f for f in ctx.findings if f.subject}
+    # the ring a + b, b + c, c + a: three rounds (each node's GPUs in one test at a time); the real two-node text
+    # read at 1 GiB (no published floor for the lab's GPUs), its floor from the NICs: 1 x 100 Gb/s at 0.12 GB/s
+    assert got[("a", "fabric.nccl-pairs")].status == "pass", got[("a", "fabric.nccl-pairs")]
+    assert got[("a", "fabric.nccl-pairs")].message == (
+        "448.9 GB/s all-reduce a + b at 1024 MiB, floor 9.6 GB/s; 448.9 GB/s all-reduce c + a at 1024 MiB, floor 9.6 "
+        "GB/s")
+    applied = [list(yaml.safe_load_all(c[1])) for c in kube.calls if c[0] == "apply"]
+    kinds = [[(d["kind"], d["metadata"]["name"]) for d in docs] for docs in applied]
+    secret_at = kinds.index([("Secret", "gpuk8s-fabric-ssh")])
+    workers = kinds[secret_at + 1]
+    assert workers == [("Pod", f"gpuk8s-fabric-worker-{n}") for n in NODES]
+    assert kinds[secret_at + 2:] == [[("Pod", "gpuk8s-fabric-mpi-a")], [("Pod", "gpuk8s-fabric-mpi-b")],
+                                     [("Pod", "gpuk8s-fabric-mpi-c")]]
+    # the stage-one pods were gone before a worker asked for the GPUs
+    first_worker = next(i for i, c in enumerate(kube.calls) if c[0] == "apply" and "fabric-worker" in c[1])
+    assert any(c[0] == "delete" and "gpuk8s-fabric-nccl-a" in c for c in kube.calls[:first_worker])
+    # the launcher's mpirun: every GPU of both workers, the workers' sshd by the run's key and known host key
+    launcher = applied[secret_at + 2][0]["spec"]["containers"][0]["command"]
+    assert launcher[:7] == ["/usr/local/mpi/bin/mpirun", "--allow-run-as-root", "-np", "16", "-H",
+                            "10.0.0.2:8,10.0.0.3:8", "--bind-to"]
+    assert "StrictHostKeyChecking=yes" in launcher[launcher.index("plm_rsh_args") + 1]
+    assert "NCCL_IB_HCA==mlx5_0:1" in launcher
+    worker = applied[secret_at + 1][0]["spec"]
+    assert worker["hostNetwork"] and worker["containers"][0]["resources"]["limits"] == {
+        "nvidia.com/gpu": 8, "rdma/fabric": 1}
+    assert worker["containers"][0]["command"][2].endswith("-o ListenAddress=10.0.0.2")
+    # nothing left: pods and the Secret deleted; the keys never in a call's text but the Secret's own apply
+    assert not [k for k in kube.objects if k[0] in ("pod", "secret")]
+    key = [d for docs in applied for d in docs if d["kind"] == "Secret"][0]["data"]["id"]
+    assert [c for c in kube.calls if key in str(c)] == [("apply", kube.calls[
+        [i for i, c in enumerate(kube.calls) if c[0] == "apply"][secret_at]][1])]
+
+
+def test_a_node_slow_in_both_its_pairs_is_named_and_a_worker_that_cannot_run_is_named_on_its_node() -> None:
+    slow = ACROSS.replace("448.90", "  8.00")  # the 1 GiB row's bus bandwidth, below the 9.6 GB/s floor
+    kube = Cluster(across=slow)
+    ctx = context(kube, quarantine=True)
+    r = FabricVerify().run(ctx)
+    got = {(f.subject.name, f.id): f for f in ctx.findings if f.subject}
+    # every pair slow: each node slow in both of its pairs, so each is named (and quarantined: measured)
+    assert got[("b", "fabric.nccl-pairs")].message.startswith("this node: slow in every pair: 8 GB/s all-reduce a + b")
+    assert r.hosts == {n: "quarantined (fabric.nccl-pairs)" for n in NODES}, r.hosts
+    # a worker the scheduler cannot place: its node's pairs named on it, not run; the pair without it runs
+    kube = Cluster(no_worker=("c",))
+    ctx = context(kube, quarantine=True)
+    r = FabricVerify().run(ctx)
+    got = {(f.subject.name, f.id): f for f in ctx.findings if f.subject}
+    assert got[("c", "fabric.nccl-pairs")].message == (
+        "all-reduce b + c did not run: the worker here not scheduled (0/4 nodes are available: 1 Insufficient "
+        "nvidia.com/gpu.); all-reduce c + a did not run: the worker here not scheduled (0/4 nodes are available: 1 "
+        "Insufficient nvidia.com/gpu.)")
+    assert got[("a", "fabric.nccl-pairs")].status == "pass"
+    assert [c[1] for c in kube.calls if c[0] == "apply" and "fabric-mpi" in c[1]].__len__() == 1
+    assert "c" not in r.hosts  # a test that did not run quarantines nothing
+    # a launcher whose ranks ran on one host only is not read as a pair's result
+    kube = Cluster(across=(REAL / "nccl" / "allreduce-h100-8gpu-single-node-nvls-nccl-tests-290.txt").read_text())
+    ctx = context(kube)
+    FabricVerify().run(ctx)
+    got = {(f.subject.name, f.id): f for f in ctx.findings if f.subject}
+    assert "its ranks ran on 1 host(s), not on both nodes" in got[("a", "fabric.nccl-pairs")].message
+
+
+def test_the_dry_run_shows_the_secret_without_keys() -> None:
+    kube = Cluster()
+    ctx = context(kube)
+    plan = FabricVerify().plan(ctx)
+    shown = "\n".join(c.manifest for c in plan.changes)
+    assert "kind: Secret" in shown and "(made at run time, never shown)" in shown and "PRIVATE KEY" not in shown
+    assert [c.what for c in plan.changes if "round" in c.what] == [
+        "round 1: NCCL all-reduce across a and b (a launcher pod, then deleted)",
+        "round 2: NCCL all-reduce across b and c (a launcher pod, then deleted)",
+        "round 3: NCCL all-reduce across c and a (a launcher pod, then deleted)"]
+    assert not [c for c in kube.calls if c[0] == "apply"]

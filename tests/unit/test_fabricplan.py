@@ -232,3 +232,60 @@ def test_only_a_measured_shortfall_counts_for_quarantine() -> None:
     assert fabricplan.judge(sxm, part, {}, plans, "Failed", [])[1] is False  # ended early: not measured
     assert fabricplan.judge(sxm, None, {}, plans, "Pending", [])[1] is False  # did not run
     assert fabricplan.judge(sxm, _run(470.0), {}, plans, "Succeeded", [])[1] is False
+
+
+# -- NCCL across nodes --------------------------------------------------------------------------------------------
+
+def test_the_rounds_hold_each_node_in_one_pair_at_a_time() -> None:
+    for n in range(2, 9):
+        nodes = [f"n{i}" for i in range(n)]
+        rs = fabricplan.rounds(fabricplan.ring(nodes))
+        assert sorted(p for r in rs for p in r) == sorted(fabricplan.ring(nodes))  # every pair, once
+        assert all(len({x for p in r for x in p}) == 2 * len(r) for r in rs)  # no node twice in a round
+        assert len(rs) == (1 if n == 2 else 2 if n % 2 == 0 else 3)
+
+
+def test_the_pair_floor_from_the_nics_passes_the_real_healthy_pair_and_fails_the_degraded_one() -> None:
+    """Two nodes of 8 x H100 with 8 x 400G InfiniBand (nccl-tests issues 309 and 319, their .meta say so): NCCL's
+    maintainer's 0.12 GB/s per Gb/s (nccl-tests issue 119) makes 384 GB/s, the floor 307.2; the healthy run reads
+    466.52 at 4 GiB, the degraded one 88.85."""
+    p = fabricplan.plan(host("{link_layer: infiniband}"), h100())
+    assert p is not None and fabricplan.nic_target(p) == 384.0
+    a, b = dataclasses.replace(p, node="a"), dataclasses.replace(p, node="b")
+    floor = fabricplan.pair_floor(a, b, 4 << 30, {})
+    assert floor is not None and floor.busbw == 307.2 and "8 x 400 Gb/s NICs of a" in floor.why
+    for name, ok in (("allreduce-h100-2node-ib-ndr-nccl2.26.2-nccl-tests-309.txt", True),
+                     ("allreduce-h100-2node-ib-degraded-doca-nccl-tests-319.txt", False)):
+        r = fabric.parse_all_reduce((NCCL / name).read_text())
+        assert r is not None and dict(r.hosts) and sorted(dict(r.hosts).values()) == [8, 8]
+        got = fabricplan.busbw_at(r, floor)
+        assert got is not None and (got >= floor.busbw) is ok, (name, got)
+    # a node's own GPUs bound its pairs too: alone at 21 GB/s (GPUs over PCIe), the NICs do not set the floor
+    low = fabricplan.pair_floor(a, b, 1 << 30, {"a": 21.0, "b": 400.0})
+    assert low is not None and low.busbw == 16.8 and "a's GPUs alone" in low.why
+    # no active port and nothing measured: no floor
+    down = dataclasses.replace(a, ports=tuple(dataclasses.replace(x, state="Down") for x in a.ports))
+    assert fabricplan.pair_floor(down, down, 1 << 30, {}) is None
+
+
+def test_a_node_slow_in_both_its_pairs_is_named_a_slow_pair_alone_names_the_path() -> None:
+    ring = fabricplan.ring(["a", "b", "c", "d"])
+    size = {pr: 4 << 30 for pr in ring}
+    rs = [fabricplan.PairReading(x, y, 80.0 if "c" in (x, y) else 380.0, 307.2) for x, y in ring]
+    assert fabricplan.culprits(rs) == {"c"}
+    found = {f.subject.name: f for f in fabricplan.judge_pairs(rs, {}, ["a", "b", "c", "d"], size) if f.subject}
+    assert found["c"].status == "fail" and found["c"].message == (
+        "this node: slow in every pair: 80 GB/s all-reduce b + c at 4096 MiB, floor 307.2 GB/s; 80 GB/s all-reduce "
+        "c + d at 4096 MiB, floor 307.2 GB/s")
+    assert found["b"].status == "pass" and found["b"].message.endswith("floor 307.2 GB/s: slow, named on c")
+    rs = [fabricplan.PairReading(x, y, 80.0 if (x, y) == ("b", "c") else 380.0, 307.2) for x, y in ring]
+    assert fabricplan.culprits(rs) == set()
+    found = {f.subject.name: f for f in fabricplan.judge_pairs(rs, {}, ["a", "b", "c", "d"], size) if f.subject}
+    assert found["b"].status == found["c"].status == "fail"
+    assert found["b"].message.startswith("the path between the pair")
+    assert found["a"].status == "pass"
+    # a run that did not happen: named, not slow
+    found = {f.subject.name: f for f in fabricplan.judge_pairs(
+        [fabricplan.PairReading("a", "b", None, 307.2)], {"a": ["all-reduce a + b printed no result: x"]},
+        ["a", "b"], size) if f.subject}
+    assert found["a"].status == "fail" and "b" not in found

@@ -17,6 +17,7 @@ What is simulated, and how it decides (so that tests prove gpuk8s's work, not th
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import errno
 import fcntl
@@ -26,6 +27,7 @@ import os
 import pickle
 import re
 import secrets
+import shlex
 import socket
 import stat
 import subprocess
@@ -3680,7 +3682,14 @@ def _doctor_kubectl(verb: str, words: list[str], args: list[str]) -> int | None:
 #   each port's fabric.json "throughput" factor (a link with errors: its rate still reads full in sysfs); a port not
 #   Active fails as perftest's check_link does (" Port number 1 state is Down", then " Couldn't get context for the
 #   device", src/perftest_parameters.c and write_bw.c).
-FABRIC_TOOLS = ("all_reduce_perf", "ib_write_bw")
+# - NCCL across nodes (phases/fabric_nccl.py): a worker pod running sshd (Running while it exists, its Secret mounted;
+#   ContainerCreating while the Secret is missing, as the kubelet waits for a volume) and a launcher running mpirun
+#   -H IP:SLOTS,... : it succeeds where each address is a node whose worker runs sshd on that address and on the
+#   port plm_rsh_args names, from the same Secret; its log is all_reduce_perf's across both nodes (a "Rank N ... on
+#   NODE" line per rank) with bus bandwidths at the least of each node's GPUs alone (as above) and its NICs: every
+#   active port of NCCL_IB_HCA at the slowest one's rate times its throughput factor (NCCL spreads its channels over
+#   the NICs: the slowest holds its share back), at 98% of 0.12 GB/s per Gb/s (nccl-tests issue 119).
+FABRIC_TOOLS = ("all_reduce_perf", "ib_write_bw", "mpirun", "sshd")
 # all_reduce_perf's table header, as tests/fixtures/real/fabric/nccl/allreduce-h100-8gpu-single-node-nvls-nccl-tests-290
 # prints it
 NCCL_HEADER = [
@@ -3688,6 +3697,10 @@ NCCL_HEADER = [
     "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw "
     "#wrong",
     "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)"]
+
+
+# what Open MPI's mpirun prints when a daemon it started over ssh does not call back (TODO: the real text)
+ORTE_LOST = "ORTE was unable to reliably start one or more daemons.\n"
 
 
 def _rdma_ports(host: str) -> dict[tuple[str, int], dict[str, str]]:
@@ -3732,6 +3745,8 @@ def rdma_capacity(s: dict[str, Any], name: str, n: dict[str, Any]) -> dict[str, 
 def _tool(pod: dict[str, Any]) -> tuple[str, list[str]] | None:
     cs = pod.get("spec", {}).get("containers") or [{}]
     cmd = [str(x) for x in (cs[0].get("command") or [])]
+    if cmd[:2] == ["sh", "-c"] and len(cmd) > 2 and "exec " in cmd[2]:  # sh -c '... && exec TOOL ARGS'
+        cmd = shlex.split(cmd[2].split("exec ", 1)[1])
     tool = cmd[0].rsplit("/", 1)[-1] if cmd else ""
     return (tool, cmd[1:]) if tool in FABRIC_TOOLS else None
 
@@ -3781,9 +3796,15 @@ def fabric_pod_status(s: dict[str, Any], pod: dict[str, Any]) -> dict[str, Any] 
     if why:
         return {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False",
                                                     "reason": "Unschedulable", "message": _fit_error(s, {node: why})}]}
+    if tool in ("sshd", "mpirun") and _secret_of(s, pod) is None:  # the kubelet waits for the Secret volume
+        return {**creating(pod.get("spec", {})), "hostIP": node, "bound": True}
     started = _start(s, pod, node)
     if started.get("phase") != "Succeeded" or tool == "all_reduce_perf":
         return started
+    if tool == "sshd":
+        return {**started, "phase": "Running"}
+    if tool == "mpirun":
+        return {**started, "phase": "Succeeded" if _mpirun(s, args)[1] else "Failed"}
     if _perftest_peer(args) is None:  # a server: until its client comes
         ip = _host_facts(s["nodes"][node]["host"]).get("address")
         client = any(tool2 == "ib_write_bw" and _perftest_peer(a) == ip and _opt(a, "-p", "18515") ==
@@ -3813,6 +3834,11 @@ def _nccl_log(s: dict[str, Any], node: str, args: list[str]) -> str:
            "1 validation: 1 graph: 0", "#", "# Using devices"]
     out += [f"#  Rank {i:2d} Group  0 Pid      1 on {node:>10} device {i:2d} [0x{0x18 + i:02x}] {model}"
             for i in range(g)]
+    return _nccl_rows(out, peak, lo, hi, f, g)
+
+
+def _nccl_rows(out: list[str], peak: float, lo: int, hi: int, f: int, g: int) -> str:
+    """The table after a header (`out`), g ranks: bus bandwidth rising with size to `peak`, as the texts show."""
     out += ["#", *NCCL_HEADER]
     size, total, rows = lo, 0.0, 0
     while size <= hi and rows < 64:
@@ -3875,6 +3901,71 @@ def _perftest_client(s: dict[str, Any], pod: dict[str, Any], node: str, args: li
     return text, True
 
 
+def _secret_of(s: dict[str, Any], pod: dict[str, Any]) -> dict[str, str] | None:
+    """The data (decoded) of the Secret a pod's volume names, None: no such volume or Secret."""
+    ns = pod.get("metadata", {}).get("namespace", "default")
+    for v in pod.get("spec", {}).get("volumes") or []:
+        name = (v.get("secret") or {}).get("secretName")
+        obj = s.get("objects", {}).get(f"Secret/{ns}/{name}") if name else None
+        if obj is not None:
+            return {k: base64.b64decode(str(x)).decode(errors="replace") for k, x in (obj.get("data") or {}).items()}
+    return None
+
+
+def _sshd_at(s: dict[str, Any], ip: str) -> tuple[str, dict[str, Any], int] | None:
+    """The Running sshd worker listening on an address: its node, its pod, its port (its sshd_config's)."""
+    node = _node_by_ip(s, ip)
+    for o, tool, a in _stored_fabric_pods(s):
+        if tool != "sshd" or _pinned_node(o) != node or f"ListenAddress={ip}" not in a:
+            continue
+        conf = _secret_of(s, o) or {}
+        m = re.search(r"^Port (\d+)$", conf.get("sshd_config", ""), re.M)
+        if node is not None and _pod_status(s, o).get("phase") == "Running":
+            return node, o, int(m.group(1)) if m else 22
+    return None
+
+
+def _mpirun(s: dict[str, Any], args: list[str]) -> tuple[str, bool]:
+    """What a launcher's mpirun prints, and whether it succeeded."""
+    hosts = [h.rsplit(":", 1) for h in _opt(args, "-H").split(",") if h]
+    rsh = _opt(args, "plm_rsh_args")
+    port = int(_opt(rsh.split(), "-p", "22"))
+    placed: list[tuple[str, int]] = []
+    for ip, slots in hosts:
+        at = _sshd_at(s, ip)
+        if at is None or at[2] != port:  # OpenSSH's sshconnect.c words, then Open MPI's (orte/mca/plm/rsh)
+            return (f"ssh: connect to host {ip} port {port}: Connection refused\n" + ORTE_LOST), False
+        placed.append((at[0], int(slots)))
+    env = dict(x.split("=", 1) for x in (args[i + 1] for i, a in enumerate(args) if a == "-x") if "=" in x)
+    hcas = [h.split(":") for h in env.get("NCCL_IB_HCA", "").lstrip("=").split(",") if h]
+    bounds = []
+    for node, g in placed:
+        host = s["nodes"][node]["host"]
+        spec = _read_json(_hp(host, "var_lib/gpuk8s-lab/host.json"))
+        bounds.append(_nccl_peak(spec, g) * float(_fabric_model(host).get("nccl", 1.0)))
+        ports = _rdma_ports(host)
+        eff = [_rate(p) * float((_fabric_model(host).get("throughput") or {}).get(f"{d}/{pt}", 1.0))
+               for (d, pt), p in ports.items() if p.get("state", "").startswith("4")
+               and (not hcas or [d, str(pt)] in hcas)]
+        bounds.append(len(eff) * min(eff) * 0.12 * 0.98 if eff else 1.1)  # no IB: NCCL's sockets
+    first = _read_json(_hp(s["nodes"][placed[0][0]]["host"], "var_lib/gpuk8s-lab/host.json"))
+    lo, hi, f = int(_opt(args, "-b", "33554432")), int(_opt(args, "-e", "33554432")), int(_opt(args, "-f", "2"))
+    out = [f"# nThread 1 nGpus 1 minBytes {lo} maxBytes {hi} step: {f}(factor) warmup iters: 1 iters: 20 agg iters: "
+           "1 validation: 1 graph: 0", "#", "# Using devices"]
+    rank = 0
+    for node, g in placed:
+        for i in range(g):
+            out.append(f"#  Rank {rank:2d} Group  0 Pid  {1000 + rank:5d} on {node:>10} device {i:2d} "
+                       f"[0000:{0x18 + i:02x}:00] {first.get('gpu_model', 'NVIDIA A100-SXM4-80GB')}")
+            rank += 1
+    return _nccl_rows(out, min(bounds), lo, hi, f, rank), True
+
+
+def _rate(p: dict[str, str]) -> float:
+    m = re.match(r"([0-9.]+)", p.get("rate", "0"))
+    return float(m.group(1)) if m else 0.0
+
+
 def fabric_log(s: dict[str, Any], pod: dict[str, Any]) -> str | None:
     """What `kubectl logs` prints of a fabric test pod that ran; None: not one (or not run)."""
     t = _tool(pod)
@@ -3884,6 +3975,10 @@ def fabric_log(s: dict[str, Any], pod: dict[str, Any]) -> str | None:
     tool, args = t
     if tool == "all_reduce_perf":
         return _nccl_log(s, node, args)
+    if tool == "mpirun":
+        return _mpirun(s, args)[0]
+    if tool == "sshd":
+        return f"Server listening on {_opt(args, '-o')[len('ListenAddress='):]} port 18514.\n"
     if _perftest_peer(args) is None:
         return ("\n************************************\n* Waiting for client to connect... *\n"
                 "************************************\n")
