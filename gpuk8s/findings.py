@@ -327,6 +327,8 @@ FINDINGS.update({
     "health.nvlink-down": _h("no NVLink link inactive (nvidia-smi nvlink -s)"),
     "health.clocks-slowdown": _h("no hardware clock slowdown (thermal or power brake) active", "warning"),
     "health.fabric": _h("on NVSwitch systems every GPU's fabric state is Completed, status Success"),
+    "health.rdma-links": _h("the fabric level: each port of the host's RDMA fabric Active at fabric.expect.rate, no "
+                            "error counter above zero (ibqueryerrors' default threshold)"),
     "health.dcgm-diag": _h("the standard and long levels: DCGM's diagnostic (dcgmi diag -r 2 / -r 3) fails no test "
                            "(skipped, and said, where DCGM is not installed)"),
     "health.release": _h("gpuk8s health --release: the quarantine taint is removed only from a node whose GPUs pass "

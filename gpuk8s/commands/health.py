@@ -25,7 +25,8 @@ def register(app: typer.Typer, load_inventory: Callable[..., Any]) -> None:
         concurrency: int = typer.Option(16, "--concurrency", "-c", min=1, max=512, help="Hosts contacted at once."),
         level: str = typer.Option("quick", "--level", help="quick: one round trip per host; standard / long: "
                                   "also DCGM's diagnostic (dcgmi diag -r 2 / -r 3: minutes / up to an hour) where "
-                                  "DCGM is installed."),
+                                  "DCGM is installed; fabric: also the RDMA fabric's ports and their error "
+                                  "counters (hosts with fabric:)."),
         release_: bool = typer.Option(False, "--release", help="Remove the quarantine taint (gpuk8s.io/quarantine) "
                                       "from each named node whose GPUs pass the check now."),
     ) -> None:

@@ -145,6 +145,30 @@ def _hex(value: str) -> int | None:
     return int(value, 16) if re.fullmatch(r"0x[0-9a-fA-F]{1,8}", value) else None
 
 
+# -- error counters ------------------------------------------------------------------------------------------
+
+# An RDMA port's error counters as the kernel's sysfs names them (drivers/infiniband/core/sysfs.c PORT_PMA_ATTR: the
+# port's PMA counters; they count since the last clear and stop at their width's maximum). infiniband-diags'
+# ibqueryerrors reports each of them above its threshold, "The default threshold is zero (0)" (ibqueryerrors(8)).
+ERROR_COUNTERS = ("symbol_error", "link_error_recovery", "link_downed", "port_rcv_errors",
+                  "port_rcv_remote_physical_errors", "port_rcv_switch_relay_errors", "port_xmit_discards",
+                  "port_xmit_constraint_errors", "port_rcv_constraint_errors", "local_link_integrity_errors",
+                  "excessive_buffer_overrun_errors", "VL15_dropped")
+# what `grep -H . FILE...` prints of them (the probe prints the same): PATH:VALUE
+_COUNTER = re.compile(r"^/sys/class/infiniband/([A-Za-z0-9_.:-]{1,64})/ports/([0-9]{1,3})/counters/([A-Za-z0-9_]{1,64})"
+                      r":([0-9]{1,20})$")
+
+
+def parse_port_counters(text: str) -> dict[tuple[str, int], dict[str, int]]:
+    """Each port's error counters, (device, port) -> name -> value; other lines and counters ignored."""
+    out: dict[tuple[str, int], dict[str, int]] = {}
+    for line in _lines(text):
+        m = _COUNTER.match(line.strip())
+        if m and m.group(3) in ERROR_COUNTERS:
+            out.setdefault((m.group(1), int(m.group(2))), {})[m.group(3)] = int(m.group(4))
+    return out
+
+
 # -- show_gids -------------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)

@@ -22,9 +22,10 @@ trusted further than a number or a short cleaned string.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import islice
 
+from gpuk8s.facts.fabric import ERROR_COUNTERS, parse_port_counters
 from gpuk8s.facts.parse import ParseError, split_sections
 from gpuk8s.text import ascii_int, one_line
 
@@ -53,6 +54,14 @@ _BUS = re.compile(r"([0-9a-f]{4,8}):([0-9a-f]{2}):([0-9a-f]{2})(?:\.[0-7])?")
 # dmesg; only the lines that name an Xid or a GPU off the bus, at most 4,000 (klog_cut).
 # the lines kept: an Xid, a GPU the driver says fell off the bus (one line, or the 570+ text over three)
 KERNEL_PATTERN = r"NVRM: (Xid|GPU [0-9a-fA-F]{4,8}:|The NVIDIA GPU|fallen off the bus)"
+# The fabric level's section: each RDMA port's error counters, printed as `grep -H . FILE` prints them (PATH:VALUE);
+# files only, no tool
+RDMA_SECTION = f"""
+rdmacnt() {{ for p in /sys/class/infiniband/*/ports/*; do [ -d "$p/counters" ] || continue
+  for c in {' '.join(ERROR_COUNTERS)}; do
+    v=; read -r v 2>/dev/null < "$p/counters/$c" && printf '%s:%s\\n' "$p/counters/$c" "$v"; done; done; true; }}
+quick health-rdma-counters rdmacnt
+"""
 SMI_SECTIONS = """
 smiq() { smi -q; }
 quick health-smi-q smiq
@@ -373,6 +382,8 @@ class HealthFacts:
     kernel_read: bool = False
     kernel_error: str = ""
     kernel: KernelLog = field(default_factory=KernelLog)
+    # the fabric level: each RDMA port's error counters ((device, port) -> name -> value); None: not read
+    rdma_counters: dict[tuple[str, int], dict[str, int]] | None = None
 
 
 def health_facts(smi: tuple[int, str] | None, nvlink: tuple[int, str] | None,
@@ -402,4 +413,6 @@ def read_health(stdout: str) -> HealthFacts:
         v = s.get(name)
         return (v.rc, v.output) if v is not None else None
 
-    return health_facts(sec("health-smi-q"), sec("health-nvlink"), sec("health-kernel"))
+    h = health_facts(sec("health-smi-q"), sec("health-nvlink"), sec("health-kernel"))
+    rdma = sec("health-rdma-counters")
+    return replace(h, rdma_counters=parse_port_counters(rdma[1])) if rdma is not None and rdma[0] == 0 else h

@@ -16,10 +16,16 @@ The quick level's checks, each with its source and threshold (docs/health.md):
 - health.nvlink-down: an NVLink link `<inactive>`.
 - health.clocks-slowdown: the hardware is slowing the GPU's clocks (thermal, power brake).
 - health.fabric: on NVSwitch systems the GPU's fabric state is not Completed/Success.
+
+The fabric level (`--level fabric`, issue 43) adds health.rdma-links on hosts whose inventory sets `fabric:`: each
+port of the fabric Active/LinkUp at the expected rate, and none of its error counters above zero (the kernel's PMA
+counters, infiniband-diags' ibqueryerrors default threshold): a link with errors retransmits while its rate still
+reads full; before a node joins, no pod is needed to see it.
 """
 
 from __future__ import annotations
 
+from gpuk8s import fabricplan
 from gpuk8s.driver.xid import is_fatal, lookup, recovery_action
 from gpuk8s.facts.dcgm import DiagReport
 from gpuk8s.facts.health import HealthFacts
@@ -235,7 +241,36 @@ def _fabric(facts: HostFacts, h: HealthFacts) -> Finding:
 
 # The standard and long levels: the dcgmi diag level each runs (docs/health.md); the one table of them
 DCGM_RUNS = {"standard": 2, "long": 3}
-LEVELS = ("quick", *DCGM_RUNS)
+LEVELS = ("quick", *DCGM_RUNS, "fabric")
+
+
+def judge_rdma(host: Host, facts: HostFacts, h: HealthFacts) -> Finding:
+    """health.rdma-links (the fabric level): the fabric's ports (fabricplan: fabric.nics of its link layer, as
+    cabled) each Active/LinkUp at fabric.expect.rate, and no error counter of theirs above zero."""
+    plan = fabricplan.plan(host, facts)
+    if plan is None:
+        return skipped("health.rdma-links", "no RDMA fabric: the inventory sets no fabric: here, or no port of its "
+                       "link layer was read")
+    if h.rdma_counters is None:
+        return skipped("health.rdma-links", "the ports' error counters could not be read")
+    bad = []
+    for p in plan.ports:
+        name = fabricplan.port_name(p.device, p.port)
+        if not p.active:
+            bad.append(f"{name} {p.state}/{p.physical_state}")
+        elif plan.expect_rate and p.rate is not None and p.rate < plan.expect_rate:
+            bad.append(f"{name} at {p.rate:g} Gb/s, not {plan.expect_rate}")
+        errors = {k: v for k, v in h.rdma_counters.get((p.device, p.port), {}).items() if v > 0}
+        if errors:
+            bad.append(f"{name}: " + ", ".join(f"{k} {v}" for k, v in errors.items()))
+    if bad:
+        return failed("health.rdma-links", "; ".join(bad),
+                      "a port down or slow: its cable, transceiver and switch port (gpuk8s preflight names the "
+                      "state); errors counted: the link retransmits at its full rate's reading, reseat or replace "
+                      "the cable or transceiver named (mlxlink -d DEV -m: BER), then clear the port's counters "
+                      "(perfquery -x -R -C DEV -P PORT) and run gpuk8s health --level fabric again")
+    return passed("health.rdma-links", f"{len(plan.ports)} {fabricplan.NAMES[plan.link_layer]} port(s) Active"
+                  + (f" at {plan.rate:g} Gb/s" if plan.rate else "") + ", no error counted")
 
 
 def judge_dcgm(level: str, report: DiagReport | None) -> Finding:

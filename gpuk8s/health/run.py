@@ -16,11 +16,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpuk8s.facts.dcgm import MAX_BYTES, parse_diag
-from gpuk8s.facts.health import KERNEL_SECTION, SMI_SECTIONS, HealthFacts, read_health
+from gpuk8s.facts.health import KERNEL_SECTION, RDMA_SECTION, SMI_SECTIONS, HealthFacts, read_health
 from gpuk8s.facts.model import HostFacts
 from gpuk8s.findings import Finding, counts, failed
 from gpuk8s.gpuplan import is_gpu_node
-from gpuk8s.health.checks import DCGM_RUNS, judge, judge_dcgm
+from gpuk8s.health.checks import DCGM_RUNS, judge, judge_dcgm, judge_rdma
 from gpuk8s.inventory.model import Host
 from gpuk8s.preflight.runner import probe
 from gpuk8s.remote import RemoteError, Session, for_each_host
@@ -89,12 +89,13 @@ def check_host(host: Host, sudo_password: str | None, level: str = "quick") -> H
 
 def check_session(session: Session, level: str = "quick") -> HostHealth:
     """The quick level over an open (or not yet opened) connection, one round trip; the standard and long levels
-    add DCGM's diagnostic on a GPU host that can be checked at all, one more."""
+    add DCGM's diagnostic on a GPU host that can be checked at all, one more; the fabric level the RDMA ports' error
+    counters, in the same round trip."""
     host = session.host
     out = HostHealth(host)
     t0 = time.monotonic()
     try:
-        facts, checks, _, stdout = probe(session, extra=EXTRA)
+        facts, checks, _, stdout = probe(session, extra=EXTRA + (RDMA_SECTION if level == "fabric" else ""))
     except RemoteError as e:
         # a probe that came back unreadable (cut, nothing parseable) is not a host that cannot be reached
         out.reachable = e.kind == "probe"
@@ -106,6 +107,8 @@ def check_session(session: Session, level: str = "quick") -> HostHealth:
     bad = [c for c in checks if c.status == "fail"]  # sudo: the probe ran unprivileged, its answers are partial
     out.health = read_health(stdout)
     out.findings = bad + judge(host, facts, out.health)
+    if level == "fabric":
+        out.findings.append(judge_rdma(host, facts, out.health))
     if level in DCGM_RUNS and is_gpu_node(host) and facts.gpu.state == "ok":
         out.findings.append(dcgm(session, level))
     out.seconds = time.monotonic() - t0

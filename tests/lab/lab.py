@@ -32,6 +32,12 @@ import yaml
 
 from tests.lab.fleet import Fleet, HostSpec, load_fleet
 
+# an RDMA port's error counters as the kernel's sysfs names them (drivers/infiniband/core/sysfs.c PORT_PMA_ATTR)
+ERROR_COUNTERS = ("symbol_error", "link_error_recovery", "link_downed", "port_rcv_errors",
+                  "port_rcv_remote_physical_errors", "port_rcv_switch_relay_errors", "port_xmit_discards",
+                  "port_xmit_constraint_errors", "port_rcv_constraint_errors", "local_link_integrity_errors",
+                  "excessive_buffer_overrun_errors", "VL15_dropped")
+
 
 def _instance() -> int:
     """Which lab of this machine: 0 (the default), or N for GPUK8S_LAB_INSTANCE=N, or pytest-xdist's worker gwN
@@ -324,6 +330,9 @@ class LabHost:
             d = f"{self.RDMA}/{p['device']}/ports/{p.get('port', 1)}"
             for key in ("state", "phys_state", "rate", "link_layer", "sm_lid"):
                 self.write(f"{d}/{key}", str(p.get(key, "")) + "\n")
+            # the port's error counters (counters/NAME, drivers/infiniband/core/sysfs.c): 0 unless the test says
+            for c in ERROR_COUNTERS:
+                self.write(f"{d}/counters/{c}", f"{int((p.get('counters') or {}).get(c, 0))}\n")
             # a RoCE port's GID table: gids/N, gid_attrs/types/N ("IB/RoCE v1" or "RoCE v2"), gid_attrs/ndevs/N, as
             # the kernel's sysfs holds them; entries are added or overwritten (the files sit under an overlay: a
             # directory removed beneath it would not be seen again)

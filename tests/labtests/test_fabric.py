@@ -5,12 +5,19 @@ brought up is seen by the next run."""
 
 from __future__ import annotations
 
+import base64
 import json
+import os
+import shlex
+import shutil
+import socket
+import subprocess
 import time
 from pathlib import Path
 
 import yaml
 
+from gpuk8s.phases import fabric_nccl as fn
 from tests.labtests.test_preflight import checks_by_host
 
 UP = {"state": "4: ACTIVE", "phys_state": "5: LinkUp", "link_layer": "InfiniBand", "sm_lid": "0x1"}
@@ -64,12 +71,14 @@ def test_preflight_names_the_port_down_and_the_port_slow(lab_up, run_cli, tmp_pa
 
 # Four HGX H100 nodes (8 GPUs, NVSwitches), two NDR InfiniBand ports each (the same rails on every node), one link
 # with errors on ib-3's second port: its sysfs still reads Active at 400 Gb/s (preflight passes), its RDMA bandwidth
-# is a quarter.
+# is a quarter, its error counters count.
 IB_FLEET = yaml.safe_dump({"hosts": [
     {"name": "cp-1", "role": "control-plane"},
     *({"name": f"ib-{i}", "gpus": 8, "gpu_model": "NVIDIA H100 80GB HBM3", "gpu_memory_mib": 81559, "nvswitches": 4,
        "fabricmanager": True,
-       "rdma": [{"device": "mlx5_0", **UP, "rate": NDR}, {"device": "mlx5_1", **UP, "rate": NDR}]}
+       "rdma": [{"device": "mlx5_0", **UP, "rate": NDR},
+                {"device": "mlx5_1", **UP, "rate": NDR,
+                 "counters": {"symbol_error": 4127, "link_error_recovery": 3} if i == 3 else {}}]}
       for i in range(1, 5)),
 ]})
 
@@ -78,6 +87,12 @@ def test_verify_fabric_names_the_node_and_port_of_a_degraded_link(lab_up, run_cl
     lab = lab_up(IB_FLEET)
     inv, doc = with_fabric(lab, tmp_path, {"link_layer": "infiniband", "expect": {"ports": 2, "rate": 400}})
     lab.host("ib-3").write_fabric({"throughput": {"mlx5_1/1": 0.25}})
+    # before the nodes join: health's fabric level reads the ports' error counters over SSH
+    r = run_cli("health", "ib-2", "ib-3", "-i", str(inv), "--level", "fabric", "-o", "json")
+    h = {x["name"]: {f["id"]: f for f in x["findings"]} for x in json.loads(r.stdout)["hosts"]}
+    assert r.returncode == 1 and h["ib-3"]["health.rdma-links"]["status"] == "fail", r.stdout[-2000:]
+    assert h["ib-3"]["health.rdma-links"]["message"] == "mlx5_1: symbol_error 4127, link_error_recovery 3"
+    assert h["ib-2"]["health.rdma-links"]["message"] == "2 InfiniBand port(s) Active at 400 Gb/s, no error counted"
     r = run_cli("install", "-i", str(inv), "-o", "json", "--kubeconfig-out", str(tmp_path / "kc"))
     rep = json.loads(r.stdout)
     assert r.returncode == 0, json.dumps([p for p in rep["phases"] if p["status"] == "failed"])[:4000]
@@ -267,15 +282,6 @@ def test_the_workers_sshd_and_the_launchers_ssh_accept_the_runs_keys_and_nothing
     with the run's sshd_config (checked by sshd -t, then serving), the launcher's ssh with mpirun's plm_rsh_args
     and the run's files from the Secret: in by the run's key, the workers' host key verified by its alias; another
     host key refused, another client key refused."""
-    import base64
-    import os
-    import shlex
-    import shutil
-    import socket
-    import subprocess
-
-    from gpuk8s.phases import fabric_nccl as fn
-
     sshd = shutil.which("sshd") or "/usr/sbin/sshd"
     assert os.path.exists(sshd) and os.geteuid() == 0, "the lab's own needs: root and openssh-server (.ci/run)"
     d = tmp_path / "ssh"

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from gpuk8s.facts import fabric
+from gpuk8s.facts.health import RDMA_SECTION, HealthFacts
+from gpuk8s.health.checks import judge_rdma
 from gpuk8s.inventory import InventoryError, loads
 from gpuk8s.preflight.fabric_checks import fabric_checks
 from tests.unit.test_checks import facts
@@ -268,3 +270,31 @@ def test_gpus_whose_nearest_fabric_nic_is_across_the_cpu_are_named() -> None:
                            "mlx5_1)")
     # not read (no GK_FABRIC, or nvidia-smi failed): skipped, not passed
     assert by_id(fabric_checks(host("{link_layer: infiniband}"), facts(rdma=rdma)))["fabric.affinity"].status == "skip"
+
+
+def test_health_reads_the_ports_error_counters_and_names_those_above_zero(tmp_path: Path) -> None:
+    """The fabric level's section run by sh on a sysfs tree (the kernel's counter names, drivers/infiniband/core/
+    sysfs.c), its lines read back; hostile lines and unknown counters ignored; a port with errors named."""
+    root = tmp_path / "sys" / "class" / "infiniband"
+    for dev, errs in (("mlx5_0", {}), ("mlx5_1", {"symbol_error": 65535, "link_downed": 2})):
+        d = root / dev / "ports" / "1" / "counters"
+        d.mkdir(parents=True)
+        for c in fabric.ERROR_COUNTERS + ("port_xmit_wait",):
+            (d / c).write_text(f"{errs.get(c, 0)}\n")
+    fn = RDMA_SECTION.split("quick ")[0].replace("/sys/class/infiniband", str(root))
+    out = subprocess.run(["sh", "-c", fn + "rdmacnt"], capture_output=True, text=True, check=True).stdout
+    out = out.replace(str(root), "/sys/class/infiniband")
+    hostile = "/sys/class/infiniband/x/ports/1/counters/symbol_error:1e9\n" + "\x1b[31m" * 3 + "\n"
+    got = fabric.parse_port_counters(out + hostile)
+    assert set(got) == {("mlx5_0", 1), ("mlx5_1", 1)} and set(got[("mlx5_0", 1)]) == set(fabric.ERROR_COUNTERS)
+    assert got[("mlx5_1", 1)]["symbol_error"] == 65535 and "port_xmit_wait" not in got[("mlx5_1", 1)]
+    up = fabric.RdmaPort("mlx5_0", 1, "Active", "LinkUp", 400.0, "InfiniBand")
+    f = facts(rdma=(up, dataclasses.replace(up, device="mlx5_1")))
+    host = loads("hosts:\n  - {name: cp-1, address: 10.0.0.1, role: control-plane}\n"
+                 "  - {name: g, address: 10.0.0.2, gpus: 2, fabric: {link_layer: infiniband, expect: {rate: 400}}}\n",
+                 "inventory.yaml").host("g")
+    r = judge_rdma(host, f, HealthFacts(rdma_counters=got))
+    assert r.status == "fail" and r.message == "mlx5_1: symbol_error 65535, link_downed 2"
+    r = judge_rdma(host, f, HealthFacts(rdma_counters={k: v for k, v in got.items() if k[0] == "mlx5_0"}))
+    assert r.status == "pass" and r.message == "2 InfiniBand port(s) Active at 400 Gb/s, no error counted"
+    assert judge_rdma(host, f, HealthFacts()).status == "skip"  # counters not read: not a pass
