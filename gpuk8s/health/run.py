@@ -33,6 +33,16 @@ DCGM_TIMEOUT = {"standard": 1800, "long": 7200}
 NOT_INSTALLED = 127  # the exit status of the command below without dcgmi
 
 
+def sections(level: str) -> str:
+    """The health sections a level reads with the probe: the fabric level's RDMA counters beside the quick ones."""
+    return EXTRA + (RDMA_SECTION if level == "fabric" else "")
+
+
+def judge_level(host: Host, facts: HostFacts, h: HealthFacts, level: str) -> list[Finding]:
+    """The quick level's findings, and the fabric level's where it is the level."""
+    return judge(host, facts, h) + ([judge_rdma(host, facts, h)] if level == "fabric" else [])
+
+
 def dcgm_command(level: str) -> str:
     return (f"command -v dcgmi >/dev/null 2>&1 || {{ echo 'dcgmi: not installed'; exit {NOT_INSTALLED}; }}; "
             f"dcgmi diag -r {DCGM_RUNS[level]} -j")
@@ -95,7 +105,7 @@ def check_session(session: Session, level: str = "quick") -> HostHealth:
     out = HostHealth(host)
     t0 = time.monotonic()
     try:
-        facts, checks, _, stdout = probe(session, extra=EXTRA + (RDMA_SECTION if level == "fabric" else ""))
+        facts, checks, _, stdout = probe(session, extra=sections(level))
     except RemoteError as e:
         # a probe that came back unreadable (cut, nothing parseable) is not a host that cannot be reached
         out.reachable = e.kind == "probe"
@@ -106,9 +116,7 @@ def check_session(session: Session, level: str = "quick") -> HostHealth:
     out.facts = facts
     bad = [c for c in checks if c.status == "fail"]  # sudo: the probe ran unprivileged, its answers are partial
     out.health = read_health(stdout)
-    out.findings = bad + judge(host, facts, out.health)
-    if level == "fabric":
-        out.findings.append(judge_rdma(host, facts, out.health))
+    out.findings = bad + judge_level(host, facts, out.health, level)
     if level in DCGM_RUNS and is_gpu_node(host) and facts.gpu.state == "ok":
         out.findings.append(dcgm(session, level))
     out.seconds = time.monotonic() - t0

@@ -577,7 +577,7 @@ class _Reader:
         readers: dict[str, Callable[[Node, str], Any]] = {
             # YAML 1.1 reads a bare off as false: that is what the user wrote
             "before_join": lambda n, k: "off" if self.value(n, k) is False else self.choice(
-                n, k, ("quick", "standard", "long", "off")),
+                n, k, ("quick", "standard", "long", "fabric", "off")),
             "on_failure": lambda n, k: self.choice(n, k, ("quarantine", "skip", "fail")),
         }
         return HealthSettings(**self.fields(node, "health", _HEALTH_KEYS, readers))

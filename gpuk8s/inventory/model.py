@@ -278,7 +278,7 @@ class MonitoringSettings:
 class HealthSettings:
     """The health section (docs/health.md): the GPU health check install and join run before a node joins."""
 
-    before_join: Literal["quick", "standard", "long", "off"] = "quick"
+    before_join: Literal["quick", "standard", "long", "fabric", "off"] = "quick"
     # quarantine: joined with the taint gpuk8s.io/quarantine=<finding>:NoSchedule; skip: not joined; fail: the run
     # stops before any node is initialised or joined
     on_failure: Literal["quarantine", "skip", "fail"] = "quarantine"

@@ -20,8 +20,8 @@ from gpuk8s import findings
 from gpuk8s.errors import GpuK8sError
 from gpuk8s.findings import Finding
 from gpuk8s.gpuplan import is_gpu_node, quarantine_taint
-from gpuk8s.health.checks import DCGM_RUNS, judge
-from gpuk8s.health.run import check_session, dcgm
+from gpuk8s.health.checks import DCGM_RUNS
+from gpuk8s.health.run import check_session, dcgm, judge_level
 from gpuk8s.inventory.model import Host
 from gpuk8s.kube import state
 from gpuk8s.phases.base import Change, Context, Phase, PhasePlan, PhaseResult
@@ -55,10 +55,12 @@ class Health(Phase):
         the reading taken with its facts where those are still the context's, else from a fresh one (one round
         trip: a later phase read its facts again)."""
         got = ctx.health.get(h.name)
+        level = ctx.inv.health.before_join
         if got is not None and got[0] is ctx.facts.get(h.name):
-            found, gpu_ok = judge(h, got[0], got[1]), got[0].gpu.state == "ok"
+            found, gpu_ok = judge_level(h, got[0], got[1], level), got[0].gpu.state == "ok"
         else:
-            res = check_session(ctx.sessions[h.name])
+            # DCGM's diagnostic runs after, on the hosts this passes (_judge): not inside this reading
+            res = check_session(ctx.sessions[h.name], "fabric" if level == "fabric" else "quick")
             found, gpu_ok = res.findings, res.facts is not None and res.facts.gpu.state == "ok"
         return [f.about(findings.host(h.name)) for f in found], gpu_ok
 

@@ -18,7 +18,7 @@ from gpuk8s.errors import GpuK8sError
 from gpuk8s.facts.health import HealthFacts, read_health
 from gpuk8s.facts.model import HostFacts
 from gpuk8s.gpuplan import is_gpu_node
-from gpuk8s.health.run import EXTRA
+from gpuk8s.health.run import sections
 from gpuk8s.install.prepare import Event, PrepareReport, prepare
 from gpuk8s.inventory.model import Host, Inventory
 from gpuk8s.kube import state
@@ -56,7 +56,8 @@ def health_sections(ctx: Context) -> tuple[Callable[[Host], str] | None, set[str
     except Exception as e:  # no cluster yet (no admin.conf, no kubectl), or unreadable: read every GPU host
         log.info("the cluster's nodes could not be read before preflight: %s", getattr(e, "message", repr(e)))
     held = {n for n, obj in nodes.items() if state.quarantined(obj)}
-    return (lambda h: EXTRA if is_gpu_node(h) and h.name not in nodes else ""), held
+    extra = sections(ctx.inv.health.before_join)
+    return (lambda h: extra if is_gpu_node(h) and h.name not in nodes else ""), held
 
 
 def lenient(extra: Callable[[Host], str] | None, quarantined: set[str]) -> Callable[[Host], bool]:

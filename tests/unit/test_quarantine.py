@@ -5,6 +5,7 @@ health phase."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ import pytest
 import yaml
 
 from gpuk8s import gpuplan
+from gpuk8s.facts.fabric import RdmaPort
 from gpuk8s.facts.health import HealthFacts, health_facts
 from gpuk8s.findings import passed as findings_passed
 from gpuk8s.health.checks import judge, judge_dcgm
@@ -414,3 +416,30 @@ def test_release_of_a_taint_naming_no_check_is_kept() -> None:
     release_with(kube, rep)  # type: ignore[arg-type]
     assert kube.writes == [] and rep.hosts[0].findings[-1].message == (
         "kept in quarantine (unknown): the check that put it there (unknown) did not run now")
+
+
+def test_the_fabric_level_gates_a_host_whose_rdma_port_counts_errors() -> None:
+    """health.before_join: fabric (issue 43): the quick level plus the fabric's ports and their error counters; a
+    host whose port counts symbol errors is quarantined for it before it joins, a clean one joins."""
+    inv = loads("hosts:\n  - {name: cp, address: 10.0.0.10, role: control-plane}\n"
+                "  - {name: g1, address: 10.0.0.11, gpus: 8, fabric: {link_layer: infiniband}}\n"
+                "  - {name: g2, address: 10.0.0.12, gpus: 8, fabric: {link_layer: infiniband}}\n"
+                "health: {before_join: fabric}\n", "inv.yaml")
+    up = RdmaPort("mlx5_0", 1, "Active", "LinkUp", 400.0, "InfiniBand")
+    f = {h.name: facts(rdma=(up,)) for h in inv.hosts}
+    clean = dataclasses.replace(h100(), rdma_counters={("mlx5_0", 1): {"symbol_error": 0}})
+    errors = dataclasses.replace(h100(), rdma_counters={("mlx5_0", 1): {"symbol_error": 9, "link_downed": 1}})
+    ctx = Context(inv, sessions={h.name: Session(h) for h in inv.hosts}, facts=f,  # type: ignore[misc]
+                  health={"g1": (f["g1"], clean), "g2": (f["g2"], errors)}, kube_client=FakeKube(),
+                  initialized_cache=False, plans=gpuplan.plans(inv, f))
+    r = phase.Health().run(ctx)
+    assert ctx.quarantine == {"g2": "health.rdma-links"}, r.hosts
+    assert r.hosts["g1"] == "healthy"
+    assert r.hosts["g2"].endswith("health.rdma-links: mlx5_0: symbol_error 9, link_downed 1")
+    # the quick level does not read the counters: the same host passes it
+    quick = Context(dataclasses.replace(inv, health=HealthSettings("quick", "quarantine")),
+                    sessions={h.name: Session(h) for h in inv.hosts}, facts=f,  # type: ignore[misc]
+                    health={"g1": (f["g1"], clean), "g2": (f["g2"], errors)}, kube_client=FakeKube(),
+                    initialized_cache=False, plans=gpuplan.plans(inv, f))
+    phase.Health().run(quick)
+    assert quick.quarantine == {}
