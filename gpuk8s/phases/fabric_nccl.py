@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import ipaddress
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -207,8 +208,21 @@ def _over(pod: state.PodState | None) -> bool:
         pod.phase == "Pending" and bool(pod.unschedulable)))
 
 
+# what a launcher that could not start its ranks says that matters: ssh's own line (OpenSSH: "ssh: connect to host
+# H port P: Connection refused", "Host key verification failed.", "Permission denied (publickey)") and the headline
+# of Open MPI's help message ("ORTE was unable to reliably start one or more daemons.", its help-errmgr-base.txt;
+# PRRTE's "PRTE has lost communication ..." from Open MPI 5); the rest of that message is a generic list of causes
+_MPI_SAID = re.compile(r"^(ssh: .{1,200}|.{0,80}Host key verification failed\.?|"
+                       r".{0,80}Permission denied \(.{1,60}\)\.?|ORTE was unable to .{1,100}|PRTE has lost .{1,100}|"
+                       r"An ORTE daemon has unexpectedly failed.{0,60})$")
+
+
 def _last(text: str) -> str:
-    return " / ".join(ln.strip() for ln in text.strip().splitlines()[-3:])[:400]
+    """What the launcher's log says of its failure (bounded): mpirun's and ssh's words where it has them, else its
+    last lines."""
+    lines = [ln.strip()[:1000] for ln in text.strip().splitlines()[-200:]]
+    said = list(dict.fromkeys(ln for ln in lines if _MPI_SAID.match(ln)))
+    return " / ".join(said[:3] if said else lines[-3:])[:400]
 
 
 class PairRun:

@@ -54,6 +54,8 @@ class Cluster(FakeKube):
                     "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
                     "message": "0/4 nodes are available: 1 Insufficient nvidia.com/gpu."}]} if node in self.no_worker \
                     else {"phase": "Running"}
+            elif "-mpi-" in name and "ORTE" in self.across:
+                d["status"] = {"phase": "Failed"}
             elif "-srv-" in name and node in self.unschedulable:
                 d["spec"].pop("nodeName")
                 d["status"] = {"phase": "Pending", "conditions": [{
@@ -192,3 +194,15 @@ def test_the_dry_run_shows_the_secret_without_keys() -> None:
         "round 2: NCCL all-reduce across b and c (a launcher pod, then deleted)",
         "round 3: NCCL all-reduce across c and a (a launcher pod, then deleted)"]
     assert not [c for c in kube.calls if c[0] == "apply"]
+
+
+def test_a_launcher_that_cannot_reach_a_worker_is_named_with_ssh_and_open_mpis_words() -> None:
+    orte = (REAL / "mpi" / "mpirun-ssh-refused-orte-failed-daemon-launch.txt").read_text()
+    kube = Cluster(across=orte)
+    ctx = context(kube, quarantine=True)
+    r = FabricVerify().run(ctx)
+    got = {(f.subject.name, f.id): f for f in ctx.findings if f.subject}
+    assert got[("a", "fabric.nccl-pairs")].message.startswith(
+        "all-reduce a + b printed no result: the launcher Failed: ssh: connect to host 192.168.43.57 port 22: "
+        "Connection refused / ORTE was unable to reliably start one or more daemons.; "), got[("a", "fabric.nccl-pairs")]
+    assert not r.hosts  # nothing measured: nothing quarantined

@@ -3699,8 +3699,11 @@ NCCL_HEADER = [
     "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)"]
 
 
-# what Open MPI's mpirun prints when a daemon it started over ssh does not call back (TODO: the real text)
-ORTE_LOST = "ORTE was unable to reliably start one or more daemons.\n"
+# what Open MPI's mpirun (ORTE) prints after ssh's own line when it cannot start a daemon on a host: its help message
+# [failed-daemon-launch] (tests/fixtures/real/fabric/mpi/mpirun-ssh-refused-orte-failed-daemon-launch.txt, from
+# Open MPI's orte/mca/errmgr/base/help-errmgr-base.txt), between its 74-dash lines
+ORTE_TEXT = (Path(__file__).resolve().parents[2] / "fixtures" / "real" / "fabric" / "mpi" /
+             "mpirun-ssh-refused-orte-failed-daemon-launch.txt")
 
 
 def _rdma_ports(host: str) -> dict[tuple[str, int], dict[str, str]]:
@@ -3934,7 +3937,8 @@ def _mpirun(s: dict[str, Any], args: list[str]) -> tuple[str, bool]:
     for ip, slots in hosts:
         at = _sshd_at(s, ip)
         if at is None or at[2] != port:  # OpenSSH's sshconnect.c words, then Open MPI's (orte/mca/plm/rsh)
-            return (f"ssh: connect to host {ip} port {port}: Connection refused\n" + ORTE_LOST), False
+            return (f"ssh: connect to host {ip} port {port}: Connection refused\n"
+                    + ORTE_TEXT.read_text().split("\n", 1)[1]), False
         placed.append((at[0], int(slots)))
     env = dict(x.split("=", 1) for x in (args[i + 1] for i, a in enumerate(args) if a == "-x") if "=" in x)
     hcas = [h.split(":") for h in env.get("NCCL_IB_HCA", "").lstrip("=").split(",") if h]
