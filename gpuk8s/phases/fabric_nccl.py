@@ -37,9 +37,10 @@ SSH_PORT = 18514  # the workers' sshd, on the host network: beside perftest's 18
 SSH_DIR = "/etc/gpuk8s-ssh"  # the Secret's files in the worker and launcher pods
 SECRET = "gpuk8s-fabric-ssh"
 HOST_ALIAS = "gpuk8s-fabric-worker"  # the name the launcher's known_hosts gives the workers' one host key
-# Open MPI's mpirun in the test image; called by its full path, which Open MPI takes as --prefix: the workers' orted
-# is found there, with no PATH from a login shell (Open MPI's mpirun(1), "Remote Execution")
-MPIRUN = "/usr/local/mpi/bin/mpirun"
+# Open MPI's mpirun, wherever the test image's PATH has it, called by its absolute path, which Open MPI takes as
+# --prefix: the workers' orted and libraries are found under the same directory, with no PATH from a login shell
+# (Open MPI's mpirun(1), "Remote Execution"). The arguments go through "$@": no value is parsed by the shell.
+MPIRUN = ["sh", "-c", 'exec "$(command -v mpirun)" "$@"', "mpirun"]
 LOG_LINES = 400  # of a launcher's log: the whole table
 PROOF_LABELS = {"app.kubernetes.io/managed-by": "gpuk8s", "gpuk8s.io/proof": "fabric"}
 
@@ -147,7 +148,7 @@ def nccl_env(a: FabricPlan, b: FabricPlan) -> dict[str, str]:
 
 
 def launcher_command(a: FabricPlan, b: FabricPlan, ips: tuple[str, str], size: int) -> list[str]:
-    cmd = [MPIRUN, "--allow-run-as-root", "-np", str(a.gpus + b.gpus), "-H", f"{ips[0]}:{a.gpus},{ips[1]}:{b.gpus}",
+    cmd = [*MPIRUN, "--allow-run-as-root", "-np", str(a.gpus + b.gpus), "-H", f"{ips[0]}:{a.gpus},{ips[1]}:{b.gpus}",
            "--bind-to", "none", "--mca", "plm_rsh_args", RSH_ARGS]
     for k, v in sorted(nccl_env(a, b).items()):
         cmd += ["-x", f"{k}={v}"]

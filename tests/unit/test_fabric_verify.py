@@ -139,8 +139,8 @@ def test_nccl_across_nodes_runs_each_ring_pair_in_rounds_and_leaves_nothing() ->
     assert any(c[0] == "delete" and "gpuk8s-fabric-nccl-a" in c for c in kube.calls[:first_worker])
     # the launcher's mpirun: every GPU of both workers, the workers' sshd by the run's key and known host key
     launcher = applied[secret_at + 2][0]["spec"]["containers"][0]["command"]
-    assert launcher[:7] == ["/usr/local/mpi/bin/mpirun", "--allow-run-as-root", "-np", "16", "-H",
-                            "10.0.0.2:8,10.0.0.3:8", "--bind-to"]
+    assert launcher[:10] == ["sh", "-c", 'exec "$(command -v mpirun)" "$@"', "mpirun", "--allow-run-as-root", "-np",
+                             "16", "-H", "10.0.0.2:8,10.0.0.3:8", "--bind-to"]
     assert "StrictHostKeyChecking=yes" in launcher[launcher.index("plm_rsh_args") + 1]
     assert "NCCL_IB_HCA==mlx5_0:1" in launcher
     worker = applied[secret_at + 1][0]["spec"]
@@ -204,5 +204,5 @@ def test_a_launcher_that_cannot_reach_a_worker_is_named_with_ssh_and_open_mpis_w
     got = {(f.subject.name, f.id): f for f in ctx.findings if f.subject}
     assert got[("a", "fabric.nccl-pairs")].message.startswith(
         "all-reduce a + b printed no result: the launcher Failed: ssh: connect to host 192.168.43.57 port 22: "
-        "Connection refused / ORTE was unable to reliably start one or more daemons.; "), got[("a", "fabric.nccl-pairs")]
+        "Connection refused / ORTE was unable to reliably start one or more daemons.; ")
     assert not r.hosts  # nothing measured: nothing quarantined

@@ -3748,7 +3748,9 @@ def rdma_capacity(s: dict[str, Any], name: str, n: dict[str, Any]) -> dict[str, 
 def _tool(pod: dict[str, Any]) -> tuple[str, list[str]] | None:
     cs = pod.get("spec", {}).get("containers") or [{}]
     cmd = [str(x) for x in (cs[0].get("command") or [])]
-    if cmd[:2] == ["sh", "-c"] and len(cmd) > 2 and "exec " in cmd[2]:  # sh -c '... && exec TOOL ARGS'
+    if cmd[:2] == ["sh", "-c"] and len(cmd) > 3 and cmd[2] == 'exec "$(command -v mpirun)" "$@"':
+        cmd = ["mpirun", *cmd[4:]]  # sh -c 'exec "$(command -v mpirun)" "$@"' mpirun ARGS: $0, then ARGS
+    elif cmd[:2] == ["sh", "-c"] and len(cmd) > 2 and "exec " in cmd[2]:  # sh -c '... && exec TOOL ARGS'
         cmd = shlex.split(cmd[2].split("exec ", 1)[1])
     tool = cmd[0].rsplit("/", 1)[-1] if cmd else ""
     return (tool, cmd[1:]) if tool in FABRIC_TOOLS else None
