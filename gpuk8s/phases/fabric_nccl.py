@@ -31,7 +31,7 @@ from gpuk8s.facts.fabric import classify_nccl, parse_all_reduce
 from gpuk8s.gpuplan import GPU_RESOURCE, RDMA_RESOURCE
 from gpuk8s.kube import state
 from gpuk8s.phases.base import Change, Context
-from gpuk8s.phases.verify import TEST_NAMESPACE, _pod_name
+from gpuk8s.phases.verify import TEST_NAMESPACE, _pod_name, foreign_names
 
 SSH_PORT = 18514  # the workers' sshd, on the host network: beside perftest's 18515 + rail, not the host's own 22
 SSH_DIR = "/etc/gpuk8s-ssh"  # the Secret's files in the worker and launcher pods
@@ -266,6 +266,16 @@ class PairRun:
             return self._judge()
         workers = sorted({n for pr in prs for n in pr})
         names = self.names()
+        foreign = foreign_names(self.ctx, [*(("Pod", n, TEST_NAMESPACE) for n in names),
+                                           ("Secret", SECRET, TEST_NAMESPACE)])
+        if foreign:  # neither deleted nor overwritten: the test does not run
+            for n in workers:
+                self.failed.setdefault(n, []).append(
+                    f"NCCL across nodes not tested: {', '.join(sorted(foreign)[:5])} in namespace {TEST_NAMESPACE} "
+                    "exist(s) and gpuk8s did not create it: delete or rename it")
+            return self._judge()
+        # a run killed midway left its pods (a pod's spec cannot be changed): gone before this run's are made
+        kube.delete("pod", names, TEST_NAMESPACE)
         try:
             kube.apply(yaml.safe_dump(secret(Keys.new()), sort_keys=False))
             kube.apply("---\n".join(yaml.safe_dump(worker_pod(self.ctx, self.fps[n], str(ips[n])), sort_keys=False)

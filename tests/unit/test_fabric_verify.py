@@ -206,3 +206,19 @@ def test_a_launcher_that_cannot_reach_a_worker_is_named_with_ssh_and_open_mpis_w
         "all-reduce a + b printed no result: the launcher Failed: ssh: connect to host 192.168.43.57 port 22: "
         "Connection refused / ORTE was unable to reliably start one or more daemons.; ")
     assert not r.hosts  # nothing measured: nothing quarantined
+
+
+def test_a_users_secret_of_the_runs_name_is_left_alone_and_the_pairs_are_not_run() -> None:
+    kube = Cluster()
+    users = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "gpuk8s-fabric-ssh", "namespace": "default"},
+             "data": {"id": "dXNlcg=="}}
+    kube.objects[("secret", "default", "gpuk8s-fabric-ssh")] = users
+    ctx = context(kube)
+    FabricVerify().run(ctx)
+    got = {(f.subject.name, f.id): f for f in ctx.findings if f.subject}
+    assert got[("a", "fabric.nccl-pairs")].message == (
+        "NCCL across nodes not tested: gpuk8s-fabric-ssh in namespace default exist(s) and gpuk8s did not create it: "
+        "delete or rename it")
+    assert kube.objects[("secret", "default", "gpuk8s-fabric-ssh")] is users  # not overwritten, not deleted
+    assert not [c for c in kube.calls if c[0] == "delete" and c[1] == "secret"]
+    assert not [c for c in kube.calls if c[0] == "apply" and "fabric-worker" in c[1]]
