@@ -63,8 +63,10 @@ PermitTunnel no
 PidFile /run/gpuk8s-fabric-sshd.pid
 """
 # how mpirun's ssh reaches a worker (Open MPI's plm_rsh_args): the run's key, the run's known host, nothing asked
+# (the MPI Operator's launcher retries: ConnectionAttempts=10 in its OMPI_MCA_plm_rsh_args)
 RSH_ARGS = (f"-p {SSH_PORT} -i {SSH_DIR}/id -o IdentitiesOnly=yes -o BatchMode=yes -o StrictHostKeyChecking=yes "
-            f"-o UserKnownHostsFile={SSH_DIR}/known_hosts -o HostKeyAlias={HOST_ALIAS} -o ConnectTimeout=20")
+            f"-o UserKnownHostsFile={SSH_DIR}/known_hosts -o HostKeyAlias={HOST_ALIAS} -o ConnectTimeout=20 "
+            "-o ConnectionAttempts=10")
 
 
 def worker_name(node: str) -> str:
@@ -141,7 +143,9 @@ def nccl_env(a: FabricPlan, b: FabricPlan) -> dict[str, str]:
     of the list a node has); the GID index where both have the same."""
     hcas = dict.fromkeys([*a.nccl_env()["NCCL_IB_HCA"].lstrip("=").split(","),
                           *b.nccl_env()["NCCL_IB_HCA"].lstrip("=").split(",")])
-    env = {"NCCL_IB_HCA": "=" + ",".join(hcas)}
+    # the ring algorithm: on two nodes NCCL's trees (NVLS) go beyond the NICs and hide a slow one; the maintainers'
+    # advice to measure the network is NCCL_ALGO=RING (nccl-tests issue 196), whose bound is the NICs' figure
+    env = {"NCCL_IB_HCA": "=" + ",".join(hcas), "NCCL_ALGO": "Ring"}
     if a.gid_index is not None and a.gid_index == b.gid_index:
         env["NCCL_IB_GID_INDEX"] = str(a.gid_index)
     return env
@@ -218,7 +222,7 @@ _MPI_SAID = re.compile(r"^(ssh: .{1,200}|.{0,80}Host key verification failed\.?|
                        r"An ORTE daemon has unexpectedly failed.{0,60})$")
 
 
-def _last(text: str) -> str:
+def launcher_said(text: str) -> str:
     """What the launcher's log says of its failure (bounded): mpirun's and ssh's words where it has them, else its
     last lines."""
     lines = [ln.strip()[:1000] for ln in text.strip().splitlines()[-200:]]
@@ -311,7 +315,7 @@ class PairRun:
                 continue
             why = (f"not scheduled ({w.unschedulable})" if w is not None and w.unschedulable
                    else state.pod_progress(w))
-            said = _last(self.ctx.kube.logs(worker_name(n), TEST_NAMESPACE, tail=20)) if (
+            said = launcher_said(self.ctx.kube.logs(worker_name(n), TEST_NAMESPACE, tail=20)) if (
                 w is not None and w.phase == "Failed") else ""
             self.failed.setdefault(n, []).append(
                 f"all-reduce {a} + {b} did not run: the worker here {why}" + (f": {said}" if said else ""))
@@ -337,8 +341,9 @@ class PairRun:
                    else f"it ended before {size >> 20} MiB (the pod {state.pod_progress(pod)})")
         else:
             failures = classify_nccl(text)
+            said = launcher_said(text)
             why = ("; ".join(f.detail for f in failures[:2]) or
-                   (f"the launcher {state.pod_progress(pod)}" + (f": {_last(text)}" if _last(text) else "")))
+                   (f"the launcher {state.pod_progress(pod)}" + (f": {said}" if said else "")))
         for n in (a, b):
             self.failed.setdefault(n, []).append(f"all-reduce {a} + {b} printed no result: {why}")
 

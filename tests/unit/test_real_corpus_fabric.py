@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from gpuk8s.facts import fabric
+from gpuk8s.phases.fabric_nccl import launcher_said
 
 REAL = Path(__file__).resolve().parents[1] / "fixtures" / "real" / "fabric"
 
@@ -214,6 +215,10 @@ PERFTEST = {
     "ib_write_bw-roce-cx5-duration-kube-ansible": ("MB/sec", 65536, 24777100, 0.00, 10322.23),
     "ib_write_bw-roce-dgx-spark-run-infinitely": ("Gb/sec", 65536, 882821, 0.00, 92.57),  # the last of its rows
 }
+# what verify --fabric's NCCL pairs say of a launcher that could not start its ranks (phases/fabric_nccl.py)
+MPI = {"mpirun-ssh-refused-orte-failed-daemon-launch": (
+    "ssh: connect to host 192.168.43.57 port 22: Connection refused / ORTE was unable to reliably start one or more "
+    "daemons.")}
 # texts collected for what is not parsed yet (rdma link, ibdev2netdev, show_gids, ibv_devinfo): read by nothing so
 # far, listed so that a new file is noticed
 NOT_READ_YET = ("rdma",)
@@ -231,7 +236,8 @@ def _port(p: fabric.RdmaPort) -> str:
 
 def test_every_text_has_its_source_and_a_reading() -> None:
     read = {("ibstat", n) for n in [*IBSTAT, *IBSTATUS]} | {("topo", n) for n in TOPO} | {
-        ("nccl", n) for n in [*ALL_REDUCE, *NCCL_ERRORS]} | {("perftest", n) for n in PERFTEST}
+        ("nccl", n) for n in [*ALL_REDUCE, *NCCL_ERRORS]} | {("perftest", n) for n in PERFTEST} | {
+        ("mpi", n) for n in MPI}
     found = set()
     for txt in REAL.glob("*/*.txt"):
         assert txt.with_suffix(".meta").is_file(), f"{txt.name}: no .meta sidecar (its source)"
@@ -352,3 +358,8 @@ def test_hostile_texts_are_read_in_bounded_time() -> None:
     (f,) = fabric.classify_nccl(nccl)  # the log's last MiB; the vendor error too far from it is not claimed
     assert f.kind == "ib-completion" and "vendor" not in f.detail
     assert time.monotonic() - t0 < 20  # a bound against a quadratic parser, not a speed figure
+
+
+@pytest.mark.parametrize("name", sorted(MPI))
+def test_a_launchers_failure_in_its_own_words(name: str) -> None:
+    assert launcher_said(_text("mpi", name)) == MPI[name]
