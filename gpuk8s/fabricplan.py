@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from gpuk8s.driver import rules as driver_rules
 from gpuk8s.driver.rules import DriverRuleError
 from gpuk8s.errors import GpuK8sError
-from gpuk8s.facts.fabric import AllReduce, Gid, NcclFailure, RdmaPort
+from gpuk8s.facts.fabric import AllReduce, Gid, NcclFailure, NetChannels, RdmaPort
 from gpuk8s.facts.model import HostFacts
 from gpuk8s.findings import Finding, failed, passed
 from gpuk8s.findings import node as finding_node
@@ -289,6 +289,7 @@ class PairReading:
     b: str
     busbw: float | None
     floor: float | None
+    note: str = ""  # how NCCL moved the data (gpudirect_used)
 
     @property
     def ends(self) -> tuple[tuple[str, str, int], tuple[str, str, int]]:
@@ -507,7 +508,7 @@ def judge_pairs(readings: list[PairReading], failed_runs: dict[str, list[str]], 
     def text(r: PairReading) -> str:
         at = size.get((r.a, r.b), 0)
         return (f"{r.busbw:g} GB/s all-reduce {r.a} + {r.b}" + (f" at {at >> 20} MiB" if at else "")
-                + (f", floor {r.floor:g} GB/s" if r.floor is not None else ""))
+                + (f", floor {r.floor:g} GB/s" if r.floor is not None else "") + (f", {r.note}" if r.note else ""))
 
     for node in nodes:
         key = (node, "", 0)
@@ -533,3 +534,24 @@ def judge_pairs(readings: list[PairReading], failed_runs: dict[str, list[str]], 
                      for r in seen if isinstance(r, PairReading)]
             out.append(passed("fabric.nccl-pairs", "; ".join(parts), subject=finding_node(node)))
     return out
+
+
+def gpudirect_used(modes: tuple[str, str], ch: NetChannels) -> tuple[str, str | None]:
+    """How NCCL moved a pair's data, from its connection lines (`modes`: each node's gpudirect() path): a note for
+    the pair's result, and a failure where the fabric was not used as planned: TCP sockets instead of RDMA, or
+    GPUDirect RDMA planned on both nodes and a connection without it (the data through host memory)."""
+    if not ch.connections:
+        return "NCCL printed no connection line", None
+    if any(n.lower() == "socket" for n in ch.nets):
+        return "", (f"NCCL went over TCP sockets ({', '.join('NET/' + n for n in ch.nets)}), not the RDMA fabric: it "
+                    "found no usable RDMA device (libibverbs in the image, the rdma/fabric devices in the pod)")
+    planned = [m for m in modes if m != "none"]
+    if ch.gdr == ch.connections:
+        return f"GPUDirect RDMA on all {ch.connections} connections", None
+    if len(planned) == 2:
+        return "", (f"GPUDirect RDMA ({'/'.join(dict.fromkeys(planned))}) planned, but {ch.connections - ch.gdr} of "
+                    f"{ch.connections} NCCL connections went through host memory (no /GDRDMA on NCCL's via NET "
+                    "lines): nvidia-peermem not loaded or dma-buf refused; preflight's fabric.gpudirect and "
+                    "fabric.affinity, NCCL_NET_GDR_LEVEL")
+    return f"{ch.connections - ch.gdr} of {ch.connections} connections through host memory: no GPUDirect RDMA " \
+           "path on both nodes", None

@@ -329,6 +329,36 @@ def parse_all_reduce(text: str) -> AllReduce | None:
     return AllReduce(tuple(rows), wrong, avg, nccl, tuple(hosts.items()))
 
 
+# NCCL's connection lines across nodes (NCCL_DEBUG=INFO; src/transport/net.cc, every version from 2.7 to 2.30):
+# "Channel 00/0 : 0[0] -> 8[0] [send] via NET/IB/0/GDRDMA" (2.18.3+), "Channel 01 : 13[92000] -> 4[89000] ..." (older),
+# a PXN proxy rank "(8)" after the device, "/GDRDMA(PCI)" on C2C systems, "/Shared" for a shared connection. The
+# network's name is the plugin's (IB, Socket, IBext_v8, gIB, ...). /GDRDMA: GPUDirect RDMA carried the connection.
+_NET_CHANNEL = re.compile(r"(?:Channel|Ring) [0-9]{1,4}(?:/[0-9]{1,4})? : [0-9]{1,7}(?:\[[0-9a-f]{1,16}\])? -> "
+                          r"[0-9]{1,7}(?:\[[0-9a-f]{1,16}\])? \[(?:send|receive)\] via NET/([A-Za-z0-9_.-]{1,32})/"
+                          r"[0-9]{1,4}(?:\([0-9]{1,7}\))?(/GDRDMA(?:\(PCI\))?)?(?:/Shared)?\s*$")
+
+
+@dataclass(frozen=True)
+class NetChannels:
+    """What NCCL's connection lines across nodes say: how many, how many GPUDirect RDMA carried, the networks."""
+
+    connections: int
+    gdr: int
+    nets: tuple[str, ...]
+
+
+def parse_nccl_channels(text: str) -> NetChannels:
+    n = gdr = 0
+    nets: dict[str, None] = {}
+    for line in _lines(text):
+        m = _NET_CHANNEL.search(line)
+        if m:
+            n += 1
+            gdr += bool(m.group(2))
+            nets[m.group(1)] = None
+    return NetChannels(n, gdr, tuple(nets))
+
+
 # -- perftest ------------------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)

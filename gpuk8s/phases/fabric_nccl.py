@@ -27,7 +27,7 @@ import yaml
 
 from gpuk8s import fabricplan, findings, logs, mirrors, remote, versions
 from gpuk8s.fabricplan import FabricPlan, PairReading
-from gpuk8s.facts.fabric import classify_nccl, parse_all_reduce
+from gpuk8s.facts.fabric import classify_nccl, parse_all_reduce, parse_nccl_channels
 from gpuk8s.gpuplan import GPU_RESOURCE, RDMA_RESOURCE
 from gpuk8s.kube import state
 from gpuk8s.phases.base import Change, Context
@@ -41,7 +41,8 @@ HOST_ALIAS = "gpuk8s-fabric-worker"  # the name the launcher's known_hosts gives
 # --prefix: the workers' orted and libraries are found under the same directory, with no PATH from a login shell
 # (Open MPI's mpirun(1), "Remote Execution"). The arguments go through "$@": no value is parsed by the shell.
 MPIRUN = ["sh", "-c", 'exec "$(command -v mpirun)" "$@"', "mpirun"]
-LOG_LINES = 400  # of a launcher's log: the whole table
+# of a launcher's log: NCCL's INFO lines (500-600 per node of 8 GPUs, nccl-tests logs), the rank list and the table
+LOG_LINES = 6000
 PROOF_LABELS = {"app.kubernetes.io/managed-by": "gpuk8s", "gpuk8s.io/proof": "fabric"}
 
 # sshd as the workers run it: keys only, root only by key, nothing forwarded. StrictModes off: the files are a
@@ -145,7 +146,8 @@ def nccl_env(a: FabricPlan, b: FabricPlan) -> dict[str, str]:
                           *b.nccl_env()["NCCL_IB_HCA"].lstrip("=").split(",")])
     # the ring algorithm: on two nodes NCCL's trees (NVLS) go beyond the NICs and hide a slow one; the maintainers'
     # advice to measure the network is NCCL_ALGO=RING (nccl-tests issue 196), whose bound is the NICs' figure
-    env = {"NCCL_IB_HCA": "=" + ",".join(hcas), "NCCL_ALGO": "Ring"}
+    # NCCL_DEBUG=INFO: NCCL's connection lines say whether GPUDirect RDMA carried the data (fabricplan.gpudirect_used)
+    env = {"NCCL_IB_HCA": "=" + ",".join(hcas), "NCCL_ALGO": "Ring", "NCCL_DEBUG": "INFO"}
     if a.gid_index is not None and a.gid_index == b.gid_index:
         env["NCCL_IB_GID_INDEX"] = str(a.gid_index)
     return env
@@ -334,7 +336,12 @@ class PairRun:
         if r is not None and size in {s for s, _, _ in r.rows} and len(hosts) == 2 and sum(hosts.values()) == (
                 self.fps[a].gpus + self.fps[b].gpus):
             got = fabricplan.busbw_at(r, floor)
-            self.readings.append(PairReading(a, b, got, floor.busbw if floor is not None else None))
+            modes = (self._gpudirect(a), self._gpudirect(b))
+            note, bad = fabricplan.gpudirect_used(modes, parse_nccl_channels(text))
+            self.readings.append(PairReading(a, b, got, floor.busbw if floor is not None else None, note))
+            if bad:
+                for n in (a, b):
+                    self.failed.setdefault(n, []).append(f"all-reduce {a} + {b}: {bad}")
             return
         if r is not None:  # a table, but not across both nodes' GPUs or not to its size
             why = (f"its ranks ran on {len(hosts)} host(s), not on both nodes" if len(hosts) != 2
@@ -346,6 +353,10 @@ class PairRun:
                    (f"the launcher {state.pod_progress(pod)}" + (f": {said}" if said else "")))
         for n in (a, b):
             self.failed.setdefault(n, []).append(f"all-reduce {a} + {b} printed no result: {why}")
+
+    def _gpudirect(self, node: str) -> str:
+        f = self.ctx.facts.get(node)
+        return fabricplan.gpudirect(self.ctx.inv.host(node), f)[0] if f is not None else "none"
 
     def _judge(self) -> list[findings.Finding]:
         nodes = sorted(self.fps)

@@ -158,14 +158,15 @@ def test_verify_fabric_names_the_node_and_port_of_a_degraded_link(lab_up, run_cl
     # NCCL across nodes, in pairs of the ring (ib-1 + ib-2 and ib-3 + ib-4, then ib-2 + ib-3 and ib-4 + ib-1): the
     # pairs of ib-3 run at its slow NIC's share; ib-3, slow in both, is named; its neighbours pass
     pair = got[("ib-3", "fabric.nccl-pairs")]
+    mem = "32 of 32 connections through host memory: no GPUDirect RDMA path on both nodes"  # the 535 driver: no dma-buf
     assert pair["status"] == "fail" and pair["message"] == (
-        "this node: slow in every pair: 23.34 GB/s all-reduce ib-2 + ib-3 at 4096 MiB, floor 76.8 GB/s; 23.34 GB/s "
-        "all-reduce ib-3 + ib-4 at 4096 MiB, floor 76.8 GB/s"), pair
+        f"this node: slow in every pair: 23.34 GB/s all-reduce ib-2 + ib-3 at 4096 MiB, floor 76.8 GB/s, {mem}; "
+        f"23.34 GB/s all-reduce ib-3 + ib-4 at 4096 MiB, floor 76.8 GB/s, {mem}"), pair
     assert got[("ib-1", "fabric.nccl-pairs")] == {**got[("ib-1", "fabric.nccl-pairs")], "status": "pass", "message": (
-        "93.35 GB/s all-reduce ib-1 + ib-2 at 4096 MiB, floor 76.8 GB/s; 93.35 GB/s all-reduce ib-4 + ib-1 at 4096 "
-        "MiB, floor 76.8 GB/s")}
+        f"93.35 GB/s all-reduce ib-1 + ib-2 at 4096 MiB, floor 76.8 GB/s, {mem}; 93.35 GB/s all-reduce ib-4 + ib-1 "
+        f"at 4096 MiB, floor 76.8 GB/s, {mem}")}
     assert got[("ib-2", "fabric.nccl-pairs")]["message"].endswith(
-        "23.34 GB/s all-reduce ib-2 + ib-3 at 4096 MiB, floor 76.8 GB/s: slow, named on ib-3")
+        f"23.34 GB/s all-reduce ib-2 + ib-3 at 4096 MiB, floor 76.8 GB/s, {mem}: slow, named on ib-3")
     # nothing of the test left behind
     pods = lab.host("cp-1").exec("kubectl --kubeconfig /etc/kubernetes/admin.conf get pods -A -o name").stdout
     assert "gpuk8s-fabric" not in pods

@@ -20,12 +20,16 @@ from tests.unit.test_checks import facts
 
 REAL = Path(__file__).resolve().parents[1] / "fixtures" / "real" / "fabric"
 PERFTEST = (REAL / "perftest" / "ib_write_bw-roce-4qp-oci-oke.txt").read_text()  # 98.01 Gb/sec
-# two nodes of 8 x H100 over 8 x 400G InfiniBand, 16 ranks (448.90 GB/s at 1 GiB): what a launcher prints
-ACROSS = (REAL / "nccl" / "allreduce-h100-2node-ib-ndr-nccl2.26.2-nccl-tests-309.txt").read_text()
+# two nodes of 8 x H100 over 8 x 400G InfiniBand, 16 ranks (448.90 GB/s at 1 GiB): what a launcher prints, with
+# NCCL's connection lines of a real run where GPUDirect RDMA carried them (NCCL_DEBUG=INFO)
+GDR_LINES = (REAL / "nccl" / "channels-gdrdma-2node-8nic-nccl2.29.3-slurmv4.txt").read_text()
+HOST_MEMORY = (REAL / "nccl" / "channels-no-gdr-ib-a100-nccl-1412.txt").read_text()
+ACROSS = GDR_LINES + (REAL / "nccl" / "allreduce-h100-2node-ib-ndr-nccl2.26.2-nccl-tests-309.txt").read_text()
 NODES = ("a", "b", "c")
-INV = loads("hosts:\n  - {name: cp-1, address: 10.0.0.1, role: control-plane}\n" + "".join(
+INV_TEXT = ("hosts:\n  - {name: cp-1, address: 10.0.0.1, role: control-plane}\n" + "".join(
     f"  - {{name: {n}, address: 10.0.0.{i + 2}, gpus: 8}}\n" for i, n in enumerate(NODES))
-    + "gpu_defaults: {fabric: {link_layer: roce}}\n", "inventory.yaml")
+    + "gpu_defaults: {fabric: {link_layer: roce}}\n")
+INV = loads(INV_TEXT, "inventory.yaml")
 
 
 class Cluster(FakeKube):
@@ -74,13 +78,13 @@ class Cluster(FakeKube):
         return PERFTEST if "-cli-" in pod else self.across if "-mpi-" in pod else ""
 
 
-def context(kube: Cluster, quarantine: bool = False) -> Context:
+def context(kube: Cluster, quarantine: bool = False, inv: Any = INV) -> Context:
     port = RdmaPort("mlx5_0", 1, "Active", "LinkUp", 100.0, "Ethernet")
     f = {n: facts(rdma=(port,)) for n in NODES}
-    ctx = Context(INV, options=Options(fabric=True, fabric_timeout=30, fabric_quarantine=quarantine),
+    ctx = Context(inv, options=Options(fabric=True, fabric_timeout=30, fabric_quarantine=quarantine),
                   kube_client=kube)
     ctx.facts = f
-    ctx.plans = gpuplan.plans(INV, f)
+    ctx.plans = gpuplan.plans(inv, f)
     return ctx
 
 
@@ -125,8 +129,8 @@ def test_nccl_across_nodes_runs_each_ring_pair_in_rounds_and_leaves_nothing() ->
     # read at 1 GiB (no published floor for the lab's GPUs), its floor from the NICs: 1 x 100 Gb/s at 0.12 GB/s
     assert got[("a", "fabric.nccl-pairs")].status == "pass", got[("a", "fabric.nccl-pairs")]
     assert got[("a", "fabric.nccl-pairs")].message == (
-        "448.9 GB/s all-reduce a + b at 1024 MiB, floor 9.6 GB/s; 448.9 GB/s all-reduce c + a at 1024 MiB, floor 9.6 "
-        "GB/s")
+        "448.9 GB/s all-reduce a + b at 1024 MiB, floor 9.6 GB/s, GPUDirect RDMA on all 4 connections; 448.9 GB/s "
+        "all-reduce c + a at 1024 MiB, floor 9.6 GB/s, GPUDirect RDMA on all 4 connections")
     applied = [list(yaml.safe_load_all(c[1])) for c in kube.calls if c[0] == "apply"]
     kinds = [[(d["kind"], d["metadata"]["name"]) for d in docs] for docs in applied]
     secret_at = kinds.index([("Secret", "gpuk8s-fabric-ssh")])
@@ -222,3 +226,21 @@ def test_a_users_secret_of_the_runs_name_is_left_alone_and_the_pairs_are_not_run
     assert kube.objects[("secret", "default", "gpuk8s-fabric-ssh")] is users  # not overwritten, not deleted
     assert not [c for c in kube.calls if c[0] == "delete" and c[1] == "secret"]
     assert not [c for c in kube.calls if c[0] == "apply" and "fabric-worker" in c[1]]
+
+
+def test_gpudirect_planned_and_not_used_fails_the_pair_in_nccls_words() -> None:
+    """gpudirect: peermem on every node, and NCCL's real connection lines without /GDRDMA: the pairs fail, their
+    bandwidth whatever it is; the same lines with GPUDirect off are a note, not a failure."""
+    peermem = loads(INV_TEXT.replace("{link_layer: roce}", "{link_layer: roce, gpudirect: peermem}"), "inventory.yaml")
+    across = HOST_MEMORY + ACROSS.replace(GDR_LINES, "")
+    ctx = context(Cluster(across=across), inv=peermem)
+    FabricVerify().run(ctx)
+    got = {(f.subject.name, f.id): f for f in ctx.findings if f.subject}
+    assert got[("a", "fabric.nccl-pairs")].status == "fail"
+    assert got[("a", "fabric.nccl-pairs")].message.startswith(
+        "all-reduce a + b: GPUDirect RDMA (peermem) planned, but 2 of 2 NCCL connections went through host memory")
+    ctx = context(Cluster(across=across))
+    FabricVerify().run(ctx)
+    got = {(f.subject.name, f.id): f for f in ctx.findings if f.subject}
+    assert got[("a", "fabric.nccl-pairs")].status == "pass" and "2 of 2 connections through host memory" in got[
+        ("a", "fabric.nccl-pairs")].message

@@ -289,3 +289,22 @@ def test_a_node_slow_in_both_its_pairs_is_named_a_slow_pair_alone_names_the_path
         [fabricplan.PairReading("a", "b", None, 307.2)], {"a": ["all-reduce a + b printed no result: x"]},
         ["a", "b"], size) if f.subject}
     assert found["a"].status == "fail" and "b" not in found
+
+
+def test_how_nccl_moved_a_pairs_data_from_its_real_connection_lines() -> None:
+    def read(name: str) -> fabric.NetChannels:
+        return fabric.parse_nccl_channels((NCCL / f"{name}.txt").read_text())
+
+    gdr, host_mem, sockets = (read("channels-gdrdma-2node-8nic-nccl2.29.3-slurmv4"),
+                              read("channels-no-gdr-ib-a100-nccl-1412"), read("channels-socket-2node-nccl-tests-166"))
+    assert fabricplan.gpudirect_used(("dmabuf", "dmabuf"), gdr) == ("GPUDirect RDMA on all 4 connections", None)
+    note, bad = fabricplan.gpudirect_used(("peermem", "peermem"), host_mem)
+    assert bad is not None and bad.startswith("GPUDirect RDMA (peermem) planned, but 2 of 2 NCCL connections went "
+                                              "through host memory")
+    # no GPUDirect path planned on a node: said, not failed
+    note, bad = fabricplan.gpudirect_used(("none", "dmabuf"), host_mem)
+    assert bad is None and note.startswith("2 of 2 connections through host memory")
+    note, bad = fabricplan.gpudirect_used(("none", "none"), sockets)
+    assert bad is not None and bad.startswith("NCCL went over TCP sockets (NET/Socket)")
+    assert fabricplan.gpudirect_used(("dmabuf", "dmabuf"), fabric.NetChannels(0, 0, ())) == (
+        "NCCL printed no connection line", None)

@@ -215,6 +215,13 @@ PERFTEST = {
     "ib_write_bw-roce-cx5-duration-kube-ansible": ("MB/sec", 65536, 24777100, 0.00, 10322.23),
     "ib_write_bw-roce-dgx-spark-run-infinitely": ("Gb/sec", 65536, 882821, 0.00, 92.57),  # the last of its rows
 }
+# NCCL's connection lines across nodes (NCCL_DEBUG=INFO): (connections, with /GDRDMA, networks), read off by hand
+CHANNELS = {
+    "channels-gdrdma-2node-8nic-nccl2.29.3-slurmv4": (4, 4, ("IB",)),
+    "channels-gdrdma-shared-nccl2.16.5-nccl-tests-350": (3, 3, ("IB",)),
+    "channels-no-gdr-ib-a100-nccl-1412": (2, 0, ("IB",)),
+    "channels-socket-2node-nccl-tests-166": (2, 0, ("Socket",)),
+}
 # what verify --fabric's NCCL pairs say of a launcher that could not start its ranks (phases/fabric_nccl.py)
 MPI = {"mpirun-ssh-refused-orte-failed-daemon-launch": (
     "ssh: connect to host 192.168.43.57 port 22: Connection refused / ORTE was unable to reliably start one or more "
@@ -236,7 +243,7 @@ def _port(p: fabric.RdmaPort) -> str:
 
 def test_every_text_has_its_source_and_a_reading() -> None:
     read = {("ibstat", n) for n in [*IBSTAT, *IBSTATUS]} | {("topo", n) for n in TOPO} | {
-        ("nccl", n) for n in [*ALL_REDUCE, *NCCL_ERRORS]} | {("perftest", n) for n in PERFTEST} | {
+        ("nccl", n) for n in [*ALL_REDUCE, *NCCL_ERRORS, *CHANNELS]} | {("perftest", n) for n in PERFTEST} | {
         ("mpi", n) for n in MPI}
     found = set()
     for txt in REAL.glob("*/*.txt"):
@@ -363,3 +370,9 @@ def test_hostile_texts_are_read_in_bounded_time() -> None:
 @pytest.mark.parametrize("name", sorted(MPI))
 def test_a_launchers_failure_in_its_own_words(name: str) -> None:
     assert launcher_said(_text("mpi", name)) == MPI[name]
+
+
+@pytest.mark.parametrize("name", sorted(CHANNELS))
+def test_nccls_connection_lines(name: str) -> None:
+    ch = fabric.parse_nccl_channels(_text("nccl", name))
+    assert (ch.connections, ch.gdr, ch.nets) == CHANNELS[name]

@@ -3955,6 +3955,7 @@ def _mpirun(s: dict[str, Any], args: list[str]) -> tuple[str, bool]:
                and (not hcas or [d, str(pt)] in hcas)]
         bounds.append(len(eff) * min(eff) * 0.12 * 0.98 if eff else 1.1)  # no IB: NCCL's sockets
     first = _read_json(_hp(s["nodes"][placed[0][0]]["host"], "var_lib/gpuk8s-lab/host.json"))
+    info = env.get("NCCL_DEBUG", "").upper() == "INFO"
     lo, hi, f = int(_opt(args, "-b", "33554432")), int(_opt(args, "-e", "33554432")), int(_opt(args, "-f", "2"))
     out = [f"# nThread 1 nGpus 1 minBytes {lo} maxBytes {hi} step: {f}(factor) warmup iters: 1 iters: 20 agg iters: "
            "1 validation: 1 graph: 0", "#", "# Using devices"]
@@ -3964,7 +3965,42 @@ def _mpirun(s: dict[str, Any], args: list[str]) -> tuple[str, bool]:
             out.append(f"#  Rank {rank:2d} Group  0 Pid  {1000 + rank:5d} on {node:>10} device {i:2d} "
                        f"[0000:{0x18 + i:02x}:00] {first.get('gpu_model', 'NVIDIA A100-SXM4-80GB')}")
             rank += 1
+    if info:  # NCCL's connection lines across the nodes, as its src/transport/net.cc prints them (NCCL 2.18.3+)
+        out += _nccl_channels(s, placed, hcas)
     return _nccl_rows(out, min(bounds), lo, hi, f, rank), True
+
+
+def _gdr(host: str) -> bool:
+    """Whether NCCL gets GPUDirect RDMA on the host: the open modules on Linux 5.12+ (dma-buf), or nvidia_peermem
+    loaded (the lab's state)."""
+    try:
+        state = _read_json(_hp(host, "var_lib/gpuk8s-lab/state.json"))
+    except (OSError, ValueError):
+        state = {}
+    spec = _read_json(_hp(host, "var_lib/gpuk8s-lab/host.json"))
+    kernel = tuple(int(x) for x in re.findall(r"\d+", str(spec.get("kernel") or "5.15"))[:2])
+    return ((state.get("driver") or {}).get("flavor") == "open" and kernel >= (5, 12)) or \
+        "nvidia_peermem" in (state.get("modules") or [])
+
+
+def _nccl_channels(s: dict[str, Any], placed: list[tuple[str, int]], hcas: list[list[str]]) -> list[str]:
+    """Each GPU's ring connection to the other node, sent and received, over the NIC of its channel: /GDRDMA where
+    both hosts have GPUDirect RDMA."""
+    gdr = all(_gdr(s["nodes"][n]["host"]) for n, _ in placed)
+    nics = max(len(hcas), 1)
+    out, base = [], 0
+    starts = []
+    for _, g in placed:
+        starts.append(base)
+        base += g
+    for i, (node, g) in enumerate(placed):
+        other = (i + 1) % len(placed)
+        for d in range(g):
+            src, dst = starts[i] + d, starts[other] + d
+            for kind, a, b in (("send", src, dst), ("receive", dst, src)):
+                out.append(f"{node}:{1000 + src}:{2000 + src} [{d}] NCCL INFO Channel {d:02d}/0 : {a}[{d}] -> {b}[{d}] "
+                           f"[{kind}] via NET/IB/{d % nics}{'/GDRDMA' if gdr else ''}")
+    return out
 
 
 def _rate(p: dict[str, str]) -> float:
