@@ -171,6 +171,9 @@ FINDINGS: dict[str, Spec] = {
                                "node's other ports"),
     "fabric.roce-gid": _p("error", "on RoCE, each active port of the fabric has a RoCE v2 GID with an IPv4 address "
                                    "(the one NCCL and its peers use)"),
+    "fabric.roce-mtu": _p("warning", "on RoCE, each active port's network interface has an MTU that gives "
+                                     "4096-byte RoCE packets (4192 or more: the kernel's iboe_get_mtu takes 96 bytes "
+                                     "of headers)"),
     "fabric.gpudirect": _p("warning", "GPUDirect RDMA has a path: dma-buf (the open kernel modules, Linux 5.12 or "
                                       "newer) or nvidia-peermem (fabric.gpudirect: peermem)"),
     "fabric.peermem": _p("error", "with fabric.gpudirect: peermem, nvidia-peermem can load: a driver of branch 470 or "

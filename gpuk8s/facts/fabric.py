@@ -169,6 +169,31 @@ def parse_port_counters(text: str) -> dict[tuple[str, int], dict[str, int]]:
     return out
 
 
+# -- RoCE's MTU -----------------------------------------------------------------------------------------------
+
+_NET_MTU = re.compile(r"^/sys/class/net/([A-Za-z0-9_][A-Za-z0-9_.:@-]{0,31})/mtu:([0-9]{1,6})$")
+# The RoCE path MTU the kernel derives from a netdev's MTU (include/rdma/ib_addr.h iboe_get_mtu): the MTU less the
+# RoCE headers (GRH 40 + UDP 8 + BTH 12 + XRC 4 + AtomicETH 28 + ICRC 4 bytes, include/rdma/ib_pack.h), rounded down
+# to an InfiniBand MTU (mlx5 then takes min(4096, that)): 1500 gives 1024, 4200 or 9000 gives 4096.
+ROCE_OVERHEAD = 96
+IB_MTUS = (4096, 2048, 1024, 512, 256)
+
+
+def parse_net_mtu(text: str) -> dict[str, int]:
+    """Each network interface's MTU from `grep -H . /sys/class/net/NAME/mtu` lines."""
+    out: dict[str, int] = {}
+    for line in _lines(text):
+        m = _NET_MTU.match(line.strip())
+        if m:
+            out[m.group(1)] = int(m.group(2))
+    return out
+
+
+def roce_mtu(netdev_mtu: int) -> int:
+    """The RoCE path MTU of a netdev MTU (0: below 256 + the headers)."""
+    return next((m for m in IB_MTUS if netdev_mtu - ROCE_OVERHEAD >= m), 0)
+
+
 # -- show_gids -------------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)

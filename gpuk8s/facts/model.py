@@ -243,6 +243,7 @@ class HostFacts:
     # the RDMA ports sysfs shows (gpuk8s/facts/fabric.py); None where the probe did not read them
     rdma: tuple[RdmaPort, ...] | None = None
     gids: tuple[Gid, ...] | None = None  # RoCE ports' GID tables (show_gids' rows); None: not read
+    netdev_mtu: dict[str, int] | None = None  # the MTU of each RoCE GID's network interface; None: not read
     topo: Topology | None = None  # nvidia-smi topo -m, read where the inventory sets fabric: (GK_FABRIC)
 
     def to_json(self) -> dict[str, Any]:

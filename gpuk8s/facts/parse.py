@@ -15,7 +15,7 @@ from typing import Any
 
 from gpuk8s.errors import ParseError
 from gpuk8s.facts.driver import parse_driver
-from gpuk8s.facts.fabric import parse_ibstatus, parse_show_gids, parse_topo
+from gpuk8s.facts.fabric import parse_ibstatus, parse_net_mtu, parse_show_gids, parse_topo
 from gpuk8s.facts.mig import parse_section as parse_mig_section
 from gpuk8s.facts.model import (
     GPU,
@@ -685,6 +685,7 @@ def parse_probe(text: str) -> HostFacts:
         driver=parse_driver(out("driver"), out("nvidia-proc")),
         rdma=parse_ibstatus(s["rdma"].output) if "rdma" in s and s["rdma"].ok else None,
         gids=parse_show_gids(s["gids"].output) if "gids" in s and s["gids"].ok else None,
+        netdev_mtu=parse_net_mtu(s["netmtu"].output) if "netmtu" in s and s["netmtu"].ok else None,
         topo=parse_topo(s["topo"].output) if "topo" in s and s["topo"].ok else None,
     )
 

@@ -105,6 +105,12 @@ gids() { for p in /sys/class/infiniband/*/ports/*; do [ -d "$p/gid_attrs/types" 
     printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "${d##*/}" "${p##*/}" "$i" "$g" "$a" "$v" "$n"
   done; done; true; }
 quick gids gids
+# the MTU of each RoCE GID's network interface (the kernel derives the RoCE path MTU from it), printed as
+# `grep -H . /sys/class/net/NAME/mtu` prints it; a name is the kernel's (no '/'), read from sysfs, never a path given
+netmtu() { for n in /sys/class/infiniband/*/ports/*/gid_attrs/ndevs/*; do v=; read -r v 2>/dev/null < "$n" || continue
+    case $v in ''|*/*|.*) continue;; esac; m=; read -r m 2>/dev/null < "/sys/class/net/$v/mtu" || continue
+    printf '/sys/class/net/%s/mtu:%s\n' "$v" "$m"; done; true; }
+quick netmtu netmtu
 # how each GPU reaches each NIC (PCIe switch, host bridge, socket): only where gpuk8s asks (GK_FABRIC: the host's
 # inventory sets fabric:), nvidia-smi topo takes a while on a large board
 topo() { smi topo -m; }

@@ -7,14 +7,14 @@ from __future__ import annotations
 from collections import Counter
 
 from gpuk8s.fabricplan import NAMES, PEERMEM_DRIVER, chosen, gpudirect, link_layer, roce_v2
-from gpuk8s.facts.fabric import RdmaPort
+from gpuk8s.facts.fabric import IB_MTUS, ROCE_OVERHEAD, RdmaPort, roce_mtu
 from gpuk8s.facts.model import HostFacts
 from gpuk8s.gpuplan import is_gpu_node
 from gpuk8s.inventory.model import Host
 from gpuk8s.preflight.result import CheckResult, failed, passed, skipped
 
 IDS = ("fabric.ports", "fabric.link-layer", "fabric.subnet-manager", "fabric.rate", "fabric.roce-gid",
-       "fabric.gpudirect", "fabric.affinity")
+       "fabric.roce-mtu", "fabric.gpudirect", "fabric.affinity")
 
 
 def _name(p: RdmaPort) -> str:
@@ -109,6 +109,7 @@ def fabric_checks(host: Host, f: HostFacts) -> list[CheckResult]:
     else:
         out.append(skipped("fabric.subnet-manager", "not InfiniBand"))
     out.append(_roce_gid(f, layer, active))
+    out.append(_roce_mtu(f, layer, active))
     out += _gpudirect(host, f)
     out.append(_affinity(f, active))
     rates = [p for p in active if p.rate is not None]
@@ -152,6 +153,32 @@ def _roce_gid(f: HostFacts, layer: str, active: list[RdmaPort]) -> CheckResult:
                       "adds the RoCE v2 GID for it (show_gids lists it), which NCCL (NCCL_IB_ADDR_FAMILY AF_INET, its "
                       "default) and its peers use")
     return passed("fabric.roce-gid", f"{len(active)} port(s) with a RoCE v2 IPv4 GID")
+
+
+def _roce_mtu(f: HostFacts, layer: str, active: list[RdmaPort]) -> CheckResult:
+    """fabric.roce-mtu (warning): on RoCE, each active port's network interface has an MTU that gives RoCE 4096-byte
+    packets (the kernel's iboe_get_mtu: the MTU less 96 bytes of headers; 1500 gives 1024)."""
+    if layer != "Ethernet":
+        return skipped("fabric.roce-mtu", "not RoCE")
+    if f.gids is None or f.netdev_mtu is None:
+        return skipped("fabric.roce-mtu", "the RoCE ports' network interfaces could not be read")
+    low, seen = [], []
+    for p in active:
+        nd = next((g.netdev for g in f.gids if (g.device, g.port) == (p.device, p.port) and g.netdev), "")
+        mtu = f.netdev_mtu.get(nd)
+        if mtu is None:
+            continue
+        seen.append(mtu)
+        if roce_mtu(mtu) < IB_MTUS[0]:
+            low.append(f"{_name(p)} ({nd} MTU {mtu}: RoCE packets of {roce_mtu(mtu)} bytes)")
+    if low:
+        return failed("fabric.roce-mtu", "RoCE below 4096-byte packets on " + "; ".join(low[:8]),
+                      f"set the interfaces' MTU to {IB_MTUS[0] + ROCE_OVERHEAD} or more (9000 is common) on the "
+                      "hosts and on the switch ports of the fabric (netplan or nmcli: mtu), then check ibv_devinfo's "
+                      "active_mtu: 4096")
+    if not seen:
+        return skipped("fabric.roce-mtu", "no active RoCE port's network interface was found")
+    return passed("fabric.roce-mtu", f"{len(seen)} port(s) with RoCE packets of 4096 bytes (MTU {min(seen)} or more)")
 
 
 def _gpudirect(host: Host, f: HostFacts) -> list[CheckResult]:

@@ -64,7 +64,8 @@ def test_preflight_names_the_port_down_and_the_port_slow(lab_up, run_cli, tmp_pa
     c = preflight()
     assert {i: x["status"] for i, x in c["gpu-1"].items() if i.startswith("fabric.")} == {
         "fabric.ports": "pass", "fabric.link-layer": "pass", "fabric.subnet-manager": "pass", "fabric.rate": "pass",
-        "fabric.roce-gid": "skip", "fabric.gpudirect": "warn",  # the lab's 535 driver: proprietary modules
+        "fabric.roce-gid": "skip", "fabric.roce-mtu": "skip",
+        "fabric.gpudirect": "warn",  # the lab's 535 driver: proprietary modules
         "fabric.affinity": "skip"}  # no topology modelled for this host
     assert c["gpu-1"]["fabric.rate"]["message"] == "2 x 400 Gb/s"
 
@@ -245,10 +246,18 @@ ROCE_FLEET = yaml.safe_dump({"hosts": [
 
 def test_preflight_names_a_roce_port_without_a_v2_gid(lab_up, run_cli, tmp_path):
     lab = lab_up(ROCE_FLEET)
+    # the ports' network interfaces, real (veth) ones in each host's network namespace: roce-1's at Ethernet's default
+    # MTU, roce-2's at 9000 (the kernel's sysfs shows their MTU to the probe)
+    for name, mtu in (("roce-1", 1500), ("roce-2", 9000)):
+        lab.host(name).exec(f"ip link add ens3np0 mtu {mtu} type veth peer name ens3np0-peer")
     inv, _ = with_fabric(lab, tmp_path, {"link_layer": "roce"})
     r = run_cli("preflight", "-i", str(inv), "-o", "json", "--network-seconds", "0")
     c = checks_by_host(json.loads(r.stdout))
     assert c["roce-1"]["fabric.roce-gid"]["status"] == "pass", c["roce-1"]["fabric.roce-gid"]
+    # MTU 1500: RoCE runs 1024-byte packets (the kernel's iboe_get_mtu), named; 9000 gives 4096
+    assert c["roce-1"]["fabric.roce-mtu"]["status"] == "warn" and c["roce-1"]["fabric.roce-mtu"]["message"] == (
+        "RoCE below 4096-byte packets on mlx5_0 port 1 (ens3np0 MTU 1500: RoCE packets of 1024 bytes)")
+    assert c["roce-2"]["fabric.roce-mtu"]["message"] == "1 port(s) with RoCE packets of 4096 bytes (MTU 9000 or more)"
     bad = c["roce-2"]["fabric.roce-gid"]
     assert bad["status"] == "fail" and bad["message"] == (
         "no RoCE v2 GID with an IPv4 address on mlx5_0 port 1 (ens3np0): GIDs 0 v1 fe80:0000:0000:0000:a288:c2ff:"

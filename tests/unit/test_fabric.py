@@ -162,8 +162,8 @@ def test_an_infiniband_node_as_expected_passes() -> None:
                               facts(rdma=ports(H100_IB))))
     assert {i: r.status for i, r in got.items()} == {"fabric.ports": "pass", "fabric.link-layer": "pass",
                                                      "fabric.subnet-manager": "pass", "fabric.rate": "pass",
-                                                     "fabric.roce-gid": "skip", "fabric.gpudirect": "warn",
-                                                     "fabric.affinity": "skip"}
+                                                     "fabric.roce-gid": "skip", "fabric.roce-mtu": "skip",
+                                                     "fabric.gpudirect": "warn", "fabric.affinity": "skip"}
     assert got["fabric.rate"].message == "8 x 400 Gb/s"
     # auto takes InfiniBand where the node has it (the Ethernet ports are another network)
     auto = by_id(fabric_checks(host("{link_layer: auto}"), facts(rdma=ports(H100_IB))))
@@ -298,3 +298,11 @@ def test_health_reads_the_ports_error_counters_and_names_those_above_zero(tmp_pa
     r = judge_rdma(host, f, HealthFacts(rdma_counters={k: v for k, v in got.items() if k[0] == "mlx5_0"}))
     assert r.status == "pass" and r.message == "2 InfiniBand port(s) Active at 400 Gb/s, no error counted"
     assert judge_rdma(host, f, HealthFacts()).status == "skip"  # counters not read: not a pass
+
+
+def test_roces_packet_size_follows_the_interfaces_mtu_as_the_kernel_derives_it() -> None:
+    """include/rdma/ib_addr.h iboe_get_mtu: the MTU less 96 bytes of RoCE headers, rounded down to an IB MTU."""
+    assert {m: fabric.roce_mtu(m) for m in (1500, 2144, 2143, 4191, 4192, 4200, 9000, 300)} == {
+        1500: 1024, 2144: 2048, 2143: 1024, 4191: 2048, 4192: 4096, 4200: 4096, 9000: 4096, 300: 0}
+    text = "/sys/class/net/ens3np0/mtu:1500\n/sys/class/net/../mtu:1\n/sys/class/net/ens4np0/mtu:9000\njunk\n"
+    assert fabric.parse_net_mtu(text) == {"ens3np0": 1500, "ens4np0": 9000}
