@@ -187,6 +187,8 @@ FINDINGS: dict[str, Spec] = {
                             "a slow pair, named"),
     "fabric.rdma": _v("verify --fabric: RDMA write between the same rail of ring neighbours reaches a share of the "
                       "ports' rate; a port slow in both its pairs, or the link of a slow pair, named"),
+    "fabric.acs": _p("warning", "no PCIe device redirects peer-to-peer traffic to the root complex (lspci -vvv's "
+                                "ACSCtl ReqRedir/CmpltRedir off: NCCL's troubleshooting guide)"),
     "cluster.fabric-consistent": _p("error", "every node with a fabric has the same link layer and port rate "
                                              "(a job's ranks run at the slowest node's rate)"),
     # MIG (gpuk8s/preflight/mig_checks.py, docs/mig.md)

@@ -169,6 +169,54 @@ def parse_port_counters(text: str) -> dict[tuple[str, int], dict[str, int]]:
     return out
 
 
+# -- PCIe ACS ----------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class AcsBridge:
+    """A PCI device with the Access Control Services capability, as `lspci -vvv` prints it: its ACSCtl controls."""
+
+    bdf: str
+    name: str
+    ctl: tuple[str, ...]  # the controls on ("SrcValid", "ReqRedir", ...)
+
+    @property
+    def redirects(self) -> bool:
+        """Peer-to-peer requests or completions sent up to the root complex (NCCL's troubleshooting guide, "PCI
+        Access Control Services (ACS)": it can cut GPUDirect's bandwidth or hang it)."""
+        return "ReqRedir" in self.ctl or "CmpltRedir" in self.ctl
+
+
+@dataclass(frozen=True)
+class AcsReading:
+    bridges: tuple[AcsBridge, ...]
+    denied: bool  # "Capabilities: <access denied>": lspci ran without root, the extended capabilities unread
+
+
+_PCI_HEAD = re.compile(r"^((?:[0-9a-f]{4}:)?[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]) (.{1,300})$")
+_ACS_CTL = re.compile(r"^\s+ACSCtl:\s+((?:[A-Za-z]{1,20}[+-]\s*){1,16})$")
+
+
+def parse_lspci_acs(text: str) -> AcsReading:
+    """Each device's ACSCtl line under its header line (other lines ignored: the probe prints only these)."""
+    out: list[AcsBridge] = []
+    head: tuple[str, str] | None = None
+    denied = False
+    for line in _lines(text):
+        m = _PCI_HEAD.match(line)
+        if m:
+            head = (m.group(1), m.group(2).strip())
+            continue
+        if "<access denied>" in line:
+            denied = True
+            continue
+        m = _ACS_CTL.match(line)
+        if m and head is not None:
+            on = tuple(t[:-1] for t in m.group(1).split() if t.endswith("+"))
+            out.append(AcsBridge(head[0], head[1], on))
+            head = None
+    return AcsReading(tuple(out), denied)
+
+
 # -- RoCE's MTU -----------------------------------------------------------------------------------------------
 
 _NET_MTU = re.compile(r"^/sys/class/net/([A-Za-z0-9_][A-Za-z0-9_.:@-]{0,31})/mtu:([0-9]{1,6})$")

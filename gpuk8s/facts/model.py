@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from gpuk8s.facts.fabric import Gid, RdmaPort, Topology
+from gpuk8s.facts.fabric import AcsReading, Gid, RdmaPort, Topology
 from gpuk8s.versions import Release
 
 OSFamily = Literal["debian", "rhel", "unknown"]
@@ -244,6 +244,7 @@ class HostFacts:
     rdma: tuple[RdmaPort, ...] | None = None
     gids: tuple[Gid, ...] | None = None  # RoCE ports' GID tables (show_gids' rows); None: not read
     netdev_mtu: dict[str, int] | None = None  # the MTU of each RoCE GID's network interface; None: not read
+    acs: AcsReading | None = None  # PCIe ACS controls of the devices (lspci -vvv; GK_FABRIC only); None: not read
     topo: Topology | None = None  # nvidia-smi topo -m, read where the inventory sets fabric: (GK_FABRIC)
 
     def to_json(self) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from typing import Any
 
 from gpuk8s.errors import ParseError
 from gpuk8s.facts.driver import parse_driver
-from gpuk8s.facts.fabric import parse_ibstatus, parse_net_mtu, parse_show_gids, parse_topo
+from gpuk8s.facts.fabric import parse_ibstatus, parse_lspci_acs, parse_net_mtu, parse_show_gids, parse_topo
 from gpuk8s.facts.mig import parse_section as parse_mig_section
 from gpuk8s.facts.model import (
     GPU,
@@ -687,6 +687,7 @@ def parse_probe(text: str) -> HostFacts:
         gids=parse_show_gids(s["gids"].output) if "gids" in s and s["gids"].ok else None,
         netdev_mtu=parse_net_mtu(s["netmtu"].output) if "netmtu" in s and s["netmtu"].ok else None,
         topo=parse_topo(s["topo"].output) if "topo" in s and s["topo"].ok else None,
+        acs=parse_lspci_acs(s["acs"].output) if "acs" in s and s["acs"].ok else None,
     )
 
 

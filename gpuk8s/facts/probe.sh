@@ -115,6 +115,12 @@ quick netmtu netmtu
 # inventory sets fabric:), nvidia-smi topo takes a while on a large board
 topo() { smi topo -m; }
 [ -z "${GK_FABRIC:-}" ] || quick topo topo
+# PCIe Access Control Services on the bridges (NCCL's troubleshooting guide: ACS redirecting peer-to-peer traffic to
+# the root complex cuts GPUDirect's bandwidth or hangs it): lspci -vvv as root (its extended capabilities), only the
+# devices' header lines and ACSCtl lines kept; only where gpuk8s asks (GK_FABRIC), lspci -vvv reads every device
+acs() { command -v lspci >/dev/null 2>&1 || { echo 'lspci: not found'; return 127; }
+  lspci -vvv 2>/dev/null | grep -E '^[0-9a-f]|ACSCtl|access denied'; true; }
+[ -z "${GK_FABRIC:-}" ] || quick acs acs
 sec containerd-version containerd --version
 sec containerd-active systemctl is-active containerd
 file containerd-config /etc/containerd/config.toml

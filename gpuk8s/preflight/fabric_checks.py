@@ -14,7 +14,7 @@ from gpuk8s.inventory.model import Host
 from gpuk8s.preflight.result import CheckResult, failed, passed, skipped
 
 IDS = ("fabric.ports", "fabric.link-layer", "fabric.subnet-manager", "fabric.rate", "fabric.roce-gid",
-       "fabric.roce-mtu", "fabric.gpudirect", "fabric.affinity")
+       "fabric.roce-mtu", "fabric.gpudirect", "fabric.affinity", "fabric.acs")
 
 
 def _name(p: RdmaPort) -> str:
@@ -112,6 +112,7 @@ def fabric_checks(host: Host, f: HostFacts) -> list[CheckResult]:
     out.append(_roce_mtu(f, layer, active))
     out += _gpudirect(host, f)
     out.append(_affinity(f, active))
+    out.append(_acs(f))
     rates = [p for p in active if p.rate is not None]
     top = max((p.rate or 0.0 for p in rates), default=0.0)
     slow = [p for p in rates if s.rate is not None and (p.rate or 0) < s.rate]
@@ -153,6 +154,25 @@ def _roce_gid(f: HostFacts, layer: str, active: list[RdmaPort]) -> CheckResult:
                       "adds the RoCE v2 GID for it (show_gids lists it), which NCCL (NCCL_IB_ADDR_FAMILY AF_INET, its "
                       "default) and its peers use")
     return passed("fabric.roce-gid", f"{len(active)} port(s) with a RoCE v2 IPv4 GID")
+
+
+def _acs(f: HostFacts) -> CheckResult:
+    """fabric.acs (warning): no PCIe bridge redirects peer-to-peer traffic to the root complex (ACSCtl ReqRedir+ or
+    CmpltRedir+: NCCL's troubleshooting guide, "PCI Access Control Services (ACS)")."""
+    if f.acs is None:
+        return skipped("fabric.acs", "lspci -vvv was not read (lspci not installed, or the host has no fabric:)")
+    if f.acs.denied and not f.acs.bridges:
+        return skipped("fabric.acs", "lspci -vvv could not read the devices' extended capabilities (not root)")
+    on = [b for b in f.acs.bridges if b.redirects]
+    if on:
+        more = f" and {len(on) - 6} more" if len(on) > 6 else ""
+        shown = ", ".join(f"{b.bdf} ({b.name[:100]})" for b in on[:6]) + more
+        return failed("fabric.acs", f"{len(on)} PCIe device(s) redirect peer-to-peer traffic to the root complex "
+                      f"(ACS ReqRedir/CmpltRedir on): {shown}: GPUDirect (GPU to GPU, GPU to NIC) slows down or hangs",
+                      "disable ACS in the BIOS (or at each boot: setpci -s BDF ECAP_ACS+0x6.w=0000 for each device "
+                      "named, NCCL's troubleshooting guide); not on a host that passes devices to virtual machines, "
+                      "which need ACS")
+    return passed("fabric.acs", f"{len(f.acs.bridges)} device(s) with ACS, none redirecting peer-to-peer traffic")
 
 
 def _roce_mtu(f: HostFacts, layer: str, active: list[RdmaPort]) -> CheckResult:

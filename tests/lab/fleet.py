@@ -90,6 +90,9 @@ DEFAULTS: dict[str, Any] = {
     # nvidia-smi topo -m: the name of a real text of tests/fixtures/real/fabric/topo (its GPUs and NICs should be the
     # host's); "" = none modelled (the fake then fails as nvidia-smi does on a command it cannot serve)
     "topo": "",
+    # lspci -vvv: the name of a real text of tests/fixtures/real/fabric/pci (a device with its ACS controls) that the
+    # host's lspci -vvv prints; "" = none (lspci -vvv prints the GPUs' header lines only)
+    "lspci_vvv": "",
 }
 
 

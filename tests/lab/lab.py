@@ -63,6 +63,7 @@ DEFAULT_SUBNET = f"10.{213 + INSTANCE}.0.0/16"
 FAKES_SRC = Path(__file__).parent / "fakes"
 REAL_OBJECTS = Path(__file__).resolve().parents[1] / "fixtures" / "real" / "objects"  # its SOURCE.md
 REAL_TOPO = Path(__file__).resolve().parents[1] / "fixtures" / "real" / "fabric" / "topo"  # nvidia-smi topo -m
+REAL_PCI = REAL_TOPO.parent / "pci"  # lspci -vvv
 # a real ResourceSlice of NVIDIA's DRA driver (8x H100, chart 25.12.0): the lab's kubelet plugin publishes devices in
 # its shape
 REAL_SLICES = Path(__file__).resolve().parents[1] / "fixtures" / "real" / "dra" / \
@@ -744,6 +745,8 @@ class Lab:
             h.write_rdma(spec["rdma"])
         if spec.get("topo"):  # a real board's nvidia-smi topo -m (fakes/fake.py prints it)
             h.write("/var/lib/gpuk8s-lab/topo.txt", (REAL_TOPO / f"{spec['topo']}.txt").read_text())
+        if spec.get("lspci_vvv"):  # a real device's lspci -vvv (fakes/fake.py prints it after the host's GPUs)
+            h.write("/var/lib/gpuk8s-lab/lspci-vvv.txt", (REAL_PCI / f"{spec['lspci_vvv']}.txt").read_text())
         if "sshd-stopped" not in spec["faults"]:
             h.start_sshd()
 

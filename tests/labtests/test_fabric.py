@@ -277,9 +277,15 @@ def test_preflight_names_gpus_far_from_the_fabric(lab_up, run_cli, tmp_path):
     lab = lab_up(yaml.safe_dump({"hosts": [
         {"name": "cp-1", "role": "control-plane"},
         {"name": "hgx-1", "gpus": 8, "gpu_model": "NVIDIA H100 80GB HBM3", "topo": "h100x8-8nic-sglang-30401",
+         "lspci_vvv": "lspci-vvv-acs-enabled-haswell-e-root-port-pciutils-cap-aer-root",
          "rdma": [{"device": "mlx5_0", **UP, "rate": NDR}, {"device": "mlx5_1", **UP, "rate": NDR}]}]}))
     inv, _ = with_fabric(lab, tmp_path, {"link_layer": "infiniband"})
     c = checks_by_host(json.loads(run_cli("preflight", "-i", str(inv), "-o", "json", "--network-seconds", "0").stdout))
+    # a root port whose ACS redirects peer-to-peer traffic (a real lspci -vvv text), named
+    acs = c["hgx-1"]["fabric.acs"]
+    assert acs["status"] == "warn" and acs["message"].startswith(
+        "1 PCIe device(s) redirect peer-to-peer traffic to the root complex (ACS ReqRedir/CmpltRedir on): 00:02.0 "
+        "(PCI bridge: Intel Corporation Haswell-E PCI Express Root Port 2"), acs
     got = c["hgx-1"]["fabric.affinity"]
     assert got["status"] == "warn" and got["message"].startswith("GPU2, GPU3: nearest fabric NIC across the PCIe host "
                                                                  "bridges of its CPU (NODE: mlx5_0, mlx5_1)"), got

@@ -163,7 +163,8 @@ def test_an_infiniband_node_as_expected_passes() -> None:
     assert {i: r.status for i, r in got.items()} == {"fabric.ports": "pass", "fabric.link-layer": "pass",
                                                      "fabric.subnet-manager": "pass", "fabric.rate": "pass",
                                                      "fabric.roce-gid": "skip", "fabric.roce-mtu": "skip",
-                                                     "fabric.gpudirect": "warn", "fabric.affinity": "skip"}
+                                                     "fabric.gpudirect": "warn", "fabric.affinity": "skip",
+                                                     "fabric.acs": "skip"}
     assert got["fabric.rate"].message == "8 x 400 Gb/s"
     # auto takes InfiniBand where the node has it (the Ethernet ports are another network)
     auto = by_id(fabric_checks(host("{link_layer: auto}"), facts(rdma=ports(H100_IB))))
@@ -306,3 +307,20 @@ def test_roces_packet_size_follows_the_interfaces_mtu_as_the_kernel_derives_it()
         1500: 1024, 2144: 2048, 2143: 1024, 4191: 2048, 4192: 4096, 4200: 4096, 9000: 4096, 300: 0}
     text = "/sys/class/net/ens3np0/mtu:1500\n/sys/class/net/../mtu:1\n/sys/class/net/ens4np0/mtu:9000\njunk\n"
     assert fabric.parse_net_mtu(text) == {"ens3np0": 1500, "ens4np0": 9000}
+
+
+def test_acs_redirecting_bridges_are_named_and_an_unread_reading_is_no_pass() -> None:
+    real = Path(__file__).resolve().parents[1] / "fixtures" / "real" / "fabric" / "pci"
+    on = fabric.parse_lspci_acs((real / "lspci-vvv-acs-enabled-haswell-e-root-port-pciutils-cap-aer-root.txt")
+                                .read_text())
+    off = fabric.parse_lspci_acs((real / "lspci-vvv-acs-disabled-quickpath-root-port-pciutils-cap-pcie-1.txt")
+                                 .read_text())
+    up = fabric.RdmaPort("mlx5_0", 1, "Active", "LinkUp", 400.0, "InfiniBand")
+    h = host("{link_layer: infiniband}")
+    got = by_id(fabric_checks(h, facts(rdma=(up,), acs=on)))["fabric.acs"]
+    assert got.status == "warn" and "00:02.0 (PCI bridge: Intel Corporation" in got.message
+    assert by_id(fabric_checks(h, facts(rdma=(up,), acs=off)))["fabric.acs"].status == "pass"
+    denied = fabric.parse_lspci_acs("00:02.0 PCI bridge: Intel\n\tCapabilities: <access denied>\n")
+    assert denied.denied and by_id(fabric_checks(h, facts(rdma=(up,), acs=denied)))["fabric.acs"].status == "skip"
+    # hostile text: a control line without a device, junk controls: nothing read as a bridge
+    assert fabric.parse_lspci_acs("\t\tACSCtl:\tReqRedir+\n" + "x" * 100000 + "\n").bridges == ()

@@ -7,6 +7,7 @@ read (a file without its .meta, or without a reading here, fails)."""
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -222,6 +223,12 @@ CHANNELS = {
     "channels-no-gdr-ib-a100-nccl-1412": (2, 0, ("IB",)),
     "channels-socket-2node-nccl-tests-166": (2, 0, ("Socket",)),
 }
+# lspci -vvv's ACS controls: (bdf, controls on, redirects peer-to-peer)
+ACS = {
+    "lspci-vvv-acs-enabled-haswell-e-root-port-pciutils-cap-aer-root": (
+        "00:02.0", ("SrcValid", "TransBlk", "ReqRedir", "CmpltRedir", "UpstreamFwd"), True),
+    "lspci-vvv-acs-disabled-quickpath-root-port-pciutils-cap-pcie-1": ("00:01.0", (), False),
+}
 # what verify --fabric's NCCL pairs say of a launcher that could not start its ranks (phases/fabric_nccl.py)
 MPI = {"mpirun-ssh-refused-orte-failed-daemon-launch": (
     "ssh: connect to host 192.168.43.57 port 22: Connection refused / ORTE was unable to reliably start one or more "
@@ -244,7 +251,7 @@ def _port(p: fabric.RdmaPort) -> str:
 def test_every_text_has_its_source_and_a_reading() -> None:
     read = {("ibstat", n) for n in [*IBSTAT, *IBSTATUS]} | {("topo", n) for n in TOPO} | {
         ("nccl", n) for n in [*ALL_REDUCE, *NCCL_ERRORS, *CHANNELS]} | {("perftest", n) for n in PERFTEST} | {
-        ("mpi", n) for n in MPI}
+        ("mpi", n) for n in MPI} | {("pci", n) for n in ACS}
     found = set()
     for txt in REAL.glob("*/*.txt"):
         assert txt.with_suffix(".meta").is_file(), f"{txt.name}: no .meta sidecar (its source)"
@@ -376,3 +383,13 @@ def test_a_launchers_failure_in_its_own_words(name: str) -> None:
 def test_nccls_connection_lines(name: str) -> None:
     ch = fabric.parse_nccl_channels(_text("nccl", name))
     assert (ch.connections, ch.gdr, ch.nets) == CHANNELS[name]
+
+
+@pytest.mark.parametrize("name", sorted(ACS))
+def test_lspci_acs(name: str) -> None:
+    """The whole -vvv text and the probe's cut (header and ACSCtl lines only) read alike."""
+    text = _text("pci", name)
+    cut = "\n".join(ln for ln in text.splitlines() if re.match(r"^[0-9a-f]", ln) or "ACSCtl" in ln)
+    for t in (text, cut):
+        r = fabric.parse_lspci_acs(t)
+        assert [(b.bdf, b.ctl, b.redirects) for b in r.bridges] == [ACS[name]] and not r.denied

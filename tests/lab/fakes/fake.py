@@ -689,7 +689,14 @@ PCI_BOARDS = (("H100", "GH100 [H100 SXM5 80GB]", 0x2330), ("H200", "GH100 [H200 
 
 def lspci(h: Host, args: list[str]) -> int:
     """`lspci -Dnn [-d 10de:]`: the host's GPUs (3D controllers) and, on an HGX board (spec nvswitches), its
-    NVSwitches (bridges)."""
+    NVSwitches (bridges). `lspci -vvv`: the real device text the fleet names (lspci_vvv), after the GPUs' lines."""
+    if "-vvv" in args:
+        extra = STATE_DIR / "lspci-vvv.txt"
+        for i in range(int(h.spec["gpus"])):
+            out(f"{0x1b + 0x10 * i:02x}:00.0 3D controller: NVIDIA Corporation Device (rev a1)\n")
+        if extra.is_file():
+            out(extra.read_text())
+        return 0
     model = str(h.spec["gpu_model"])
     name, dev = next(((nm, d) for key, nm, d in PCI_BOARDS if key in model), ("Device", 0x20B2))
     for i in range(int(h.spec.get("nvswitches") or 0)):
