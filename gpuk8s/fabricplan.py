@@ -548,10 +548,13 @@ def gpudirect_used(modes: tuple[str, str], ch: NetChannels) -> tuple[str, str | 
     planned = [m for m in modes if m != "none"]
     if ch.gdr == ch.connections:
         return f"GPUDirect RDMA on all {ch.connections} connections", None
-    if len(planned) == 2:
-        return "", (f"GPUDirect RDMA ({'/'.join(dict.fromkeys(planned))}) planned, but {ch.connections - ch.gdr} of "
-                    f"{ch.connections} NCCL connections went through host memory (no /GDRDMA on NCCL's via NET "
-                    "lines): nvidia-peermem not loaded or dma-buf refused; preflight's fabric.gpudirect and "
-                    "fabric.affinity, NCCL_NET_GDR_LEVEL")
+    if len(planned) == 2 and ch.received_gdr < ch.received:
+        return "", (f"GPUDirect RDMA ({'/'.join(dict.fromkeys(planned))}) planned, but {ch.received - ch.received_gdr} "
+                    f"of {ch.received} NCCL receive connections went through host memory (no /GDRDMA on NCCL's via "
+                    "NET lines): nvidia-peermem not loaded or dma-buf refused, or a GPU farther from its NIC than "
+                    "NCCL_NET_GDR_LEVEL allows (preflight's fabric.gpudirect and fabric.affinity)")
+    if planned and ch.received and ch.received_gdr == ch.received:
+        return (f"GPUDirect RDMA on all {ch.received} receive connections ({ch.gdr} of {ch.connections} in all: "
+                "sends read GPU memory directly only where NCCL_NET_GDR_READ is on)"), None
     return f"{ch.connections - ch.gdr} of {ch.connections} connections through host memory: no GPUDirect RDMA " \
            "path on both nodes", None

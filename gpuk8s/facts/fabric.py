@@ -407,7 +407,7 @@ def parse_all_reduce(text: str) -> AllReduce | None:
 # a PXN proxy rank "(8)" after the device, "/GDRDMA(PCI)" on C2C systems, "/Shared" for a shared connection. The
 # network's name is the plugin's (IB, Socket, IBext_v8, gIB, ...). /GDRDMA: GPUDirect RDMA carried the connection.
 _NET_CHANNEL = re.compile(r"(?:Channel|Ring) [0-9]{1,4}(?:/[0-9]{1,4})? : [0-9]{1,7}(?:\[[0-9a-f]{1,16}\])? -> "
-                          r"[0-9]{1,7}(?:\[[0-9a-f]{1,16}\])? \[(?:send|receive)\] via NET/([A-Za-z0-9_.-]{1,32})/"
+                          r"[0-9]{1,7}(?:\[[0-9a-f]{1,16}\])? \[(send|receive)\] via NET/([A-Za-z0-9_.-]{1,32})/"
                           r"[0-9]{1,4}(?:\([0-9]{1,7}\))?(/GDRDMA(?:\(PCI\))?)?(?:/Shared)?\s*$")
 
 
@@ -418,18 +418,26 @@ class NetChannels:
     connections: int
     gdr: int
     nets: tuple[str, ...]
+    # the receive side's connections and those with /GDRDMA: GPUDirect RDMA writes into GPU memory wherever it is
+    # available, while a send reads GPU memory directly only where NCCL_NET_GDR_READ is on (by default on NVLink
+    # platforms only), so a send line without /GDRDMA proves nothing
+    received: int = 0
+    received_gdr: int = 0
 
 
 def parse_nccl_channels(text: str) -> NetChannels:
-    n = gdr = 0
+    n = gdr = rn = rgdr = 0
     nets: dict[str, None] = {}
     for line in _lines(text):
         m = _NET_CHANNEL.search(line)
         if m:
             n += 1
-            gdr += bool(m.group(2))
-            nets[m.group(1)] = None
-    return NetChannels(n, gdr, tuple(nets))
+            gdr += bool(m.group(3))
+            nets[m.group(2)] = None
+            if m.group(1) == "receive":
+                rn += 1
+                rgdr += bool(m.group(3))
+    return NetChannels(n, gdr, tuple(nets), rn, rgdr)
 
 
 # -- perftest ------------------------------------------------------------------------------------------------------

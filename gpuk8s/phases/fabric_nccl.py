@@ -136,7 +136,12 @@ def worker_pod(ctx: Context, fp: FabricPlan, ip: str) -> dict[str, Any]:
     fabric's addresses are the host's)."""
     cmd = ["sh", "-c", f"mkdir -p /run/sshd && exec /usr/sbin/sshd -D -e -f {SSH_DIR}/sshd_config "
                        f"-o ListenAddress={ip}"]
-    return _pod(ctx, worker_name(fp.node), fp.node, cmd, {GPU_RESOURCE: fp.gpus, RDMA_RESOURCE: 1}, True)
+    pod = _pod(ctx, worker_name(fp.node), fp.node, cmd, {GPU_RESOURCE: fp.gpus, RDMA_RESOURCE: 1}, True)
+    # the ranks of one node share memory segments through /dev/shm: the runtime's 64 MiB is too small for NCCL
+    # (coreweave/nccl-tests' own MPIJob mounts a memory emptyDir there)
+    pod["spec"]["volumes"].append({"name": "shm", "emptyDir": {"medium": "Memory"}})
+    pod["spec"]["containers"][0]["volumeMounts"].append({"name": "shm", "mountPath": "/dev/shm"})
+    return pod
 
 
 def nccl_env(a: FabricPlan, b: FabricPlan) -> dict[str, str]:
@@ -294,7 +299,14 @@ class PairRun:
                 for a, b in rnd:
                     if (a, b) not in ready:
                         self._worker_missing(a, b, pods)
-                if not ready or time.monotonic() > self.deadline:
+                if ready and time.monotonic() > self.deadline:
+                    for a, b in ready:  # named, never a silent gap: a node's other pair must not pass for it alone
+                        for n in (a, b):
+                            self.failed.setdefault(n, []).append(
+                                f"all-reduce {a} + {b} not run: verify --fabric's timeout passed "
+                                f"({self.ctx.options.fabric_timeout:g} s)")
+                    continue
+                if not ready:
                     continue
                 for a, b in ready:
                     self.sizes[(a, b)] = pair_size(self.fps[a], self.fps[b])

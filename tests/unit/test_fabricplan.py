@@ -299,8 +299,12 @@ def test_how_nccl_moved_a_pairs_data_from_its_real_connection_lines() -> None:
                               read("channels-no-gdr-ib-a100-nccl-1412"), read("channels-socket-2node-nccl-tests-166"))
     assert fabricplan.gpudirect_used(("dmabuf", "dmabuf"), gdr) == ("GPUDirect RDMA on all 4 connections", None)
     note, bad = fabricplan.gpudirect_used(("peermem", "peermem"), host_mem)
-    assert bad is not None and bad.startswith("GPUDirect RDMA (peermem) planned, but 2 of 2 NCCL connections went "
-                                              "through host memory")
+    assert bad is not None and bad.startswith("GPUDirect RDMA (peermem) planned, but 1 of 1 NCCL receive "
+                                              "connections went through host memory")
+    # sends without /GDRDMA (NCCL_NET_GDR_READ off, as on PCIe platforms) and every receive with it: used
+    mixed = fabric.NetChannels(4, 2, ("IB",), 2, 2)
+    note, bad = fabricplan.gpudirect_used(("dmabuf", "dmabuf"), mixed)
+    assert bad is None and note.startswith("GPUDirect RDMA on all 2 receive connections (2 of 4 in all")
     # no GPUDirect path planned on a node: said, not failed
     note, bad = fabricplan.gpudirect_used(("none", "dmabuf"), host_mem)
     assert bad is None and note.startswith("2 of 2 connections through host memory")
