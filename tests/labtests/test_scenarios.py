@@ -123,8 +123,9 @@ def test_hgx_day_one(lab_up, run_cli, tmp_path):
         "fabric.ports"][1], got["ts-1"]
     # (InfiniBand: no RoCE GIDs to check; no topology modelled for these hosts)
     assert all(v[0] == "pass" for n in ("mig-1", "dra-1") for k, v in got[n].items()
-               if k not in ("fabric.roce-gid", "fabric.affinity")), got
+               if k not in ("fabric.roce-gid", "fabric.roce-mtu", "fabric.affinity")), got
     assert got["mig-1"]["fabric.roce-gid"][0] == got["mig-1"]["fabric.affinity"][0] == "skip", got
+    assert got["mig-1"]["fabric.roce-mtu"][0] == "skip", got  # not RoCE
     ts.write_rdma([{"device": "mlx5_1", "state": "4: ACTIVE", "phys_state": "5: LinkUp",
                     "rate": "400 Gb/sec (4X NDR)", "link_layer": "InfiniBand", "sm_lid": "0x1"}])
 
