@@ -25,12 +25,13 @@ from typing import Any
 
 import yaml
 
-from gpuk8s import fabricplan, findings, logs, mirrors, remote, versions
+from gpuk8s import fabricplan, findings, logs, remote
 from gpuk8s.fabricplan import FabricPlan, PairReading
 from gpuk8s.facts.fabric import classify_nccl, parse_all_reduce, parse_nccl_channels
 from gpuk8s.gpuplan import GPU_RESOURCE, RDMA_RESOURCE
 from gpuk8s.kube import state
 from gpuk8s.phases.base import Change, Context
+from gpuk8s.phases.fabric_pods import PROOF_LABELS, over, test_pod
 from gpuk8s.phases.verify import TEST_NAMESPACE, _pod_name, foreign_names
 
 SSH_PORT = 18514  # the workers' sshd, on the host network: beside perftest's 18515 + rail, not the host's own 22
@@ -43,7 +44,6 @@ HOST_ALIAS = "gpuk8s-fabric-worker"  # the name the launcher's known_hosts gives
 MPIRUN = ["sh", "-c", 'exec "$(command -v mpirun)" "$@"', "mpirun"]
 # of a launcher's log: NCCL's INFO lines (500-600 per node of 8 GPUs, nccl-tests logs), the rank list and the table
 LOG_LINES = 6000
-PROOF_LABELS = {"app.kubernetes.io/managed-by": "gpuk8s", "gpuk8s.io/proof": "fabric"}
 
 # sshd as the workers run it: keys only, root only by key, nothing forwarded. StrictModes off: the files are a
 # Secret volume (root's, read-only, 0400) whose directory the kubelet makes, not a home directory sshd can judge.
@@ -110,25 +110,11 @@ def secret(keys: Keys | None) -> dict[str, Any]:
 
 def _pod(ctx: Context, name: str, node: str, command: list[str], limits: dict[str, int],
          host_network: bool) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": TEST_NAMESPACE, "labels": dict(PROOF_LABELS)},
-        "spec": {
-            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-                {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]}}},
-            "restartPolicy": "Never",
-            "tolerations": [{"operator": "Exists"}],
-            **({"hostNetwork": True} if host_network else {}),
-            "terminationGracePeriodSeconds": 0,
-            "volumes": [{"name": "ssh", "secret": {"secretName": SECRET, "defaultMode": 0o400}}],
-            "containers": [{
-                "name": "test", "image": mirrors.image(ctx.inv, versions.fabric().test_image), "command": command,
-                "resources": {"limits": dict(limits)},
-                "volumeMounts": [{"name": "ssh", "mountPath": SSH_DIR, "readOnly": True}],
-                # RDMA pins memory: the runtime's default memlock limit is too small
-                "securityContext": {"capabilities": {"add": ["IPC_LOCK"]}}}],
-        },
-    }
+    """A fabric test pod with the run's SSH material mounted (read-only, 0400)."""
+    pod = test_pod(ctx, name, node, command, limits, host_network)
+    pod["spec"]["volumes"] = [{"name": "ssh", "secret": {"secretName": SECRET, "defaultMode": 0o400}}]
+    pod["spec"]["containers"][0]["volumeMounts"] = [{"name": "ssh", "mountPath": SSH_DIR, "readOnly": True}]
+    return pod
 
 
 def worker_pod(ctx: Context, fp: FabricPlan, ip: str) -> dict[str, Any]:
@@ -215,11 +201,6 @@ def plan_changes(ctx: Context, fps: dict[str, FabricPlan]) -> list[Change]:
     return out
 
 
-def _over(pod: state.PodState | None) -> bool:
-    return pod is not None and (pod.phase in ("Succeeded", "Failed") or (
-        pod.phase == "Pending" and bool(pod.unschedulable)))
-
-
 # what a launcher that could not start its ranks says that matters: ssh's own line (OpenSSH: "ssh: connect to host
 # H port P: Connection refused", "Host key verification failed.", "Permission denied (publickey)") and the headline
 # of Open MPI's help message ("ORTE was unable to reliably start one or more daemons.", its help-errmgr-base.txt;
@@ -292,7 +273,7 @@ class PairRun:
             kube.apply("---\n".join(yaml.safe_dump(worker_pod(self.ctx, self.fps[n], str(ips[n])), sort_keys=False)
                                     for n in workers))
             pods = self._wait([worker_name(n) for n in workers],
-                              lambda p: p is not None and (p.phase == "Running" or _over(p)))
+                              lambda p: p is not None and (p.phase == "Running" or over(p)))
             for rnd in fabricplan.rounds(prs):
                 ready = [(a, b) for a, b in rnd if all(
                     pods.get(worker_name(n)) is not None and pods[worker_name(n)].phase == "Running" for n in (a, b))]
@@ -313,7 +294,7 @@ class PairRun:
                 kube.apply("---\n".join(yaml.safe_dump(launcher_pod(
                     self.ctx, self.fps[a], self.fps[b], (str(ips[a]), str(ips[b])), self.sizes[(a, b)]),
                     sort_keys=False) for a, b in ready))
-                pods = self._wait([launcher_name(a) for a, _ in ready], _over)
+                pods = self._wait([launcher_name(a) for a, _ in ready], over)
                 for a, b in ready:
                     self._read(a, b, pods.get(launcher_name(a)))
                 kube.delete("pod", [launcher_name(a) for a, _ in ready], TEST_NAMESPACE)

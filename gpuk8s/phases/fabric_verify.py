@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from gpuk8s import fabricplan, findings, mirrors, versions
+from gpuk8s import fabricplan, findings
 from gpuk8s.fabricplan import FabricPlan, LinkReading
 from gpuk8s.facts.fabric import RdmaPort, classify_nccl, parse_all_reduce, parse_perftest
 from gpuk8s.gpuplan import GPU_RESOURCE, QUARANTINE_KEY, RDMA_RESOURCE, quarantine_taint
@@ -29,6 +29,7 @@ from gpuk8s.kube import state
 from gpuk8s.kube.state import StateError
 from gpuk8s.phases.base import Change, Context, Phase, PhasePlan, PhaseResult
 from gpuk8s.phases.fabric_nccl import PairRun, plan_changes, ring_pairs
+from gpuk8s.phases.fabric_pods import over, test_pod, unschedulable
 from gpuk8s.phases.verify import TEST_NAMESPACE, _pod_name, foreign_names
 
 PERFTEST_PORT = 18515  # perftest's default (src/perftest_parameters.h DEF_PORT); rail i listens on 18515 + i
@@ -55,33 +56,11 @@ def whole_gpus(ctx: Context, node: str) -> bool:
         and p.mig_strategy == "none"
 
 
-def _pod(ctx: Context, name: str, node: str, command: list[str], limits: dict[str, int],
-         host_network: bool) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": TEST_NAMESPACE,
-                     "labels": {"app.kubernetes.io/managed-by": "gpuk8s", "gpuk8s.io/proof": "fabric"}},
-        "spec": {
-            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-                {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]}}},
-            "restartPolicy": "Never",
-            "tolerations": [{"operator": "Exists"}],
-            **({"hostNetwork": True} if host_network else {}),
-            "terminationGracePeriodSeconds": 0,
-            "containers": [{
-                "name": "test", "image": mirrors.image(ctx.inv, versions.fabric().test_image), "command": command,
-                "resources": {"limits": {k: v for k, v in limits.items()}},
-                # RDMA pins memory: the runtime's default memlock limit (64 KiB or 8 MiB) is too small
-                "securityContext": {"capabilities": {"add": ["IPC_LOCK"]}}}],
-        },
-    }
-
-
 def nccl_pod(ctx: Context, fp: FabricPlan) -> dict[str, Any]:
     floor = fabricplan.node_floor(fp)
     top = floor.size if floor else NCCL_TO
     cmd = [NCCL, "-b", str(min(NCCL_FROM, top)), "-e", str(top), "-f", "2", "-g", str(fp.gpus)]
-    return _pod(ctx, nccl_pod_name(fp.node), fp.node, cmd, {GPU_RESOURCE: fp.gpus}, False)
+    return test_pod(ctx, nccl_pod_name(fp.node), fp.node, cmd, {GPU_RESOURCE: fp.gpus}, False)
 
 
 def perftest_command(fp: FabricPlan, port: RdmaPort, rail: int, server_ip: str | None) -> list[str]:
@@ -133,14 +112,6 @@ def pairs(fps: dict[str, FabricPlan]) -> tuple[list[Pair], dict[str, list[str]]]
     return out, missing
 
 
-def _over(pod: state.PodState | None, *also: str) -> bool:
-    """Whether a test pod is done with, for the poll loop: ended, or one the scheduler cannot place (it is named
-    as not scheduled; waiting for other pods to free the node's GPUs could take the whole timeout)."""
-    if pod is None:
-        return False
-    return pod.phase in ("Succeeded", "Failed", *also) or (pod.phase == "Pending" and bool(pod.unschedulable))
-
-
 def _eligible(node: Any) -> bool:
     try:
         ready = state.node_state(node).ready
@@ -179,7 +150,7 @@ class FabricVerify(Phase):
                    for n, fp in sorted(fps.items()) if whole_gpus(ctx, n) and fp.gpus]
         for pr in pairs(fps)[0]:
             changes.append(Change(f"RDMA write {pr.client.node} -> {pr.server.node} on {pr.name} (two pods, then "
-                                  "deleted)", manifest=yaml.safe_dump(_pod(
+                                  "deleted)", manifest=yaml.safe_dump(test_pod(
                                       ctx, pr.client_pod, pr.client.node,
                                       perftest_command(pr.client, pr.port, pr.rail, "SERVER-IP"),
                                       {RDMA_RESOURCE: 1}, True), sort_keys=False)))
@@ -205,14 +176,14 @@ class FabricVerify(Phase):
         for pr in list(prs):
             ip = internal_ip(nodes.get(pr.server.node))
             if ip:
-                clients[pr.client_pod] = _pod(ctx, pr.client_pod, pr.client.node,
+                clients[pr.client_pod] = test_pod(ctx, pr.client_pod, pr.client.node,
                                               perftest_command(pr.client, pr.port, pr.rail, ip), {RDMA_RESOURCE: 1},
                                               True)
             else:  # no address to reach its server at: neither pod is made, the link is named untested
                 prs.remove(pr)
                 missing.setdefault(pr.server.node, []).append(
                     f"RDMA write from {pr.client.node} on {pr.name} not tested: this node has no InternalIP address")
-        servers = {pr.server_pod: _pod(ctx, pr.server_pod, pr.server.node,
+        servers = {pr.server_pod: test_pod(ctx, pr.server_pod, pr.server.node,
                                        perftest_command(pr.server, pr.server_port, pr.rail, None),
                                        {RDMA_RESOURCE: 1}, True) for pr in prs}
         names = [*(d["metadata"]["name"] for d in nccl.values()), *servers, *clients]
@@ -243,12 +214,13 @@ class FabricVerify(Phase):
         found, slow_ports, low_nccl, alone = self._judge(ctx, fps, nccl, prs, missing, seen, logs)
         # across nodes, after the tests above are gone (they held the GPUs and the links): the nodes whose GPUs are
         # whole and were free (a NCCL pod the scheduler could not place: its GPUs are held by other pods)
-        across = {n: fps[n] for n in nccl if not _held(seen.get(nccl_pod_name(n)))}
+        across = {n: fps[n] for n in nccl if not unschedulable(seen.get(nccl_pod_name(n)))}
         pairs_run = PairRun(ctx, across, nodes, alone, started + ctx.options.fabric_timeout)
-        tested = len(ring_pairs(across))
+        ring = ring_pairs(across)
+        tested = len(ring)
         if tested:
             found += pairs_run.run()
-        paired = {n for pr in ring_pairs(across) for n in pr}
+        paired = {n for pr in ring for n in pr}
         for n in sorted(set(fps) - paired):
             why = ("its GPUs are held by other pods" if n in nccl and n not in across
                    else "no other node of its link layer with whole GPUs to pair with" if n in across
@@ -284,8 +256,8 @@ class FabricVerify(Phase):
                 applied.update(ready)
                 continue
             waiting_servers = [pr for pr in prs if pr.client_pod in clients and pr.client_pod not in applied
-                               and not _over(pods.get(pr.server_pod), "Running")]
-            ended = all(_over(pods.get(n)) for n in [*nccl_pods, *applied])
+                               and not over(pods.get(pr.server_pod), "Running")]
+            ended = all(over(pods.get(n)) for n in [*nccl_pods, *applied])
             if (ended and not waiting_servers) or time.monotonic() > deadline:
                 return pods
             time.sleep(1)
@@ -329,7 +301,7 @@ class FabricVerify(Phase):
         low = set()
         for n in nccl:
             pod = seen.get(nccl_pod_name(n))
-            if readings[n] is None and pod is not None and pod.phase == "Pending" and pod.unschedulable:
+            if readings[n] is None and unschedulable(pod):
                 out.append(findings.skipped("fabric.nccl", f"not tested: its pod was not scheduled ({pod.unschedulable}"
                                             "): the node's GPUs are held by other pods", subject=findings.node(n)))
                 continue
@@ -368,11 +340,6 @@ class FabricVerify(Phase):
                     + ")")
         out += fabricplan.judge_links(link_readings, failed, sorted(fps))
         return out, fabricplan.culprits(link_readings), low, measured
-
-
-def _held(pod: state.PodState | None) -> bool:
-    """A test pod the scheduler could not place."""
-    return pod is not None and pod.phase == "Pending" and bool(pod.unschedulable)
 
 
 def _last(text: str) -> str:
