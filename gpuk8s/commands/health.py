@@ -32,7 +32,8 @@ def register(app: typer.Typer, load_inventory: Callable[..., Any]) -> None:
     ) -> None:
         """Check every GPU host's GPUs (the quick level: one round trip per host): GPU count, Xid errors since
         boot, uncorrectable ECC errors, retired pages and row remapping, PCIe link width, NVLink, clock slowdown,
-        NVSwitch fabric; --level standard or long adds DCGM's diagnostic. Exit status 1 when a host is unhealthy or
+        NVSwitch fabric; --level standard or long adds DCGM's diagnostic, --level fabric the RDMA fabric's ports
+        and their error counters. Exit status 1 when a host is unhealthy or
         unreachable (or, with --release, kept in quarantine)."""
         inv = load_inventory(inventory, output)
         if level not in LEVELS:
