@@ -45,6 +45,7 @@ from gpuk8s.phases.lock import Lock
 from gpuk8s.phases.mig import Mig
 from gpuk8s.phases.monitoring import Monitoring
 from gpuk8s.phases.monitoring_verify import MonitoringVerify
+from gpuk8s.phases.nodeops import NodeOptions
 from gpuk8s.phases.prepare import Prepare, refresh_facts
 from gpuk8s.phases.reset import Reset
 from gpuk8s.phases.verify import Verify
@@ -128,7 +129,7 @@ def monitoring(ctx: Context, remove: bool, dry_run: bool) -> ClusterReport:
     return _run(ctx, phases, dry_run)
 
 
-def allocator(ctx: Context, nodes: list[str], opts: up.UpgradeOptions, dry_run: bool) -> ClusterReport:
+def allocator(ctx: Context, nodes: list[str], opts: NodeOptions, dry_run: bool) -> ClusterReport:
     """`gpuk8s allocator NODE... --to ...`: the lock, then each node moved to the allocator its inventory says
     (gpuk8s/phases/allocator.py), one at a time; its findings in the report. The nodes' facts are read first (their
     GPUs, MIG devices: what each allocator must offer there); a node that cannot be read is planned from the
@@ -352,7 +353,7 @@ def driver_upgrade(inv: Inventory, *, concurrency: int, sudo_passwords: dict[str
                          getattr(err, "remedy", "bring it back, then re-run"))
     ctx.facts = refresh_facts(ctx.sessions, concurrency)
     ctx.plans = gpuplan.plans(inv, ctx.facts)
-    opts = up.UpgradeOptions("driver", max_unavailable, gpu_pod_timeout, drain_timeout)
+    opts = NodeOptions(max_unavailable=max_unavailable, gpu_pod_timeout=gpu_pod_timeout, drain_timeout=drain_timeout)
     # --bundle: served right after the lock (NVIDIA's RHEL 8 repository as the bundle carries it)
     report = _run(ctx, with_bundle([Lock(), DriverUpgrade(opts), Verify()], ctx.options), dry_run)
     report.findings = opts.findings
@@ -395,15 +396,16 @@ def upgrade(inv: Inventory, *, to: str | None, concurrency: int, ignore: set[str
                                     f"{report.steps[-1]}, and the upgrade goes through {', '.join(report.steps)}",
                                     "upgrade one minor at a time, each from its own bundle (--to 1.N)")
         if dry_run:
-            first = up.UpgradeOptions(report.steps[0], max_unavailable, gpu_pod_timeout, drain_timeout)
+            first = up.UpgradeOptions(report.steps[0], max_unavailable=max_unavailable,
+                                      gpu_pod_timeout=gpu_pod_timeout, drain_timeout=drain_timeout)
             report.plans = plan_phases([*bundle, *selected(up.step_phases(first))], ctx)
             return report
         if not run_phases([Lock(), *bundle], ctx, report.phases):
             return report
         for to_minor in report.steps:
             ctx.emit(f"==> Upgrading to Kubernetes {to_minor}")
-            opts = up.UpgradeOptions(to_minor, max_unavailable, gpu_pod_timeout, drain_timeout,
-                                     findings=report.findings)
+            opts = up.UpgradeOptions(to_minor, max_unavailable=max_unavailable, gpu_pod_timeout=gpu_pod_timeout,
+                                     drain_timeout=drain_timeout, findings=report.findings)
             on_node = report.node_seconds.__setitem__
             phases = selected(up.step_phases(opts, on_node=on_node))
             step_results: list[PhaseResult] = []

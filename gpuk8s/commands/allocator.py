@@ -16,7 +16,7 @@ from gpuk8s.exitcodes import ExitCode
 from gpuk8s.inventory.model import ALLOCATORS, Inventory
 from gpuk8s.options import DrainTimeoutOpt, GpuPodTimeoutOpt, InventoryOpt, Output, OutputOpt
 from gpuk8s.phases.base import Context, Options, PhaseError
-from gpuk8s.phases.upgrade import UpgradeOptions
+from gpuk8s.phases.nodeops import NodeOptions
 from gpuk8s.remote import Session
 from gpuk8s.report import cluster as report
 
@@ -74,7 +74,7 @@ def register(app: typer.Typer, load_inventory: Any) -> None:
             ctx.close()
             ui.say(ui.console(stderr=True), f"cannot reach the cluster: {e.message}; {e.remedy}")
             raise typer.Exit(ExitCode.FAILED) from None
-        opts = UpgradeOptions("allocator", 1, gpu_pod_timeout, drain_timeout)
+        opts = NodeOptions(max_unavailable=1, gpu_pod_timeout=gpu_pod_timeout, drain_timeout=drain_timeout)
         rep = flows.allocator(ctx, list(dict.fromkeys(nodes)), opts, dry_run)
         finish(rep, output, lambda: report.plans(rep, "allocator") if dry_run
                else report.render_cluster(rep, "allocator"))

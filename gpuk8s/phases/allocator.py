@@ -23,10 +23,12 @@ from gpuk8s.inventory.model import Host
 from gpuk8s.kube import dra, manifests, moves, state
 from gpuk8s.kube.client import drain_args
 from gpuk8s.kube.state import NodeCheck
-from gpuk8s.phases.base import Change, Context, PhasePlan, PhaseResult
+from gpuk8s.phases import nodeops
+from gpuk8s.phases.base import Change, Context, Phase, PhasePlan, PhaseResult
 from gpuk8s.phases.gpu import as_they_are, gpu_manifests, move_allocator_labels, node_changes
-from gpuk8s.phases.upgrade import CORDONED_BY_UPGRADE, NodeFailure, UpgradeOptions, UpgradeStep, _give_back, gpu_pods
-from gpuk8s.phases.verify import Verify, offered, until, wait_offered
+from gpuk8s.phases.nodeops import CORDONED_BY, NodeFailure, NodeOptions, NodeOutcome
+from gpuk8s.phases.poll import until
+from gpuk8s.phases.verify import Verify, offered, wait_offered
 from gpuk8s.preflight.dra_checks import not_ready_now
 
 # the manifests a move applies (or removes): the device plugin (kept off dra nodes), its configs (the config a node
@@ -35,14 +37,15 @@ MOVED = (manifests.PLUGIN_MANIFEST, manifests.PLUGIN_CONFIGS_MANIFEST, manifests
 MARK = "allocator"  # the value of the cordon mark a move sets: only its own cordon is a move's to undo
 
 
-class AllocatorMove(UpgradeStep):
+class AllocatorMove(Phase):
     name = "allocator"
     title = "move nodes between the device plugin and the DRA driver"
     resume = "gpuk8s allocator"
 
-    def __init__(self, nodes: list[str], opts: UpgradeOptions,
+    def __init__(self, nodes: list[str], opts: NodeOptions,
                  on_node: Callable[[str, float], None] | None = None) -> None:
-        super().__init__(opts, on_node)
+        self.opts = opts
+        self.on_node = on_node or (lambda name, seconds: None)
         self.nodes = nodes
         self.unavailable: dict[str, float] = {}  # node -> seconds its GPUs took no new pod
 
@@ -65,21 +68,22 @@ class AllocatorMove(UpgradeStep):
         Verify().test_pods(ctx, [c])
         return c
 
-    def _move(self, ctx: Context, h: Host) -> str:
+    def _move(self, ctx: Context, h: Host) -> NodeOutcome:
         plan = ctx.plans[h.name]
         target = plan.allocator
         node = self._node_obj(ctx, h.name)
-        marked = state.node_state(node).labels.get(CORDONED_BY_UPGRADE) == MARK  # an earlier move's cordon
+        marked = state.node_state(node).labels.get(CORDONED_BY) == MARK  # an earlier move's cordon
         if dra.allocator_of(node, target) == target and offered(ctx, plan)[0]:
             if not marked:
                 moves.forget(ctx.kube, h.name)  # a move that ended without this command (install moved it)
-                return f"already on {target}"
+                return NodeOutcome("already", f"already on {target}")
             again = self._test_pod(ctx, plan)  # an earlier run stopped between its switch and its uncordon
             if not again.ok:
                 raise NodeFailure("allocator.failed", f"{h.name}: on {target} since an earlier run, but {again.cause}; "
                                   "left cordoned", f"gpuk8s doctor node/{h.name}; then re-run {self.resume}")
             moves.forget(ctx.kube, h.name)
-            return f"already on {target}; test pod passed; {_give_back(ctx, h.name)} (an earlier run stopped)"
+            return NodeOutcome("resumed", f"already on {target}; test pod passed; "
+                               f"{nodeops.give_back(ctx.kube, h.name)} (an earlier run stopped)")
         facts = ctx.facts.get(h.name)
         why = not_ready_now(facts, ctx.inv.cluster) if target == DRA and facts is not None and not marked else ""
         if why:  # before anything changes (a move an earlier run began goes on, to its end or its put-back): it
@@ -99,7 +103,8 @@ class AllocatorMove(UpgradeStep):
         # onto the target its labels already name
         was, before = moves.record(ctx.kube, h.name, was, before, target)
         t0 = time.monotonic()
-        mine, waited = self._vacate(ctx, h, ctx.emit, "allocator.drain-failed")
+        mine, waited = nodeops.vacate(ctx.kube, h.name, MARK, self.opts, ctx.emit, self.resume,
+                                      "allocator.drain-failed")
         try:
             # the allocators' manifests with this node on its new allocator and every other node on the one it is on
             # now (a node of the same group not moved yet keeps its allocator: nothing serves its GPUs twice)
@@ -124,7 +129,7 @@ class AllocatorMove(UpgradeStep):
             raise NodeFailure("allocator.failed", f"{h.name}: {target} failed: {cause}; put back on {was} ({back})",
                               f"gpuk8s doctor node/{h.name} names the cause; fix it, then re-run {self.resume} "
                               f"{h.name} --to {target} (the inventory already says {target})")
-        back = _give_back(ctx, h.name) if mine else "left cordoned (it was cordoned before)"
+        back = nodeops.left_as_it_was(ctx.kube, h.name, mine)
         moves.forget(ctx.kube, h.name)
         seconds = time.monotonic() - t0
         # no node on DRA any more: the driver's objects go (those gpuk8s applied)
@@ -135,9 +140,9 @@ class AllocatorMove(UpgradeStep):
         ctx.emit(f"{h.name}: {was} -> {target}; GPUs unavailable {seconds:.1f} s")
         self.opts.findings.append(findings.passed("allocator.moved", f"{h.name}: {was} -> {target} ({what})",
                                                   subject=findings.node(h.name)))
-        return "; ".join([*([f"waited for GPU pods {', '.join(waited)}"] if waited else []), "drained",
-                          f"{was} -> {target} ({what})", f"test pod {check.pod if check else ''} passed", back,
-                          f"GPUs unavailable {seconds:.1f} s"])
+        return NodeOutcome("done", "; ".join([
+            *([f"waited for GPU pods {', '.join(waited)}"] if waited else []), "drained", f"{was} -> {target} ({what})",
+            f"test pod {check.pod if check else ''} passed", back, f"GPUs unavailable {seconds:.1f} s"]))
 
     def _put_back(self, ctx: Context, h: Host, before: dict[str, str], mine: bool) -> str:
         """The node's former labels back (its former allocator takes it again), then its cordon undone once that
@@ -154,20 +159,7 @@ class AllocatorMove(UpgradeStep):
         ok, what = self._wait_former(ctx, h.name, before.get(ALLOCATOR_LABEL) == DRA)
         if not ok:
             return f"left cordoned: its former allocator offers {what}"
-        return (_give_back(ctx, h.name) if mine else "left cordoned (it was cordoned before)") + f", {what}"
-
-    @staticmethod
-    def _take_cordon(ctx: Context, h: Host) -> bool:
-        """As upgrade's, with a mark of its own (MARK): a node another command (an interrupted upgrade) cordoned
-        is not a move's to uncordon."""
-        found = ctx.kube.get("nodes", h.name)
-        labels = state.node_state(found[0]).labels if found else {}
-        if labels.get(CORDONED_BY_UPGRADE) == MARK:
-            return True
-        if CORDONED_BY_UPGRADE in labels or (found and found[0].get("spec", {}).get("unschedulable")):
-            return False
-        ctx.kube.label(h.name, {CORDONED_BY_UPGRADE: MARK})
-        return True
+        return nodeops.left_as_it_was(ctx.kube, h.name, mine) + f", {what}"
 
     def _wait_former(self, ctx: Context, name: str, was_dra: bool) -> tuple[bool, str]:
         """Until the former allocator offers GPUs on the node again (its sharing or MIG settings, which the former
@@ -200,7 +192,7 @@ class AllocatorMove(UpgradeStep):
             if dra.allocator_of(node, plan.allocator) == plan.allocator and offered(ctx, plan)[0]:
                 continue
             todo.append(h.name)
-            pods = gpu_pods(ctx, h.name)
+            pods = nodeops.gpu_pods(ctx.kube, h.name)
             changes.append(Change(f"cordon {h.name}; wait (at most {self.opts.gpu_pod_timeout:g} s) for its GPU pods"
                                   + (f": {', '.join(pods)}" if pods else "") + "; drain it", "",
                                   "kubectl " + " ".join(drain_args(h.name, self.opts.drain_timeout))))
@@ -228,22 +220,13 @@ class AllocatorMove(UpgradeStep):
                             changes)
 
     def run(self, ctx: Context) -> PhaseResult:
-        r = self.result("pending")
-        for h in self._hosts(ctx):  # one at a time: each is drained
-            try:
-                r.hosts[h.name] = self._move(ctx, h)
-            except NodeFailure as e:
-                r.hosts[h.name] = f"failed: {e.message}"
-                self.opts.findings.append(findings.failed(e.id, e.message, e.remedy, subject=findings.node(h.name)))
-        failed = [n for n, s in r.hosts.items() if s.startswith("failed")]
-        done = [n for n, s in r.hosts.items() if not s.startswith(("failed", "already"))]
-        if failed:
-            r.status = "failed"
-            r.message = "; ".join(f"{n}: {r.hosts[n]}" for n in failed)
-            r.remedy = f"fix the cause, then re-run {self.resume}: moved nodes are skipped"
-        else:
-            r.status = "changed" if done else "unchanged"
-            r.message = ("moved " + ", ".join(f"{n} (GPUs unavailable {self.unavailable[n]:.1f} s)" for n in done)
-                         if done else "every node named is on the allocator its inventory says")
-        return r
-
+        out = nodeops.each_node(self._hosts(ctx), lambda h: self._move(ctx, h), self.opts, "allocator.failed",
+                                self.resume, at_once=1)  # one at a time: each is drained
+        return nodeops.node_result(
+            self, out, remedy=f"fix the cause, then re-run {self.resume}: moved nodes are skipped",
+            unchanged="every node named is on the allocator its inventory says",
+            changed=lambda done, resumed: "; ".join(
+                [*(["moved " + ", ".join(f"{n} (GPUs unavailable {self.unavailable[n]:.1f} s)" for n in done)]
+                   if done else []),
+                 *([f"finished {', '.join(resumed)} (an earlier run stopped before its uncordon)"]
+                   if resumed else [])]))

@@ -22,24 +22,15 @@ from gpuk8s.facts.model import HostFacts
 from gpuk8s.gpuplan import is_gpu_node
 from gpuk8s.install.prepare import HostRun, run_steps
 from gpuk8s.inventory.model import Host
-from gpuk8s.kube import state
-from gpuk8s.phases.base import Change, Context, PhasePlan, PhaseResult
+from gpuk8s.phases import nodeops
+from gpuk8s.phases.base import Change, Context, Phase, PhasePlan, PhaseResult
 from gpuk8s.phases.driver import action
+from gpuk8s.phases.nodeops import NodeFailure, NodeOptions, NodeOutcome
 from gpuk8s.phases.prepare import refresh_facts
 from gpuk8s.phases.reboot import REBOOT, reboot
-from gpuk8s.phases.upgrade import (
-    CORDONED_BY_UPGRADE,
-    NodeFailure,
-    UpgradeOptions,
-    UpgradeStep,
-    _drain_changes,
-    _give_back,
-    gpu_pods,
-)
 from gpuk8s.phases.verify import wait_offered
 from gpuk8s.playbook.model import load_playbook
 from gpuk8s.playbook.render import RenderedStep, context, render_playbook
-from gpuk8s.remote import for_each_host
 
 
 def wanted(h: Host, f: HostFacts) -> dict[str, object]:
@@ -55,14 +46,15 @@ def at_target(f: HostFacts, want: dict[str, object]) -> bool:
             and action(f)[0] == "ok")
 
 
-class DriverUpgrade(UpgradeStep):
+class DriverUpgrade(Phase):
     name = "driver-upgrade"
     title = "upgrade the NVIDIA driver node by node"
     resume = "gpuk8s driver upgrade"
-    cordon_mark = "driver-upgrade"  # its own: a node a stopped upgrade or allocator move left is not its to finish
+    mark = "driver-upgrade"  # its cordon mark: a node a stopped upgrade or allocator move left is not its to finish
 
-    def __init__(self, opts: UpgradeOptions, on_node: Callable[[str, float], None] | None = None) -> None:
-        super().__init__(opts, on_node)
+    def __init__(self, opts: NodeOptions, on_node: Callable[[str, float], None] | None = None) -> None:
+        self.opts = opts
+        self.on_node = on_node or (lambda name, seconds: None)
         self.gpu_down: dict[str, float] = {}
 
     @staticmethod
@@ -76,7 +68,7 @@ class DriverUpgrade(UpgradeStep):
     def plan(self, ctx: Context) -> PhasePlan:
         changes: list[Change] = []
         todo = []
-        marked = self._marked(ctx)
+        marked = nodeops.marked(ctx.kube, self.mark)
         for h in self._managed(ctx):
             f = ctx.facts.get(h.name)
             if f is None:
@@ -96,18 +88,16 @@ class DriverUpgrade(UpgradeStep):
                 continue
             todo.append(h.name)
             have = f.driver.module_version or "none"
-            pods = gpu_pods(ctx, h.name)
+            pods = nodeops.gpu_pods(ctx.kube, h.name)
             if pods:
                 changes.append(Change(f"GPU pods on {h.name} waited for: {', '.join(pods)}"))
-            # what _node_upgrade does, in its order: drain, the driver's steps, the reboot, the uncordon (not the
-            # kubelet packages of `gpuk8s upgrade`, which _drain_changes lists for it)
-            drain, _kubelet, uncordon = _drain_changes(ctx, h, self.opts)
-            changes.append(drain)
+            # what _node_upgrade does, in its order: drain, the driver's steps, the reboot, the uncordon
+            changes.append(nodeops.drain_change(h.name, self.opts))
             changes += [Change(f"{s.playbook}/{s.name}: {s.title}", h.name, s.run) for s in self._steps(ctx, h)]
             changes.append(Change(f"reboot {h.name} into driver {want['branch']} ({want['flavor']}), from {have}",
                                   h.name, REBOOT))
             changes.append(Change(f"wait until {h.name}'s GPUs are offered again", ""))
-            changes.append(uncordon)
+            changes.append(nodeops.uncordon_change(h.name))
         held_back = [c.host for c in changes if c.what.endswith("is left as it was")]
         if held_back and not todo:  # the run fails these nodes (bundle.coverage) and changes none
             return self.planned("unknown", f"the bundle lacks the driver of {', '.join(held_back)}", changes)
@@ -125,7 +115,7 @@ class DriverUpgrade(UpgradeStep):
         gaps = host_gaps(ctx.bundle, ctx.inv, h, f)
         return gaps[0].message if gaps else ""
 
-    def _node_upgrade(self, ctx: Context, h: Host) -> str:
+    def _node_upgrade(self, ctx: Context, h: Host) -> NodeOutcome:
         if ctx.lock_lost:  # another node's reboot (the first control plane's) lost the cluster lock: no more nodes
             raise NodeFailure("driver.upgrade-failed", f"{h.name}: not started: {ctx.lock_lost}",
                               f"re-run {self.resume} once the other run has finished")
@@ -139,7 +129,8 @@ class DriverUpgrade(UpgradeStep):
                               f"build a bundle with this inventory (gpuk8s bundle create), then re-run {self.resume} "
                               "with it")
         emit = ctx.emit
-        mine, waited = self._vacate(ctx, h, emit, "driver.upgrade-failed")
+        mine, waited = nodeops.vacate(ctx.kube, h.name, self.mark, self.opts, emit, self.resume,
+                                      "driver.upgrade-failed")
         run = HostRun(h)
         run_steps(ctx.sessions[h.name], run, self._steps(ctx, h), False, lambda e: None)
         if run.status != "done":
@@ -159,16 +150,17 @@ class DriverUpgrade(UpgradeStep):
         self._wait_gpus(ctx, h)
         gpu_down = time.monotonic() - down
         self.gpu_down[h.name] = gpu_down
-        back = _give_back(ctx, h.name) if mine else "left cordoned (it was cordoned before the upgrade)"
+        back = nodeops.left_as_it_was(ctx.kube, h.name, mine)
         seconds = time.monotonic() - t0
         self.on_node(h.name, seconds)
         emit(f"{h.name}: driver {have} -> {got.driver.module_version} in {seconds:.1f} s (GPUs down {gpu_down:.1f} s)")
         self.opts.findings.append(findings.passed(
             "driver.upgraded", f"{h.name} runs driver {got.driver.module_version} ({want['flavor']})",
             subject=findings.node(h.name)))
-        return "; ".join([*([f"waited for GPU pods {', '.join(waited)}"] if waited else []), "drained",
-                          f"driver {have} -> {got.driver.module_version} ({want['flavor']}, held)", "rebooted",
-                          f"GPUs back after {gpu_down:.1f} s", back])
+        return NodeOutcome("done", "; ".join([
+            *([f"waited for GPU pods {', '.join(waited)}"] if waited else []), "drained",
+            f"driver {have} -> {got.driver.module_version} ({want['flavor']}, held)", "rebooted",
+            f"GPUs back after {gpu_down:.1f} s", back]))
 
     def _wait_gpus(self, ctx: Context, h: Host) -> None:
         """Until the node's allocator offers its GPUs again (verify.offered: the plan's resources, or on a dra node
@@ -182,67 +174,54 @@ class DriverUpgrade(UpgradeStep):
                               f"{self.opts.drain_timeout} s after the reboot ({what})",
                               f"gpuk8s doctor node/{h.name}; the node stays cordoned; re-run {self.resume}")
 
-    def _marked(self, ctx: Context) -> set[str]:
-        """The nodes that carry this command's cordon mark, in one read: a driver upgrade stopped between its cordon
-        and its uncordon (a gpuk8s upgrade's or an allocator move's is theirs to finish)."""
-        return {name for name, node in state.by_name(ctx.kube.get("nodes")).items()
-                if state.node_state(node).labels.get(CORDONED_BY_UPGRADE) == self.cordon_mark}
-
-    def _resume(self, ctx: Context, h: Host) -> str:
+    def _resume(self, ctx: Context, h: Host) -> NodeOutcome:
         """A node at its driver that an earlier run left cordoned (stopped after the reboot: Ctrl-C, a lost
         connection, GPUs late, the API away): its GPUs waited for as after a reboot, then uncordoned."""
         f = ctx.facts[h.name]
         self._wait_gpus(ctx, h)
-        return (f"already at driver {f.driver.module_version}; GPUs offered; {_give_back(ctx, h.name)} (an earlier "
-                "run stopped before it)")
+        return NodeOutcome("resumed", f"already at driver {f.driver.module_version}; GPUs offered; "
+                           f"{nodeops.give_back(ctx.kube, h.name)} (an earlier run stopped before it)")
 
     def run(self, ctx: Context) -> PhaseResult:
-        r = self.result("pending")
+        out: dict[str, NodeOutcome] = {}
         todo: list[Host] = []
         resumed: list[Host] = []
-        marked = self._marked(ctx)
+        marked = nodeops.marked(ctx.kube, self.mark)
         for h in self._managed(ctx):
             f = ctx.facts.get(h.name)
             if h.name not in ctx.sessions or f is None:
                 why = ctx.unreachable.get(h.name) or ("its facts could not be read" if h.name in ctx.sessions
                                                       else "no SSH session")
-                r.hosts[h.name] = f"failed: not reachable ({why}); a host rebooting answers again once it is up"
+                out[h.name] = nodeops.unreachable(self.opts, h.name, "driver.upgrade-failed",
+                                                  f"{why}; a host rebooting answers again once it is up", self.resume)
                 continue
             want = wanted(h, f)
             if not want.get("manage"):
-                r.hosts[h.name] = "failed: its driver settings do not work on it (gpuk8s preflight: driver.plan)"
+                out[h.name] = NodeOutcome("failed", "its driver settings do not work on it (gpuk8s preflight: "
+                                          "driver.plan)")
             elif at_target(f, want):
                 if h.name in marked:
                     resumed.append(h)  # an earlier run stopped after its reboot: finished below, not left cordoned
                 else:
-                    r.hosts[h.name] = f"already at driver {f.driver.module_version} ({want['flavor']})"
+                    out[h.name] = NodeOutcome("already", f"already at driver {f.driver.module_version} "
+                                              f"({want['flavor']})")
             else:
                 todo.append(h)
         resuming = {h.name for h in resumed}
-        for name, res in for_each_host([*resumed, *todo], lambda h: self._resume(ctx, h) if h.name in resuming
-                                       else self._node_upgrade(ctx, h), self.opts.max_unavailable).items():
-            r.hosts[name] = (f"failed: {getattr(res, 'message', res)}" if isinstance(res, BaseException)
-                             else str(res))
-            if isinstance(res, NodeFailure):
-                self.opts.findings.append(findings.failed(res.id, res.message, res.remedy,
-                                                          subject=findings.node(name)))
-            elif isinstance(res, BaseException):
-                self.opts.findings.append(findings.failed("driver.upgrade-failed", f"{name}: {res}",
-                                                          f"re-run {self.resume}", subject=findings.node(name)))
-        failed = [n for n, s in r.hosts.items() if s.startswith("failed")]
-        done = [n for n, s in r.hosts.items() if not s.startswith(("failed", "already"))]
-        finished = [n for n in resuming if not r.hosts[n].startswith("failed")]
-        if not r.hosts:
-            r.status, r.message = "unchanged", "no node has driver: {manage: true}"
-        elif failed:
-            r.status = "failed"
-            r.message = "; ".join(f"{n}: {r.hosts[n]}" for n in failed)
-            r.remedy = f"fix the cause, then re-run {self.resume}: upgraded nodes are skipped"
-        else:
-            r.status = "changed" if done or finished else "unchanged"
-            r.message = (f"upgraded {len(done)} node(s); GPUs down per node: "
-                         + ", ".join(f"{n} {self.gpu_down[n]:.1f} s" for n in done) if done
-                         else "every managed node runs the driver its inventory asks for")
+        out.update(nodeops.each_node([*resumed, *todo], lambda h: self._resume(ctx, h) if h.name in resuming
+                                     else self._node_upgrade(ctx, h), self.opts, "driver.upgrade-failed",
+                                     self.resume))
+
+        def changed(done: list[str], finished: list[str]) -> str:
+            said = (f"upgraded {len(done)} node(s); GPUs down per node: "
+                    + ", ".join(f"{n} {self.gpu_down[n]:.1f} s" for n in done) if done
+                    else "every managed node runs the driver its inventory asks for")
             if finished:
-                r.message += f"; resumed: {', '.join(finished)} uncordoned (an earlier run stopped after its reboot)"
-        return r
+                said += f"; resumed: {', '.join(finished)} uncordoned (an earlier run stopped after its reboot)"
+            return said
+
+        if not out:
+            return self.result("unchanged", "no node has driver: {manage: true}")
+        return nodeops.node_result(
+            self, out, remedy=f"fix the cause, then re-run {self.resume}: upgraded nodes are skipped",
+            unchanged="every managed node runs the driver its inventory asks for", changed=changed)

@@ -20,6 +20,7 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 import yaml
@@ -28,34 +29,20 @@ from gpuk8s import findings, gpuplan, plainyaml, versions
 from gpuk8s.errors import GpuK8sError
 from gpuk8s.install.prepare import prepare
 from gpuk8s.inventory.model import Host, InstallSettings, Inventory
-from gpuk8s.kube import state
-from gpuk8s.kube.client import KubeError, drain_args
-from gpuk8s.phases import shell
+from gpuk8s.phases import nodeops, shell
 from gpuk8s.phases.base import Change, Context, Phase, PhaseError, PhasePlan, PhaseResult, before_steps
 from gpuk8s.phases.gpu import GPUNodes
 from gpuk8s.phases.hostfiles import tail
-from gpuk8s.remote import Session, for_each_host
+from gpuk8s.phases.nodeops import NodeOutcome
+from gpuk8s.remote import Session
 
 log = logging.getLogger("gpuk8s.upgrade")
 
 APISERVER_MANIFEST = "/etc/kubernetes/manifests/kube-apiserver.yaml"
-# set on a node before the upgrade cordons it, removed after its uncordon: a node found cordoned without it was
-# cordoned by someone else (maintenance) and stays cordoned; with it, a resumed run knows to uncordon it. Under
-# node-restriction.kubernetes.io: the NodeRestriction admission plugin (on in every kubeadm cluster) forbids a
-# kubelet to set such a label on its own Node, so a host cannot mark itself for gpuk8s to uncordon (gardener's
-# IsNodeLabelAllowedForKubelet states the rule; the former key, gpuk8s.io/cordoned-by-upgrade, was settable).
-CORDONED_BY_UPGRADE = "gpuk8s.io.node-restriction.kubernetes.io/cordoned-by"
+UPGRADE_MARK = "true"  # the value of nodeops.CORDONED_BY that gpuk8s upgrade's cordon carries
 _VERSION = re.compile(r"^v?1\.(\d{1,3})\.(\d{1,3})")
 _IMAGE_TAG = re.compile(r":v?(1\.\d{1,3}\.\d{1,3})(?:[-+@].*)?$")
 MAX_MANIFEST = 256 << 10  # kubeadm's kube-apiserver.yaml is about 4 KiB; a larger one is not read
-
-
-class NodeFailure(PhaseError):
-    """A node's upgrade stopped; `id` is its finding (gpuk8s/findings.py)."""
-
-    def __init__(self, finding_id: str, message: str, remedy: str = "") -> None:
-        super().__init__(message, remedy)
-        self.id = finding_id
 
 
 class UpgradeRefused(GpuK8sError):
@@ -112,7 +99,7 @@ class NodeVersions:
     kubelet: dict[str, str]
     apiserver: dict[str, str | None]
     unschedulable: set[str]
-    cordoned_by_upgrade: set[str] = field(default_factory=set)  # nodes carrying CORDONED_BY_UPGRADE
+    cordoned_by_upgrade: set[str] = field(default_factory=set)  # nodes carrying gpuk8s upgrade's cordon mark
 
     def oldest(self) -> int:
         found = [minor(v) for v in [*self.kubelet.values(), *self.apiserver.values()]]
@@ -171,7 +158,7 @@ def read_versions(ctx: Context) -> NodeVersions:
                for n in nodes}
     unschedulable = {n["metadata"]["name"] for n in nodes if n.get("spec", {}).get("unschedulable")}
     ours = {n["metadata"]["name"] for n in nodes
-            if CORDONED_BY_UPGRADE in (n.get("metadata", {}).get("labels") or {})}
+            if (n.get("metadata", {}).get("labels") or {}).get(nodeops.CORDONED_BY) == UPGRADE_MARK}
     api: dict[str, str | None] = {}
     for h in ctx.inv.control_planes:
         s = ctx.sessions.get(h.name)
@@ -224,25 +211,15 @@ def _kubeadm(ctx: Context, h: Host, action: str, version: str = "") -> str:
     return res.stdout
 
 
-def gpu_pods(ctx: Context, node: str) -> list[str]:
-    """The pods on `node` that hold GPUs and have not finished (namespace/name), DaemonSets' left out."""
-    return state.gpu_pods(ctx.kube.get("pods", namespace="*"), node)
-
-
 @dataclass
-class UpgradeOptions:
+class UpgradeOptions(nodeops.NodeOptions):
     to: str  # the minor of this step, "1.N"
-    max_unavailable: int = 1
-    gpu_pod_timeout: float = 3600
-    drain_timeout: int = 600
-    poll: float = 2.0
-    findings: list[findings.Finding] = field(default_factory=list)  # one per node done or failed, all steps
 
 
 class UpgradeStep(Phase):
     """Base of the per-step phases: the step's target minor and the per-node upgrade."""
 
-    resume = "gpuk8s upgrade"  # the command that resumes the run, named in remedies (gpuk8s driver upgrade too)
+    resume = "gpuk8s upgrade"  # the command that resumes the run, named in remedies
 
     def __init__(self, opts: UpgradeOptions, on_node: Callable[[str, float], None] | None = None) -> None:
         self.opts = opts
@@ -260,21 +237,26 @@ class UpgradeStep(Phase):
             return kubelet_ok and minor(v.apiserver.get(h.name)) == self.target
         return kubelet_ok
 
-    def _node(self, ctx: Context, h: Host, first: bool, emit: Callable[[str], None]) -> str:
-        """Upgrade one node in kubeadm's order; what was done, in words. Its finding goes to opts.findings."""
-        subject = findings.node(h.name)
-        try:
-            done = self._upgrade_node(ctx, h, first, emit)
-        except NodeFailure as e:
-            self.opts.findings.append(findings.failed(e.id, f"{h.name}: {e.message}", e.remedy, subject=subject))
-            raise
-        except GpuK8sError as e:
-            self.opts.findings.append(findings.failed("upgrade.node-failed", f"{h.name}: {e.message}",
-                                                      str(e.remedy), subject=subject))
-            raise
+    def _todo(self, ctx: Context, v: NodeVersions, hosts: list[Host]) -> tuple[list[Host], dict[str, NodeOutcome]]:
+        """Of `hosts`, those to upgrade, and the outcomes of the others: at the target already (an interrupted run's
+        cordon given back), or not reachable."""
+        todo, out = [], {}
+        for h in hosts:
+            if self._done(v, h):
+                out[h.name] = self._resume_done(ctx, v, h)
+            elif h.name not in ctx.sessions:
+                out[h.name] = nodeops.unreachable(self.opts, h.name, "upgrade.node-failed", "no SSH session",
+                                                  self.resume)
+            else:
+                todo.append(h)
+        return todo, out
+
+    def _node(self, ctx: Context, h: Host, first: bool) -> NodeOutcome:
+        """Upgrade one node in kubeadm's order; its finding goes to opts.findings (a failure's: nodeops.attempt)."""
+        done = self._upgrade_node(ctx, h, first, ctx.emit)
         self.opts.findings.append(findings.passed("upgrade.node-upgraded", f"{h.name} runs {self.opts.to}: {done}",
-                                                  subject=subject))
-        return done
+                                                  subject=findings.node(h.name)))
+        return NodeOutcome("done", done)
 
     def _upgrade_node(self, ctx: Context, h: Host, first: bool, emit: Callable[[str], None]) -> str:
         t0 = time.monotonic()
@@ -295,72 +277,23 @@ class UpgradeStep(Phase):
         else:
             _kubeadm(ctx, h, "node")
             did.append("kubeadm upgrade node")
-        mine, waited = self._vacate(ctx, h, emit, "upgrade.drain-failed")
+        mine, waited = nodeops.vacate(ctx.kube, h.name, UPGRADE_MARK, self.opts, emit, self.resume,
+                                      "upgrade.drain-failed")
         if waited:
             did.append(f"waited for GPU pods {', '.join(waited)}")
         _packages(ctx, h, to, "kubelet kubectl", restart=True)
-        back = _give_back(ctx, h.name) if mine else "left cordoned (it was cordoned before the upgrade)"
+        back = nodeops.left_as_it_was(ctx.kube, h.name, mine)
         seconds = time.monotonic() - t0
         self.on_node(h.name, seconds)
         emit(f"{h.name}: upgraded to {to} in {seconds:.1f} s")
         return "; ".join([*did, "drained", f"kubelet and kubectl {to} (held)", back, f"{seconds:.1f} s"])
 
-    def _vacate(self, ctx: Context, h: Host, emit: Callable[[str], None], drain_id: str) -> tuple[bool, list[str]]:
-        """Cordon the node (marked), wait for its GPU pods, drain it: whether the cordon is gpuk8s's to undo, and the
-        GPU pods waited for. NodeFailure(drain_id) when the drain fails (the node stays cordoned)."""
-        mine = self._take_cordon(ctx, h)
-        waited = self._wait_gpu_pods(ctx, h, emit, mine)
-        try:
-            ctx.kube.drain(h.name, self.opts.drain_timeout)
-        except KubeError as e:
-            raise NodeFailure(drain_id, f"drain of {h.name} failed: {e.message}",
-                              f"see why its pods cannot leave; re-run {self.resume} (it resumes), or "
-                              f"'kubectl uncordon {h.name}' to put it back as it was") from None
-        return mine, waited
-
-    cordon_mark = "true"  # the value of CORDONED_BY_UPGRADE this command's cordon carries
-
-    def _take_cordon(self, ctx: Context, h: Host) -> bool:
-        """Whether the cordon of this upgrade is gpuk8s's to undo: a node cordoned by someone else before
-        gpuk8s touched it stays cordoned; one gpuk8s cordons is marked first (CORDONED_BY_UPGRADE), so that a
-        run stopped before its uncordon is finished by the next."""
-        found = ctx.kube.get("nodes", h.name)
-        node = found[0] if found else {}
-        if CORDONED_BY_UPGRADE in (node.get("metadata", {}).get("labels") or {}):
-            return True
-        if node.get("spec", {}).get("unschedulable"):
-            return False
-        ctx.kube.label(h.name, {CORDONED_BY_UPGRADE: self.cordon_mark})
-        return True
-
-    def _resume_done(self, ctx: Context, v: NodeVersions, h: Host) -> str:
-        """A node found at the target: uncordoned when an interrupted run of gpuk8s left it cordoned."""
+    def _resume_done(self, ctx: Context, v: NodeVersions, h: Host) -> NodeOutcome:
+        """A node found at the target: uncordoned when an interrupted run of gpuk8s upgrade left it cordoned."""
         if h.name in v.cordoned_by_upgrade:
-            return f"already at {self.opts.to}; {_give_back(ctx, h.name)} (an earlier run stopped before it)"
-        return f"already at {self.opts.to}"
-
-    def _wait_gpu_pods(self, ctx: Context, h: Host, emit: Callable[[str], None], mine: bool = True) -> list[str]:
-        """Cordon, then wait for the node's GPU pods to finish (never killed silently); their names. On a
-        timeout the node is put back as it was: uncordoned only when the cordon was gpuk8s's (`mine`)."""
-        pods = gpu_pods(ctx, h.name)
-        if not pods:
-            return []
-        emit(f"{h.name}: waiting up to {self.opts.gpu_pod_timeout:g} s for GPU pods to finish: {', '.join(pods)}")
-        ctx.kube.cordon(h.name)  # no new pod lands on the node while its GPU pods finish
-        deadline = time.monotonic() + self.opts.gpu_pod_timeout
-        left = pods
-        while left:
-            if time.monotonic() > deadline:
-                state = _give_back(ctx, h.name) if mine else "cordoned, as it was before the upgrade"
-                raise NodeFailure("upgrade.gpu-pods-timeout",
-                                  f"{h.name}: GPU pods still running after {self.opts.gpu_pod_timeout:g} s: "
-                                  f"{', '.join(left)}; the node was left as it was ({state})",
-                                  "let them finish or stop them, or raise --gpu-pod-timeout; then re-run "
-                                  f"{self.resume} (it resumes)")
-            time.sleep(self.opts.poll)
-            left = gpu_pods(ctx, h.name)
-        emit(f"{h.name}: GPU pods finished: {', '.join(pods)}")
-        return pods
+            return NodeOutcome("resumed", f"already at {self.opts.to}; {nodeops.give_back(ctx.kube, h.name)} (an "
+                               "earlier run stopped before it)")
+        return NodeOutcome("already", f"already at {self.opts.to}")
 
 
 class UpgradePrepare(UpgradeStep):
@@ -446,35 +379,32 @@ class UpgradeControlPlanes(UpgradeStep):
                             + ", ".join(sorted({c.host for c in changes})), changes)
 
     def run(self, ctx: Context) -> PhaseResult:
-        r = self.result("pending")
+        # one at a time, in order: the first control plane's kubeadm upgrade apply before any other's upgrade node; a
+        # failure stops the phase (and the flow) there
         v = read_versions(ctx)
+        out: dict[str, NodeOutcome] = {}
         for i, h in enumerate(ctx.inv.control_planes):
             if self._done(v, h):
-                r.hosts[h.name] = self._resume_done(ctx, v, h)
+                out[h.name] = self._resume_done(ctx, v, h)
                 continue
             if h.name not in ctx.sessions:
                 raise PhaseError(f"control plane {h.name} is not reachable", "bring it back, then re-run")
-            r.hosts[h.name] = self._node(ctx, h, first=i == 0, emit=ctx.emit)
-        changed = [n for n, s in r.hosts.items() if not s.startswith("already") or "uncordoned" in s]
-        r.status = "changed" if changed else "unchanged"
-        r.message = f"upgraded {', '.join(changed)}" if changed else f"every control plane runs {self.opts.to}"
-        return r
-
-
-def _give_back(ctx: Context, node: str) -> str:
-    """Uncordon a node gpuk8s cordoned, then drop its mark (in this order: a stop in between is redone)."""
-    ctx.kube.uncordon(node)
-    ctx.kube.label(node, {CORDONED_BY_UPGRADE: None})
-    return "uncordoned"
+            got = nodeops.attempt(h, partial(self._node, ctx, first=i == 0), self.opts, "upgrade.node-failed",
+                                  self.resume)
+            if got.status == "failed":
+                raise PhaseError(got.detail, got.remedy)
+            out[h.name] = got
+        return nodeops.node_result(self, out, remedy="", unchanged=f"every control plane runs {self.opts.to}",
+                                   changed=lambda done, resumed: f"upgraded {', '.join([*done, *resumed])}")
 
 
 def _drain_changes(ctx: Context, h: Host, opts: UpgradeOptions) -> list[Change]:
+    """--dry-run's lines for one node's drain, kubelet and uncordon."""
     return [
-        Change(f"wait (at most {opts.gpu_pod_timeout:g} s) for the GPU pods on {h.name}, then drain it", "",
-               "kubectl " + " ".join(drain_args(h.name, opts.drain_timeout))),
+        nodeops.drain_change(h.name, opts),
         Change(f"kubelet and kubectl {opts.to} (held), kubelet restarted", h.name,
                shell.command("upgrade-packages", **_packages_values(ctx, h, opts.to, ["kubelet", "kubectl"], True))),
-        Change(f"uncordon {h.name}", "", f"kubectl uncordon {h.name}"),
+        nodeops.uncordon_change(h.name),
     ]
 
 
@@ -493,7 +423,7 @@ class UpgradeWorkers(UpgradeStep):
                                   shell.command("upgrade-packages",
                                                 **_packages_values(ctx, h, self.opts.to, ["kubeadm"], False))
                                   + shell.command("kubeadm-upgrade", action="node", version="")))
-            pods = gpu_pods(ctx, h.name)
+            pods = nodeops.gpu_pods(ctx.kube, h.name)
             if pods:
                 changes.append(Change(f"GPU pods on {h.name} waited for: {', '.join(pods)}"))
             changes += _drain_changes(ctx, h, self.opts)
@@ -501,31 +431,13 @@ class UpgradeWorkers(UpgradeStep):
                             f"{self.opts.max_unavailable} at a time", changes)
 
     def run(self, ctx: Context) -> PhaseResult:
-        r = self.result("pending")
-        v = read_versions(ctx)
-        todo = []
-        for h in ctx.inv.workers:
-            if self._done(v, h):
-                r.hosts[h.name] = self._resume_done(ctx, v, h)
-            elif h.name not in ctx.sessions:
-                r.hosts[h.name] = "failed: not reachable"
-            else:
-                todo.append(h)
-        for name, res in for_each_host(todo, lambda h: self._node(ctx, h, first=False, emit=ctx.emit),
-                                       self.opts.max_unavailable).items():
-            r.hosts[name] = (f"failed: {getattr(res, 'message', res)}" if isinstance(res, BaseException)
-                             else str(res))
-        failed = [n for n, s in r.hosts.items() if s.startswith("failed")]
-        done = [n for n, s in r.hosts.items()
-                if not s.startswith(("failed", "already")) or s.startswith("already") and "uncordoned" in s]
-        if failed:
-            r.status = "failed"
-            r.message = "; ".join(f"{n}: {r.hosts[n]}" for n in failed)
-            r.remedy = "fix the cause, then re-run gpuk8s upgrade: upgraded nodes are skipped"
-        else:
-            r.status = "changed" if done else "unchanged"
-            r.message = f"upgraded {len(done)} worker(s)" if done else f"every worker runs {self.opts.to}"
-        return r
+        todo, out = self._todo(ctx, read_versions(ctx), ctx.inv.workers)
+        out.update(nodeops.each_node(todo, lambda h: self._node(ctx, h, first=False), self.opts,
+                                     "upgrade.node-failed", self.resume))
+        return nodeops.node_result(
+            self, out, remedy="fix the cause, then re-run gpuk8s upgrade: upgraded nodes are skipped",
+            unchanged=f"every worker runs {self.opts.to}",
+            changed=lambda done, resumed: f"upgraded {len(done) + len(resumed)} worker(s)")
 
 
 class UpgradeManifests(UpgradeStep):

@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import time
 from collections import Counter
-from collections.abc import Callable
 from typing import Any
 
 import yaml
@@ -25,6 +24,7 @@ from gpuk8s.kube.client import KubeError, on_node
 from gpuk8s.kube.state import DaemonSetState, NodeCheck, StateError
 from gpuk8s.mig import layout as miglayout
 from gpuk8s.phases.base import Change, Context, Phase, PhasePlan, PhaseResult
+from gpuk8s.phases.poll import until
 
 TEST_NAMESPACE = "default"
 POLL_S = 2.0  # how often verify reads the nodes again while a relabelled node's plugin catches up
@@ -90,16 +90,6 @@ def name_taken(c: NodeCheck, what: str, taken: list[str]) -> None:
     c.cause = (f"{what}: {', '.join(taken)} in namespace {TEST_NAMESPACE} exist(s) and gpuk8s did not create it: "
                "left alone")
     c.remedy = f"rename or delete {', '.join(taken)} in {TEST_NAMESPACE}, then run gpuk8s verify again"
-
-
-def until(check: Callable[[], tuple[bool, str]], timeout: float, poll: float) -> tuple[bool, str]:
-    """check(), asked again every `poll` seconds until it holds or `timeout` seconds have passed: its last answer."""
-    deadline = time.monotonic() + timeout
-    while True:
-        ok, what = check()
-        if ok or time.monotonic() > deadline:
-            return ok, what
-        time.sleep(poll)
 
 
 def wait_offered(ctx: Context, plan: GPUPlan, timeout: float, poll: float) -> tuple[bool, str]:

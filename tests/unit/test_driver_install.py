@@ -169,7 +169,8 @@ def test_driver_upgrade_finishes_a_node_an_earlier_run_left_cordoned_after_its_r
     from gpuk8s import gpuplan
     from gpuk8s.phases.base import Context
     from gpuk8s.phases.driver_upgrade import DriverUpgrade, at_target, wanted
-    from gpuk8s.phases.upgrade import CORDONED_BY_UPGRADE, UpgradeOptions
+    from gpuk8s.phases.nodeops import CORDONED_BY as CORDONED_BY_UPGRADE
+    from gpuk8s.phases.upgrade import UpgradeOptions
     from tests.unit.fakekube import FakeKube
 
     f = facts(driver=LOADED)

@@ -10,7 +10,8 @@ import yaml
 
 from gpuk8s import versions
 from gpuk8s.inventory.loader import loads
-from gpuk8s.phases.upgrade import UpgradeRefused, gpu_pods, minor, steps, target_inventory
+from gpuk8s.phases.nodeops import gpu_pods
+from gpuk8s.phases.upgrade import UpgradeRefused, minor, steps, target_inventory
 
 MINORS = ["1.29", "1.30", "1.31", "1.33"]
 
@@ -64,10 +65,10 @@ def test_gpu_pods_named_running_only_not_daemonsets() -> None:
                 "spec": {"nodeName": node, "containers": [{"resources": {"limits": {"nvidia.com/gpu": gpus}}}]},
                 "status": {"phase": phase}}
 
-    ctx = dataclasses.make_dataclass("C", [("kube", object)])(_Kube([
+    kube = _Kube([
         pod("train", "gpu-1", "Running", 2), pod("done", "gpu-1", "Succeeded", 1), pod("cpu", "gpu-1", "Running", 0),
-        pod("plugin", "gpu-1", "Running", 1, owner="DaemonSet"), pod("other", "gpu-2", "Running", 1)]))
-    assert gpu_pods(ctx, "gpu-1") == ["ml/train"]  # type: ignore[arg-type]
+        pod("plugin", "gpu-1", "Running", 1, owner="DaemonSet"), pod("other", "gpu-2", "Running", 1)])
+    assert gpu_pods(kube, "gpu-1") == ["ml/train"]  # type: ignore[arg-type]
 
 
 class _CordonKube(_Kube):
@@ -92,15 +93,15 @@ def _job(node: str) -> dict:
 
 
 def test_gpu_pods_waited_for_then_timeout_leaves_the_node_uncordoned(monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpuk8s.inventory.model import Host, SSHSettings
-    from gpuk8s.phases.upgrade import NodeFailure, UpgradeOptions, UpgradeWorkers
+    from gpuk8s.phases import nodeops
+    from gpuk8s.phases.nodeops import NodeFailure
+    from gpuk8s.phases.upgrade import UpgradeOptions
 
     kube = _CordonKube([_job("gpu-1")])
-    ctx = dataclasses.make_dataclass("C", [("kube", object)])(kube)
     opts = UpgradeOptions("1.31", gpu_pod_timeout=0.05, poll=0.01)
     lines: list[str] = []
     with pytest.raises(NodeFailure) as e:
-        UpgradeWorkers(opts)._wait_gpu_pods(ctx, Host("gpu-1", "10.0.0.2", "worker", SSHSettings()), lines.append)
+        nodeops.wait_gpu_pods(kube, "gpu-1", opts, lines.append, "gpuk8s upgrade")  # type: ignore[arg-type]
     assert e.value.id == "upgrade.gpu-pods-timeout" and "ml/train" in e.value.message
     assert kube.calls == [("cordon", "gpu-1"), ("uncordon", "gpu-1"), ("label", "gpu-1")]
     assert any("waiting up to" in ln and "ml/train" in ln for ln in lines)
@@ -111,11 +112,29 @@ def test_gpu_pods_waited_for_then_timeout_leaves_the_node_uncordoned(monkeypatch
     def finish(_s: float) -> None:
         kube.pods[0]["status"]["phase"] = "Succeeded"
 
-    import gpuk8s.phases.upgrade as up
+    import gpuk8s.phases.poll as poll
 
-    monkeypatch.setattr(up.time, "sleep", finish)
-    got = UpgradeWorkers(opts)._wait_gpu_pods(ctx, Host("gpu-1", "10.0.0.2", "worker", SSHSettings()), lines.append)
+    monkeypatch.setattr(poll.time, "sleep", finish)
+    got = nodeops.wait_gpu_pods(kube, "gpu-1", opts, lines.append, "gpuk8s upgrade")  # type: ignore[arg-type]
     assert got == ["ml/train"] and kube.calls[-1] == ("cordon", "gpu-1")
+
+
+def test_each_command_takes_only_its_own_cordon() -> None:
+    """A node cordoned by a stopped run of another gpuk8s command (its mark) is that command's to finish: gpuk8s
+    upgrade's cordon (mark "true") took any mark as its own, so an upgrade uncordoned a node a stopped driver upgrade
+    had left cordoned before its GPUs were back."""
+    from gpuk8s.phases import nodeops
+    from tests.unit.fakekube import FakeKube
+
+    kube = FakeKube()
+    kube.add_node("gpu-1", gpus=1, labels={nodeops.CORDONED_BY: "driver-upgrade"})
+    kube.nodes["gpu-1"]["spec"]["unschedulable"] = True
+    assert not nodeops.take_cordon(kube, "gpu-1", "true")
+    assert nodeops.take_cordon(kube, "gpu-1", "driver-upgrade")
+    assert nodeops.marked(kube, "driver-upgrade") == {"gpu-1"} and nodeops.marked(kube, "true") == set()
+    kube.add_node("gpu-2", gpus=1)
+    assert nodeops.take_cordon(kube, "gpu-2", "allocator")
+    assert kube.nodes["gpu-2"]["metadata"]["labels"][nodeops.CORDONED_BY] == "allocator"
 
 
 # -- playbooks/cluster/upgrade-packages.sh, run for real with apt-get/apt-mark/dpkg-query/systemctl stubs --
@@ -219,17 +238,13 @@ def test_upgrade_packages_refuses_unknown_names() -> None:
 
 # -- GPU pods of every namespace; cordons: only what the upgrade cordoned is uncordoned --
 
-def _fake_ctx(kube):
-    return dataclasses.make_dataclass("C", [("kube", object)])(kube)
-
-
 def test_gpu_pods_of_every_namespace_not_only_default() -> None:
     from tests.unit.fakekube import FakeKube
 
     kube = FakeKube()
     kube.add_node("gpu-1", gpus=1)
     kube.apply(yaml.safe_dump({"kind": "Pod", **_job("gpu-1")}))  # a training Job's pod in namespace ml
-    assert gpu_pods(_fake_ctx(kube), "gpu-1") == ["ml/train"]  # type: ignore[arg-type]
+    assert gpu_pods(kube, "gpu-1") == ["ml/train"]
 
 
 def _worker_ctx(monkeypatch: pytest.MonkeyPatch, kube, kubelet: str = "v1.30.14"):
