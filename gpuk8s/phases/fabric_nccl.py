@@ -32,6 +32,7 @@ from gpuk8s.gpuplan import GPU_RESOURCE, RDMA_RESOURCE
 from gpuk8s.kube import state
 from gpuk8s.phases.base import Change, Context
 from gpuk8s.phases.fabric_pods import PROOF_LABELS, over, test_pod
+from gpuk8s.phases.poll import until
 from gpuk8s.phases.verify import TEST_NAMESPACE, _pod_name, foreign_names
 
 SSH_PORT = 18514  # the workers' sshd, on the host network: beside perftest's 18515 + rail, not the host's own 22
@@ -236,11 +237,11 @@ class PairRun:
         return {p.name: p for p in state.pod_states(self.ctx.kube.get("pods", namespace=TEST_NAMESPACE))}
 
     def _wait(self, names: list[str], done: Callable[[state.PodState | None], bool]) -> dict[str, state.PodState]:
-        while True:
+        def seen() -> tuple[bool, dict[str, state.PodState]]:
             pods = self._pods()
-            if all(done(pods.get(n)) for n in names) or time.monotonic() > self.deadline:
-                return pods
-            self.sleep(1)
+            return all(done(pods.get(n)) for n in names), pods
+
+        return until(seen, self.deadline - time.monotonic(), 1, self.sleep)[1]
 
     def run(self) -> list[findings.Finding]:
         """The workers, then the rounds; the pods and the Secret deleted whatever happens."""

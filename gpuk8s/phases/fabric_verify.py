@@ -30,6 +30,7 @@ from gpuk8s.kube.state import StateError
 from gpuk8s.phases.base import Change, Context, Phase, PhasePlan, PhaseResult
 from gpuk8s.phases.fabric_nccl import PairRun, plan_changes, ring_pairs
 from gpuk8s.phases.fabric_pods import over, test_pod, unschedulable
+from gpuk8s.phases.poll import until
 from gpuk8s.phases.verify import TEST_NAMESPACE, _pod_name, foreign_names
 
 PERFTEST_PORT = 18515  # perftest's default (src/perftest_parameters.h DEF_PORT); rail i listens on 18515 + i
@@ -246,21 +247,20 @@ class FabricVerify(Phase):
         own link only), until every NCCL pod and every started client has ended, or the timeout. The pods last
         seen, by name."""
         applied: set[str] = set()
-        deadline = started + ctx.options.fabric_timeout
-        while True:
+
+        def ended() -> tuple[bool, dict[str, state.PodState]]:
             pods = {p.name: p for p in state.pod_states(ctx.kube.get("pods", namespace=TEST_NAMESPACE))}
             ready = [pr.client_pod for pr in prs if pr.client_pod in clients and pr.client_pod not in applied
                      and pods.get(pr.server_pod) is not None and pods[pr.server_pod].phase == "Running"]
-            if ready:
+            if ready:  # not ended: the clients just applied run now
                 ctx.kube.apply("---\n".join(yaml.safe_dump(clients[n], sort_keys=False) for n in sorted(ready)))
                 applied.update(ready)
-                continue
+                return False, pods
             waiting_servers = [pr for pr in prs if pr.client_pod in clients and pr.client_pod not in applied
                                and not over(pods.get(pr.server_pod), "Running")]
-            ended = all(over(pods.get(n)) for n in [*nccl_pods, *applied])
-            if (ended and not waiting_servers) or time.monotonic() > deadline:
-                return pods
-            time.sleep(1)
+            return all(over(pods.get(n)) for n in [*nccl_pods, *applied]) and not waiting_servers, pods
+
+        return until(ended, ctx.options.fabric_timeout - (time.monotonic() - started), 1)[1]
 
     @staticmethod
     def _quarantine(ctx: Context, fps: dict[str, FabricPlan], nodes: dict[str, Any], found: list[findings.Finding],

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +34,7 @@ from gpuk8s.kube.allocation import METRICS_MAX_BYTES, dcgm_text
 from gpuk8s.kube.client import KubeError
 from gpuk8s.kube.state import DNS1123_LABEL, DNS1123_SUBDOMAIN
 from gpuk8s.phases.base import Context, Phase, PhasePlan, PhaseResult
+from gpuk8s.phases.poll import until
 from gpuk8s.text import clean
 
 UTIL = "DCGM_FI_DEV_GPU_UTIL"
@@ -333,21 +333,21 @@ class MonitoringVerify(Phase):
                                     "set monitoring.prometheus_namespace to the namespace of your Prometheus resource "
                                     "(kubectl get prometheus -A), or set monitoring.prometheus: deploy",
                                     subject=findings.cluster())]
-        deadline = time.monotonic() + self.target_wait
-        while True:
+        def scraped() -> tuple[bool, dict[str, Any] | str]:
+            """Every target scraped at least once (no health "unknown"), by node; or why the API did not answer."""
             try:
                 targets = exporter_targets(ctx.kube.raw_get(path))
             except (KubeError, ValueError) as e:
-                msg = e.message if isinstance(e, KubeError) else str(e)
-                return [findings.failed("monitoring.prometheus-missing",
-                                        f"Prometheus in {prom_ns} did not answer its targets API: {msg}",
-                                        f"kubectl -n {prom_ns} get pods; re-run gpuk8s monitoring",
-                                        subject=findings.cluster())]
+                return True, e.message if isinstance(e, KubeError) else str(e)
             by_node = {target_node(t): t for t in targets}
-            if not any(_text(by_node[n].get("health")) == "unknown" for n in nodes if n in by_node) \
-                    or time.monotonic() > deadline:
-                break
-            time.sleep(3)
+            return not any(_text(by_node[n].get("health")) == "unknown" for n in nodes if n in by_node), by_node
+
+        by_node = until(scraped, self.target_wait, 3)[1]
+        if isinstance(by_node, str):
+            return [findings.failed("monitoring.prometheus-missing",
+                                    f"Prometheus in {prom_ns} did not answer its targets API: {by_node}",
+                                    f"kubectl -n {prom_ns} get pods; re-run gpuk8s monitoring",
+                                    subject=findings.cluster())]
         out = []
         for n in nodes:
             t = by_node.get(n)

@@ -13,11 +13,13 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
-def until(check: Callable[[], tuple[bool, T]], timeout: float, poll: float) -> tuple[bool, T]:
-    """check(), asked again every `poll` seconds until it holds or `timeout` seconds have passed: its last answer."""
+def until(check: Callable[[], tuple[bool, T]], timeout: float, poll: float,
+          sleep: Callable[[float], None] | None = None) -> tuple[bool, T]:
+    """check(), asked again every `poll` seconds until it holds or `timeout` seconds have passed: its last answer.
+    `sleep`: what waits between the asks (time.sleep; a test's own)."""
     deadline = time.monotonic() + timeout
     while True:
         ok, what = check()
         if ok or time.monotonic() > deadline:
             return ok, what
-        time.sleep(poll)
+        (sleep or time.sleep)(poll)

@@ -7,12 +7,12 @@ loaded); each reads the host's facts again afterwards.
 from __future__ import annotations
 
 import contextlib
-import time
 
 from gpuk8s.errors import GpuK8sError
 from gpuk8s.inventory.model import Host
 from gpuk8s.kube.client import SSHKubectl
 from gpuk8s.phases.base import Context
+from gpuk8s.phases.poll import until
 from gpuk8s.remote import RemoteError, Session
 
 REBOOT = "sudo systemctl reboot"
@@ -69,24 +69,19 @@ def _answers(host: Host, password: str | None) -> Session | None:
 
 def wait_down(host: Host, password: str | None, timeout: float) -> bool:
     """Poll until the host stops answering SSH (True), or False at the timeout."""
-    deadline = time.monotonic() + timeout
-    while True:
+    def gone() -> tuple[bool, None]:
         s = _answers(host, password)
-        if s is None:
-            return True
-        s.close()
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(POLL)
+        if s is not None:
+            s.close()
+        return s is None, None
+
+    return until(gone, timeout, POLL)[0]
 
 
 def wait_up(host: Host, password: str | None, timeout: float) -> Session | None:
     """Poll until the host answers SSH again: the open session, or None at the timeout."""
-    deadline = time.monotonic() + timeout
-    while True:
+    def back() -> tuple[bool, Session | None]:
         s = _answers(host, password)
-        if s is not None:
-            return s
-        if time.monotonic() > deadline:
-            return None
-        time.sleep(POLL)
+        return s is not None, s
+
+    return until(back, timeout, POLL)[1]

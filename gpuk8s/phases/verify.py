@@ -11,7 +11,6 @@ memory (nvidia.com/gpumem) must be bound. Every proof pod is deleted afterwards.
 from __future__ import annotations
 
 import hashlib
-import time
 from collections import Counter
 from typing import Any
 
@@ -316,13 +315,12 @@ class Verify(Phase):
 
     def _wait(self, ctx: Context, names: list[str], done: Any) -> dict[str, state.PodState]:
         """Poll the pods until done(pods by name) or the test pod timeout; the last pods seen."""
-        deadline = time.monotonic() + ctx.options.test_pod_timeout
-        while True:
+        def seen() -> tuple[bool, dict[str, state.PodState]]:
             pods = {p.name: p for p in state.pod_states(ctx.kube.get("pods", namespace=TEST_NAMESPACE))
                     if p.name in names}
-            if done(pods) or time.monotonic() > deadline:
-                return pods
-            time.sleep(1)
+            return bool(done(pods)), pods
+
+        return until(seen, ctx.options.test_pod_timeout, 1)[1]
 
     def _sharing_proofs(self, ctx: Context, checks: list[NodeCheck]) -> None:
         for c in checks:
@@ -418,8 +416,8 @@ class Verify(Phase):
         run advertises its plan: config-manager applies a new config label a while later (the ConfigMap volume
         and the plugin's restart), and judging at once would report gpu.sharing-not-applied."""
         waiting = {n for n in ctx.relabelled if n in ctx.plans and ctx.plans[n].resources}
-        deadline = time.monotonic() + ctx.options.test_pod_timeout
-        while waiting:
+
+        def settled() -> tuple[bool, None]:
             nodes = state.by_name(ctx.kube.get("nodes"))
             for n in sorted(waiting):
                 try:
@@ -430,9 +428,10 @@ class Verify(Phase):
                 if ns is None or not ns.ready or all(ns.allocatable_of(r) == v
                                                      for r, v in ctx.plans[n].resources.items()):
                     waiting.discard(n)
-            if not waiting or time.monotonic() > deadline:
-                return
-            time.sleep(POLL_S)
+            return not waiting, None
+
+        if waiting:
+            until(settled, ctx.options.test_pod_timeout, POLL_S)
 
     def _hami_proof(self, ctx: Context, plan: GPUPlan) -> tuple[bool, str]:
         mem = min(4096, (plan.gpu_memory_mib or 8192) // 2)
@@ -486,30 +485,27 @@ class Verify(Phase):
         ctx.kube.delete("pod", names, TEST_NAMESPACE)
         ctx.kube.apply("---\n".join([self._claim_template(k) for k in templates] + [docs[n] for n in names]))
         timeout = ctx.options.test_pod_timeout
-        deadline = time.monotonic() + timeout
         last: dict[str, str] = {}
+
+        def judged() -> tuple[bool, None]:
+            pods = {p.name: p for p in state.pod_states(ctx.kube.get("pods", namespace=TEST_NAMESPACE))}
+            for name, c in list(waiting.items()):
+                last[name] = state.pod_progress(pods.get(name))
+                verdict = state.test_pod_verdict(pods.get(name))
+                if verdict is None:
+                    continue
+                if c.ok:  # a dra node's second pod: the first failure is the verdict
+                    c.ok, c.cause = verdict
+                    c.cause_id = verdict.cause_id
+                del waiting[name]
+            return not waiting, None
+
         try:
-            while waiting:
-                pods = {p.name: p for p in state.pod_states(ctx.kube.get("pods", namespace=TEST_NAMESPACE))}
-                for name, c in list(waiting.items()):
-                    last[name] = state.pod_progress(pods.get(name))
-                    verdict = state.test_pod_verdict(pods.get(name))
-                    if verdict is None:
-                        continue
-                    if c.ok:  # a dra node's second pod: the first failure is the verdict
-                        c.ok, c.cause = verdict
-                        c.cause_id = verdict.cause_id
-                    del waiting[name]
-                if not waiting:
-                    break
-                if time.monotonic() > deadline:
-                    for name, c in waiting.items():
-                        if c.ok:
-                            c.ok, c.cause = False, (f"the test pod {name} did not finish within {timeout:g} s "
-                                                    f"({last[name]})")
-                            c.cause_id = "gpu.test-pod-timeout"
-                    break
-                time.sleep(2)
+            until(judged, timeout, 2)
+            for name, c in waiting.items():
+                if c.ok:
+                    c.ok, c.cause = False, f"the test pod {name} did not finish within {timeout:g} s ({last[name]})"
+                    c.cause_id = "gpu.test-pod-timeout"
         finally:
             ctx.kube.delete("pod", names, TEST_NAMESPACE)
             if templates:
