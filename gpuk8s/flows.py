@@ -36,6 +36,7 @@ from gpuk8s.phases.cni import CNI
 from gpuk8s.phases.driver import Driver
 from gpuk8s.phases.driver_upgrade import DriverUpgrade
 from gpuk8s.phases.fabric_verify import FabricVerify
+from gpuk8s.phases.gather import gather
 from gpuk8s.phases.gpu import GPUNodes
 from gpuk8s.phases.health import Health
 from gpuk8s.phases.init import Init
@@ -46,10 +47,10 @@ from gpuk8s.phases.mig import Mig
 from gpuk8s.phases.monitoring import Monitoring
 from gpuk8s.phases.monitoring_verify import MonitoringVerify
 from gpuk8s.phases.nodeops import NodeOptions
-from gpuk8s.phases.prepare import Prepare, refresh_facts
+from gpuk8s.phases.prepare import Prepare
 from gpuk8s.phases.reset import Reset
 from gpuk8s.phases.verify import Verify
-from gpuk8s.remote import RemoteError, Session, for_each_host
+from gpuk8s.remote import RemoteError, Session
 
 
 @dataclass
@@ -134,12 +135,7 @@ def allocator(ctx: Context, nodes: list[str], opts: NodeOptions, dry_run: bool) 
     (gpuk8s/phases/allocator.py), one at a time; its findings in the report. The nodes' facts are read first (their
     GPUs, MIG devices: what each allocator must offer there); a node that cannot be read is planned from the
     inventory alone."""
-    named = [h for h in ctx.inv.hosts if h.name in nodes and h.name not in ctx.sessions]
-    got = for_each_host(named, _connector(ctx.sudo_passwords), len(named) or 1)
-    ctx.sessions.update({n: s for n, s in got.items() if isinstance(s, Session)})
-    mine = {n: ctx.sessions[n] for n in nodes if n in ctx.sessions}
-    ctx.facts.update(refresh_facts(mine, len(mine) or 1))
-    ctx.plans = gpuplan.plans(ctx.inv, ctx.facts)
+    gather(ctx, [h for h in ctx.inv.hosts if h.name in nodes])
     report = _run(ctx, [Lock(), AllocatorMove(nodes, opts)], dry_run)
     report.findings = opts.findings
     return report
@@ -210,12 +206,9 @@ def verify(inv: Inventory, *, concurrency: int, sudo_passwords: dict[str, str], 
     report = ClusterReport(None)
     try:
         if kube is None:
-            sessions = {h.name: Session(h, sudo_passwords.get(h.name)) for h in inv.hosts}
-            ctx.facts = refresh_facts(sessions, concurrency)
-            for name in [n for n in sessions if n not in ctx.facts]:
-                sessions.pop(name).close()
-            ctx.sessions = sessions
-        ctx.plans = gpuplan.plans(inv, ctx.facts)
+            gather(ctx, inv.hosts, drop_unread=True)
+        else:
+            ctx.set_facts({})  # the plans of the inventory alone
         run_phases([Verify(), *([MonitoringVerify()] if inv.monitoring.enabled else []),
                     *([FabricVerify()] if ctx.options.fabric else [])], ctx, report.phases)
         if kube is None:
@@ -288,21 +281,6 @@ def reset_phases(targets: list[Host], *, purge: bool, drain_timeout: int, all_ho
 
 
 
-def _connector(sudo_passwords: dict[str, str]) -> Callable[[Host], Session]:
-    """A function opening one host's session (closed again when the connection fails), for for_each_host."""
-
-    def connect(h: Host) -> Session:
-        s = Session(h, sudo_passwords.get(h.name))
-        try:
-            s.connect()
-        except BaseException:
-            s.close()
-            raise
-        return s
-
-    return connect
-
-
 def reset(inv: Inventory, targets: list[Host], *, concurrency: int, sudo_passwords: dict[str, str],
           purge: bool = False, drain_timeout: int = 300, all_hosts: bool = False,
           emit: Callable[[str], None] | None = None, dry_run: bool = False) -> tuple[ClusterReport, list[Any]]:
@@ -312,9 +290,7 @@ def reset(inv: Inventory, targets: list[Host], *, concurrency: int, sudo_passwor
 
     ctx = Context(inv, concurrency=concurrency, emit=emit or (lambda line: None), sudo_passwords=sudo_passwords)
 
-    wanted = [inv.control_planes[0], *[h for h in targets if h.name != inv.control_planes[0].name]]
-    ctx.sessions = {n: s for n, s in for_each_host(wanted, _connector(sudo_passwords), concurrency).items()
-                    if isinstance(s, Session)}
+    gather(ctx, [inv.control_planes[0], *[h for h in targets if h.name != inv.control_planes[0].name]], facts=False)
     phases = reset_phases(targets, purge=purge, drain_timeout=drain_timeout, all_hosts=all_hosts)
     report = _run(ctx, phases, dry_run)
     return report, phases[-1].outcomes  # type: ignore[attr-defined]
@@ -342,17 +318,7 @@ def driver_upgrade(inv: Inventory, *, concurrency: int, sudo_passwords: dict[str
     asks for, `max_unavailable` at a time (gpuk8s/phases/driver_upgrade.py), then verify."""
     ctx = Context(inv, options=options or Options(), concurrency=concurrency, emit=emit or (lambda line: None),
                   sudo_passwords=sudo_passwords)
-    got = for_each_host(inv.hosts, _connector(sudo_passwords), concurrency)
-    ctx.sessions = {n: s for n, s in got.items() if isinstance(s, Session)}
-    ctx.unreachable = {n: str(getattr(e, "message", e)) for n, e in got.items() if not isinstance(e, Session)}
-    if inv.control_planes[0].name not in ctx.sessions:
-        err = got[inv.control_planes[0].name]
-        for s in ctx.sessions.values():
-            s.close()
-        raise PhaseError(f"the first control plane is not reachable: {getattr(err, 'message', err)}",
-                         getattr(err, "remedy", "bring it back, then re-run"))
-    ctx.facts = refresh_facts(ctx.sessions, concurrency)
-    ctx.plans = gpuplan.plans(inv, ctx.facts)
+    gather(ctx, inv.hosts, need_cp=True)
     opts = NodeOptions(max_unavailable=max_unavailable, gpu_pod_timeout=gpu_pod_timeout, drain_timeout=drain_timeout)
     # --bundle: served right after the lock (NVIDIA's RHEL 8 repository as the bundle carries it)
     report = _run(ctx, with_bundle([Lock(), DriverUpgrade(opts), Verify()], ctx.options), dry_run)
@@ -378,12 +344,7 @@ def upgrade(inv: Inventory, *, to: str | None, concurrency: int, ignore: set[str
     report = UpgradeReport(None)
 
     try:
-        got = for_each_host(inv.hosts, _connector(sudo_passwords), concurrency)
-        ctx.sessions = {n: s for n, s in got.items() if isinstance(s, Session)}
-        if inv.control_planes[0].name not in ctx.sessions:
-            err = got[inv.control_planes[0].name]
-            raise PhaseError(f"the first control plane is not reachable: {getattr(err, 'message', err)}",
-                             getattr(err, "remedy", "bring it back, then re-run"))
+        gather(ctx, inv.hosts, facts=False, need_cp=True)
         current = up.current_state(ctx).oldest()
         report.start_minor = f"1.{current}"
         report.steps = up.steps(current, to, versions.supported_minors())

@@ -7,15 +7,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from gpuk8s import gpuplan
 from gpuk8s.doctor import classify
 from gpuk8s.doctor.diagnose import Diagnosis
 from gpuk8s.findings import Finding
 from gpuk8s.inventory.model import Inventory
 from gpuk8s.phases.base import Context, Options, run_phases
+from gpuk8s.phases.gather import gather
 from gpuk8s.phases.gpu import GPUNodes, RestartPlugin
 from gpuk8s.phases.lock import Lock
-from gpuk8s.phases.prepare import Prepare, refresh_facts
+from gpuk8s.phases.prepare import Prepare
 from gpuk8s.remote import Session
 
 
@@ -45,11 +45,7 @@ def apply_fixes(inv: Inventory, targets: dict[str, set[str]], sudo: dict[str, st
         ctx.sessions[cp.name] = Session(cp, sudo.get(cp.name))
         phases: list[Any] = [Lock()] + ([Prepare()] if "prepare" in targets else [])
         if run_phases(phases, ctx, results) and all(r.status != "failed" for r in results):
-            sessions = {h.name: Session(h, sudo.get(h.name)) for h in inv.hosts if h.name not in ctx.sessions}
-            ctx.sessions.update(sessions)
-            facts = refresh_facts({n: s for n, s in ctx.sessions.items()}, ctx.concurrency)
-            ctx.facts = facts
-            ctx.plans = gpuplan.plans(inv, facts)
+            gather(ctx, inv.hosts)  # every GPU node's plan from fresh facts (prepare may have changed them)
             if {"prepare", "gpu"} & set(targets):
                 run_phases([GPUNodes()], ctx, results)
             left = set(targets.get("plugin", ())) - ctx.plugin_restarted

@@ -22,7 +22,7 @@ from gpuk8s.errors import GpuK8sError
 from gpuk8s.facts.health import HealthFacts
 from gpuk8s.facts.model import HostFacts
 from gpuk8s.findings import Finding
-from gpuk8s.gpuplan import GPUPlan, quarantine_taint
+from gpuk8s.gpuplan import GPUPlan, plan_for, quarantine_taint
 from gpuk8s.inventory.model import Host, Inventory, Taint
 from gpuk8s.kube.client import ADMIN, KubeClient, SSHKubectl
 from gpuk8s.kube.state import NodeCheck
@@ -144,6 +144,20 @@ class Context:
     # the bundle this run serves (phases/bundle.py): preflight names each host it does not cover
     bundle: Manifest | None = None
     findings: list[Finding] = field(default_factory=list)  # per host, where a phase gives them (health): the report's
+
+    def set_facts(self, facts: dict[str, HostFacts]) -> None:
+        """The facts of the run's hosts, and every host's GPU plan made from them (gpuplan.plan_for; a host without
+        facts is planned from the inventory alone): the one place a flow or a phase turns facts into plans."""
+        self.facts = dict(facts)
+        self.plans = {h.name: plan_for(h, self.facts.get(h.name)) for h in self.inv.hosts}
+
+    def put_facts(self, name: str, facts: HostFacts) -> None:
+        """One host's facts read again (a driver loaded, a reboot, a MIG change), and its GPU plan with them; safe
+        from the threads of for_each_host, each on its own host."""
+        self.facts[name] = facts
+        host = next((h for h in self.inv.hosts if h.name == name), None)
+        if host is not None:
+            self.plans[name] = plan_for(host, facts)
 
     def close(self) -> None:
         """Release what the run holds (the cluster lock), then close every connection."""

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import time
 
-from gpuk8s import gpuplan
 from gpuk8s.facts.model import HostFacts
 from gpuk8s.gpuplan import is_gpu_node
 from gpuk8s.inventory.model import Host
@@ -95,7 +94,7 @@ class Driver(Phase):
         got = refresh_facts({h.name: ctx.sessions[h.name]}, 1).get(h.name)
         if got is None:
             return "failed", "the facts could not be read again"
-        ctx.facts[h.name] = got
+        ctx.put_facts(h.name, got)
         again, left = action(got)
         took = time.monotonic() - started
         if again != "ok":
@@ -111,7 +110,6 @@ class Driver(Phase):
         status: dict[str, tuple[str, str]] = {}
         for name, v in got.items():
             status[name] = ("failed", f"{type(v).__name__}: {v}") if isinstance(v, BaseException) else v
-        ctx.plans = gpuplan.plans(ctx.inv, ctx.facts)
         bad = {n: s for n, s in status.items() if s[0] in ("failed", "needs-reboot")}
         changed = [n for n, s in status.items() if s[0] == "changed"]
         r = self.result("changed" if changed else "unchanged",

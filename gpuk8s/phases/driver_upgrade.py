@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from gpuk8s import findings, gpuplan
+from gpuk8s import findings
 from gpuk8s.bundle.coverage import host_gaps
 from gpuk8s.driver import rules
 from gpuk8s.facts.model import HostFacts
@@ -145,8 +145,7 @@ class DriverUpgrade(Phase):
             left = action(got)[1] if got is not None else "its facts could not be read"
             raise NodeFailure("driver.upgrade-failed", f"{h.name} came back without driver {want['branch']}: {left}",
                               f"see gpuk8s preflight on {h.name}; the node stays cordoned; re-run {self.resume}")
-        ctx.facts[h.name] = got
-        ctx.plans = gpuplan.plans(ctx.inv, ctx.facts)
+        ctx.put_facts(h.name, got)
         self._wait_gpus(ctx, h)
         gpu_down = time.monotonic() - down
         self.gpu_down[h.name] = gpu_down

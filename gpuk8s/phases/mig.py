@@ -19,7 +19,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from gpuk8s import gpuplan
 from gpuk8s.facts.model import HostFacts
 from gpuk8s.inventory.model import Host
 from gpuk8s.mig import layout as L
@@ -213,8 +212,7 @@ class Mig(Phase):
     def _refresh(ctx: Context, names: list[str]) -> None:
         """The facts after the change, and the GPU plans made from them, for the phases after this one."""
         if names:
-            ctx.facts.update(refresh_facts({n: ctx.sessions[n] for n in names}, ctx.concurrency))
-        ctx.plans = gpuplan.plans(ctx.inv, ctx.facts)
+            ctx.set_facts({**ctx.facts, **refresh_facts({n: ctx.sessions[n] for n in names}, ctx.concurrency)})
 
     @staticmethod
     def _reboot(ctx: Context, hm: HostMig, why: str) -> tuple[str, str]:
@@ -228,7 +226,7 @@ class Mig(Phase):
         facts = refresh_facts({host.name: fresh}, 1).get(host.name)
         if facts is None:
             return "failed", f"{host.name} came back after the reboot, but its facts could not be read"
-        ctx.facts[host.name] = facts
+        ctx.put_facts(host.name, facts)
         again = host_plan(host, facts)
         took = f"rebooted ({why}; SSH back after {time.monotonic() - started:.0f} s)"
         if again.error:

@@ -13,7 +13,6 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from gpuk8s import gpuplan
 from gpuk8s.errors import GpuK8sError
 from gpuk8s.facts.health import HealthFacts, read_health
 from gpuk8s.facts.model import HostFacts
@@ -128,9 +127,8 @@ class Prepare(Phase):
         fresh, readings = reread({n: s for n, s in ctx.sessions.items() if n in changed}, ctx.concurrency, extra)
         facts.update(fresh)
         health.update({n: (fresh[n], h) for n, h in readings.items()})
-        ctx.facts = facts
+        ctx.set_facts(facts)
         ctx.health = health
-        ctx.plans = gpuplan.plans(ctx.inv, facts)
         return rep
 
     def plan(self, ctx: Context) -> PhasePlan:

@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from gpuk8s import findings, gpuplan, plainyaml, versions
+from gpuk8s import findings, plainyaml, versions
 from gpuk8s.errors import GpuK8sError
 from gpuk8s.install.prepare import prepare
 from gpuk8s.inventory.model import Host, InstallSettings, Inventory
@@ -307,8 +307,7 @@ class UpgradePrepare(UpgradeStep):
                       sudo_passwords=ctx.sudo_passwords, dry_run=dry_run, sessions=ctx.sessions,
                       wanted=lambda s: not s.name.startswith("kubernetes-packages"), before=before_steps(ctx))
         passed = {r.host.name for r in rep.hosts if r.status not in ("unreachable", "blocked")}
-        ctx.facts = {r.host.name: r.facts for r in rep.preflight if r.host.name in passed and r.facts is not None}
-        ctx.plans = gpuplan.plans(ctx.inv, ctx.facts)
+        ctx.set_facts({r.host.name: r.facts for r in rep.preflight if r.host.name in passed and r.facts is not None})
         status: dict[str, str] = {}
         changes: list[Change] = []
         for run in rep.hosts:
