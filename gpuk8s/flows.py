@@ -197,20 +197,32 @@ def join(inv: Inventory, hosts: list[Host], *, concurrency: int, ignore: set[str
     return _run(ctx, with_bundle(join_phases(), opts), dry_run)
 
 
+def select_verify(inv: Inventory, options: Options, skip: Sequence[str] = ()) -> list[Phase]:
+    """verify's phases: the nodes and GPUs (`verify`), the DCGM exporter and Prometheus where monitoring is enabled
+    (`monitoring-verify`), the RDMA fabric with --fabric (`fabric`); `skip` leaves some out (PhaseSelectionError,
+    before any host is contacted, for a name verify does not have)."""
+    every = select([Verify(), MonitoringVerify(), FabricVerify()], skip, None, "verify")
+    wanted = {"verify", *(["monitoring-verify"] if inv.monitoring.enabled else []),
+              *(["fabric"] if options.fabric else [])}
+    return [p for p in every if p.name in wanted]
+
+
 def verify(inv: Inventory, *, concurrency: int, sudo_passwords: dict[str, str], options: Options | None = None,
-           emit: Callable[[str], None] | None = None, kube: KubeClient | None = None) -> ClusterReport:
+           emit: Callable[[str], None] | None = None, kube: KubeClient | None = None,
+           skip: Sequence[str] = ()) -> ClusterReport:
     """Every node and GPU checked. With `kube` (a local kubeconfig) no host is contacted over SSH: the
-    expectations come from the inventory alone; else the facts are read on every host first."""
+    expectations come from the inventory alone; else the facts are read on every host first. `skip`: phases left
+    out (select_verify)."""
     ctx = Context(inv, options=options or Options(), concurrency=concurrency, emit=emit or (lambda line: None),
                   sudo_passwords=sudo_passwords, kube_client=kube)
+    phases = select_verify(inv, ctx.options, skip)
     report = ClusterReport(None)
     try:
         if kube is None:
             gather(ctx, inv.hosts, drop_unread=True)
         else:
             ctx.set_facts({})  # the plans of the inventory alone
-        run_phases([Verify(), *([MonitoringVerify()] if inv.monitoring.enabled else []),
-                    *([FabricVerify()] if ctx.options.fabric else [])], ctx, report.phases)
+        run_phases(phases, ctx, report.phases)
         if kube is None:
             for h in inv.hosts:
                 if h.name not in ctx.facts:

@@ -6,7 +6,7 @@ from typing import Any
 import typer
 
 from gpuk8s import flows, gpuplan, localfiles, ui
-from gpuk8s.commands.common import finish, ignored_checks, load_bundle, local_kubectl, passwords
+from gpuk8s.commands.common import finish, ignored_checks, load_bundle, local_kubectl, passwords, usage_error
 from gpuk8s.errors import GpuK8sError
 from gpuk8s.exitcodes import ExitCode
 from gpuk8s.kube import monitoring, render
@@ -19,8 +19,9 @@ from gpuk8s.options import (
     KeepServingOpt,
     Output,
     OutputOpt,
+    phase_names,
 )
-from gpuk8s.phases.base import Options
+from gpuk8s.phases.base import Options, PhaseSelectionError
 from gpuk8s.report.cluster import phase_printer, render_cluster
 
 
@@ -90,6 +91,8 @@ def register(app: typer.Typer, load_inventory: Any) -> None:
         quarantine: bool = typer.Option(False, "--quarantine", help="With --fabric: taint the nodes it fails "
                                         "(gpuk8s.io/quarantine, as health does) and release those quarantined for "
                                         "their fabric that pass now."),
+        skip_phases: list[str] = typer.Option([], "--skip-phases", help="Phases to leave out, by name, "
+                                              "comma-separated or repeated: verify, monitoring-verify, fabric."),
     ) -> None:
         """Check that every node is Ready and every GPU the hosts have is schedulable (install's last phase)."""
         if quarantine and not fabric:
@@ -99,10 +102,15 @@ def register(app: typer.Typer, load_inventory: Any) -> None:
             ui.say(ui.console(stderr=True), "--fabric reads each host's RDMA ports over SSH: leave out --kubeconfig")
             raise typer.Exit(ExitCode.USAGE)
         inv = load_inventory(inventory, output)
+        options = Options(test_pods=test_pods, fabric=fabric, fabric_quarantine=quarantine)
+        skip = phase_names(skip_phases)
+        try:  # a wrong phase name is told before any host is contacted
+            flows.select_verify(inv, options, skip)
+        except PhaseSelectionError as e:
+            usage_error(e, output)
         kube = None if kubeconfig is None else local_kubectl(kubeconfig, context)
         rep = flows.verify(inv, concurrency=concurrency, sudo_passwords=passwords(inv) if kube is None else {},
-                           options=Options(test_pods=test_pods, fabric=fabric, fabric_quarantine=quarantine),
-                           emit=phase_printer(output), kube=kube)
+                           options=options, emit=phase_printer(output), kube=kube, skip=skip)
         finish(rep, output, lambda: render_cluster(rep, "verify"))
 
     @app.command(name="render")

@@ -355,3 +355,50 @@ def test_the_phase_names_docs_install_lists_are_installs_own_in_order() -> None:
     with_bundle = flows.with_bundle(every, Options(bundle=object()))  # type: ignore[arg-type]
     assert any(isinstance(p, Bundle) for p in with_bundle)
     assert listed == [p.name for p in with_bundle]
+
+
+def test_the_phase_names_docs_list_for_upgrade_and_verify_are_their_own_in_order() -> None:
+    """docs/install.md's and docs/upgrade.md's lists of upgrade's and verify's phase names against the code (issue 45:
+    the docs' phase lists checked against the phases, not written twice by hand)."""
+    import re
+    from pathlib import Path
+
+    from gpuk8s import flows
+    from gpuk8s.phases import upgrade as up
+    from gpuk8s.phases.base import Options
+    from gpuk8s.phases.lock import Lock
+    from gpuk8s.phases.verify import Verify
+
+    docs = Path(__file__).resolve().parents[2] / "docs"
+    install = (docs / "install.md").read_text()
+    upgrade_doc = (docs / "upgrade.md").read_text()
+    upgrade = [p.name for p in [*up.step_phases(up.UpgradeOptions("1.31")), Verify()]]
+    for text, head in ((install, r"with its own phase\s+names \("), (upgrade_doc, r"\(the names: ")):
+        m = re.search(head + r"(.*?)\)", text, re.S)
+        assert m, head
+        assert re.findall(r"`([a-z][a-z-]*)`", m.group(1)) == upgrade
+    assert [p.name for p in flows.select_upgrade((), None).values()] == []  # nothing left out without a selection
+    assert not isinstance(up.step_phases(up.UpgradeOptions("1.31"))[0], Lock)
+    m = re.search(r"`gpuk8s verify` takes `--skip-phases` with its own \((.*?)\)", install, re.S)
+    assert m
+    doc = yaml.safe_load(INV_TEXT)
+    doc["monitoring"] = {"enabled": True}
+    every = flows.select_verify(loads(yaml.safe_dump(doc)), Options(fabric=True))
+    assert re.findall(r"`([a-z][a-z-]*)`", m.group(1)) == [p.name for p in every]
+
+
+def test_verify_leaves_out_the_phases_named_and_refuses_a_name_it_does_not_have() -> None:
+    from gpuk8s import flows
+    from gpuk8s.phases.base import Options, PhaseSelectionError, Skipped
+
+    doc = yaml.safe_load(INV_TEXT)
+    doc["monitoring"] = {"enabled": True}
+    inv = loads(yaml.safe_dump(doc))
+    got = flows.select_verify(inv, Options(fabric=True), ["monitoring-verify"])
+    assert [(p.name, isinstance(p, Skipped)) for p in got] == [("verify", False), ("monitoring-verify", True),
+                                                               ("fabric", False)]
+    assert [p.name for p in flows.select_verify(loads(INV_TEXT), Options())] == ["verify"]
+    # fabric is verify's even without --fabric: skipping it is no mistake
+    assert [p.name for p in flows.select_verify(loads(INV_TEXT), Options(), ["fabric"])] == ["verify"]
+    with pytest.raises(PhaseSelectionError, match="verify has no phase gpu"):
+        flows.select_verify(inv, Options(), ["gpu"])
