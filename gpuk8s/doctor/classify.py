@@ -1073,9 +1073,10 @@ def node_causes(name: str, ev: ClusterEvidence) -> list[Finding]:
     if check.ok:
         return [_node_unknown(name, ev)] if node_problem(name, ev) else _stale_labels(name, plan, node)
     f = check.finding()
-    if count_unknown and f.message.startswith(UNKNOWN_COUNT_HEAD):
-        f = dataclasses.replace(f, message="no GPU schedulable (how many is not in the inventory, and the host's facts "
-                                "were not read): " + f.message[len(UNKNOWN_COUNT_HEAD):])
+    head = check.head
+    if count_unknown and check.allocatable_gpus == 0 and check.expected_gpus == 1 and head:  # asked for "at least 1"
+        head = "no GPU schedulable (how many is not in the inventory, and the host's facts were not read)"
+        f = dataclasses.replace(f, message=f"{head}: {check.said}")
     extra: list[str] = []
     plugin = plugin_pod(ev, name)
     log = ""
@@ -1103,7 +1104,7 @@ def node_causes(name: str, ev: ClusterEvidence) -> list[Finding]:
         number = int(m.group(1)) if m else kernel_fatal[0].xid if kernel_fatal else 79 if kernel and kernel.fallen \
             else None
         row = xid_catalogue.lookup(number) if number is not None else None
-        message = (f"{f.message.split(': ', 1)[0]}: " + ("the device plugin marked a GPU unhealthy" if plugin_said
+        message = (f"{head}: " + ("the device plugin marked a GPU unhealthy" if plugin_said
                                                          else "the kernel reports a GPU fault")
                    + (f" (Xid {number})" if number is not None else "") + " and it is no longer advertised"
                    + (f": {row.meaning}" if row is not None else ""))
@@ -1118,7 +1119,7 @@ def node_causes(name: str, ev: ClusterEvidence) -> list[Finding]:
             pulls = pull_failures(ev.events, ns, pname)
             image = _failing_image(plugin)
             fid = "gpu.plugin-image-pull"
-            message = (f"{f.message.split(': ', 1)[0]}: the node cannot pull the device plugin's image "
+            message = (f"{head}: the node cannot pull the device plugin's image "
                        f"{image or '(not named)'}" + (f" ({_pull_reason(pulls[-1])})" if pulls else ""))
             remedy = (f"make {image or 'the image'} pullable from {name}: check that the node reaches its registry "
                       + (f"(on the node: sudo crictl pull {shlex.quote(image)}), " if image else "")
@@ -1137,7 +1138,7 @@ def node_causes(name: str, ev: ClusterEvidence) -> list[Finding]:
                   "(kubelet --root-dir)")
     if fid == "gpu.plugin-no-nvml" and default == "nvidia" and not problem and host is not None \
             and host.envvar_unprivileged is False and plugin is not None and _privileged(plugin) is False:
-        message = (f"{f.message.split(': ', 1)[0]}: the device plugin got no driver in its container: the toolkit on "
+        message = (f"{head}: the device plugin got no driver in its container: the toolkit on "
                    f"{name} ignores NVIDIA_VISIBLE_DEVICES in containers without CAP_SYS_ADMIN "
                    f"({ENVVAR_UNPRIVILEGED} = false), and the plugin runs unprivileged")
         remedy = (f"on {name}: set {ENVVAR_UNPRIVILEGED} = true in {TOOLKIT_CONFIG} (or remove the line), then "
@@ -1177,7 +1178,6 @@ def _stale_labels(name: str, plan: gpuplan.GPUPlan, node: dict[str, Any] | None)
                             subject=findings.Subject("node", name))]
 
 
-UNKNOWN_COUNT_HEAD = "0 of 1 GPU(s) schedulable: "  # state.diagnose_gpus's head when doctor asks for "at least 1"
 
 
 def _node_unknown(name: str, ev: ClusterEvidence) -> Finding:

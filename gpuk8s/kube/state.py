@@ -273,6 +273,14 @@ class NodeCheck:
     resource: str = GPU_RESOURCE  # what expected_gpus and allocatable_gpus count (nvidia.com/gpu.shared, ...)
     proof: str = ""  # on a shared node: what the sharing proof showed
     quarantine: str = ""  # the node's gpuk8s.io/quarantine taint's value (the finding it failed): not verified
+    # a GPU count's verdict: what the cause is about ("2 of 8 GPU(s) schedulable"), `cause` being head: said; doctor
+    # builds its own message on it (structured, never cut out of the message's words)
+    head: str = ""
+
+    @property
+    def said(self) -> str:
+        """The cause without its head: why, in words."""
+        return self.cause[len(self.head) + 2:] if self.head and self.cause.startswith(self.head + ": ") else self.cause
 
     def __post_init__(self) -> None:
         if not self.ok and not self.cause_id:
@@ -280,6 +288,7 @@ class NodeCheck:
 
     def to_json(self) -> dict[str, Any]:
         out = self.__dict__.copy()
+        out.pop("head")  # in `cause` already
         out["evidence"] = list(self.evidence)
         return out
 
@@ -365,11 +374,13 @@ def check_node(name: str, want: int, node: Any, pods: list[PodState], plugin: Da
         c = None
         if sharing is not None and sharing.strategy != "none" and not driver_problem:
             c = diagnose_sharing(name, want, alloc, resource, sharing, pods, plugin, ns)
+            head = f"{alloc} of {want} {resource} schedulable"
         if c is None:
             c = diagnose_gpus(name, want, alloc, pods, plugin, driver_problem=driver_problem,
                               runtime_default=runtime_default, node=ns)
+            head = f"{alloc} of {want} GPU(s) schedulable"
         return NodeCheck(name, False, True, want, alloc, c.message, cause_id=c.id,
-                         evidence=list(c.evidence), remedy=c.remedy, resource=resource)
+                         evidence=list(c.evidence), remedy=c.remedy, resource=resource, head=head)
     return NodeCheck(name, True, True, want, alloc, resource=resource)
 
 
