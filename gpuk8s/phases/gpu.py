@@ -8,6 +8,7 @@ Manifests are applied only when the sha256 of their rendered text differs from w
 from __future__ import annotations
 
 import shlex
+from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
@@ -121,18 +122,21 @@ def as_they_are(ctx: Context, nodes: dict[str, Any], switching: set[str]) -> dic
     return out
 
 
+def legacy_allocator_label(node: Any) -> bool:
+    """Whether the node carries only the allocator label of gpuk8s up to main 3c20938 (a DRA node that must get the
+    protected one before any manifest that selects by it is applied: else the DRA kubelet plugin would leave it, and
+    the device plugin keeps off it by the old label's exclusion: its GPUs served by neither)."""
+    md = (node or {}).get("metadata") if isinstance(node, dict) else None
+    labels = md.get("labels") if isinstance(md, dict) else None
+    return isinstance(labels, dict) and labels.get(LEGACY_ALLOCATOR_LABEL) == DRA and ALLOCATOR_LABEL not in labels
+
+
 def move_allocator_labels(ctx: Context, nodes: dict[str, Any]) -> list[str]:
-    """The nodes the inventory puts on DRA that carry only the allocator label of gpuk8s up to main 3c20938: given
-    the protected one now, before any manifest that selects by it is applied (else the DRA kubelet plugin would leave
-    them, and the device plugin keeps off them by the old label's exclusion: their GPUs served by neither)."""
-    moved = []
-    for name, plan in ctx.plans.items():
-        md = (nodes.get(name) or {}).get("metadata")
-        labels = md.get("labels") if isinstance(md, dict) else None
-        if plan.dra and isinstance(labels, dict) and labels.get(LEGACY_ALLOCATOR_LABEL) == DRA \
-                and ALLOCATOR_LABEL not in labels:
-            ctx.kube.label(name, {ALLOCATOR_LABEL: DRA})
-            moved.append(name)
+    """The nodes the inventory puts on DRA that carry only the former allocator label (legacy_allocator_label): given
+    the protected one now."""
+    moved = [name for name, plan in ctx.plans.items() if plan.dra and legacy_allocator_label(nodes.get(name))]
+    for name in moved:
+        ctx.kube.label(name, {ALLOCATOR_LABEL: DRA})
     return moved
 
 
@@ -218,127 +222,141 @@ def config_maps_of(pod: Any) -> set[str]:
     return out
 
 
+@dataclass
+class GPUDecision:
+    """What the gpu phase decided, once, from the cluster and the plans: --dry-run renders it (`changes`), a run
+    applies it (GPUNodes.apply); the two cannot differ."""
+
+    initialized: bool
+    nodes: dict[str, Any] = field(default_factory=dict)  # the Node objects read
+    # node -> (labels to set, None: to remove; taints to add), for the nodes whose labels or taints differ
+    diffs: dict[str, tuple[dict[str, str | None], list[str]]] = field(default_factory=dict)
+    # node -> why its allocator is not switched (GPU pods hold its GPUs: gpuk8s allocator moves it, drained first)
+    held: dict[str, str] = field(default_factory=dict)
+    plans: dict[str, GPUPlan] = field(default_factory=dict)  # the plans the manifests follow (a held node: as it is)
+    was_shared: dict[str, bool] = field(default_factory=dict)  # node -> whether its labels said it shared its GPUs
+    legacy: list[str] = field(default_factory=list)  # DRA nodes that get the protected allocator label first
+    wanted: list[manifests.Manifest] = field(default_factory=list)
+    out_of_date: list[manifests.Manifest] = field(default_factory=list)  # of wanted: what differs (applied)
+    taken: dict[str, list[str]] = field(default_factory=dict)  # objects of wanted that another tool made
+    removable: list[tuple[manifests.Manifest, list[manifests.Ref]]] = field(default_factory=list)
+    stale_configs: list[str] = field(default_factory=list)  # NCCL ConfigMaps no node names any more
+    stale_plugins: dict[str, str] = field(default_factory=dict)  # node -> its plugin pod, under a restarted runtime
+
+    def changes(self) -> list[Change]:
+        """The decision in words and exact commands, in the order GPUNodes.apply makes them."""
+        out = [Change(f"label {n} {ALLOCATOR_LABEL}={DRA} (the allocator label of gpuk8s up to main 3c20938 moved)",
+                      commands="kubectl " + shlex.join(label_args(n, {ALLOCATOR_LABEL: DRA}))) for n in self.legacy]
+        out += [Change(f"apply {m.name} (sha256 {m.sha256[:12]})", manifest=m.applied_text()) for m in self.out_of_date]
+        if self.taken:
+            out.append(Change(manifests.taken_message(self.taken)))
+        # one change per object gpuk8s applied: a namesake another tool made is neither named nor deleted
+        out += [Change(f"delete {kind.lower()}/{name} of {m.name} (no node asks for it)",
+                       commands=manifests.delete_command((kind, name, ns)))
+                for m, gone in self.removable for kind, name, ns in gone]
+        out += [Change(f"delete configmap/{n} in {NCCL_NAMESPACE} (no node's fabric names it)",
+                       commands=manifests.delete_command(("ConfigMap", n, NCCL_NAMESPACE))) for n in self.stale_configs]
+        out += [Change(f"{name}: {why}") for name, why in self.held.items()]
+        out += [Change(f"restart the device plugin on {node} (its container runtime is reconfigured)",
+                       commands=state.restart_command(pod)) for node, pod in self.stale_plugins.items()]
+        for name, (labels, taints) in self.diffs.items():
+            if labels:
+                out.append(Change(f"label {name}", commands="kubectl " + shlex.join(label_args(name, labels))))
+            if taints:
+                out.append(Change(f"taint {name}", commands="kubectl " + shlex.join(taint_args(name, taints))))
+        return out
+
+
 class GPUNodes(Phase):
     name = "gpu"
     title = "NVIDIA device plugin, labels, taints"
 
-    def _node_diffs(self, ctx: Context) -> dict[str, tuple[dict[str, str | None], list[str]]]:
-        """The label and taint changes per node; a node whose allocator would change while pods hold its GPUs is
-        left as it is (self._held: why), and counted on its current allocator (self._plans)."""
-        nodes = state.by_name(ctx.kube.get("nodes"))
-        self._nodes = nodes
-        self._was_shared: dict[str, bool] = {}
-        self._held = {}
+    @staticmethod
+    def _node_diffs(ctx: Context, d: GPUDecision) -> None:
+        """The label and taint changes per node into `d`; a node whose allocator would change while pods hold its
+        GPUs is left as it is (d.held: why), and counted on its current allocator (d.plans)."""
         pods: list[Any] | None = None  # read once, only where a node's allocator would change
         switching: set[str] = set()  # the nodes this run gives their plan's allocator
         # join labels only the nodes it joins: the others keep what the last install gave them
         only = None if ctx.options.only is None else {h.name for h in ctx.options.only}
-        out = {}
         for name, plan in ctx.plans.items():
-            if name not in nodes or (only is not None and name not in only):
+            if name not in d.nodes or (only is not None and name not in only):
                 continue
             try:
-                ns = state.node_state(nodes[name])
+                ns = state.node_state(d.nodes[name])
                 diff = node_changes(plan, ns, ctx.quarantine.get(name), fabric_labels(ctx, name))
-                self._was_shared[name] = ns.labels.get(STRATEGY_LABEL, "none") != "none"
+                d.was_shared[name] = ns.labels.get(STRATEGY_LABEL, "none") != "none"
             except StateError as e:
                 raise PhaseError(f"the node object of {name} is unreadable: {e}", "see the log file") from None
-            if ALLOCATOR_LABEL in diff[0] and dra.allocator_of(nodes[name], plan.allocator) != plan.allocator:
+            if ALLOCATOR_LABEL in diff[0] and dra.allocator_of(d.nodes[name], plan.allocator) != plan.allocator:
                 # another allocator would serve GPUs that running pods hold (both would hand them out): only
                 # gpuk8s allocator moves a node, drained first
                 if pods is None:
                     pods = ctx.kube.get("pods", namespace="*")
                 holding = state.gpu_pods(pods, name)
                 if holding:
-                    was = dra.allocator_of(nodes[name], plan.allocator)
-                    self._held[name] = (f"left on {was}: GPU pods hold its GPUs ({', '.join(holding[:5])}"
-                                        f"{', ...' if len(holding) > 5 else ''}); gpuk8s allocator {name} --to "
-                                        f"{plan.allocator} drains it first")
+                    was = dra.allocator_of(d.nodes[name], plan.allocator)
+                    d.held[name] = (f"left on {was}: GPU pods hold its GPUs ({', '.join(holding[:5])}"
+                                    f"{', ...' if len(holding) > 5 else ''}); gpuk8s allocator {name} --to "
+                                    f"{plan.allocator} drains it first")
                     continue
             switching.add(name)
             if diff[0] or diff[1]:
-                out[name] = diff
-        self._plans = as_they_are(ctx, nodes, switching)
-        return out
+                d.diffs[name] = diff
+        d.plans = as_they_are(ctx, d.nodes, switching)
 
-    def _wanted(self, ctx: Context) -> list[manifests.Manifest]:
-        """The manifests (after _node_diffs: each node counted on the allocator it is on after this run)."""
-        return gpu_manifests(ctx, self._plans)
-
-    @staticmethod
-    def _stale_plugins(ctx: Context, planning: bool) -> dict[str, str]:
-        """node -> its device plugin pod, where prepare restarted (would restart) the node's runtime under it."""
+    def decide(self, ctx: Context, planning: bool) -> GPUDecision:
+        """Everything the phase will do, read from the cluster once. planning: a dry run, where prepare has not run
+        (the device plugin pods restarted are those under a runtime prepare would restart)."""
         if not ctx.initialized():
-            return {}
-        return plugin_pods(ctx, [n for n in runtime_restarted(ctx, planning)
-                                 if n in ctx.plans and ctx.plans[n].gpu_node])
-
-    _held: dict[str, str]  # node -> why its allocator was not switched (set by plan and _node_diffs)
-    _nodes: dict[str, Any]  # the node objects _node_diffs read
-    _plans: dict[str, GPUPlan]  # the plans the manifests follow: a node held on its allocator counts there
+            return GPUDecision(False, plans=dict(ctx.plans), wanted=(w := gpu_manifests(ctx, dict(ctx.plans))),
+                               out_of_date=w)
+        d = GPUDecision(True, nodes=state.by_name(ctx.kube.get("nodes")))
+        self._node_diffs(ctx, d)  # first: a node held on its allocator decides the manifests too
+        d.legacy = [n for n, plan in ctx.plans.items() if plan.dra and n in d.nodes
+                    and legacy_allocator_label(d.nodes[n])]
+        d.wanted = gpu_manifests(ctx, d.plans)  # rendered once: the NCCL ConfigMaps below are read off it too
+        ready, d.taken = manifests.claimable(ctx.kube, d.wanted)
+        d.out_of_date = manifests.out_of_date(ctx.kube, ready)
+        d.removable = manifests.removable(ctx.kube, manifests.unwanted(ctx.inv, d.plans))
+        d.stale_configs = stale_nccl_configs(ctx, d.wanted, d.nodes, d.diffs)
+        if not any(m.name == manifests.PLUGIN_MANIFEST for m in d.out_of_date):  # else the DaemonSet replaces them
+            d.stale_plugins = plugin_pods(ctx, [n for n in runtime_restarted(ctx, planning)
+                                                if n in ctx.plans and ctx.plans[n].gpu_node])
+        return d
 
     def plan(self, ctx: Context) -> PhasePlan:
-        self._held, self._plans = {}, dict(ctx.plans)
-        taken: dict[str, list[str]] = {}
-        if not ctx.initialized():
-            todo, diffs = self._wanted(ctx), {}
-            reason = "no cluster yet: every manifest; labels and taints as each node joins"
-        else:
-            diffs = self._node_diffs(ctx)
-            wanted = self._wanted(ctx)  # rendered once: the NCCL ConfigMaps below are read off it too
-            ready, taken = manifests.claimable(ctx.kube, wanted)
-            todo = manifests.out_of_date(ctx.kube, ready)
-            reason = "what differs from the cluster"
-        changes = [Change(f"apply {m.name} (sha256 {m.sha256[:12]})", manifest=m.applied_text()) for m in todo]
-        if taken:
-            changes.append(Change(manifests.taken_message(taken)))
-        if ctx.initialized():
-            # one change per object gpuk8s applied: a namesake another tool made is neither named nor deleted
-            changes += [Change(f"delete {kind.lower()}/{name} of {m.name} (no node asks for it)",
-                               commands=manifests.delete_command((kind, name, ns)))
-                        for m, gone in manifests.removable(ctx.kube, manifests.unwanted(ctx.inv, self._plans))
-                        for kind, name, ns in gone]
-            changes += [Change(f"delete configmap/{n} in {NCCL_NAMESPACE} (no node's fabric names it)",
-                               commands=manifests.delete_command(("ConfigMap", n, NCCL_NAMESPACE)))
-                        for n in stale_nccl_configs(ctx, wanted, self._nodes, diffs)]
-        changes += [Change(f"{name}: {why}") for name, why in self._held.items()]
-        if not any(m.name == manifests.PLUGIN_MANIFEST for m in todo):  # else the DaemonSet replaces its pods itself
-            changes += [Change(f"restart the device plugin on {node} (its container runtime is reconfigured)",
-                               commands=state.restart_command(pod))
-                        for node, pod in self._stale_plugins(ctx, planning=True).items()]
-        for name, (labels, taints) in diffs.items():
-            if labels:
-                changes.append(Change(f"label {name}", commands="kubectl " + shlex.join(label_args(name, labels))))
-            if taints:
-                changes.append(Change(f"taint {name}", commands="kubectl " + shlex.join(taint_args(name, taints))))
+        d = self.decide(ctx, planning=True)
+        changes = d.changes()
         if not changes:
             return self.planned("unchanged", "manifests, labels and taints as wanted")
-        return self.planned("would-change", reason, changes)
+        return self.planned("would-change", "what differs from the cluster" if d.initialized else
+                            "no cluster yet: every manifest; labels and taints as each node joins", changes)
 
     def run(self, ctx: Context) -> PhaseResult:
+        return self.apply(ctx, self.decide(ctx, planning=False))
+
+    def apply(self, ctx: Context, d: GPUDecision) -> PhaseResult:
+        """Make the changes `d` decided, in the order of d.changes()."""
         r = self.result("unchanged", "manifests, labels and taints as wanted")
-        stale = self._stale_plugins(ctx, planning=False)  # the plugin pods that ran before this run's prepare
-        diffs = self._node_diffs(ctx)  # first: a node held on its allocator decides the manifests too
-        move_allocator_labels(ctx, self._nodes)
-        taken = ""
-        wanted = self._wanted(ctx)
-        try:
-            applied = manifests.apply(ctx.kube, wanted)
-        except manifests.NameTaken as e:  # the others applied; the labels below still follow the plans
-            applied, taken = e.applied, e.message
-        done = [f"applied {name}" for name in applied]
-        if manifests.PLUGIN_MANIFEST in applied:
-            stale = {}  # a new template: the DaemonSet replaces its pods itself
-        for m, gone in manifests.remove(ctx.kube, manifests.unwanted(ctx.inv, self._plans)):
+        for n in d.legacy:  # before the DRA driver's manifest selects by the new label
+            ctx.kube.label(n, {ALLOCATOR_LABEL: DRA})
+        taken = manifests.taken_message(d.taken) if d.taken else ""
+        for m in d.out_of_date:
+            ctx.kube.apply(m.applied_text())
+        done = [f"applied {m.name}" for m in d.out_of_date]
+        for m, gone in d.removable:
+            for kind, name, namespace in gone:
+                ctx.kube.delete(kind.lower(), [name], namespace)
             if gone:
                 done.append(f"removed {m.name} ({len(gone)} object(s) gpuk8s applied)")
-        for name, (labels, taints) in diffs.items():
+        for name, (labels, taints) in d.diffs.items():
             if labels:
                 ctx.kube.label(name, labels)
                 # a node whose sharing changes (to, from or between strategies): its plugin reflects the new
                 # config a while later, and verify waits for it; first labels of a whole-GPU node need no wait
                 if {CONFIG_LABEL, HAMI_NODE_LABEL, STRATEGY_LABEL, REPLICAS_LABEL} & set(labels) and (
-                        ctx.plans[name].sharing != "none" or self._was_shared.get(name, False)):
+                        ctx.plans[name].sharing != "none" or d.was_shared.get(name, False)):
                     ctx.relabelled.add(name)
                 r.hosts[name] = "labelled " + ", ".join(sorted(labels))
                 done.append(f"labels on {name}")
@@ -346,11 +364,10 @@ class GPUNodes(Phase):
                 ctx.kube.taint(name, taints)
                 r.hosts[name] = (r.hosts.get(name, "") + " tainted " + ", ".join(taints)).strip()
                 done.append(f"taints on {name}")
-        stale_cms = stale_nccl_configs(ctx, wanted, self._nodes, diffs)
-        if stale_cms:
-            ctx.kube.delete("configmap", stale_cms, NCCL_NAMESPACE)
-            done.append(f"removed {len(stale_cms)} NCCL ConfigMap(s) no node names")
-        for node, pod in stale.items():
+        if d.stale_configs:
+            ctx.kube.delete("configmap", d.stale_configs, NCCL_NAMESPACE)
+            done.append(f"removed {len(d.stale_configs)} NCCL ConfigMap(s) no node names")
+        for node, pod in d.stale_plugins.items():
             ctx.kube.delete("pod", [pod], "kube-system")
             ctx.relabelled.add(node)  # verify waits for the new pod to register the node's GPUs
             ctx.plugin_restarted.add(node)
@@ -361,12 +378,12 @@ class GPUNodes(Phase):
         if taken:
             r.status, r.message = "failed", "; ".join([*done, taken])
             r.remedy = manifests.TAKEN_REMEDY
-        if self._held:
-            r.hosts.update(self._held)
+        if d.held:
+            r.hosts.update(d.held)
             r.status = "failed"
             r.message = "; ".join([*done, *([taken] if taken else []),
-                                   *(f"{n}: {why}" for n, why in self._held.items())])
-            r.remedy = "; ".join(f"gpuk8s allocator {n} --to {ctx.plans[n].allocator}" for n in self._held) + \
+                                   *(f"{n}: {why}" for n, why in d.held.items())])
+            r.remedy = "; ".join(f"gpuk8s allocator {n} --to {ctx.plans[n].allocator}" for n in d.held) + \
                 " (each drained, its GPU pods waited for), then gpuk8s install again"
         return r
 

@@ -663,3 +663,34 @@ def test_allocator_moves_a_node_to_dra_only_where_it_serves_dra_as_it_is_now() -
     old = dataclasses.replace(jammy, gpu=dataclasses.replace(jammy.gpu, driver="560.35.03",
                                                              driver_release=(560, 35, 3)))
     assert "driver 560.35.03 is below the DRA driver's floor (565)" in not_ready_now(_with(old, "2.2.6"), cluster)
+
+
+def test_the_gpu_phase_applies_exactly_what_its_dry_run_showed() -> None:
+    """Issue 45: the gpu phase decides once (GPUNodes.decide); --dry-run renders the decision, a run applies it. On the
+    same cluster, the manifests applied, the objects deleted and the labels set are those the plan listed, and a re-run
+    plans nothing."""
+    import shlex
+
+    i = mixed()
+    kube = FakeKube()
+    manifests.apply(kube, [manifests.dra_driver(i)])  # the DRA driver of an earlier install: no node uses it now
+    plain = loads(MIXED.replace("MINOR", "1.36").replace(", allocator: dra", ""))
+    for name in gpuplan.plans(plain):
+        kube.add_node(name, gpus=1)  # none of the labels the plans want yet
+    ctx = Context(plain, plans=gpuplan.plans(plain), kube_client=kube, initialized_cache=True)
+    kube.calls.clear()
+    planned = GPUNodes().plan(ctx)
+    assert planned.status == "would-change"
+    kube.calls.clear()
+    assert GPUNodes().run(ctx).status == "changed"
+    applied = [c[1] for c in kube.calls if c[0] == "apply"]
+    assert applied == [c.manifest for c in planned.changes if c.manifest]
+    deleted = {(c[1], c[2]) for c in kube.calls if c[0] == "delete"}
+    shown = {(w[w.index("delete") + 1], w[w.index("delete") + 2]) for c in planned.changes if c.commands
+             if "delete" in (w := shlex.split(c.commands))}
+    assert deleted == shown and deleted
+    labelled = {c[1]: set(c[2:]) for c in kube.calls if c[0] == "label"}
+    shown_labels = {w[3]: set(w[4:-1]) for c in planned.changes if c.what.startswith("label ")
+                    for w in [shlex.split(c.commands)]}
+    assert labelled == shown_labels and labelled
+    assert GPUNodes().plan(ctx).status == "unchanged"
