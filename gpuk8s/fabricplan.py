@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from gpuk8s.driver import rules as driver_rules
@@ -181,7 +181,7 @@ def plan(host: Host, facts: HostFacts | None) -> FabricPlan | None:
                       bool(facts.driver.nvswitches), gid, s.rate)
 
 
-def plans(hosts: list[Host] | tuple[Host, ...], facts: dict[str, HostFacts]) -> dict[str, FabricPlan]:
+def plans(hosts: list[Host] | tuple[Host, ...], facts: Mapping[str, HostFacts]) -> dict[str, FabricPlan]:
     out = {}
     for h in hosts:
         p = plan(h, facts.get(h.name))

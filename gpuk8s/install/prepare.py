@@ -11,7 +11,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -153,10 +153,10 @@ def owner() -> str:
     return f"gpuk8s on {socket.gethostname()} (pid {os.getpid()})"
 
 
-def prepare(inv: Inventory, *, concurrency: int, ignore: set[str], sudo_passwords: dict[str, str],
+def prepare(inv: Inventory, *, concurrency: int, ignore: set[str], sudo_passwords: Mapping[str, str],
             dry_run: bool = False, measure_network: bool = False,
             on_event: Callable[[Event], None] | None = None,
-            sessions: dict[str, Session] | None = None,
+            sessions: MutableMapping[str, Session] | None = None,
             wanted: Callable[[RenderedStep], bool] | None = None,
             extra: Callable[[Host], str] | None = None,
             lenient: Callable[[Host], bool] | None = None, bundle: Manifest | None = None,
@@ -170,7 +170,7 @@ def prepare(inv: Inventory, *, concurrency: int, ignore: set[str], sudo_password
     Callers give it for a run only, never for a plan."""
     start = time.monotonic()
     own = sessions is None
-    sessions = {} if sessions is None else sessions
+    sessions = {} if sessions is None else sessions  # the run's (Context.sessions): connections stay open
     emit = on_event or (lambda e: None)
     runs = {h.name: HostRun(h) for h in inv.hosts}
     playbooks = [load_playbook(n) for n in playbooks_for(inv)]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from importlib import resources
 from typing import Any
 
@@ -57,11 +58,11 @@ def namespace(inv: Inventory) -> Manifest:
          "metadata": {"name": inv.monitoring.namespace, "labels": {MANAGED_BY: "gpuk8s"}}}, sort_keys=False))
 
 
-def gpu_plans(plans: dict[str, GPUPlan]) -> list[GPUPlan]:
+def gpu_plans(plans: Mapping[str, GPUPlan]) -> list[GPUPlan]:
     return [p for p in plans.values() if p.gpu_node]
 
 
-def tolerations(plans: dict[str, GPUPlan]) -> list[dict[str, str]]:
+def tolerations(plans: Mapping[str, GPUPlan]) -> list[dict[str, str]]:
     """The device plugin's tolerations (its GPUs' and the quarantine's: a quarantined node's GPUs are still watched),
     and one per taint the GPU plan puts on any GPU node."""
     out: list[dict[str, str]] = [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"},
@@ -80,12 +81,12 @@ def sharing(plan: GPUPlan) -> str:
     return str(getattr(plan, "sharing", "none") or "none")
 
 
-def virtual_gpus(plans: dict[str, GPUPlan]) -> bool:
+def virtual_gpus(plans: Mapping[str, GPUPlan]) -> bool:
     """Whether some GPU node shares its GPUs by time-slicing or MPS: KUBERNETES_VIRTUAL_GPUS then."""
     return any(sharing(p) in SHARED for p in gpu_plans(plans))
 
 
-def exporter(inv: Inventory, plans: dict[str, GPUPlan]) -> Manifest:
+def exporter(inv: Inventory, plans: Mapping[str, GPUPlan]) -> Manifest:
     return Manifest(f"{EXPORTER}.yaml", _render(
         "dcgm-exporter.yaml.j2", namespace=inv.monitoring.namespace, gpu_label=GPU_PRESENT,
         tolerations=tolerations(plans),
@@ -167,7 +168,7 @@ def resolve_mode(inv: Inventory, kube: KubeClient | None) -> str:
     return "deploy"
 
 
-def wanted(inv: Inventory, plans: dict[str, GPUPlan], mode: str, *, own_namespace: bool = True) -> list[Manifest]:
+def wanted(inv: Inventory, plans: Mapping[str, GPUPlan], mode: str, *, own_namespace: bool = True) -> list[Manifest]:
     """The monitoring manifests, in the order they are applied. `own_namespace`: gpuk8s creates the namespace
     (False when it existed before gpuk8s: it is the user's, and `--remove` leaves it)."""
     if mode not in MODES:
@@ -201,7 +202,7 @@ def objects(ms: list[Manifest]) -> list[tuple[str, str, str | None]]:
     return out
 
 
-def every_manifest(inv: Inventory, plans: dict[str, GPUPlan]) -> list[Manifest]:
+def every_manifest(inv: Inventory, plans: Mapping[str, GPUPlan]) -> list[Manifest]:
     """Everything gpuk8s may have applied in any mode (what --remove looks for)."""
     ms = [exporter(inv, plans), service_monitor(inv), prometheus(inv), grafana(inv)]
     if inv.monitoring.storage_class is None:  # a claim made when a storage class was set before

@@ -11,10 +11,10 @@ every node and the Kubernetes client.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from gpuk8s.bundle.manifest import Manifest
 from gpuk8s.bundle.site import BundleFile
@@ -97,16 +97,88 @@ class Options:
 
 
 @dataclass
+class HostRecord:
+    """Everything a run knows of one host, in one place: its connection, its facts and the GPU plan made from them,
+    its sudo password, why it could not be reached, the GPU health read with its facts, the quarantine this run put
+    it in, why a phase held it out of the cluster phases. None: not known (or not so)."""
+
+    name: str
+    session: Session | None = None
+    facts: HostFacts | None = None
+    plan: GPUPlan | None = None
+    sudo_password: str | None = None
+    unreachable: str | None = None
+    health: tuple[HostFacts, HealthFacts] | None = None
+    quarantine: str | None = None
+    held: str | None = None
+
+
+V = TypeVar("V")
+
+
+class HostColumn(MutableMapping[str, V], Generic[V]):
+    """One field of every HostRecord of a run, seen as a mapping host -> value (the hosts where it is set, in the
+    inventory's order): `ctx.facts[name]`, `ctx.sessions.pop(name)` read and write the records themselves."""
+
+    def __init__(self, ctx: Context, attr: str) -> None:
+        self._ctx, self._attr = ctx, attr
+
+    def __getitem__(self, name: str) -> V:
+        r = self._ctx.records.get(name)
+        value = getattr(r, self._attr) if r is not None else None
+        if value is None:
+            raise KeyError(name)
+        return value
+
+    def __setitem__(self, name: str, value: V) -> None:
+        setattr(self._ctx.record(name), self._attr, value)
+
+    def __delitem__(self, name: str) -> None:
+        r = self._ctx.records.get(name)
+        if r is None or getattr(r, self._attr) is None:
+            raise KeyError(name)
+        setattr(r, self._attr, None)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter([n for n, r in list(self._ctx.records.items()) if getattr(r, self._attr) is not None])
+
+    def __len__(self) -> int:
+        return sum(1 for r in list(self._ctx.records.values()) if getattr(r, self._attr) is not None)
+
+    def __repr__(self) -> str:
+        return f"HostColumn({self._attr}: {dict(self)!r})"
+
+
+def _column(attr: str) -> property:
+    """A Context property that reads as HostColumn(attr) and, set to a mapping, replaces that field of every record
+    (`ctx.facts = {...}`: the hosts it does not name have no facts any more)."""
+
+    def get(ctx: Context) -> HostColumn[Any]:
+        return HostColumn(ctx, attr)
+
+    def put(ctx: Context, values: Mapping[str, Any]) -> None:
+        values = dict(values)  # a column of this very context is read before it is cleared
+        for r in ctx.records.values():
+            setattr(r, attr, None)
+        for name, value in values.items():
+            setattr(ctx.record(name), attr, value)
+
+    return property(get, put)
+
+
+@dataclass
 class Context:
     inv: Inventory
-    sessions: dict[str, Session] = field(default_factory=dict)  # open connections of the hosts ready to work on
-    facts: dict[str, HostFacts] = field(default_factory=dict)
-    plans: dict[str, GPUPlan] = field(default_factory=dict)
+    # one record per host (HostRecord); the fields below marked "a column" are views of them, by host name
+    records: dict[str, HostRecord] = field(default_factory=dict, init=False, repr=False)
+    sessions: MutableMapping[str, Session] = field(default_factory=dict)  # a column: connections of hosts to work on
+    facts: MutableMapping[str, HostFacts] = field(default_factory=dict)  # a column
+    plans: MutableMapping[str, GPUPlan] = field(default_factory=dict)  # a column: made from facts (set_facts)
     options: Options = field(default_factory=Options)
     concurrency: int = 16
     emit: Callable[[str], None] = lambda line: None
     kube_client: KubeClient | None = None
-    sudo_passwords: dict[str, str] = field(default_factory=dict)
+    sudo_passwords: MutableMapping[str, str] = field(default_factory=dict)  # a column
     ignore: set[str] = field(default_factory=set)  # preflight checks that do not block a host
     nodes: list[NodeCheck] = field(default_factory=list)  # verify's verdicts
     kubeconfig: str = ""  # where the admin kubeconfig was written
@@ -115,7 +187,7 @@ class Context:
     # that host (phases/reboot.py) ends the connection the lock was held on
     relock: Callable[[Session], None] | None = None
     lock_lost: str = ""  # why the cluster lock could not be taken again after that reboot: the run stops
-    unreachable: dict[str, str] = field(default_factory=dict)  # host -> why the flow could not connect to it
+    unreachable: MutableMapping[str, str] = field(default_factory=dict)  # a column: why the flow could not connect
     # nodes whose device plugin config or sharing labels the gpu phase changed in this run, or whose plugin pod it
     # restarted: verify waits (up to the test pod timeout) for their allocatable to reflect the plan, as
     # config-manager applies a config, and a new plugin pod registers, a while later
@@ -136,20 +208,30 @@ class Context:
     # the GPU health sections preflight read with a host's facts (inventory health.before_join): the facts object
     # they came with, so that the health phase reads a host again once a later phase re-read its facts (a driver
     # installed, a reboot)
-    health: dict[str, tuple[HostFacts, HealthFacts]] = field(default_factory=dict)
+    health: MutableMapping[str, tuple[HostFacts, HealthFacts]] = field(default_factory=dict)  # a column
     # nodes joined (or kept) with the quarantine taint by this run's health phase: node -> the failing finding's id
-    quarantine: dict[str, str] = field(default_factory=dict)
+    quarantine: MutableMapping[str, str] = field(default_factory=dict)  # a column
     # hosts a phase left out of the cluster phases on purpose: host -> why (the health phase's skip)
-    held: dict[str, str] = field(default_factory=dict)
+    held: MutableMapping[str, str] = field(default_factory=dict)  # a column
     # the bundle this run serves (phases/bundle.py): preflight names each host it does not cover
     bundle: Manifest | None = None
     findings: list[Finding] = field(default_factory=list)  # per host, where a phase gives them (health): the report's
 
-    def set_facts(self, facts: dict[str, HostFacts]) -> None:
+    def record(self, name: str) -> HostRecord:
+        """The host's record (made on first use; every inventory host's first, in the inventory's order)."""
+        r = self.records.get(name)
+        if r is None:
+            if not self.records:
+                for h in self.inv.hosts:
+                    self.records.setdefault(h.name, HostRecord(h.name))
+            r = self.records.setdefault(name, HostRecord(name))
+        return r
+
+    def set_facts(self, facts: Mapping[str, HostFacts]) -> None:
         """The facts of the run's hosts, and every host's GPU plan made from them (gpuplan.plan_for; a host without
         facts is planned from the inventory alone): the one place a flow or a phase turns facts into plans."""
         self.facts = dict(facts)
-        self.plans = {h.name: plan_for(h, self.facts.get(h.name)) for h in self.inv.hosts}
+        self.plans = {h.name: plan_for(h, facts.get(h.name)) for h in self.inv.hosts}
 
     def put_facts(self, name: str, facts: HostFacts) -> None:
         """One host's facts read again (a driver loaded, a reboot, a MIG change), and its GPU plan with them; safe
@@ -164,7 +246,7 @@ class Context:
         for fn in reversed(self.on_exit):
             fn()
         self.on_exit.clear()
-        for s in self.sessions.values():
+        for s in list(self.sessions.values()):
             s.close()
 
     @property
@@ -210,6 +292,14 @@ class Context:
     def hosts_to_join(self) -> list[Host]:
         return [h for h in (self.options.only if self.options.only is not None else self.inv.hosts)
                 if h.name != self.cp.name]
+
+
+# the columns of the records: set after the dataclass is made, so that its __init__ (and dataclasses.replace) fill the
+# records through them
+for _attr, _name in (("session", "sessions"), ("facts", "facts"), ("plan", "plans"),
+                     ("sudo_password", "sudo_passwords"), ("unreachable", "unreachable"), ("health", "health"),
+                     ("quarantine", "quarantine"), ("held", "held")):
+    setattr(Context, _name, _column(_attr))
 
 
 class Phase:

@@ -8,7 +8,7 @@ flow needs the first control plane (kubectl runs there), its absence stops the f
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from gpuk8s.inventory.model import Host
 from gpuk8s.phases.base import Context, PhaseError
@@ -17,7 +17,7 @@ from gpuk8s.remote import Session, for_each_host
 from gpuk8s.text import clean
 
 
-def _connect_one(passwords: dict[str, str]) -> Callable[[Host], Session]:
+def _connect_one(passwords: Mapping[str, str]) -> Callable[[Host], Session]:
     def connect(h: Host) -> Session:
         s = Session(h, passwords.get(h.name))
         try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
@@ -158,10 +158,10 @@ def bundle_check(m: Manifest, inv: Inventory, host: Host, facts: HostFacts) -> C
     return passed("bundle.coverage", f"the bundle serves {host.name} (Kubernetes {m.kubernetes})")
 
 
-def run_preflight(inv: Inventory, *, concurrency: int, ignore: set[str], sudo_passwords: dict[str, str],
+def run_preflight(inv: Inventory, *, concurrency: int, ignore: set[str], sudo_passwords: Mapping[str, str],
                   network_seconds: float | None = None, measure_network: bool = True,
                   on_host: Callable[[HostReport], None] | None = None,
-                  keep_sessions: dict[str, Session] | None = None,
+                  keep_sessions: MutableMapping[str, Session] | None = None,
                   extra: Callable[[Host], str] | None = None, bundle: Manifest | None = None) -> Report:
     """Preflight of every host. With `keep_sessions`, the open connections are handed over there
     (the caller closes them) so that install goes on over the same connection. `extra`: sections to run after the
@@ -170,7 +170,7 @@ def run_preflight(inv: Inventory, *, concurrency: int, ignore: set[str], sudo_pa
     fails bundle.coverage."""
     start = time.monotonic()
     reports = {h.name: HostReport(h) for h in inv.hosts}
-    sessions: dict[str, Session] = {} if keep_sessions is None else keep_sessions
+    sessions: MutableMapping[str, Session] = {} if keep_sessions is None else keep_sessions
     # A host's connection is kept past its facts only when something later uses it: the caller
     # (keep_sessions) or the network measurement (a control plane and the workers). Otherwise it is closed
     # as soon as the facts are in, so that a large run does not hold every transport (and its reader
