@@ -1070,6 +1070,8 @@ def node_causes(name: str, ev: ClusterEvidence) -> list[Finding]:
     check = state.check_node(name, want or (1 if count_unknown else 0), node, state.pod_states(ev.pods), ev.plugin,
                              driver_problem=problem, runtime_default=default, resource=plan.resource_name,
                              sharing=sharing)
+    # a MIG node's resources, as verify judges them (one verdict for both)
+    state.mig_verdict(plan, check, node, state.mig_devices(host.facts if host is not None else None))
     if check.ok:
         return [_node_unknown(name, ev)] if node_problem(name, ev) else _stale_labels(name, plan, node)
     f = check.finding()

@@ -12,13 +12,16 @@ from __future__ import annotations
 import json
 import re
 import shlex
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 from gpuk8s import findings
 from gpuk8s.errors import GpuK8sError
+from gpuk8s.facts.model import HostFacts
 from gpuk8s.findings import Finding
-from gpuk8s.gpuplan import GPU_PRESENT, QUARANTINE_KEY
+from gpuk8s.gpuplan import GPU_PRESENT, QUARANTINE_KEY, GPUPlan
+from gpuk8s.mig import layout as miglayout
 
 GPU_RESOURCE = "nvidia.com/gpu"
 DEVICE_PLUGIN = "nvidia-device-plugin-daemonset"
@@ -382,6 +385,46 @@ def check_node(name: str, want: int, node: Any, pods: list[PodState], plugin: Da
         return NodeCheck(name, False, True, want, alloc, c.message, cause_id=c.id,
                          evidence=list(c.evidence), remedy=c.remedy, resource=resource, head=head)
     return NodeCheck(name, True, True, want, alloc, resource=resource)
+
+
+def mig_devices(f: HostFacts | None) -> Counter[str] | None:
+    """The MIG devices (profile -> count) the host's facts list, or None without facts."""
+    if f is None or f.mig.state != "ok":
+        return None
+    return Counter(p for g in f.mig.gpus if g.current == "Enabled" for p in miglayout.state_of(g).instances)
+
+
+def mig_verdict(plan: GPUPlan, c: NodeCheck, node: Any, have: Counter[str] | None) -> None:
+    """A MIG node's verdict (verify's and doctor's): every resource of its plan allocatable (mixed: each
+    nvidia.com/mig-<profile>), and when it is not, the cause told from the host's MIG devices (`have`, mig_devices;
+    None: not read) (docs/mig.md). `c` is check_node's verdict on the node, changed in place."""
+    if plan.mig_strategy == "none" or not c.ready or not plan.resources:
+        return
+    try:
+        alloc = node_state(node).allocatable if node is not None else {}
+    except StateError:
+        return
+    short = {r: (n, int(alloc.get(r, 0) or 0)) for r, n in sorted(plan.resources.items())
+             if int(alloc.get(r, 0) or 0) != n}
+    if c.ok and not short:
+        c.proof = (c.proof + "; " if c.proof else "") + "MIG " + plan.mig_strategy + ": " + ", ".join(
+            f"{n} {r}" for r, n in sorted(plan.resources.items()))
+        return
+    # the plugin runs but registered another count (0 reads as "no NVML" without MIG): the MIG devices tell why;
+    # a missing or crashing plugin, a driver or runtime problem keeps its own cause
+    if not c.ok and c.cause_id not in ("gpu.fewer-registered", "gpu.plugin-no-nvml"):
+        return
+    layout = ", ".join(f"{n} {r}" for r, n in sorted(plan.resources.items()))
+    got = ", ".join(f"{a} of {n} {r}" for r, (n, a) in short.items())
+    seen = "its MIG devices unknown (no facts)"
+    if have is not None:
+        seen = ", ".join(miglayout.counted(list(have.elements()))) or "no MIG devices"
+    c.ok, c.cause_id, c.head = False, "gpu.mig-resources", ""
+    c.cause = f"{got} schedulable (MIG {plan.mig_strategy}; the plan: {layout}); the host has {seen}"
+    c.evidence = [*c.evidence, f"nvidia-smi -L on {plan.node}: {seen}",
+                  "node allocatable: " + ", ".join(f"{r}={a}" for r, (_n, a) in short.items())]
+    c.remedy = ("re-run gpuk8s install (its mig phase re-creates the layout; --allow-reboot where a reset is "
+                "refused); on the host: systemctl status gpuk8s-mig, nvidia-smi -L; docs/mig.md")
 
 
 @dataclass(frozen=True)

@@ -85,11 +85,11 @@ def take_cordon(kube: KubeClient, node: str, mark: str) -> bool:
     of it stopped), or it is schedulable and gets the mark now; a node cordoned by someone else, or by another
     command of gpuk8s (its mark), is not."""
     found = kube.get("nodes", node)
-    obj = found[0] if found else {}
-    labels = (obj.get("metadata") or {}).get("labels") or {}
+    labels = state.node_state(found[0]).labels if found else {}  # a malformed object: StateError
+    spec = found[0].get("spec") if found else None
     if labels.get(CORDONED_BY) == mark:
         return True
-    if CORDONED_BY in labels or (obj.get("spec") or {}).get("unschedulable"):
+    if CORDONED_BY in labels or (isinstance(spec, dict) and spec.get("unschedulable")):
         return False
     kube.label(node, {CORDONED_BY: mark})
     return True

@@ -11,7 +11,6 @@ memory (nvidia.com/gpumem) must be bound. Every proof pod is deleted afterwards.
 from __future__ import annotations
 
 import hashlib
-from collections import Counter
 from typing import Any
 
 import yaml
@@ -21,7 +20,6 @@ from gpuk8s.gpuplan import ALLOCATOR_LABEL, GPU_RESOURCE, HAMI_CORES, HAMI_MEMOR
 from gpuk8s.kube import allocation, dra, manifests, render, state
 from gpuk8s.kube.client import KubeError, on_node
 from gpuk8s.kube.state import DaemonSetState, NodeCheck, StateError
-from gpuk8s.mig import layout as miglayout
 from gpuk8s.phases.base import Change, Context, Phase, PhasePlan, PhaseResult
 from gpuk8s.phases.poll import until
 
@@ -106,45 +104,9 @@ def proof_pod_name(node: str, suffix: str) -> str:
     return _pod_name("gpuk8s-share", node, suffix)
 
 
-def mig_devices(ctx: Context, node: str) -> Counter[str] | None:
-    """The MIG devices (profile -> count) the host's facts list, or None without facts."""
-    f = ctx.facts.get(node)
-    if f is None or f.mig.state != "ok":
-        return None
-    return Counter(p for g in f.mig.gpus if g.current == "Enabled" for p in miglayout.state_of(g).instances)
-
-
 def mig_check(ctx: Context, plan: GPUPlan, c: NodeCheck, node: Any) -> None:
-    """A MIG node: every resource of its plan allocatable (mixed: each nvidia.com/mig-<profile>), and when it is
-    not, the cause told from the host's MIG devices (docs/mig.md)."""
-    if not c.ready or not plan.resources:
-        return
-    try:
-        alloc = state.node_state(node).allocatable if node is not None else {}
-    except StateError:
-        return
-    short = {r: (n, int(alloc.get(r, 0) or 0)) for r, n in sorted(plan.resources.items())
-             if int(alloc.get(r, 0) or 0) != n}
-    if c.ok and not short:
-        c.proof = (c.proof + "; " if c.proof else "") + "MIG " + plan.mig_strategy + ": " + ", ".join(
-            f"{n} {r}" for r, n in sorted(plan.resources.items()))
-        return
-    # the plugin runs but registered another count (0 reads as "no NVML" without MIG): the MIG devices tell why;
-    # a missing or crashing plugin, a driver or runtime problem keeps its own cause
-    if not c.ok and c.cause_id not in ("gpu.fewer-registered", "gpu.plugin-no-nvml"):
-        return
-    have = mig_devices(ctx, plan.node)
-    layout = ", ".join(f"{n} {r}" for r, n in sorted(plan.resources.items()))
-    got = ", ".join(f"{a} of {n} {r}" for r, (n, a) in short.items())
-    seen = "its MIG devices unknown (no facts)"
-    if have is not None:
-        seen = ", ".join(miglayout.counted(list(have.elements()))) or "no MIG devices"
-    c.ok, c.cause_id = False, "gpu.mig-resources"
-    c.cause = f"{got} schedulable (MIG {plan.mig_strategy}; the plan: {layout}); the host has {seen}"
-    c.evidence = [*c.evidence, f"nvidia-smi -L on {plan.node}: {seen}",
-                  "node allocatable: " + ", ".join(f"{r}={a}" for r, (_n, a) in short.items())]
-    c.remedy = ("re-run gpuk8s install (its mig phase re-creates the layout; --allow-reboot where a reset is "
-                "refused); on the host: systemctl status gpuk8s-mig, nvidia-smi -L; docs/mig.md")
+    """state.mig_verdict with the MIG devices of the host's facts."""
+    state.mig_verdict(plan, c, node, state.mig_devices(ctx.facts.get(plan.node)))
 
 
 class Verify(Phase):

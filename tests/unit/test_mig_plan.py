@@ -177,3 +177,23 @@ def test_verify_checks_every_mig_resource_and_names_the_lost_layout() -> None:
     crash = NodeCheck("part", False, True, 2, 0, "plugin crashing", cause_id="gpu.plugin-crashing")
     mig_check(ctx, plan, crash, node({}))
     assert crash.cause_id == "gpu.plugin-crashing"
+
+
+def test_doctor_judges_a_mig_node_as_verify_does() -> None:
+    """Issue 45: gpu.mig-resources was verify's alone; doctor asks the same verdict (state.mig_verdict) with the MIG
+    devices of the host it read, and stays silent where the layout is served."""
+    from gpuk8s.doctor import classify
+    from gpuk8s.doctor.evidence import ClusterEvidence, HostEvidence
+
+    off = MigFacts("ok", tuple(MigGPU(n, f"GPU-{n}", "Enabled", "Enabled") for n in range(2)))
+    facts = dataclasses.replace(A100, mig=off)
+    p = plans()
+    served = node({"nvidia.com/mig-3g.40gb": "2", "nvidia.com/gpu": "1"})
+    served["metadata"]["name"] = "part"
+    ev = ClusterEvidence({"part": served}, [], plans={"part": p["part"]}, hosts={"part": HostEvidence(facts=facts)})
+    assert [f.id for f in classify.node_causes("part", ev) if f.status == "failed"] == []
+    short = node({"nvidia.com/mig-3g.40gb": "2"})
+    short["metadata"]["name"] = "part"
+    ev.nodes["part"] = short
+    got = classify.node_causes("part", ev)
+    assert [f.id for f in got] == ["gpu.mig-resources"] and "no MIG devices" in got[0].message
