@@ -1275,11 +1275,20 @@ def fixable(f: Finding, ev: ClusterEvidence) -> str:
             return ""
         if f.id == "pod.no-nvidia-runtime" and host.runtime_default in (None, "nvidia"):
             return ""
-    if f.id == "gpu.plugin-not-scheduled" and not any(
-            e.startswith(f"node label {gpuplan.GPU_PRESENT}: missing") for e in f.evidence):
-        return ""
-    if f.id == "gpu.plugin-no-nvml" and (  # a restart does not help where the toolkit refuses it the driver
-            any(ENVVAR_UNPRIVILEGED in e for e in f.evidence)
-            or not any(e.endswith(" default runtime: nvidia") for e in f.evidence)):
-        return ""
+    # decided on the evidence read (the node's object, the host's facts), never on the finding's words
+    if f.id == "gpu.plugin-not-scheduled":
+        labels = _md(ev.nodes.get(_subject_node(f)) or {}).get("labels")
+        if isinstance(labels, dict) and gpuplan.GPU_PRESENT in labels:
+            return ""  # the label is there: what keeps the plugin off is not gpuk8s's to change (a taint, ...)
+    if f.id == "gpu.plugin-no-nvml":
+        host = ev.hosts.get(_subject_node(f))
+        # a restart does not help where the toolkit refuses it the driver, or where the runtime's default is unknown
+        # or another one (the host not read: not restarted blindly)
+        if host is None or host.runtime_default != "nvidia" or host.envvar_unprivileged is False:
+            return ""
     return phase
+
+
+def _subject_node(f: Finding) -> str:
+    """The node a node finding is about ('' for any other subject)."""
+    return f.subject.name if f.subject is not None and f.subject.kind == "node" else ""

@@ -261,8 +261,9 @@ def test_the_legacy_plugin_log_with_nvidia_default_is_no_nvml() -> None:
     assert "kubectl -n kube-system delete pod nvidia-device-plugin-daemonset-gpu-1" in f.remedy
     assert classify.fixable(f, ev) == "plugin"
     # the host not read (no runtime default known): not restarted blindly
-    [f] = classify.node_causes("gpu-1", dataclasses.replace(ev, hosts={}))
-    assert f.id == "gpu.plugin-no-nvml" and classify.fixable(f, ev) == ""
+    unread = dataclasses.replace(ev, hosts={})
+    [f] = classify.node_causes("gpu-1", unread)
+    assert f.id == "gpu.plugin-no-nvml" and classify.fixable(f, unread) == ""
 
 
 def test_a_plugin_that_runs_without_its_socket() -> None:
