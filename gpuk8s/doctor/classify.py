@@ -1053,9 +1053,16 @@ def node_causes(name: str, ev: ClusterEvidence) -> list[Finding]:
     plan = ev.plans.get(name)
     if plan is None or not plan.gpu_node:
         return []
-    if plan.dra:
-        return _dra_node(name, plan.dra_devices, ev)
     node = ev.nodes.get(name)
+    # on another allocator than the inventory says, or served by both: verify's verdicts (kube/dra.py), asked here
+    differs = dra.allocator_differs(plan, node) if _ready(node) else None
+    if differs is not None:
+        return [findings.failed(differs.id, differs.cause, differs.remedy, subject=findings.node(name),
+                                evidence=list(differs.evidence))]
+    twice = dra.double_served(plan, node, ev.dra.get(name)) if ev.dra is not None and _ready(node) else None
+    if plan.dra:
+        return _dra_node(name, plan.dra_devices, ev) or ([findings.failed(
+            twice.id, twice.cause, twice.remedy, subject=findings.node(name))] if twice is not None else [])
     host = ev.hosts.get(name)
     want = plan.expected_gpus
     if host is not None and host.facts is not None and host.facts.gpu.gpus and not want:
@@ -1072,6 +1079,8 @@ def node_causes(name: str, ev: ClusterEvidence) -> list[Finding]:
                              sharing=sharing)
     # a MIG node's resources, as verify judges them (one verdict for both)
     state.mig_verdict(plan, check, node, state.mig_devices(host.facts if host is not None else None))
+    if check.ok and twice is not None:
+        return [findings.failed(twice.id, twice.cause, twice.remedy, subject=findings.node(name))]
     if check.ok:
         return [_node_unknown(name, ev)] if node_problem(name, ev) else _stale_labels(name, plan, node)
     f = check.finding()
@@ -1155,6 +1164,14 @@ def node_causes(name: str, ev: ClusterEvidence) -> list[Finding]:
                   f"{restart_command(pname)} (gpuk8s doctor --fix does it); if it still has none, check "
                   f"nvidia-container-toolkit on the host (nvidia-ctk --version, {TOOLKIT_CONFIG})")
     return [findings.failed(fid, message, remedy, subject=f.subject, evidence=[*f.evidence, *extra])]
+
+
+def _ready(node: Any) -> bool:
+    """Whether a node object (hostile data) is Ready; False where it cannot be read."""
+    try:
+        return node is not None and state.node_state(node).ready
+    except state.StateError:
+        return False
 
 
 def _stale_labels(name: str, plan: gpuplan.GPUPlan, node: dict[str, Any] | None) -> list[Finding]:

@@ -290,3 +290,46 @@ def offers(plan: GPUPlan, node: Any, nd: NodeDevices | None) -> tuple[bool, str]
     if nd is not None and nd.devices:
         what += f", and still {len(nd.devices)} device(s) in a ResourceSlice of {DRA_DRIVER}"
     return not short and not (nd is not None and nd.devices), what
+
+
+def served_twice(plan: GPUPlan, node: Any, nd: NodeDevices | None) -> bool:
+    """Whether the other allocator than the node's plan says also offers its GPUs (`offers` fails for it): nvidia.com/
+    resources allocatable on a dra node, devices in a ResourceSlice of a device-plugin node."""
+    try:
+        ns = state.node_state(node)
+    except state.StateError:
+        return False
+    if plan.dra:
+        return any(ns.allocatable_of(k) for k in ns.allocatable if k.startswith("nvidia.com/"))
+    return nd is not None and bool(nd.devices)
+
+
+@dataclass(frozen=True)
+class AllocatorCause:
+    """A node's allocator verdict beyond its GPU count (verify's and doctor's): a registered finding id, the cause,
+    the lines that show it, the remedy."""
+
+    id: str
+    cause: str
+    evidence: tuple[str, ...]
+    remedy: str
+
+
+def allocator_differs(plan: GPUPlan, node: Any) -> AllocatorCause | None:
+    """node.allocator-differs: a GPU node on another allocator than its inventory says (install held it: GPU pods
+    on it), named as such rather than as a broken allocator; None where it is on its own."""
+    if not plan.gpu_node or labelled(node, plan.allocator) == plan.dra:
+        return None
+    now = allocator_of(node, plan.allocator)
+    return AllocatorCause("node.allocator-differs", f"on {now}, where the inventory says allocator: {plan.allocator}",
+                          (f"label {ALLOCATOR_LABEL}: {now if now == 'dra' else '(none)'}",),
+                          f"gpuk8s allocator {plan.node} --to {plan.allocator} (drained, its GPU pods waited for)")
+
+
+def double_served(plan: GPUPlan, node: Any, nd: NodeDevices | None) -> AllocatorCause | None:
+    """dra.double-served: both allocators offer the node's GPUs (each would hand them out); None where not."""
+    if not plan.gpu_node or not served_twice(plan, node, nd):
+        return None
+    return AllocatorCause("dra.double-served", f"both allocators serve this node's GPUs: {offers(plan, node, nd)[1]}",
+                          (), f"gpuk8s allocator {plan.node} --to {plan.allocator} (it waits for the other allocator "
+                          "to stop), or gpuk8s install")

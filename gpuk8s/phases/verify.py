@@ -221,26 +221,20 @@ class Verify(Phase):
         of the slices for all)."""
         for c in checks:  # a node not moved yet (install held it: GPU pods on it) is named as such, not as broken
             node = nodes.get(c.node)
-            plan = ctx.plans[c.node]
-            if c.ready and node is not None and plan.gpu_node and dra.labelled(node, plan.allocator) != plan.dra:
-                now = dra.allocator_of(node, plan.allocator)
-                c.ok, c.cause_id = False, "node.allocator-differs"  # the cause of what check_node saw, if anything
-                c.cause = f"on {now}, where the inventory says allocator: {plan.allocator}"
-                c.evidence = [f"label {ALLOCATOR_LABEL}: {now if now == 'dra' else '(none)'}"]
-                c.remedy = f"gpuk8s allocator {c.node} --to {plan.allocator} (drained, its GPU pods waited for)"
+            differs = dra.allocator_differs(ctx.plans[c.node], node) if c.ready and node is not None else None
+            if differs is not None:  # the cause of what check_node saw, if anything
+                c.ok, c.cause_id, c.cause, c.head = False, differs.id, differs.cause, ""
+                c.evidence, c.remedy = list(differs.evidence), differs.remedy
         mine = [c for c in checks if ctx.plans[c.node].dra and c.ready and c.cause_id != "node.allocator-differs"]
         if not mine:
             return
         published = dra.published(ctx.kube.get("resourceslices"))
         for c in checks:  # a node both allocators serve would hand out its GPUs twice
             node = nodes.get(c.node)
-            ok, what = dra.offers(ctx.plans[c.node], node, published.get(c.node)) \
-                if c.ready and node is not None and ctx.plans[c.node].gpu_node else (True, "")
-            if not ok and ", and still " in what and c.ok:
-                c.ok, c.cause_id = False, "dra.double-served"
-                c.cause = f"both allocators serve this node's GPUs: {what}"
-                c.remedy = (f"gpuk8s allocator {c.node} --to {ctx.plans[c.node].allocator} (it waits for the other "
-                            "allocator to stop), or gpuk8s install")
+            twice = dra.double_served(ctx.plans[c.node], node, published.get(c.node)) \
+                if c.ok and c.ready and node is not None else None
+            if twice is not None:
+                c.ok, c.cause_id, c.cause, c.remedy = False, twice.id, twice.cause, twice.remedy
         for c in mine:
             want = ctx.plans[c.node].dra_devices
             c.resource = f"{dra.DRA_DRIVER} (DRA)"

@@ -613,3 +613,22 @@ def test_a_gpu_lost_to_an_xid_is_named_from_the_kernels_line_and_nvidias_catalog
     plain = dataclasses.replace(ev, hosts={"gpu-1": HostEvidence(seven, "containerd", ("nvidia-gpu.sock",), 0)})
     [g] = classify.node_causes("gpu-1", plain)
     assert "Xid" not in g.message
+
+
+def test_doctor_names_a_node_on_another_allocator_as_verify_does() -> None:
+    """Issue 45: node.allocator-differs and dra.double-served were verify's alone; doctor asks the same verdicts
+    (kube/dra.py) and names the move instead of a plugin that is "not scheduled"."""
+    from gpuk8s.kube import dra
+
+    on_dra = node("gpu-1", 0, {gpuplan.ALLOCATOR_LABEL: "dra"})
+    ev = ClusterEvidence({"gpu-1": on_dra}, [], plans={"gpu-1": plan("gpu-1", 2)}, plugin=PLUGIN)
+    [f] = classify.node_causes("gpu-1", ev)
+    assert f.id == "node.allocator-differs" and "gpuk8s allocator gpu-1 --to device-plugin" in f.remedy
+    assert classify.fixable(f, ev) == ""  # a move drains the node: never a fix done behind the user's back
+    # on its allocator, the other one still offering its GPUs: both would hand them out
+    served = node("gpu-1", 2, {gpuplan.GPU_PRESENT: "true"})
+    slices = {"gpu-1": dra.NodeDevices(devices=[dra.Device("gpu-0", "gpu")])}
+    ev = ClusterEvidence({"gpu-1": served}, [plugin_pod("gpu-1")], plans={"gpu-1": plan("gpu-1", 2)}, plugin=PLUGIN,
+                         dra=slices)
+    assert ids(classify.node_causes("gpu-1", ev)) == ["dra.double-served"]
+    assert ids(classify.node_causes("gpu-1", dataclasses.replace(ev, dra={}))) == []
