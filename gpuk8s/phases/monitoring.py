@@ -10,6 +10,7 @@ created it and nothing of the user's is in it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from gpuk8s.kube import manifests
@@ -120,6 +121,18 @@ def out_of_date(ctx: Context, wanted: list[Manifest]) -> list[Manifest]:
     return [m for m in wanted if m in stale]
 
 
+@dataclass(frozen=True)
+class MonitoringDecision:
+    """What the monitoring phase decided, once: the manifests to apply (or, with --remove, the objects to delete and
+    why the namespace is kept), and the Prometheus mode they follow. --dry-run renders it, a run applies it."""
+
+    mode: str = ""
+    todo: tuple[Manifest, ...] = ()
+    initialized: bool = True
+    gone: tuple[tuple[str, str, str], ...] = ()  # --remove: (kind, name, namespace), in deletion order
+    kept: str = ""  # --remove: why the namespace stays ('' where it goes, or is not there)
+
+
 class Monitoring(Phase):
     name = "monitoring"
     title = "DCGM exporter and Prometheus"
@@ -128,49 +141,53 @@ class Monitoring(Phase):
     def __init__(self, remove: bool = False) -> None:
         self.remove = remove
 
-    def _wanted(self, ctx: Context) -> tuple[str, list[Manifest]]:
-        mode = mon.resolve_mode(ctx.inv, ctx.kube)
-        return mode, mon.wanted(ctx.inv, ctx.plans, mode, own_namespace=mon.owns_namespace(ctx.inv, ctx.kube))
-
-    def plan(self, ctx: Context) -> PhasePlan:
+    def decide(self, ctx: Context) -> MonitoringDecision:
+        """The one decision of the plan and the run (an object of another tool in the way: PhaseError, before
+        anything is applied)."""
         if self.remove:
             present, kept = self._removal(ctx)
-            gone = [f"{k}/{n}" for k, n, ns in present]
-            if not gone:
-                return self.planned("unchanged", "nothing of gpuk8s's monitoring is in the cluster" + kept)
-            return self.planned("would-change", "delete what gpuk8s's monitoring created" + kept,
-                                [Change(f"delete {g}") for g in gone])
+            return MonitoringDecision(gone=tuple(present), kept=kept)
         if not ctx.initialized():
             mode = mon.resolve_mode(ctx.inv, None)
-            todo = mon.wanted(ctx.inv, ctx.plans, mode)
-            reason = f"no cluster yet: every manifest (prometheus: {mode})"
-        else:
-            mode, wanted = self._wanted(ctx)
-            todo = out_of_date(ctx, wanted)
-            _refuse_taken(ctx, todo)
-            reason = f"what differs from the cluster (prometheus: {mode})"
-        changes = [Change(f"apply {m.name} (sha256 {m.sha256[:12]})", manifest=m.applied_text()) for m in todo]
-        if mode == "none":
+            return MonitoringDecision(mode, tuple(mon.wanted(ctx.inv, ctx.plans, mode)), initialized=False)
+        mode = mon.resolve_mode(ctx.inv, ctx.kube)
+        wanted = mon.wanted(ctx.inv, ctx.plans, mode, own_namespace=mon.owns_namespace(ctx.inv, ctx.kube))
+        todo = out_of_date(ctx, wanted)
+        _refuse_taken(ctx, todo)
+        return MonitoringDecision(mode, tuple(todo))
+
+    def plan(self, ctx: Context) -> PhasePlan:
+        d = self.decide(ctx)
+        if self.remove:
+            if not d.gone:
+                return self.planned("unchanged", "nothing of gpuk8s's monitoring is in the cluster" + d.kept)
+            return self.planned("would-change", "delete what gpuk8s's monitoring created" + d.kept,
+                                [Change(f"delete {k}/{n}") for k, n, _ns in d.gone])
+        changes = [Change(f"apply {m.name} (sha256 {m.sha256[:12]})", manifest=m.applied_text()) for m in d.todo]
+        if d.mode == "none":
             changes.append(Change("add this scrape job to your Prometheus", manifest=mon.scrape_config(ctx.inv)))
-        if not todo:
-            return self.planned("unchanged", f"manifests as wanted (prometheus: {mode}){_warnings(ctx, mode)}",
+        if not d.todo:
+            return self.planned("unchanged", f"manifests as wanted (prometheus: {d.mode}){_warnings(ctx, d.mode)}",
                                 changes)
-        return self.planned("would-change", reason + _warnings(ctx, mode), changes)
+        reason = (f"what differs from the cluster (prometheus: {d.mode})" if d.initialized
+                  else f"no cluster yet: every manifest (prometheus: {d.mode})")
+        return self.planned("would-change", reason + _warnings(ctx, d.mode), changes)
 
     def run(self, ctx: Context) -> PhaseResult:
+        d = self.decide(ctx)
         if self.remove:
-            return self._remove(ctx)
-        mode, wanted = self._wanted(ctx)
-        applied = []
-        todo = out_of_date(ctx, wanted)
-        _refuse_taken(ctx, todo)  # before anything is applied
-        for m in todo:
+            for kind, name, ns in d.gone:
+                ctx.kube.delete(kind.lower(), [name], ns)
+            if not d.gone:
+                return self.result("unchanged", "nothing of gpuk8s's monitoring was in the cluster" + d.kept)
+            return self.result("changed", "deleted " + ", ".join(f"{k.lower()}/{n}" for k, n, _ in d.gone) + d.kept)
+        for m in d.todo:
             ctx.kube.apply(m.applied_text())
-            applied.append(m.name)
+        applied = [m.name for m in d.todo]
         r = self.result("changed" if applied else "unchanged",
                         ("applied " + ", ".join(applied) if applied else "manifests as wanted")
-                        + f" (prometheus: {mode}){_warnings(ctx, mode)}")
-        if mode == "none":
+                        + f" (prometheus: {d.mode}){_warnings(ctx, d.mode)}")
+        if d.mode == "none":
             r.remedy = "add the scrape job of `gpuk8s monitoring --dry-run` to your own Prometheus"
         return r
 
@@ -195,11 +212,3 @@ class Monitoring(Phase):
             return present, ""
         return ([p for p in present if p[0] != "Namespace"],
                 f"; kept namespace {ns}: it holds objects gpuk8s did not create ({first_of(foreign, 5)})")
-
-    def _remove(self, ctx: Context) -> PhaseResult:
-        gone, kept = self._removal(ctx)
-        for kind, name, ns in gone:
-            ctx.kube.delete(kind.lower(), [name], ns)
-        if not gone:
-            return self.result("unchanged", "nothing of gpuk8s's monitoring was in the cluster" + kept)
-        return self.result("changed", "deleted " + ", ".join(f"{k.lower()}/{n}" for k, n, _ in gone) + kept)
