@@ -8,6 +8,7 @@ Hosts are joined in parallel; one that fails is named with its cause and the oth
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 from gpuk8s.gpuplan import quarantine_taint
 from gpuk8s.inventory.model import Host
@@ -21,47 +22,63 @@ from gpuk8s.remote import RemoteError, for_each_host
 _JOIN = re.compile(r"kubeadm join (\S+) .*--discovery-token-ca-cert-hash (sha256:[0-9a-f]{64})")
 
 
+@dataclass(frozen=True)
+class JoinDecision:
+    """What the join phase decided: the hosts it joins, those already nodes, those it leaves out (name -> why)."""
+
+    todo: tuple[Host, ...]
+    present: tuple[Host, ...]
+    skipped: dict[str, str]
+
+
 class Join(Phase):
     name = "join"
     title = "join control planes and workers"
     fatal = False  # the hosts that joined are verified
 
-    def _todo(self, ctx: Context) -> tuple[list[Host], list[Host]]:
-        """(hosts to join, hosts already in the cluster)."""
+    @staticmethod
+    def decide(ctx: Context) -> JoinDecision:
+        """The one decision of the plan and the run: the hosts to join (prepared: their connection is open), those in
+        the cluster already, and those left out with why (held back by the health phase, or not prepared)."""
         present = set(state.by_name(ctx.kube.get("nodes"))) if ctx.initialized() else set()
         want = ctx.hosts_to_join()
-        return [h for h in want if h.name not in present], [h for h in want if h.name in present]
+        absent = [h for h in want if h.name not in present]
+        # held back by the health phase (a dry run keeps its connection) or not prepared (no connection): not joined
+        left = {h.name: ctx.held.get(h.name, "not prepared") for h in absent
+                if h.name in ctx.held or h.name not in ctx.sessions}
+        return JoinDecision(tuple(h for h in absent if h.name not in left), tuple(h for h in want if h.name in present),
+                            left)
 
     def plan(self, ctx: Context) -> PhasePlan:
-        todo, _ = self._todo(ctx)
-        todo = [h for h in todo if h.name not in ctx.held]  # the health phase held it back (its plan says why)
-        if not todo:
-            return self.planned("unchanged", "every host is already in the cluster")
+        d = self.decide(ctx)
+        left = "; ".join(f"{n} not joined: {why}" for n, why in d.skipped.items())
+        if not d.todo:
+            return self.planned("unchanged", left or "every host is already in the cluster")
         changes = [Change("a bootstrap token for this run", ctx.cp.name,
                           shell.command("kubeadm-token", config="/etc/kubernetes/gpuk8s-token-RANDOM.yaml", size=0),
                           stdin="InitConfiguration with the token (minted at run time)")]
-        if any(h.is_control_plane for h in todo):
+        if any(h.is_control_plane for h in d.todo):
             changes.append(Change("upload the control-plane certificates", ctx.cp.name,
                                   shell.command("upload-certs", config="/etc/kubernetes/gpuk8s-certs-RANDOM.yaml",
                                                 size=0), stdin="the certificate key (minted at run time)"))
-        for h in todo:
+        for h in d.todo:
             placeholder = render.join_config(ctx.inv, h, render.endpoint(ctx.inv), "<token>", "sha256:<CA hash>",
                                              "<certificate key>" if h.is_control_plane else None,
                                              ctx.quarantine_taints(h.name))
             changes.append(Change(f"kubeadm join {h.name}", h.name,
                                   shell.command("kubeadm-join", config="/etc/kubernetes/gpuk8s-join-RANDOM.yaml",
                                                 size=len(placeholder.encode())), stdin=placeholder))
-        return self.planned("would-change", f"{len(todo)} host(s) not in the cluster", changes)
+        return self.planned("would-change", f"{len(d.todo)} host(s) not in the cluster" + (f"; {left}" if left else ""),
+                            changes)
 
     def run(self, ctx: Context) -> PhaseResult:
         r = self.result("pending")
-        todo, present = self._todo(ctx)
-        for h in present:
+        d = self.decide(ctx)
+        for h in d.present:
             r.hosts[h.name] = "already in the cluster"
-        for h in todo:
-            if h.name not in ctx.sessions:  # not prepared, or held back: the phase that left it out says why
-                r.hosts[h.name] = f"skipped: {ctx.held.get(h.name, 'not prepared')}"
-        todo = [h for h in todo if h.name in ctx.sessions]
+        for name, why in d.skipped.items():  # not prepared, or held back: the phase that left it out says why
+            r.hosts[name] = f"skipped: {why}"
+        todo = list(d.todo)
         if not todo:
             r.status, r.message = "unchanged", "every prepared host is already in the cluster"
             if any(n in ctx.held for n in r.hosts):

@@ -51,7 +51,9 @@ def phases() -> list:
 
 
 def ctx_for(kube: FakeKube, initialized: bool, tmp_path) -> Context:
-    return Context(INV, sessions={"cp-1": ControlPlane()}, facts=FACTS,  # type: ignore[dict-item]
+    # the workers' connections: prepared (what join's plan and run take a host to join by)
+    return Context(INV, sessions={"cp-1": ControlPlane(), **{h.name: object() for h in INV.workers}},  # type: ignore[dict-item]
+                   facts=FACTS,
                    plans=gpuplan.plans(INV, FACTS), kube_client=kube, initialized_cache=initialized,
                    options=Options(kubeconfig_out=tmp_path / "ml.kubeconfig", test_pods=False))
 
@@ -402,3 +404,20 @@ def test_verify_leaves_out_the_phases_named_and_refuses_a_name_it_does_not_have(
     assert [p.name for p in flows.select_verify(loads(INV_TEXT), Options(), ["fabric"])] == ["verify"]
     with pytest.raises(PhaseSelectionError, match="verify has no phase gpu"):
         flows.select_verify(inv, Options(), ["gpu"])
+
+
+def test_join_plans_only_the_hosts_its_run_joins(tmp_path) -> None:
+    """Issue 45: join's plan listed a host preflight had blocked (its connection closed), which its run skips; both
+    now come from Join.decide."""
+    from gpuk8s.phases.join import Join
+
+    kube = FakeKube()
+    kube.add_node("cp-1")
+    ctx = ctx_for(kube, True, tmp_path)
+    blocked = INV.workers[0].name
+    ctx.sessions.pop(blocked)
+    planned = Join().plan(ctx)
+    joins = [c.host for c in planned.changes if c.what.startswith("kubeadm join")]
+    assert blocked not in joins and joins == [h.name for h in INV.workers if h.name != blocked]
+    assert f"{blocked} not joined: not prepared" in planned.reason
+    assert [h.name for h in Join.decide(ctx).todo] == joins
