@@ -109,11 +109,18 @@ def secret(keys: Keys | None) -> dict[str, Any]:
             "data": data}
 
 
+# what of the Secret each pod mounts: a worker has no use for the client's private key, a launcher none for the
+# workers' host key (a pod that held both could pose as either end)
+WORKER_FILES = ("authorized_keys", "host_key", "sshd_config")
+LAUNCHER_FILES = ("id", "known_hosts")
+
+
 def _pod(ctx: Context, name: str, node: str, command: list[str], limits: dict[str, int],
-         host_network: bool) -> dict[str, Any]:
-    """A fabric test pod with the run's SSH material mounted (read-only, 0400)."""
+         host_network: bool, files: tuple[str, ...]) -> dict[str, Any]:
+    """A fabric test pod with `files` of the run's SSH material mounted (read-only, 0400), and nothing else of it."""
     pod = test_pod(ctx, name, node, command, limits, host_network)
-    pod["spec"]["volumes"] = [{"name": "ssh", "secret": {"secretName": SECRET, "defaultMode": 0o400}}]
+    pod["spec"]["volumes"] = [{"name": "ssh", "secret": {"secretName": SECRET, "defaultMode": 0o400,
+                                                         "items": [{"key": f, "path": f} for f in files]}}]
     pod["spec"]["containers"][0]["volumeMounts"] = [{"name": "ssh", "mountPath": SSH_DIR, "readOnly": True}]
     return pod
 
@@ -123,7 +130,8 @@ def worker_pod(ctx: Context, fp: FabricPlan, ip: str) -> dict[str, Any]:
     fabric's addresses are the host's)."""
     cmd = ["sh", "-c", f"mkdir -p /run/sshd && exec /usr/sbin/sshd -D -e -f {SSH_DIR}/sshd_config "
                        f"-o ListenAddress={ip}"]
-    pod = _pod(ctx, worker_name(fp.node), fp.node, cmd, {GPU_RESOURCE: fp.gpus, RDMA_RESOURCE: 1}, True)
+    pod = _pod(ctx, worker_name(fp.node), fp.node, cmd, {GPU_RESOURCE: fp.gpus, RDMA_RESOURCE: 1}, True,
+               WORKER_FILES)
     # the ranks of one node share memory segments through /dev/shm: the runtime's 64 MiB is too small for NCCL
     # (coreweave/nccl-tests' own MPIJob mounts a memory emptyDir there)
     pod["spec"]["volumes"].append({"name": "shm", "emptyDir": {"medium": "Memory"}})
@@ -156,7 +164,7 @@ def launcher_command(a: FabricPlan, b: FabricPlan, ips: tuple[str, str], size: i
 
 def launcher_pod(ctx: Context, a: FabricPlan, b: FabricPlan, ips: tuple[str, str], size: int) -> dict[str, Any]:
     """On the pod network (mpirun's daemons on the workers call it back there), no GPU: it only starts the ranks."""
-    return _pod(ctx, launcher_name(a.node), a.node, launcher_command(a, b, ips, size), {}, False)
+    return _pod(ctx, launcher_name(a.node), a.node, launcher_command(a, b, ips, size), {}, False, LAUNCHER_FILES)
 
 
 def pair_size(a: FabricPlan, b: FabricPlan) -> int:

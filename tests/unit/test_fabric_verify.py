@@ -151,6 +151,13 @@ def test_nccl_across_nodes_runs_each_ring_pair_in_rounds_and_leaves_nothing() ->
     assert worker["hostNetwork"] and worker["containers"][0]["resources"]["limits"] == {
         "nvidia.com/gpu": 8, "rdma/fabric": 1}
     assert worker["containers"][0]["command"][2].endswith("-o ListenAddress=10.0.0.2")
+    # each pod mounts only its end of the SSH material: a worker never holds the client's key, a launcher never the
+    # workers' host key
+    def mounted(spec: dict) -> set[str]:
+        return {i["key"] for v in spec["volumes"] if "secret" in v for i in v["secret"]["items"]}
+
+    assert mounted(worker) == {"authorized_keys", "host_key", "sshd_config"}
+    assert mounted(applied[secret_at + 2][0]["spec"]) == {"id", "known_hosts"}
     # nothing left: pods and the Secret deleted; the keys never in a call's text but the Secret's own apply
     assert not [k for k in kube.objects if k[0] in ("pod", "secret")]
     key = [d for docs in applied for d in docs if d["kind"] == "Secret"][0]["data"]["id"]

@@ -3907,13 +3907,19 @@ def _perftest_client(s: dict[str, Any], pod: dict[str, Any], node: str, args: li
 
 
 def _secret_of(s: dict[str, Any], pod: dict[str, Any]) -> dict[str, str] | None:
-    """The data (decoded) of the Secret a pod's volume names, None: no such volume or Secret."""
+    """The files (decoded) of the Secret a pod's volume names, as the kubelet projects them (only the keys its
+    `items` list, where it lists any); None: no such volume or Secret."""
     ns = pod.get("metadata", {}).get("namespace", "default")
     for v in pod.get("spec", {}).get("volumes") or []:
         name = (v.get("secret") or {}).get("secretName")
         obj = s.get("objects", {}).get(f"Secret/{ns}/{name}") if name else None
         if obj is not None:
-            return {k: base64.b64decode(str(x)).decode(errors="replace") for k, x in (obj.get("data") or {}).items()}
+            data = {k: base64.b64decode(str(x)).decode(errors="replace") for k, x in (obj.get("data") or {}).items()}
+            items = (v.get("secret") or {}).get("items")
+            if isinstance(items, list):
+                data = {str(i.get("path")): data[i.get("key")] for i in items
+                        if isinstance(i, dict) and i.get("key") in data}
+            return data
     return None
 
 
