@@ -227,6 +227,10 @@ def launcher_said(text: str) -> str:
     return " / ".join(said[:3] if said else lines[-3:])[:400]
 
 
+# OpenSSH's own words for a worker it could not reach (sshconnect.c: "ssh: connect to host %s port %s: %s")
+_SSH_TO = re.compile(r"ssh: connect to host ([0-9A-Fa-f:.]{1,45}) port \d{1,5}: ")
+
+
 class PairRun:
     """The test across nodes of one verify --fabric run: its pods made, polled and deleted; its findings."""
 
@@ -236,6 +240,7 @@ class PairRun:
         self.failed: dict[str, list[str]] = {}
         self.readings: list[PairReading] = []
         self.sizes: dict[tuple[str, str], int] = {}
+        self.ips: dict[str, str] = {}  # a worker's address -> its node
 
     def names(self) -> list[str]:
         prs = ring_pairs(self.fps)
@@ -256,6 +261,7 @@ class PairRun:
         kube = self.ctx.kube
         prs = ring_pairs(self.fps)
         ips = {n: address(self.nodes.get(n)) for pr in prs for n in pr}
+        self.ips = {ip: n for n, ip in ips.items() if ip is not None}
         for a, b in list(prs):
             gone = [n for n in (a, b) if ips[n] is None]
             if gone:
@@ -353,7 +359,10 @@ class PairRun:
             said = launcher_said(text)
             why = ("; ".join(f.detail for f in failures[:2]) or
                    (f"the launcher {state.pod_progress(pod)}" + (f": {said}" if said else "")))
-        for n in (a, b):
+        # ssh names the address it could not reach: that worker's node, not both ends of the pair
+        m = _SSH_TO.search(why)
+        unreached = self.ips.get(m.group(1)) if m else None
+        for n in ((unreached,) if unreached in (a, b) else (a, b)):
             self.failed.setdefault(n, []).append(f"all-reduce {a} + {b} printed no result: {why}")
 
     def _gpudirect(self, node: str) -> str:

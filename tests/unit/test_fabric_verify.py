@@ -217,6 +217,13 @@ def test_a_launcher_that_cannot_reach_a_worker_is_named_with_ssh_and_open_mpis_w
         "all-reduce a + b printed no result: the launcher Failed: ssh: connect to host 192.168.43.57 port 22: "
         "Connection refused / ORTE was unable to reliably start one or more daemons.; ")
     assert not r.hosts  # nothing measured: nothing quarantined
+    # ssh names the worker it could not reach (b's address, 10.0.0.3): the pair a + b is b's failure, not a's
+    kube = Cluster(across=orte.replace("192.168.43.57", "10.0.0.3"))
+    ctx = context(kube)
+    FabricVerify().run(ctx)
+    said = {n: f.message for f in ctx.findings if f.subject and f.id == "fabric.nccl-pairs" for n in [f.subject.name]}
+    assert "all-reduce a + b printed no result: the launcher Failed: ssh: connect to host 10.0.0.3" in said["b"]
+    assert "all-reduce a + b" not in said["a"], said["a"]
 
 
 def test_a_users_secret_of_the_runs_name_is_left_alone_and_the_pairs_are_not_run() -> None:
