@@ -218,9 +218,10 @@ class FabricVerify(Phase):
         across = {n: fps[n] for n in nccl if not unschedulable(seen.get(nccl_pod_name(n)))}
         pairs_run = PairRun(ctx, across, nodes, alone, started + ctx.options.fabric_timeout)
         ring = ring_pairs(across)
-        tested = len(ring)
-        if tested:
+        if ring:
             found += pairs_run.run()
+        # the pairs that gave a bandwidth: a pair not run (the timeout, a worker that could not start) is not one
+        tested = f"{sum(1 for x in pairs_run.readings if x.busbw is not None)} of {len(ring)} pair(s) measured"
         paired = {n for pr in ring for n in pr}
         for n in sorted(set(fps) - paired):
             why = ("its GPUs are held by other pods" if n in nccl and n not in across
@@ -231,7 +232,7 @@ class FabricVerify(Phase):
         took = time.monotonic() - started
         bad = [f for f in found if f.status == "fail"]
         r = self.result("failed" if bad else "passed",
-                        f"{len(fps)} node(s), {len(prs)} link(s), {tested} pair(s) tested in {took:.0f} s" +
+                        f"{len(fps)} node(s), {len(prs)} link(s), {tested} in {took:.0f} s" +
                         (f"; {len(bad)} finding(s) failed" if bad else ""))
         if bad:
             r.remedy = "each failed finding names the node, the port and its numbers (gpuk8s verify --fabric -o json)"

@@ -100,7 +100,7 @@ def test_a_server_that_cannot_be_placed_is_named_on_its_node_and_holds_nothing()
         "Insufficient rdma/fabric.)")
     assert got[("a", "fabric.rdma")].message == "2 RDMA write test(s) with its ring neighbours at 98.01 Gb/s"
     assert got[("b", "fabric.rdma")].message == "1 RDMA write test(s) with its ring neighbours at 98.01 Gb/s"
-    assert r.status == "failed" and r.message.startswith("3 node(s), 3 link(s), 3 pair(s) tested in ")
+    assert r.status == "failed" and r.message.startswith("3 node(s), 3 link(s), 3 of 3 pair(s) measured in ")
     applied = [yaml.safe_load_all(c[1]) for c in kube.calls if c[0] == "apply"]
     clients = {d["metadata"]["name"] for docs in applied for d in docs if "-cli-" in d["metadata"]["name"]}
     assert clients == {"gpuk8s-fabric-cli-a-0", "gpuk8s-fabric-cli-c-0"}  # b's client waits for c's server: never
@@ -186,6 +186,7 @@ def test_a_node_slow_in_both_its_pairs_is_named_and_a_worker_that_cannot_run_is_
     assert got[("a", "fabric.nccl-pairs")].status == "pass"
     assert [c[1] for c in kube.calls if c[0] == "apply" and "fabric-mpi" in c[1]].__len__() == 1
     assert "c" not in r.hosts  # a test that did not run quarantines nothing
+    assert ", 1 of 3 pair(s) measured in " in r.message  # the pairs that did not run are not counted as tested
     # a launcher whose ranks ran on one host only is not read as a pair's result
     kube = Cluster(across=(REAL / "nccl" / "allreduce-h100-8gpu-single-node-nvls-nccl-tests-290.txt").read_text())
     ctx = context(kube)
