@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any, TypeGuard
 
 from gpuk8s import mirrors, versions
-from gpuk8s.kube import state
+from gpuk8s.kube import manifests, state
 from gpuk8s.phases.base import Context
 from gpuk8s.phases.verify import TEST_NAMESPACE
 
@@ -34,6 +34,16 @@ def test_pod(ctx: Context, name: str, node: str, command: list[str], limits: dic
                 "securityContext": {"capabilities": {"add": ["IPC_LOCK"]}}}],
         },
     }
+
+
+def leftovers(ctx: Context) -> list[str]:
+    """The fabric test pods an earlier run left (killed midway), whatever their names: a worker of a ring that has
+    changed since holds all of its node's GPUs until it is deleted. Only gpuk8s's: its proof label and its own
+    managed-by label (a user's pod of any name is never one)."""
+    return sorted(str(md.get("name")) for p in ctx.kube.get("pods", namespace=TEST_NAMESPACE)
+                  if isinstance(md := p.get("metadata"), dict) and isinstance(md.get("labels"), dict)
+                  and md["labels"].get("gpuk8s.io/proof") == PROOF_LABELS["gpuk8s.io/proof"]
+                  and manifests.created_by_gpuk8s(p) and str(md.get("name", "")).startswith("gpuk8s-fabric-"))
 
 
 def unschedulable(pod: state.PodState | None) -> TypeGuard[state.PodState]:

@@ -29,7 +29,7 @@ from gpuk8s.kube import state
 from gpuk8s.kube.state import StateError
 from gpuk8s.phases.base import Change, Context, Phase, PhasePlan, PhaseResult
 from gpuk8s.phases.fabric_nccl import PairRun, plan_changes, ring_pairs
-from gpuk8s.phases.fabric_pods import over, test_pod, unschedulable
+from gpuk8s.phases.fabric_pods import leftovers, over, test_pod, unschedulable
 from gpuk8s.phases.poll import until
 from gpuk8s.phases.verify import TEST_NAMESPACE, _pod_name, foreign_names
 
@@ -194,7 +194,8 @@ class FabricVerify(Phase):
                                f"{', '.join(sorted(foreign)[:5])}", "delete or rename them, then verify again")
         seen: dict[str, state.PodState] = {}
         logs: dict[str, str] = {}
-        ctx.kube.delete("pod", names, TEST_NAMESPACE)
+        # this run's names, and whatever an earlier, killed run left of another ring (its workers hold GPUs)
+        ctx.kube.delete("pod", sorted({*names, *leftovers(ctx)}), TEST_NAMESPACE)
         try:
             first = [*nccl.values(), *servers.values()]
             if first:

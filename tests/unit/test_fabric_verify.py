@@ -260,3 +260,21 @@ def test_gpudirect_planned_and_not_used_fails_the_pair_in_nccls_words() -> None:
     got = {(f.subject.name, f.id): f for f in ctx.findings if f.subject}
     assert got[("a", "fabric.nccl-pairs")].status == "pass" and "2 of 2 connections through host memory" in got[
         ("a", "fabric.nccl-pairs")].message
+
+
+def test_a_killed_runs_workers_of_another_ring_are_deleted_and_a_users_pod_is_not() -> None:
+    """A run killed midway left the worker of a node no longer in the ring (it holds all that node's GPUs): the next
+    run deletes every fabric pod gpuk8s made (its proof and managed-by labels), whatever its name; a pod of a
+    look-alike name without them is left alone."""
+    kube = Cluster()
+    old = {"apiVersion": "v1", "kind": "Pod", "metadata": {
+        "name": "gpuk8s-fabric-worker-gone", "namespace": "default",
+        "labels": {"app.kubernetes.io/managed-by": "gpuk8s", "gpuk8s.io/proof": "fabric"}}, "spec": {}}
+    users = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "gpuk8s-fabric-notes", "namespace": "default"},
+             "spec": {}}
+    kube.objects[("pod", "default", "gpuk8s-fabric-worker-gone")] = old
+    kube.objects[("pod", "default", "gpuk8s-fabric-notes")] = users
+    FabricVerify().run(context(kube))
+    assert ("pod", "default", "gpuk8s-fabric-worker-gone") not in kube.objects
+    assert ("pod", "default", "gpuk8s-fabric-notes") in kube.objects
+    assert not [c for c in kube.calls if c[0] == "delete" and "gpuk8s-fabric-notes" in c]
