@@ -251,8 +251,6 @@ def judge_rdma(host: Host, facts: HostFacts, h: HealthFacts) -> Finding:
     if plan is None:
         return skipped("health.rdma-links", "no RDMA fabric: the inventory sets no fabric: here, or no port of its "
                        "link layer was read")
-    if h.rdma_counters is None:
-        return skipped("health.rdma-links", "the ports' error counters could not be read")
     bad = []
     for p in plan.ports:
         name = fabricplan.port_name(p.device, p.port)
@@ -260,7 +258,7 @@ def judge_rdma(host: Host, facts: HostFacts, h: HealthFacts) -> Finding:
             bad.append(f"{name} {p.state}/{p.physical_state}")
         elif plan.expect_rate and p.rate is not None and p.rate < plan.expect_rate:
             bad.append(f"{name} at {p.rate:g} Gb/s, not {plan.expect_rate}")
-        errors = {k: v for k, v in h.rdma_counters.get((p.device, p.port), {}).items() if v > 0}
+        errors = {k: v for k, v in (h.rdma_counters or {}).get((p.device, p.port), {}).items() if v > 0}
         if errors:
             bad.append(f"{name}: " + ", ".join(f"{k} {v}" for k, v in errors.items()))
     if bad:
@@ -269,8 +267,11 @@ def judge_rdma(host: Host, facts: HostFacts, h: HealthFacts) -> Finding:
                       "state); errors counted: the link retransmits at its full rate's reading, reseat or replace "
                       "the cable or transceiver named (mlxlink -d DEV -m: BER), then clear the port's counters "
                       "(perfquery -x -R -C DEV -P PORT) and run gpuk8s health --level fabric again")
-    return passed("health.rdma-links", f"{len(plan.ports)} {fabricplan.NAMES[plan.link_layer]} port(s) Active"
-                  + (f" at {plan.rate:g} Gb/s" if plan.rate else "") + ", no error counted")
+    active = (f"{len(plan.ports)} {fabricplan.NAMES[plan.link_layer]} port(s) Active"
+              + (f" at {plan.rate:g} Gb/s" if plan.rate else ""))
+    if h.rdma_counters is None:  # the ports' state and rate are judged; their errors are not known
+        return skipped("health.rdma-links", f"{active}; their error counters could not be read")
+    return passed("health.rdma-links", active + ", no error counted")
 
 
 def judge_dcgm(level: str, report: DiagReport | None) -> Finding:

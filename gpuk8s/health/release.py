@@ -43,6 +43,16 @@ def release_with(kube: KubeClient, report: HealthReport) -> None:
             f = findings.failed("health.release", f"kept in quarantine ({was}): DCGM's diagnostic put it there and "
                                 "the quick level does not run it",
                                 f"run gpuk8s health --release {name} --level standard (or long)")
+        elif was == "health.rdma-links" and report.level != "fabric":
+            f = findings.failed("health.release", f"kept in quarantine ({was}): the fabric level's check put it there "
+                                f"and the {report.level} level does not run it",
+                                f"run gpuk8s health --release {name} --level fabric")
+        elif was.startswith("fabric."):
+            # verify --fabric's tests (NCCL, RDMA write) put it there: health does not run them
+            f = findings.failed("health.release", f"kept in quarantine ({was}): gpuk8s verify --fabric put it there "
+                                "and health does not run its tests",
+                                "once the fault is fixed: gpuk8s verify --fabric --quarantine (it releases the node "
+                                "when the test that put it there passes)")
         elif not h.ok:
             bad = next((x for x in h.findings if not x.ok), None)
             f = findings.failed("health.release", f"kept in quarantine ({was}): its GPUs fail the check now"

@@ -298,7 +298,12 @@ def test_health_reads_the_ports_error_counters_and_names_those_above_zero(tmp_pa
     assert r.status == "fail" and r.message == "mlx5_1: symbol_error 65535, link_downed 2"
     r = judge_rdma(host, f, HealthFacts(rdma_counters={k: v for k, v in got.items() if k[0] == "mlx5_0"}))
     assert r.status == "pass" and r.message == "2 InfiniBand port(s) Active at 400 Gb/s, no error counted"
-    assert judge_rdma(host, f, HealthFacts()).status == "skip"  # counters not read: not a pass
+    r = judge_rdma(host, f, HealthFacts())  # counters not read: not a pass, but the ports still judged
+    assert r.status == "skip" and r.message == "2 InfiniBand port(s) Active at 400 Gb/s; their error counters could " \
+        "not be read"
+    down = facts(rdma=(up, dataclasses.replace(up, device="mlx5_1", state="Down", physical_state="Polling")))
+    r = judge_rdma(host, down, HealthFacts())
+    assert r.status == "fail" and r.message == "mlx5_1 Down/Polling"
 
 
 def test_roces_packet_size_follows_the_interfaces_mtu_as_the_kernel_derives_it() -> None:

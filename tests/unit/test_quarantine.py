@@ -257,6 +257,22 @@ def test_release_removes_only_a_healthy_nodes_quarantine() -> None:
     assert got["cp"].status == "skip" and not rep.ok
 
 
+def test_release_of_a_fabric_quarantine_names_the_command_that_can_release_it() -> None:
+    """A node the fabric level put in quarantine is released by that level only; one verify --fabric put there, by
+    verify --fabric --quarantine: each says so instead of "the check ... did not run now"."""
+    for was, level, said, remedy in (
+            ("health.rdma-links", "quick", "the quick level does not run it", "--level fabric"),
+            ("fabric.nccl-pairs", "fabric", "gpuk8s verify --fabric put it there", "verify --fabric --quarantine")):
+        kube = FakeKube()
+        kube.add_node("good", taints=[{"key": QUARANTINE, "value": was, "effect": "NoSchedule"}])
+        rep = report((GOOD, True))
+        rep.level = level
+        release_with(kube, rep)  # type: ignore[arg-type]
+        f = rep.hosts[0].findings[-1]
+        assert f.status == "fail" and said in f.message and remedy in f.remedy, f
+        assert kube.writes == []
+
+
 def test_release_keeps_a_dcgm_quarantine_below_the_standard_level_and_names_a_failed_taint() -> None:
     kube = FakeKube()
     kube.add_node("good", taints=[{"key": QUARANTINE, "value": "health.dcgm-diag", "effect": "NoSchedule"}])
