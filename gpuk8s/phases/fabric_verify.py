@@ -57,9 +57,14 @@ def whole_gpus(ctx: Context, node: str) -> bool:
         and p.mig_strategy == "none"
 
 
-def nccl_pod(ctx: Context, fp: FabricPlan) -> dict[str, Any]:
+def _top(fp: FabricPlan) -> int:
+    """The size a node's own all-reduce runs up to: its published floor's, else NCCL_TO."""
     floor = fabricplan.node_floor(fp)
-    top = floor.size if floor else NCCL_TO
+    return floor.size if floor else NCCL_TO
+
+
+def nccl_pod(ctx: Context, fp: FabricPlan) -> dict[str, Any]:
+    top = _top(fp)
     cmd = [NCCL, "-b", str(min(NCCL_FROM, top)), "-e", str(top), "-f", "2", "-g", str(fp.gpus)]
     return test_pod(ctx, nccl_pod_name(fp.node), fp.node, cmd, {GPU_RESOURCE: fp.gpus}, False)
 
@@ -341,7 +346,11 @@ class FabricVerify(Phase):
                     f"RDMA write to {pr.server.node} on {pr.name} did not run ({why}" + (f": {said}" if said else "")
                     + ")")
         out += fabricplan.judge_links(link_readings, failed, sorted(fps))
-        return out, fabricplan.culprits(link_readings), low, measured
+        # a node's own run bounds its pairs only where it reached its size: a run that ended early read a smaller
+        # size's (lower) bandwidth, which would make the pairs' floor lenient
+        alone = {n: v if (r := readings.get(n)) is not None and any(
+            size >= _top(fps[n]) for size, _, _ in r.rows) else None for n, v in measured.items()}
+        return out, fabricplan.culprits(link_readings), low, alone
 
 
 def _last(text: str) -> str:

@@ -278,3 +278,16 @@ def test_a_killed_runs_workers_of_another_ring_are_deleted_and_a_users_pod_is_no
     assert ("pod", "default", "gpuk8s-fabric-worker-gone") not in kube.objects
     assert ("pod", "default", "gpuk8s-fabric-notes") in kube.objects
     assert not [c for c in kube.calls if c[0] == "delete" and "gpuk8s-fabric-notes" in c]
+
+
+def test_a_nodes_own_run_that_ended_early_does_not_bound_its_pairs() -> None:
+    """The pairs' floor takes each node's own all-reduce in the run as a bound: one that ended before its size read
+    a smaller size's (lower) bandwidth and made the floor lenient. It bounds nothing now; a whole run does."""
+    text = (REAL / "nccl" / "allreduce-a100-80gb-8gpu-single-node-gcm-nccl2.16.2.txt").read_text()
+    cut = "\n".join(ln for ln in text.splitlines() if not ln.lstrip().startswith("1073741824"))  # ended at 512 MiB
+    ctx = context(Cluster())
+    fps = FabricVerify()._targets(ctx)
+    logs = {"gpuk8s-fabric-nccl-a": text, "gpuk8s-fabric-nccl-b": cut}
+    nccl = {n: {} for n in fps}
+    alone = FabricVerify._judge(ctx, fps, nccl, [], {}, {}, logs)[3]
+    assert alone["a"] == 231.72 and alone["b"] is None and alone["c"] is None
