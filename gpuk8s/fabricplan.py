@@ -18,7 +18,7 @@ from gpuk8s.driver.rules import DriverRuleError
 from gpuk8s.errors import GpuK8sError
 from gpuk8s.facts.fabric import AllReduce, Gid, NcclFailure, NetChannels, RdmaPort
 from gpuk8s.facts.model import HostFacts
-from gpuk8s.findings import Finding, failed, passed
+from gpuk8s.findings import Finding, failed, passed, skipped
 from gpuk8s.findings import node as finding_node
 from gpuk8s.gpuplan import FABRIC_LABEL, NCCL_CONFIG_PREFIX, NCCL_LABEL, RDMA_RESOURCE, is_gpu_node
 from gpuk8s.inventory.model import FabricSettings, Host
@@ -495,11 +495,12 @@ def pair_floor(a: FabricPlan, b: FabricPlan, size: int, alone: dict[str, float |
 
 
 def judge_pairs(readings: list[PairReading], failed_runs: dict[str, list[str]], nodes: list[str],
-                size: dict[tuple[str, str], int]) -> list[Finding]:
+                size: dict[tuple[str, str], int], skipped_runs: dict[str, list[str]] | None = None) -> list[Finding]:
     """fabric.nccl-pairs per node: a node slow in every pair it is in (two or more: the node's NICs, its GPU-to-NIC
     path or its GPUs) is named; a slow pair whose ends are fine in their other pairs is named as the path between
     them (either node's NICs, the cables, the switches); the runs of it that did not happen (`failed_runs`); or its
-    pairs as measured. `size`: each pair's size the bandwidth is read at."""
+    pairs as measured. `size`: each pair's size the bandwidth is read at; `skipped_runs`: a node's pairs not run for
+    want of its GPUs (held by other pods): said beside its other pairs, a skip where it has none."""
     readings = sorted(readings, key=lambda r: (r.a, r.b))  # as the ring lists them, whatever round ran them
     named = blame(readings)
     nodes_of = by_port(readings)
@@ -532,7 +533,10 @@ def judge_pairs(readings: list[PairReading], failed_runs: dict[str, list[str]], 
         elif seen:
             parts = [text(r) + (f": slow, named on {r.b if r.a == node else r.a}" if slow(r) else "")
                      for r in seen if isinstance(r, PairReading)]
-            out.append(passed("fabric.nccl-pairs", "; ".join(parts), subject=finding_node(node)))
+            out.append(passed("fabric.nccl-pairs", "; ".join([*parts, *(skipped_runs or {}).get(node, [])]),
+                              subject=finding_node(node)))
+        elif (skipped_runs or {}).get(node):
+            out.append(skipped("fabric.nccl-pairs", "; ".join((skipped_runs or {})[node]), subject=finding_node(node)))
     return out
 
 

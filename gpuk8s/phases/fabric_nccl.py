@@ -26,6 +26,7 @@ from typing import Any
 import yaml
 
 from gpuk8s import fabricplan, findings, logs, remote
+from gpuk8s.doctor.classify import parse_fit_error
 from gpuk8s.fabricplan import FabricPlan, PairReading
 from gpuk8s.facts.fabric import classify_nccl, parse_all_reduce, parse_nccl_channels
 from gpuk8s.gpuplan import GPU_RESOURCE, RDMA_RESOURCE
@@ -238,6 +239,7 @@ class PairRun:
                  alone: dict[str, float | None], deadline: float, sleep: Callable[[float], None] = time.sleep):
         self.ctx, self.fps, self.nodes, self.alone, self.deadline, self.sleep = ctx, fps, nodes, alone, deadline, sleep
         self.failed: dict[str, list[str]] = {}
+        self.skipped: dict[str, list[str]] = {}  # node -> its pairs not run for want of its GPUs (held by other pods)
         self.readings: list[PairReading] = []
         self.sizes: dict[tuple[str, str], int] = {}
         self.ips: dict[str, str] = {}  # a worker's address -> its node
@@ -323,6 +325,14 @@ class PairRun:
             w = pods.get(worker_name(n))
             if w is not None and w.phase == "Running":
                 continue
+            said_by_scheduler = w.unschedulable if w is not None else ""
+            fit = parse_fit_error(said_by_scheduler) if said_by_scheduler else None
+            if fit is not None and set(fit.reasons) == {f"Insufficient {GPU_RESOURCE}"}:
+                # its GPUs are held by other pods: not tested, as the node's own NCCL test is skipped then
+                self.skipped.setdefault(n, []).append(
+                    f"all-reduce {a} + {b} not run: its GPUs are held by other pods (the worker not scheduled: "
+                    f"{said_by_scheduler})")
+                continue
             why = (f"not scheduled ({w.unschedulable})" if w is not None and w.unschedulable
                    else state.pod_progress(w))
             said = launcher_said(self.ctx.kube.logs(worker_name(n), TEST_NAMESPACE, tail=20)) if (
@@ -371,7 +381,7 @@ class PairRun:
 
     def _judge(self) -> list[findings.Finding]:
         nodes = sorted(self.fps)
-        return fabricplan.judge_pairs(self.readings, self.failed, nodes, self.sizes)
+        return fabricplan.judge_pairs(self.readings, self.failed, nodes, self.sizes, self.skipped)
 
     def culprits(self) -> set[str]:
         """The nodes slow in every pair they were in: what --quarantine taints."""

@@ -41,6 +41,7 @@ class Cluster(FakeKube):
                  across: str = ACROSS) -> None:
         super().__init__()
         self.unschedulable, self.no_worker, self.across = unschedulable, no_worker, across
+        self.worker_said = "0/4 nodes are available: 1 Insufficient nvidia.com/gpu."  # a worker not scheduled
         for i, n in enumerate(NODES):
             self.add_node(n, 8)
             self.nodes[n]["status"]["addresses"] = [{"type": "InternalIP", "address": f"10.0.0.{i + 2}"}]
@@ -56,7 +57,7 @@ class Cluster(FakeKube):
             if "-worker-" in name:
                 d["status"] = {"phase": "Pending", "conditions": [{
                     "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-                    "message": "0/4 nodes are available: 1 Insufficient nvidia.com/gpu."}]} if node in self.no_worker \
+                    "message": self.worker_said}]} if node in self.no_worker \
                     else {"phase": "Running"}
             elif "-mpi-" in name and "ORTE" in self.across:
                 d["status"] = {"phase": "Failed"}
@@ -174,19 +175,31 @@ def test_a_node_slow_in_both_its_pairs_is_named_and_a_worker_that_cannot_run_is_
     # every pair slow: each node slow in both of its pairs, so each is named (and quarantined: measured)
     assert got[("b", "fabric.nccl-pairs")].message.startswith("this node: slow in every pair: 8 GB/s all-reduce a + b")
     assert r.hosts == {n: "quarantined (fabric.nccl-pairs)" for n in NODES}, r.hosts
-    # a worker the scheduler cannot place: its node's pairs named on it, not run; the pair without it runs
+    # a worker the scheduler cannot place for want of GPUs (other pods hold them): its node's pairs not tested, as
+    # its own NCCL test is skipped then; the pair without it runs
     kube = Cluster(no_worker=("c",))
     ctx = context(kube, quarantine=True)
     r = FabricVerify().run(ctx)
     got = {(f.subject.name, f.id): f for f in ctx.findings if f.subject}
+    assert got[("c", "fabric.nccl-pairs")].status == "skip"
     assert got[("c", "fabric.nccl-pairs")].message == (
-        "all-reduce b + c did not run: the worker here not scheduled (0/4 nodes are available: 1 Insufficient "
-        "nvidia.com/gpu.); all-reduce c + a did not run: the worker here not scheduled (0/4 nodes are available: 1 "
-        "Insufficient nvidia.com/gpu.)")
+        "all-reduce b + c not run: its GPUs are held by other pods (the worker not scheduled: 0/4 nodes are "
+        "available: 1 Insufficient nvidia.com/gpu.); all-reduce c + a not run: its GPUs are held by other pods (the "
+        "worker not scheduled: 0/4 nodes are available: 1 Insufficient nvidia.com/gpu.)")
     assert got[("a", "fabric.nccl-pairs")].status == "pass"
     assert [c[1] for c in kube.calls if c[0] == "apply" and "fabric-mpi" in c[1]].__len__() == 1
     assert "c" not in r.hosts  # a test that did not run quarantines nothing
     assert ", 1 of 3 pair(s) measured in " in r.message  # the pairs that did not run are not counted as tested
+    # for want of its RDMA device (the RDMA plugin offers none): a failure, named on the node
+    kube = Cluster(no_worker=("c",))
+    kube.worker_said = "0/4 nodes are available: 1 Insufficient rdma/fabric."
+    ctx = context(kube)
+    FabricVerify().run(ctx)
+    got = {(f.subject.name, f.id): f for f in ctx.findings if f.subject}
+    assert got[("c", "fabric.nccl-pairs")].status == "fail"
+    assert got[("c", "fabric.nccl-pairs")].message.startswith(
+        "all-reduce b + c did not run: the worker here not scheduled (0/4 nodes are available: 1 Insufficient "
+        "rdma/fabric.)")
     # a launcher whose ranks ran on one host only is not read as a pair's result
     kube = Cluster(across=(REAL / "nccl" / "allreduce-h100-8gpu-single-node-nvls-nccl-tests-290.txt").read_text())
     ctx = context(kube)
