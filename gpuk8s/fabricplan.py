@@ -514,29 +514,29 @@ def judge_pairs(readings: list[PairReading], failed_runs: dict[str, list[str]], 
     for node in nodes:
         key = (node, "", 0)
         runs = failed_runs.get(node, [])
+        notes = (skipped_runs or {}).get(node, [])  # its pairs not run, said in any verdict of it
         seen = [r for r in readings if node in (r.a, r.b) and r.busbw is not None]
         mine = [r for r in named.get(key, []) if isinstance(r, PairReading)]
         if mine:
             where = ("this node: slow in every pair" if culprit(nodes_of, key)
                      else "the path between the pair (both nodes' NICs, cables, switches)")
             out.append(failed("fabric.nccl-pairs", f"{where}: " + "; ".join(text(r) for r in mine) +
-                              "".join(f"; {x}" for x in runs),
+                              "".join(f"; {x}" for x in [*runs, *notes]),
                               "gpuk8s verify --fabric's fabric.rdma names a slow port; else the GPU-to-NIC path "
                               "(preflight's fabric.affinity and fabric.gpudirect), the NICs' firmware and the "
                               "switches' counters; NCCL_DEBUG=INFO in a test job shows the transport NCCL chose",
                               subject=finding_node(node)))
         elif runs:
-            out.append(failed("fabric.nccl-pairs", "; ".join(runs),
+            out.append(failed("fabric.nccl-pairs", "; ".join([*runs, *notes]),
                               "kubectl describe pod of the fabric's worker and launcher pods (the GPUs free, the "
                               "image pulled, the sshd port free on the host); then gpuk8s verify --fabric again",
                               subject=finding_node(node)))
         elif seen:
             parts = [text(r) + (f": slow, named on {r.b if r.a == node else r.a}" if slow(r) else "")
                      for r in seen if isinstance(r, PairReading)]
-            out.append(passed("fabric.nccl-pairs", "; ".join([*parts, *(skipped_runs or {}).get(node, [])]),
-                              subject=finding_node(node)))
-        elif (skipped_runs or {}).get(node):
-            out.append(skipped("fabric.nccl-pairs", "; ".join((skipped_runs or {})[node]), subject=finding_node(node)))
+            out.append(passed("fabric.nccl-pairs", "; ".join([*parts, *notes]), subject=finding_node(node)))
+        elif notes:
+            out.append(skipped("fabric.nccl-pairs", "; ".join(notes), subject=finding_node(node)))
     return out
 
 

@@ -63,8 +63,8 @@ def register(app: typer.Typer, load_inventory: Any) -> None:
             usage_error(e, output)
         confirm(dry_run, yes, "gpuk8s allocator drains nodes", f"Move {', '.join(nodes)} to {to}?")
         sudo = passwords(inv)
-        ctx = Context(inv, options=Options(), emit=report.phase_printer(output), sudo_passwords=sudo,
-                      plans=gpuplan.plans(inv))
+        ctx = Context(inv, options=Options(), emit=report.phase_printer(output), sudo_passwords=sudo)
+        ctx.set_facts({})  # the inventory's plans until flows.allocator reads the named nodes' facts
         try:
             cp = inv.control_planes[0]
             ctx.sessions[cp.name] = Session(cp, sudo.get(cp.name))

@@ -106,6 +106,10 @@ def register(app: typer.Typer, load_inventory: Any) -> None:
         skip = phase_names(skip_phases)
         try:  # a wrong phase name is told before any host is contacted
             flows.select_verify(inv, options, skip)
+            if quarantine and "fabric" in skip:
+                raise PhaseSelectionError("--quarantine with --skip-phases fabric: the fabric's tests decide what it "
+                                          "taints and releases", "leave fabric out of --skip-phases, or --quarantine "
+                                          "out of the command")
         except PhaseSelectionError as e:
             usage_error(e, output)
         kube = None if kubeconfig is None else local_kubectl(kubeconfig, context)

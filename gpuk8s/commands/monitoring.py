@@ -5,7 +5,7 @@ from typing import Any
 
 import typer
 
-from gpuk8s import flows, gpuplan, ui
+from gpuk8s import flows, ui
 from gpuk8s.commands.common import finish, local_kubectl, passwords
 from gpuk8s.errors import GpuK8sError
 from gpuk8s.exitcodes import ExitCode
@@ -40,7 +40,8 @@ def register(app: typer.Typer, load_inventory: Any) -> None:
         kube = None if kubeconfig is None else local_kubectl(kubeconfig)
         sudo = passwords(inv) if kube is None else {}
         ctx = Context(inv, options=Options(), emit=report.phase_printer(output), sudo_passwords=sudo,
-                      kube_client=kube, plans=gpuplan.plans(inv))
+                      kube_client=kube)
+        ctx.set_facts({})  # the plans of the inventory alone (no host is read)
         try:
             if kube is None:
                 cp = inv.control_planes[0]

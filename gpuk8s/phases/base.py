@@ -217,6 +217,10 @@ class Context:
     bundle: Manifest | None = None
     findings: list[Finding] = field(default_factory=list)  # per host, where a phase gives them (health): the report's
 
+    def __post_init__(self) -> None:
+        for h in self.inv.hosts:  # every host's record, in the inventory's order (whatever thread writes first)
+            self.records.setdefault(h.name, HostRecord(h.name))
+
     def record(self, name: str) -> HostRecord:
         """The host's record (made on first use; every inventory host's first, in the inventory's order)."""
         r = self.records.get(name)

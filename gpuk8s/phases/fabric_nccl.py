@@ -232,6 +232,14 @@ def launcher_said(text: str) -> str:
 _SSH_TO = re.compile(r"ssh: connect to host ([0-9A-Fa-f:.]{1,45}) port \d{1,5}: ")
 
 
+def gpus_held(reasons: dict[str, int]) -> bool:
+    """Whether kube-scheduler's reasons (classify.parse_fit_error) say the node lacks free GPUs and nothing else it
+    could offer (another resource short): the pinned node's GPUs are held by other pods. Reasons about the other
+    nodes (affinity, a prefilter) do not count."""
+    short = {r for r in reasons if r.startswith("Insufficient ")}
+    return short == {f"Insufficient {GPU_RESOURCE}"}
+
+
 class PairRun:
     """The test across nodes of one verify --fabric run: its pods made, polled and deleted; its findings."""
 
@@ -321,13 +329,21 @@ class PairRun:
         return self._judge()
 
     def _worker_missing(self, a: str, b: str, pods: dict[str, state.PodState]) -> None:
-        for n in (a, b):
+        def running(n: str) -> bool:
             w = pods.get(worker_name(n))
-            if w is not None and w.phase == "Running":
+            return w is not None and w.phase == "Running"
+
+        for n in (a, b):
+            if running(n):
                 continue
+            w = pods.get(worker_name(n))
+            partner = b if n == a else a
+            if running(partner):  # never a silent gap: its pair is named on the partner too, as not run
+                self.skipped.setdefault(partner, []).append(f"all-reduce {a} + {b} not run: the worker on {n} did "
+                                                            "not run")
             said_by_scheduler = w.unschedulable if w is not None else ""
             fit = parse_fit_error(said_by_scheduler) if said_by_scheduler else None
-            if fit is not None and set(fit.reasons) == {f"Insufficient {GPU_RESOURCE}"}:
+            if fit is not None and gpus_held(fit.reasons):
                 # its GPUs are held by other pods: not tested, as the node's own NCCL test is skipped then
                 self.skipped.setdefault(n, []).append(
                     f"all-reduce {a} + {b} not run: its GPUs are held by other pods (the worker not scheduled: "
@@ -374,6 +390,10 @@ class PairRun:
         unreached = self.ips.get(m.group(1)) if m else None
         for n in ((unreached,) if unreached in (a, b) else (a, b)):
             self.failed.setdefault(n, []).append(f"all-reduce {a} + {b} printed no result: {why}")
+        if unreached in (a, b):  # never a silent gap: named on the other end too, as not run
+            other = b if unreached == a else a
+            self.skipped.setdefault(other, []).append(f"all-reduce {a} + {b} not run: ssh could not reach the worker "
+                                                      f"on {unreached}")
 
     def _gpudirect(self, node: str) -> str:
         f = self.ctx.facts.get(node)

@@ -254,16 +254,16 @@ class GPUDecision:
         out += [Change(f"delete {kind.lower()}/{name} of {m.name} (no node asks for it)",
                        commands=manifests.delete_command((kind, name, ns)))
                 for m, gone in self.removable for kind, name, ns in gone]
-        out += [Change(f"delete configmap/{n} in {NCCL_NAMESPACE} (no node's fabric names it)",
-                       commands=manifests.delete_command(("ConfigMap", n, NCCL_NAMESPACE))) for n in self.stale_configs]
-        out += [Change(f"{name}: {why}") for name, why in self.held.items()]
-        out += [Change(f"restart the device plugin on {node} (its container runtime is reconfigured)",
-                       commands=state.restart_command(pod)) for node, pod in self.stale_plugins.items()]
         for name, (labels, taints) in self.diffs.items():
             if labels:
                 out.append(Change(f"label {name}", commands="kubectl " + shlex.join(label_args(name, labels))))
             if taints:
                 out.append(Change(f"taint {name}", commands="kubectl " + shlex.join(taint_args(name, taints))))
+        out += [Change(f"delete configmap/{n} in {NCCL_NAMESPACE} (no node's fabric names it)",
+                       commands=manifests.delete_command(("ConfigMap", n, NCCL_NAMESPACE))) for n in self.stale_configs]
+        out += [Change(f"restart the device plugin on {node} (its container runtime is reconfigured)",
+                       commands=state.restart_command(pod)) for node, pod in self.stale_plugins.items()]
+        out += [Change(f"{name}: {why}") for name, why in self.held.items()]  # not changed: said
         return out
 
 

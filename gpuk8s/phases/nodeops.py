@@ -82,14 +82,15 @@ def marked(kube: KubeClient, mark: str) -> set[str]:
 
 def take_cordon(kube: KubeClient, node: str, mark: str) -> bool:
     """Whether the cordon of this command is gpuk8s's to undo: the node carries this command's mark (an earlier run
-    of it stopped), or it is schedulable and gets the mark now; a node cordoned by someone else, or by another
-    command of gpuk8s (its mark), is not."""
+    of it stopped), or it is schedulable and gets the mark now (also over another command's mark: a run of that one
+    stopped before its cordon or after its uncordon, and nothing holds the node); a node cordoned by someone else,
+    or by another command of gpuk8s (its mark, the node unschedulable), is not."""
     found = kube.get("nodes", node)
     labels = state.node_state(found[0]).labels if found else {}  # a malformed object: StateError
     spec = found[0].get("spec") if found else None
     if labels.get(CORDONED_BY) == mark:
         return True
-    if CORDONED_BY in labels or (isinstance(spec, dict) and spec.get("unschedulable")):
+    if isinstance(spec, dict) and spec.get("unschedulable"):
         return False
     kube.label(node, {CORDONED_BY: mark})
     return True
@@ -176,8 +177,18 @@ def each_node(hosts: list[Host], work: Callable[[Host], NodeOutcome], opts: Node
               resume: str, at_once: int | None = None) -> dict[str, NodeOutcome]:
     """`work` on every host, `at_once` (default: opts.max_unavailable) at a time; one node's failure never stops
     another. An error that is no GpuK8sError (a defect) fails its node with its type named."""
-    got = for_each_host(hosts, lambda h: attempt(h, work, opts, failure_id, resume),
-                        opts.max_unavailable if at_once is None else at_once)
+    at_once = opts.max_unavailable if at_once is None else at_once
+    got: dict[str, NodeOutcome | BaseException] = {}
+    if at_once <= 1 or len(hosts) <= 1:
+        # one at a time: in this thread, so that Ctrl-C stops the work where it is (a worker thread would go on
+        # draining and relabelling after the run released the cluster lock)
+        for h in hosts:
+            try:
+                got[h.name] = attempt(h, work, opts, failure_id, resume)
+            except Exception as e:  # a defect: its node fails, the others go on, as for_each_host does
+                got[h.name] = e
+    else:
+        got = for_each_host(hosts, lambda h: attempt(h, work, opts, failure_id, resume), at_once)
     out: dict[str, NodeOutcome] = {}
     for h in hosts:
         res = got[h.name]

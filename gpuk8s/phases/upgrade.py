@@ -245,8 +245,8 @@ class UpgradeStep(Phase):
             if self._done(v, h):
                 out[h.name] = self._resume_done(ctx, v, h)
             elif h.name not in ctx.sessions:
-                out[h.name] = nodeops.unreachable(self.opts, h.name, "upgrade.node-failed", "no SSH session",
-                                                  self.resume)
+                out[h.name] = nodeops.unreachable(self.opts, h.name, "upgrade.node-failed",
+                                                  ctx.unreachable.get(h.name, "no SSH session"), self.resume)
             else:
                 todo.append(h)
         return todo, out
@@ -391,7 +391,8 @@ class UpgradeControlPlanes(UpgradeStep):
             got = nodeops.attempt(h, partial(self._node, ctx, first=i == 0), self.opts, "upgrade.node-failed",
                                   self.resume)
             if got.status == "failed":
-                raise PhaseError(got.detail, got.remedy)
+                raise PhaseError(got.detail if got.detail.startswith(h.name) else f"{h.name}: {got.detail}",
+                                 got.remedy)
             out[h.name] = got
         return nodeops.node_result(self, out, remedy="", unchanged=f"every control plane runs {self.opts.to}",
                                    changed=lambda done, resumed: f"upgraded {', '.join([*done, *resumed])}")

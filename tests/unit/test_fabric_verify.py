@@ -187,6 +187,9 @@ def test_a_node_slow_in_both_its_pairs_is_named_and_a_worker_that_cannot_run_is_
         "available: 1 Insufficient nvidia.com/gpu.); all-reduce c + a not run: its GPUs are held by other pods (the "
         "worker not scheduled: 0/4 nodes are available: 1 Insufficient nvidia.com/gpu.)")
     assert got[("a", "fabric.nccl-pairs")].status == "pass"
+    # never a silent gap: the partners name the pair that did not run beside the one they passed
+    assert got[("a", "fabric.nccl-pairs")].message.endswith("all-reduce c + a not run: the worker on c did not run")
+    assert "all-reduce b + c not run: the worker on c did not run" in got[("b", "fabric.nccl-pairs")].message
     assert [c[1] for c in kube.calls if c[0] == "apply" and "fabric-mpi" in c[1]].__len__() == 1
     assert "c" not in r.hosts  # a test that did not run quarantines nothing
     assert ", 1 of 3 pair(s) measured in " in r.message  # the pairs that did not run are not counted as tested
@@ -237,7 +240,8 @@ def test_a_launcher_that_cannot_reach_a_worker_is_named_with_ssh_and_open_mpis_w
     FabricVerify().run(ctx)
     said = {n: f.message for f in ctx.findings if f.subject and f.id == "fabric.nccl-pairs" for n in [f.subject.name]}
     assert "all-reduce a + b printed no result: the launcher Failed: ssh: connect to host 10.0.0.3" in said["b"]
-    assert "all-reduce a + b" not in said["a"], said["a"]
+    assert "all-reduce a + b printed no result" not in said["a"], said["a"]
+    assert "all-reduce a + b not run: ssh could not reach the worker on b" in said["a"]
 
 
 def test_a_users_secret_of_the_runs_name_is_left_alone_and_the_pairs_are_not_run() -> None:

@@ -135,6 +135,35 @@ def test_each_command_takes_only_its_own_cordon() -> None:
     kube.add_node("gpu-2", gpus=1)
     assert nodeops.take_cordon(kube, "gpu-2", "allocator")
     assert kube.nodes["gpu-2"]["metadata"]["labels"][nodeops.CORDONED_BY] == "allocator"
+    # another command's mark on a schedulable node (its run stopped before its cordon, or between its uncordon and
+    # the mark's removal): nothing holds the node, so this command's cordon is its own to undo (else the node stayed
+    # cordoned after the work, "as it was before", which it was not)
+    assert nodeops.take_cordon(kube, "gpu-2", "true")
+    assert kube.nodes["gpu-2"]["metadata"]["labels"][nodeops.CORDONED_BY] == "true"
+
+
+def test_one_node_at_a_time_runs_in_the_callers_thread() -> None:
+    """Ctrl-C must stop a node's work where it is: one at a time, the executor runs it in the calling thread (a worker
+    thread went on draining and relabelling after the run had released the cluster lock)."""
+    import threading
+
+    from gpuk8s.inventory.model import Host, SSHSettings
+    from gpuk8s.phases import nodeops
+
+    seen: list[object] = []
+
+    def work(h: Host) -> nodeops.NodeOutcome:
+        seen.append(threading.current_thread())
+        if h.name == "b":
+            raise KeyError("a defect")
+        return nodeops.NodeOutcome("done", "ok")
+
+    hosts = [Host(n, "10.0.0.2", "worker", SSHSettings()) for n in ("a", "b", "c")]
+    opts = nodeops.NodeOptions()
+    got = nodeops.each_node(hosts, work, opts, "upgrade.node-failed", "gpuk8s upgrade")
+    assert seen == [threading.current_thread()] * 3
+    assert [o.status for o in got.values()] == ["done", "failed", "done"] and "KeyError" in got["b"].detail
+    assert [f.id for f in opts.findings] == ["upgrade.node-failed"]
 
 
 # -- playbooks/cluster/upgrade-packages.sh, run for real with apt-get/apt-mark/dpkg-query/systemctl stubs --
