@@ -89,6 +89,12 @@ def context(kube: Cluster, quarantine: bool = False, inv: Any = INV) -> Context:
     return ctx
 
 
+def verified(ctx: Context) -> dict[tuple[str, str], Any]:
+    """verify --fabric run on the context: its findings by (node, id)."""
+    FabricVerify().run(ctx)
+    return {(f.subject.name, f.id): f for f in ctx.findings if f.subject}
+
+
 def test_a_server_that_cannot_be_placed_is_named_on_its_node_and_holds_nothing() -> None:
     kube = Cluster(unschedulable=("c",))
     ctx = context(kube)
@@ -124,8 +130,7 @@ def test_quarantine_taints_no_node_for_a_test_that_did_not_run() -> None:
 def test_nccl_across_nodes_runs_each_ring_pair_in_rounds_and_leaves_nothing() -> None:
     kube = Cluster()
     ctx = context(kube)
-    FabricVerify().run(ctx)
-    got = {(f.subject.name, f.id): f for f in ctx.findings if f.subject}
+    got = verified(ctx)
     # the ring a + b, b + c, c + a: three rounds (each node's GPUs in one test at a time); the real two-node text
     # read at 1 GiB (no published floor for the lab's GPUs), its floor from the NICs: 1 x 100 Gb/s at 0.12 GB/s
     assert got[("a", "fabric.nccl-pairs")].status == "pass", got[("a", "fabric.nccl-pairs")]
@@ -197,8 +202,7 @@ def test_a_node_slow_in_both_its_pairs_is_named_and_a_worker_that_cannot_run_is_
     kube = Cluster(no_worker=("c",))
     kube.worker_said = "0/4 nodes are available: 1 Insufficient rdma/fabric."
     ctx = context(kube)
-    FabricVerify().run(ctx)
-    got = {(f.subject.name, f.id): f for f in ctx.findings if f.subject}
+    got = verified(ctx)
     assert got[("c", "fabric.nccl-pairs")].status == "fail"
     assert got[("c", "fabric.nccl-pairs")].message.startswith(
         "all-reduce b + c did not run: the worker here not scheduled (0/4 nodes are available: 1 Insufficient "
@@ -206,8 +210,7 @@ def test_a_node_slow_in_both_its_pairs_is_named_and_a_worker_that_cannot_run_is_
     # a launcher whose ranks ran on one host only is not read as a pair's result
     kube = Cluster(across=(REAL / "nccl" / "allreduce-h100-8gpu-single-node-nvls-nccl-tests-290.txt").read_text())
     ctx = context(kube)
-    FabricVerify().run(ctx)
-    got = {(f.subject.name, f.id): f for f in ctx.findings if f.subject}
+    got = verified(ctx)
     assert "its ranks ran on 1 host(s), not on both nodes" in got[("a", "fabric.nccl-pairs")].message
 
 
@@ -250,8 +253,7 @@ def test_a_users_secret_of_the_runs_name_is_left_alone_and_the_pairs_are_not_run
              "data": {"id": "dXNlcg=="}}
     kube.objects[("secret", "default", "gpuk8s-fabric-ssh")] = users
     ctx = context(kube)
-    FabricVerify().run(ctx)
-    got = {(f.subject.name, f.id): f for f in ctx.findings if f.subject}
+    got = verified(ctx)
     assert got[("a", "fabric.nccl-pairs")].message == (
         "NCCL across nodes not tested: gpuk8s-fabric-ssh in namespace default exist(s) and gpuk8s did not create it: "
         "delete or rename it")
@@ -266,15 +268,13 @@ def test_gpudirect_planned_and_not_used_fails_the_pair_in_nccls_words() -> None:
     peermem = loads(INV_TEXT.replace("{link_layer: roce}", "{link_layer: roce, gpudirect: peermem}"), "inventory.yaml")
     across = HOST_MEMORY + ACROSS.replace(GDR_LINES, "")
     ctx = context(Cluster(across=across), inv=peermem)
-    FabricVerify().run(ctx)
-    got = {(f.subject.name, f.id): f for f in ctx.findings if f.subject}
+    got = verified(ctx)
     assert got[("a", "fabric.nccl-pairs")].status == "fail"
     assert got[("a", "fabric.nccl-pairs")].message.startswith(
         "all-reduce a + b: GPUDirect RDMA (peermem) planned, but 1 of 1 NCCL receive connections went through "
         "host memory")
     ctx = context(Cluster(across=across))
-    FabricVerify().run(ctx)
-    got = {(f.subject.name, f.id): f for f in ctx.findings if f.subject}
+    got = verified(ctx)
     assert got[("a", "fabric.nccl-pairs")].status == "pass" and "2 of 2 connections through host memory" in got[
         ("a", "fabric.nccl-pairs")].message
 
@@ -308,3 +308,32 @@ def test_a_nodes_own_run_that_ended_early_does_not_bound_its_pairs() -> None:
     nccl = {n: {} for n in fps}
     alone = FabricVerify._judge(ctx, fps, nccl, [], {}, {}, logs)[3]
     assert alone["a"] == 231.72 and alone["b"] is None and alone["c"] is None
+
+
+def test_gpus_held_is_read_from_real_kube_scheduler_messages() -> None:
+    """What verify --fabric skips (a worker's GPUs held by other pods) and what it fails, on kube-scheduler's own
+    words (tests/fixtures/real/kubernetes/scheduler, sources in each file): GPUs short, beside reasons about the other
+    nodes (a cordoned node, a selector), is a skip; another resource short is not. And OpenSSH's words name the worker
+    ssh could not reach (the real mpirun text)."""
+    import re
+
+    from gpuk8s.doctor.classify import parse_fit_error
+    from gpuk8s.phases.fabric_nccl import _SSH_TO, gpus_held
+
+    sched = REAL.parent / "kubernetes" / "scheduler"
+
+    def message(name: str) -> str:
+        body = (sched / name).read_text().split("\n---\n", 1)[1]
+        m = re.search(r"(\d+/\d+ nodes are available: .*?)(?:\"|$)", body, re.M)
+        assert m, name
+        return m.group(1)
+
+    held = {name: gpus_held(fit.reasons) for name in (
+        "insufficient-gpu-cordoned-node-2019.txt", "insufficient-gpu-old-selector-openshift311.txt",
+        "hami-insufficient-gpu-memory.log") if (fit := parse_fit_error(message(name))) is not None}
+    assert held == {"insufficient-gpu-cordoned-node-2019.txt": True,
+                    "insufficient-gpu-old-selector-openshift311.txt": True,
+                    "hami-insufficient-gpu-memory.log": False}
+    orte = (REAL / "mpi" / "mpirun-ssh-refused-orte-failed-daemon-launch.txt").read_text()
+    m = _SSH_TO.search(orte)
+    assert m and m.group(1) == "192.168.43.57"
