@@ -131,10 +131,15 @@ def legacy_allocator_label(node: Any) -> bool:
     return isinstance(labels, dict) and labels.get(LEGACY_ALLOCATOR_LABEL) == DRA and ALLOCATOR_LABEL not in labels
 
 
+def legacy_nodes(ctx: Context, nodes: dict[str, Any]) -> list[str]:
+    """The nodes the inventory puts on DRA whose objects (`nodes`) carry only the former allocator label."""
+    return [name for name, plan in ctx.plans.items() if plan.dra and legacy_allocator_label(nodes.get(name))]
+
+
 def move_allocator_labels(ctx: Context, nodes: dict[str, Any]) -> list[str]:
     """The nodes the inventory puts on DRA that carry only the former allocator label (legacy_allocator_label): given
     the protected one now."""
-    moved = [name for name, plan in ctx.plans.items() if plan.dra and legacy_allocator_label(nodes.get(name))]
+    moved = legacy_nodes(ctx, nodes)
     for name in moved:
         ctx.kube.label(name, {ALLOCATOR_LABEL: DRA})
     return moved
@@ -228,17 +233,14 @@ class GPUDecision:
     applies it (GPUNodes.apply); the two cannot differ."""
 
     initialized: bool
-    nodes: dict[str, Any] = field(default_factory=dict)  # the Node objects read
     # node -> (labels to set, None: to remove; taints to add), for the nodes whose labels or taints differ
     diffs: dict[str, tuple[dict[str, str | None], list[str]]] = field(default_factory=dict)
     # node -> why its allocator is not switched (GPU pods hold its GPUs: gpuk8s allocator moves it, drained first)
     held: dict[str, str] = field(default_factory=dict)
-    plans: dict[str, GPUPlan] = field(default_factory=dict)  # the plans the manifests follow (a held node: as it is)
     was_shared: dict[str, bool] = field(default_factory=dict)  # node -> whether its labels said it shared its GPUs
     legacy: list[str] = field(default_factory=list)  # DRA nodes that get the protected allocator label first
-    wanted: list[manifests.Manifest] = field(default_factory=list)
-    out_of_date: list[manifests.Manifest] = field(default_factory=list)  # of wanted: what differs (applied)
-    taken: dict[str, list[str]] = field(default_factory=dict)  # objects of wanted that another tool made
+    out_of_date: list[manifests.Manifest] = field(default_factory=list)  # the manifests that differ (applied)
+    taken: dict[str, list[str]] = field(default_factory=dict)  # objects of those wanted that another tool made
     removable: list[tuple[manifests.Manifest, list[manifests.Ref]]] = field(default_factory=list)
     stale_configs: list[str] = field(default_factory=list)  # NCCL ConfigMaps no node names any more
     stale_plugins: dict[str, str] = field(default_factory=dict)  # node -> its plugin pod, under a restarted runtime
@@ -272,30 +274,31 @@ class GPUNodes(Phase):
     title = "NVIDIA device plugin, labels, taints"
 
     @staticmethod
-    def _node_diffs(ctx: Context, d: GPUDecision) -> None:
+    def _node_diffs(ctx: Context, nodes: dict[str, Any], d: GPUDecision) -> dict[str, GPUPlan]:
         """The label and taint changes per node into `d`; a node whose allocator would change while pods hold its
-        GPUs is left as it is (d.held: why), and counted on its current allocator (d.plans)."""
+        GPUs is left as it is (d.held: why), and counted on its current allocator in the plans the manifests follow
+        (returned)."""
         pods: list[Any] | None = None  # read once, only where a node's allocator would change
         switching: set[str] = set()  # the nodes this run gives their plan's allocator
         # join labels only the nodes it joins: the others keep what the last install gave them
         only = None if ctx.options.only is None else {h.name for h in ctx.options.only}
         for name, plan in ctx.plans.items():
-            if name not in d.nodes or (only is not None and name not in only):
+            if name not in nodes or (only is not None and name not in only):
                 continue
             try:
-                ns = state.node_state(d.nodes[name])
+                ns = state.node_state(nodes[name])
                 diff = node_changes(plan, ns, ctx.quarantine.get(name), fabric_labels(ctx, name))
                 d.was_shared[name] = ns.labels.get(STRATEGY_LABEL, "none") != "none"
             except StateError as e:
                 raise PhaseError(f"the node object of {name} is unreadable: {e}", "see the log file") from None
-            if ALLOCATOR_LABEL in diff[0] and dra.allocator_of(d.nodes[name], plan.allocator) != plan.allocator:
+            if ALLOCATOR_LABEL in diff[0] and dra.allocator_of(nodes[name], plan.allocator) != plan.allocator:
                 # another allocator would serve GPUs that running pods hold (both would hand them out): only
                 # gpuk8s allocator moves a node, drained first
                 if pods is None:
                     pods = ctx.kube.get("pods", namespace="*")
                 holding = state.gpu_pods(pods, name)
                 if holding:
-                    was = dra.allocator_of(d.nodes[name], plan.allocator)
+                    was = dra.allocator_of(nodes[name], plan.allocator)
                     d.held[name] = (f"left on {was}: GPU pods hold its GPUs ({', '.join(holding[:5])}"
                                     f"{', ...' if len(holding) > 5 else ''}); gpuk8s allocator {name} --to "
                                     f"{plan.allocator} drains it first")
@@ -303,23 +306,22 @@ class GPUNodes(Phase):
             switching.add(name)
             if diff[0] or diff[1]:
                 d.diffs[name] = diff
-        d.plans = as_they_are(ctx, d.nodes, switching)
+        return as_they_are(ctx, nodes, switching)
 
     def decide(self, ctx: Context, planning: bool) -> GPUDecision:
         """Everything the phase will do, read from the cluster once. planning: a dry run, where prepare has not run
         (the device plugin pods restarted are those under a runtime prepare would restart)."""
         if not ctx.initialized():
-            return GPUDecision(False, plans=dict(ctx.plans), wanted=(w := gpu_manifests(ctx, dict(ctx.plans))),
-                               out_of_date=w)
-        d = GPUDecision(True, nodes=state.by_name(ctx.kube.get("nodes")))
-        self._node_diffs(ctx, d)  # first: a node held on its allocator decides the manifests too
-        d.legacy = [n for n, plan in ctx.plans.items() if plan.dra and n in d.nodes
-                    and legacy_allocator_label(d.nodes[n])]
-        d.wanted = gpu_manifests(ctx, d.plans)  # rendered once: the NCCL ConfigMaps below are read off it too
-        ready, d.taken = manifests.claimable(ctx.kube, d.wanted)
+            return GPUDecision(False, out_of_date=gpu_manifests(ctx, dict(ctx.plans)))
+        d = GPUDecision(True)
+        nodes = state.by_name(ctx.kube.get("nodes"))
+        plans = self._node_diffs(ctx, nodes, d)  # first: a node held on its allocator decides the manifests too
+        d.legacy = legacy_nodes(ctx, nodes)
+        wanted = gpu_manifests(ctx, plans)  # rendered once: the NCCL ConfigMaps below are read off it too
+        ready, d.taken = manifests.claimable(ctx.kube, wanted)
         d.out_of_date = manifests.out_of_date(ctx.kube, ready)
-        d.removable = manifests.removable(ctx.kube, manifests.unwanted(ctx.inv, d.plans))
-        d.stale_configs = stale_nccl_configs(ctx, d.wanted, d.nodes, d.diffs)
+        d.removable = manifests.removable(ctx.kube, manifests.unwanted(ctx.inv, plans))
+        d.stale_configs = stale_nccl_configs(ctx, wanted, nodes, d.diffs)
         if not any(m.name == manifests.PLUGIN_MANIFEST for m in d.out_of_date):  # else the DaemonSet replaces them
             d.stale_plugins = plugin_pods(ctx, [n for n in runtime_restarted(ctx, planning)
                                                 if n in ctx.plans and ctx.plans[n].gpu_node])
