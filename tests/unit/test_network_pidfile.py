@@ -58,7 +58,10 @@ def test_a_planted_pid_kills_nothing(server_dir: str, planted: str) -> None:
 
 @pytest.mark.skipif(shutil.which("iperf3") is None, reason="iperf3 is not installed (make lab-deps installs it)")
 def test_the_iperf3_server_it_started_is_stopped(server_dir: str) -> None:
-    port = "52917"
+    # below the kernel's ephemeral range (ip_local_port_range, 32768-60999 by default): a port inside it can be held
+    # for a moment by any outgoing connection of the machine (CI runs the lab's SSH beside this), and the daemon,
+    # failing to bind, wrote no pid file (CI, once)
+    port = "25917"
     subprocess.run(["iperf3", "-s", "-D", "-B", "127.0.0.1", "-p", port, "-I", f"{server_dir}/pid"], check=True)
     pid = _pid_in(server_dir)
     subprocess.run(["sh", "-c", stop_server(server_dir)], check=True, timeout=10)
